@@ -1,0 +1,65 @@
+"""The FastAPI application: health and readiness probes, OpenAPI, the console page."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from controlplane import __version__
+from controlplane.api import console, errors
+from controlplane.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: AsyncEngine
+    replica_id: str
+
+
+def _state(request: Request) -> AppState:
+    state = request.app.state.superagent
+    assert isinstance(state, AppState)
+    return state
+
+
+State = Annotated[AppState, Depends(_state)]
+
+
+def create_app(state: AppState) -> FastAPI:
+    app = FastAPI(
+        title="Super-agent control plane",
+        version=__version__,
+        description="HTTP API of the Super-agent control plane.",
+    )
+    app.state.superagent = state
+    errors.install(app)
+
+    @app.get("/healthz", tags=["health"], summary="Liveness: the process is serving")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz", tags=["health"], summary="Readiness: the database answers")
+    async def readyz(state: State) -> JSONResponse:
+        try:
+            async with asyncio.timeout(2):
+                async with state.engine.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            return JSONResponse(
+                status_code=503,
+                content={"status": "unavailable", "database": type(exc).__name__},
+            )
+        return JSONResponse({"status": "ready", "replica": state.replica_id})
+
+    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    async def index(state: State) -> HTMLResponse:
+        return HTMLResponse(console.placeholder_page(state.settings))
+
+    return app

@@ -1,0 +1,1 @@
+"""The ``superagent`` command: one module per command group, human output by default."""

@@ -1,0 +1,33 @@
+"""The ``superagent`` entry point: registers each command group."""
+
+from __future__ import annotations
+
+import click
+
+from controlplane import __version__
+from controlplane.cli.config import config
+from controlplane.cli.db import migrate
+from controlplane.cli.up import serve_command, up
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="superagent")
+def cli() -> None:
+    """Super-agent: the always-on coding agent for your team.
+
+    People talk to the agent in GitHub, chat and the web console; the control plane routes
+    their requests, and paired devices (endpointd) run the work where the code lives.
+
+    Start here: `superagent up` runs everything on this machine with an embedded database.
+    Configuration comes from the environment; `superagent config` shows it.
+    """
+
+
+cli.add_command(up)
+cli.add_command(serve_command, name="serve")
+cli.add_command(migrate)
+cli.add_command(config)
+
+
+def main() -> None:
+    cli(prog_name="superagent")

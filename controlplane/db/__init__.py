@@ -1,0 +1,4 @@
+"""Postgres: connections, the embedded server, the schema and its migrations.
+
+Everything that matters lives here, so any replica may die at any moment (DESIGN.md §2).
+"""

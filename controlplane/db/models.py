@@ -1,0 +1,382 @@
+"""The schema of DESIGN.md §2 as SQLAlchemy 2 models.
+
+Models hold data only; behaviour lives in plain async functions in each part's package.
+States are text columns guarded by CHECK constraints (readable in psql, cheap to extend in a
+migration). Every primary key is a prefixed random ID from ``superagent_shared.ids``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Numeric,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from superagent_shared.ids import new_id
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TICKET_STATES = (
+    "open",
+    "running",
+    "waiting_device",
+    "waiting_human",
+    "ready",
+    "completed",
+    "failed",
+    "stopped",
+)
+COMMAND_STATES = (
+    "queued",
+    "delivered",
+    "running",
+    "finished",
+    "failed",
+    "cancelled",
+    "expired",
+    "refused",
+)
+COMMAND_KINDS = ("exec", "read_file", "write_file", "list_dir", "cancel")
+SESSION_KINDS = ("router", "worker", "watchdog")
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+MANDATE_KINDS = ("explicit", "inferred")
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _id(prefix: str) -> Mapped[str]:
+    return mapped_column(String(16), primary_key=True, default=lambda: new_id(prefix))
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSONB, datetime: DateTime(timezone=True)}
+
+
+class Blob(Base):
+    """Spilled content (full payloads, long outputs), referenced by ID from summaries."""
+
+    __tablename__ = "blobs"
+    id: Mapped[str] = _id("blb")
+    content_type: Mapped[str] = mapped_column(String(100), default="application/octet-stream")
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _created()
+
+
+class PolicyVersion(Base):
+    """An immutable version of a filtering/authorization policy; edits name their base."""
+
+    __tablename__ = "policy_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+    id: Mapped[str] = _id("pol")
+    name: Mapped[str] = mapped_column(String(100))
+    version: Mapped[int] = mapped_column(Integer)
+    base_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
+    body: Mapped[dict[str, Any]]
+    author: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
+
+
+class PromptVersion(Base):
+    """An immutable version of a system prompt; edits name their base."""
+
+    __tablename__ = "prompt_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+    id: Mapped[str] = _id("prm")
+    name: Mapped[str] = mapped_column(String(100))
+    version: Mapped[int] = mapped_column(Integer)
+    base_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
+    body: Mapped[str] = mapped_column(Text)
+    author: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
+
+
+class Thread(Base):
+    """A stream of events: one GitHub issue/PR, one chat thread."""
+
+    __tablename__ = "threads"
+    __table_args__ = (UniqueConstraint("source", "external_id"),)
+    id: Mapped[str] = _id("thr")
+    source: Mapped[str] = mapped_column(String(50))
+    external_id: Mapped[str] = mapped_column(String(500))
+    title: Mapped[str | None] = mapped_column(Text)
+    url: Mapped[str | None] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default=text("'{}'"))
+    created_at: Mapped[datetime] = _created()
+    last_event_at: Mapped[datetime | None]
+
+
+class Trigger(Base):
+    """One incoming event. Dedupe: (source, external_id) is unique."""
+
+    __tablename__ = "triggers"
+    __table_args__ = (
+        UniqueConstraint("source", "external_id"),
+        Index(None, "thread_id", "created_at"),
+        # The router's inbox: unrouted triggers, kept small by a partial index.
+        Index("ix_triggers_pending", "created_at", postgresql_where=text("routed_at IS NULL")),
+    )
+    id: Mapped[str] = _id("trg")
+    source: Mapped[str] = mapped_column(String(50))
+    external_id: Mapped[str] = mapped_column(String(500))
+    thread_id: Mapped[str] = mapped_column(ForeignKey("threads.id"))
+    actor_id: Mapped[str] = mapped_column(String(200))
+    actor_name: Mapped[str] = mapped_column(String(200))
+    actor_is_bot: Mapped[bool] = mapped_column(Boolean, default=False)
+    kind: Mapped[str] = mapped_column(String(100))
+    text: Mapped[str] = mapped_column(Text, default="")
+    payload_blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))
+    verdict: Mapped[str | None] = mapped_column(String(50))
+    verdict_reason: Mapped[str | None] = mapped_column(Text)
+    policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
+    created_at: Mapped[datetime] = _created()
+    routed_at: Mapped[datetime | None]
+
+
+class Device(Base):
+    """A paired endpoint. ``next_seq`` numbers its commands in delivery order."""
+
+    __tablename__ = "devices"
+    __table_args__ = (UniqueConstraint("name"),)
+    id: Mapped[str] = _id("dev")
+    name: Mapped[str] = mapped_column(String(100))
+    owner: Mapped[str | None] = mapped_column(String(200))
+    public_key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default=text("'{}'"))
+    version: Mapped[str | None] = mapped_column(String(50))
+    policy_hash: Mapped[str | None] = mapped_column(String(128))
+    next_seq: Mapped[int] = mapped_column(BigInteger, default=1, server_default=text("1"))
+    created_at: Mapped[datetime] = _created()
+    last_seen_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class Ticket(Base):
+    """A unit of promised work."""
+
+    __tablename__ = "tickets"
+    __table_args__ = (CheckConstraint(_one_of("state", TICKET_STATES), name="state"),)
+    id: Mapped[str] = _id("tkt")
+    title: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(20), default="open", server_default="open")
+    device_id: Mapped[str | None] = mapped_column(ForeignKey("devices.id"))
+    pr_url: Mapped[str | None] = mapped_column(Text)
+    tokens_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    cost_usd: Mapped[Decimal] = mapped_column(
+        Numeric(12, 6), default=Decimal(0), server_default=text("0")
+    )
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class Mandate(Base):
+    """Why a ticket exists and how far it may go; revoked when the ticket is stopped."""
+
+    __tablename__ = "mandates"
+    __table_args__ = (CheckConstraint(_one_of("kind", MANDATE_KINDS), name="kind"),)
+    id: Mapped[str] = _id("mnd")
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    initiator_id: Mapped[str] = mapped_column(String(200))
+    initiator_name: Mapped[str] = mapped_column(String(200))
+    trigger_id: Mapped[str | None] = mapped_column(ForeignKey("triggers.id"))
+    policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
+    scope: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    revoked_at: Mapped[datetime | None]
+
+
+class Subscription(Base):
+    """Thread ⇄ ticket "handled by": a trigger on the thread goes to the ticket's inbox."""
+
+    __tablename__ = "subscriptions"
+    __table_args__ = (PrimaryKeyConstraint("thread_id", "ticket_id"), Index(None, "ticket_id"))
+    thread_id: Mapped[str] = mapped_column(ForeignKey("threads.id"))
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    created_at: Mapped[datetime] = _created()
+
+
+class Link(Base):
+    """Thread ⇄ ticket "related to": context only, never delivery."""
+
+    __tablename__ = "links"
+    __table_args__ = (PrimaryKeyConstraint("thread_id", "ticket_id"), Index(None, "ticket_id"))
+    thread_id: Mapped[str] = mapped_column(ForeignKey("threads.id"))
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    created_at: Mapped[datetime] = _created()
+
+
+class Session(Base):
+    """An LLM conversation with its token and cost counters."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (CheckConstraint(_one_of("kind", SESSION_KINDS), name="kind"),)
+    id: Mapped[str] = _id("ses")
+    kind: Mapped[str] = mapped_column(String(20))
+    ticket_id: Mapped[str | None] = mapped_column(ForeignKey("tickets.id"), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    prompt_version_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    completion_tokens: Mapped[int] = mapped_column(
+        BigInteger, default=0, server_default=text("0")
+    )
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    cost_usd: Mapped[Decimal] = mapped_column(
+        Numeric(12, 6), default=Decimal(0), server_default=text("0")
+    )
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class SessionMessage(Base):
+    """One message of a session, in order; a resumed session replays these."""
+
+    __tablename__ = "session_messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq"),
+        CheckConstraint(_one_of("role", MESSAGE_ROLES), name="role"),
+    )
+    id: Mapped[str] = _id("msg")
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"))
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(20))
+    content: Mapped[dict[str, Any]]
+    prompt_version_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
+    created_at: Mapped[datetime] = _created()
+
+
+class Assignment(Base):
+    """One execution round of a ticket, leased by one replica at a time."""
+
+    __tablename__ = "assignments"
+    __table_args__ = (
+        Index(None, "ticket_id"),
+        Index("ix_assignments_active", "lease_expires_at", postgresql_where=text("ended_at IS NULL")),
+    )
+    id: Mapped[str] = _id("asg")
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    turns: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    outcome: Mapped[str | None] = mapped_column(String(50))
+    created_at: Mapped[datetime] = _created()
+    ended_at: Mapped[datetime | None]
+
+
+class Command(Base):
+    """One operation for a device, delivered in ``seq`` order; credentials by name only."""
+
+    __tablename__ = "commands"
+    __table_args__ = (
+        UniqueConstraint("device_id", "seq"),
+        CheckConstraint(_one_of("state", COMMAND_STATES), name="state"),
+        CheckConstraint(_one_of("kind", COMMAND_KINDS), name="kind"),
+        Index(
+            "ix_commands_pending",
+            "device_id",
+            "seq",
+            postgresql_where=text("state IN ('queued', 'delivered', 'running')"),
+        ),
+    )
+    id: Mapped[str] = _id("cmd")
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"))
+    ticket_id: Mapped[str | None] = mapped_column(ForeignKey("tickets.id"), index=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(20))
+    spec: Mapped[dict[str, Any]]
+    credential_names: Mapped[list[str]] = mapped_column(
+        ARRAY(String(200)), default=list, server_default=text("'{}'")
+    )
+    state: Mapped[str] = mapped_column(String(20), default="queued", server_default="queued")
+    not_after: Mapped[datetime]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    output_head: Mapped[bytes] = mapped_column(
+        LargeBinary, default=b"", server_default=text("''::bytea")
+    )
+    output_tail: Mapped[bytes] = mapped_column(
+        LargeBinary, default=b"", server_default=text("''::bytea")
+    )
+    output_size: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    output_blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))
+    created_at: Mapped[datetime] = _created()
+    delivered_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Effect(Base):
+    """The outbox (DESIGN.md §2 rule 1). See ``controlplane.effects`` for the protocol.
+
+    ``next_attempt_at`` doubles as the claim lease: claiming pushes it to now + lease, so a
+    dead runner's effect becomes ready again by itself and the ready index stays one range.
+    """
+
+    __tablename__ = "effects"
+    __table_args__ = (
+        UniqueConstraint("kind", "key"),
+        Index("ix_effects_ready", "next_attempt_at", postgresql_where=text("dead_at IS NULL")),
+    )
+    id: Mapped[str] = _id("eff")
+    kind: Mapped[str] = mapped_column(String(100))
+    key: Mapped[str] = mapped_column(String(500))
+    payload: Mapped[dict[str, Any]]
+    generation: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    next_attempt_at: Mapped[datetime] = mapped_column(server_default=func.now())
+    locked_by: Mapped[str | None] = mapped_column(String(200))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    dead_at: Mapped[datetime | None]
+
+
+class LlmCall(Base):
+    """Accounting for one model call: what it cost and how long it took."""
+
+    __tablename__ = "llm_calls"
+    __table_args__ = (Index(None, "created_at"),)
+    id: Mapped[str] = _id("llm")
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    latency_ms: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer, default=1)
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(12, 6), default=Decimal(0))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()

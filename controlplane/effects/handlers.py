@@ -1,0 +1,50 @@
+"""What an effect handler sees and may say back."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedEffect:
+    id: str
+    kind: str
+    key: str
+    payload: dict[str, Any]
+    generation: int
+    attempt: int  # 1 on the first try
+
+
+class Postpone(Exception):  # noqa: N818 - it is a signal, not an error
+    """Raised by a handler that cannot run *yet* (no free slot, device asleep).
+
+    The effect is retried after ``seconds`` without counting as a failed attempt.
+    """
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        super().__init__(reason or f"postponed {seconds}s")
+        self.seconds = seconds
+        self.reason = reason
+
+
+Handler = Callable[[ClaimedEffect], Awaitable[None]]
+
+
+class Handlers:
+    """The registry of effect kinds a runner knows how to execute."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, Handler] = {}
+
+    def register(self, kind: str, handler: Handler) -> None:
+        if kind in self._by_kind:
+            raise ValueError(f"effect kind {kind!r} already has a handler")
+        self._by_kind[kind] = handler
+
+    def get(self, kind: str) -> Handler | None:
+        return self._by_kind.get(kind)
+
+    def kinds(self) -> list[str]:
+        return sorted(self._by_kind)

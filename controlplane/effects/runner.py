@@ -1,0 +1,312 @@
+"""The effect runner: claim in batches, execute concurrently, complete in batches.
+
+Protocol (all on raw asyncpg, the hot path of every external action):
+
+* **Claim** ``LIMIT n FOR UPDATE SKIP LOCKED`` over the partial ready index, in one short
+  statement that also sets ``locked_by`` and pushes ``next_attempt_at`` to now + lease.
+  Claiming counts an attempt, so an effect that kills its runner cannot loop forever.
+* **Execute** handlers as tasks, at most ``concurrency`` at once. While they run, a renewal
+  loop keeps extending their leases; only a dead runner lets a lease lapse, and then another
+  runner retries the effect.
+* **Complete** in batches: delete where (id, generation) still match. An effect whose payload
+  was replaced meanwhile has a newer generation; it is released to run again instead.
+* **Fail** with exponential backoff and jitter, parking the effect as dead after
+  ``max_attempts``. :class:`Postpone` reschedules without counting a failure.
+* **Wake** on LISTEN/NOTIFY, on a dedicated connection, with a polling fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from controlplane import backoff
+from controlplane.effects.handlers import ClaimedEffect, Handlers, Postpone
+from controlplane.effects.outbox import NOTIFY_CHANNEL
+from controlplane.services import Service, critical_loop, sleep_unless
+from controlplane.settings import EffectsSettings
+
+log = logging.getLogger(__name__)
+
+_CLAIM = """
+WITH ready AS (
+    SELECT id FROM effects
+    WHERE dead_at IS NULL AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE effects e
+SET locked_by = $2, next_attempt_at = now() + $3::interval, attempts = e.attempts + 1
+FROM ready WHERE e.id = ready.id
+RETURNING e.id, e.kind, e.key, e.payload, e.generation, e.attempts
+"""
+
+# Delete what finished at the generation it ran; release what was replaced meanwhile.
+# The two parts touch disjoint rows (generation equal vs. different).
+_COMPLETE = """
+WITH done AS (SELECT * FROM unnest($1::text[], $2::int[]) AS d(id, generation)),
+deleted AS (
+    DELETE FROM effects e USING done
+    WHERE e.id = done.id AND e.generation = done.generation
+    RETURNING e.id
+)
+UPDATE effects e SET locked_by = NULL, next_attempt_at = now(), attempts = 0
+FROM done
+WHERE e.id = done.id AND e.generation <> done.generation AND e.locked_by = $3
+"""
+
+_FAIL = """
+UPDATE effects SET
+    locked_by = NULL,
+    last_error = CASE WHEN generation = $2 THEN $3 ELSE NULL END,
+    attempts = CASE WHEN generation = $2 THEN attempts ELSE 0 END,
+    next_attempt_at = CASE WHEN generation = $2 THEN now() + $4::interval ELSE now() END,
+    dead_at = CASE WHEN generation = $2 AND attempts >= $5 THEN now() ELSE NULL END
+WHERE id = $1 AND locked_by = $6
+"""
+
+_POSTPONE = """
+UPDATE effects SET locked_by = NULL, attempts = greatest(attempts - 1, 0),
+    next_attempt_at = now() + $2::interval
+WHERE id = $1 AND locked_by = $3
+"""
+
+_RENEW = """
+UPDATE effects SET next_attempt_at = now() + $2::interval
+WHERE id = ANY($1::text[]) AND locked_by = $3
+"""
+
+_LAST_ERROR_LIMIT = 4000
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+    )
+
+
+async def create_pool(dsn: str, *, size: int = 4) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        init=_init_connection,
+        server_settings={"idle_in_transaction_session_timeout": "60000"},
+    )
+    assert pool is not None
+    return pool
+
+
+def runner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+@dataclass(slots=True)
+class _Done:
+    id: str
+    generation: int
+
+
+class EffectRunner(Service):
+    """Executes effects of the kinds in ``handlers``; any number may run on any replicas."""
+
+    name = "effects"
+
+    def __init__(
+        self,
+        dsn: str,
+        handlers: Handlers,
+        settings: EffectsSettings | None = None,
+        *,
+        pool: asyncpg.Pool | None = None,
+        owner: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.handlers = handlers
+        self.settings = settings or EffectsSettings()
+        self.owner = owner or runner_id()
+        self._pool = pool
+        self._own_pool = pool is None
+        self._listener: asyncpg.Connection | None = None
+        self._wake = asyncio.Event()
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._done: list[_Done] = []
+        self._flush_wanted = asyncio.Event()
+        self._lease = timedelta(seconds=self.settings.lease_seconds)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if self._pool is None:
+            self._pool = await create_pool(self.dsn, size=4)
+        helpers = [
+            asyncio.create_task(critical_loop("effects.flush", self._flush_step, self.stopping)),
+            asyncio.create_task(critical_loop("effects.renew", self._renew_step, self.stopping)),
+        ]
+        try:
+            await critical_loop("effects.claim", self._claim_step, self.stopping)
+        finally:
+            await self._drain()
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await helper
+            await self._flush()
+            await self._close_listener()
+            if self._own_pool and self._pool is not None:
+                await self._pool.close()
+                self._pool = None
+
+    async def _drain(self) -> None:
+        """Let running handlers finish within the lease; release those that do not."""
+        if not self._inflight:
+            return
+        tasks = list(self._inflight.values())
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.lease_seconds / 3)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- waking --------------------------------------------------------------------------
+
+    def _on_notify(self, *_: Any) -> None:
+        self._wake.set()
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        await self._close_listener()
+        self._listener = await asyncpg.connect(self.dsn)
+        await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        # Anything enqueued while we were not listening is found by the next claim.
+        self._wake.set()
+
+    async def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None and not listener.is_closed():
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=2)
+
+    # -- claiming ------------------------------------------------------------------------
+
+    async def _claim_step(self) -> None:
+        await self._ensure_listener()
+        assert self._pool is not None
+        free = self.settings.concurrency - len(self._inflight)
+        if free <= 0:
+            await sleep_unless(self._wake, self.settings.poll_interval)
+            self._wake.clear()
+            return
+        limit = min(free, self.settings.batch_size)
+        # Clear before claiming: a notification that arrives during the claim must still
+        # wake the next round.
+        self._wake.clear()
+        rows = await self._pool.fetch(_CLAIM, limit, self.owner, self._lease)
+        for row in rows:
+            effect = ClaimedEffect(
+                id=row["id"],
+                kind=row["kind"],
+                key=row["key"],
+                payload=row["payload"],
+                generation=row["generation"],
+                attempt=row["attempts"],
+            )
+            task = asyncio.create_task(self._execute(effect), name=f"effect:{effect.id}")
+            self._inflight[effect.id] = task
+        if len(rows) < limit:
+            await sleep_unless(self._wake, self.settings.poll_interval)
+
+    # -- executing -----------------------------------------------------------------------
+
+    async def _execute(self, effect: ClaimedEffect) -> None:
+        try:
+            handler = self.handlers.get(effect.kind)
+            if handler is None:
+                raise LookupError(f"no handler for effect kind {effect.kind!r} on this replica")
+            await handler(effect)
+        except Postpone as later:
+            await self._settle(_POSTPONE, effect.id, timedelta(seconds=later.seconds), self.owner)
+        except asyncio.CancelledError:
+            # Stopping: hand it back at once rather than waiting for the lease to lapse.
+            await self._settle(_POSTPONE, effect.id, timedelta(0), self.owner)
+            raise
+        except Exception as exc:
+            await self._record_failure(effect, exc)
+        else:
+            self._done.append(_Done(effect.id, effect.generation))
+            self._flush_wanted.set()
+        finally:
+            self._inflight.pop(effect.id, None)
+            self._wake.set()  # a slot is free
+
+    async def _record_failure(self, effect: ClaimedEffect, exc: Exception) -> None:
+        wait = backoff.delay(
+            effect.attempt, base=self.settings.backoff_base, cap=self.settings.backoff_max
+        )
+        summary = "".join(traceback.format_exception_only(exc)).strip()
+        dead = effect.attempt >= self.settings.max_attempts
+        log.warning(
+            "effect %s (%s) attempt %d failed: %s; %s",
+            effect.id,
+            effect.kind,
+            effect.attempt,
+            summary,
+            "parked as dead" if dead else f"retry in {wait:.1f}s",
+        )
+        await self._settle(
+            _FAIL,
+            effect.id,
+            effect.generation,
+            summary[:_LAST_ERROR_LIMIT],
+            timedelta(seconds=wait),
+            self.settings.max_attempts,
+            self.owner,
+        )
+
+    async def _settle(self, query: str, *args: Any) -> None:
+        """Write one effect's outcome; a failure here leaves it to the lease, never lost."""
+        assert self._pool is not None
+        try:
+            await self._pool.execute(query, *args)
+        except Exception:
+            log.warning("could not record an effect outcome; the lease will retry it",
+                        exc_info=True)
+
+    # -- completing ----------------------------------------------------------------------
+
+    async def _flush_step(self) -> None:
+        await self._flush_wanted.wait()
+        self._flush_wanted.clear()
+        await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._done or self._pool is None:
+            return
+        batch, self._done = self._done, []
+        try:
+            await self._pool.execute(
+                _COMPLETE, [d.id for d in batch], [d.generation for d in batch], self.owner
+            )
+        except BaseException:
+            self._done[:0] = batch  # try again on the next round
+            raise
+
+    async def _renew_step(self) -> None:
+        await sleep_unless(self.stopping, self.settings.lease_seconds / 3)
+        ids = list(self._inflight)
+        if ids and self._pool is not None:
+            await self._pool.execute(_RENEW, ids, self._lease, self.owner)

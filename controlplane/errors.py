@@ -1,0 +1,69 @@
+"""The control plane's one error tree.
+
+Domain code raises these; the HTTP layer maps them to status codes in one handler
+(``api/errors.py``) and the gRPC layer in one function. Messages are written for the person
+who will read them: what went wrong and what to do about it. They never carry secrets.
+"""
+
+from __future__ import annotations
+
+
+class SuperagentError(Exception):
+    """Base of every error the control plane raises on purpose."""
+
+    http_status = 500
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(SuperagentError):
+    """The configuration cannot work; the message names the setting and the fix."""
+
+    code = "config"
+
+
+class DatabaseNotMigrated(ConfigError):
+    """The database schema is older (or newer) than this release expects."""
+
+    code = "not_migrated"
+
+    def __init__(self, current: str | None, expected: str) -> None:
+        where = "an empty database" if current is None else f"revision {current}"
+        super().__init__(
+            f"the database is at {where}, this release needs revision {expected}; "
+            "run `superagent migrate` first"
+        )
+        self.current = current
+        self.expected = expected
+
+
+class InvalidInput(SuperagentError):
+    """The caller sent something malformed."""
+
+    http_status = 400
+    code = "invalid_input"
+
+
+class NotFound(SuperagentError):
+    http_status = 404
+    code = "not_found"
+
+
+class Conflict(SuperagentError):
+    http_status = 409
+    code = "conflict"
+
+
+class Unauthorized(SuperagentError):
+    http_status = 401
+    code = "unauthorized"
+
+
+class TransientError(SuperagentError):
+    """Something outside us failed in a way that may succeed if tried again later."""
+
+    http_status = 503
+    code = "unavailable"

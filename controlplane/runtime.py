@@ -1,0 +1,123 @@
+"""Assembling a replica: database, HTTP, gRPC and background loops, started and stopped in order.
+
+``superagent up`` (everything on one machine, migrating on start) and ``superagent serve``
+(one replica of a deployment, refusing an unmigrated database) both end up here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from controlplane.api.app import AppState, create_app
+from controlplane.db import migrate
+from controlplane.db.embedded import EmbeddedPostgres
+from controlplane.db.engine import create_engine
+from controlplane.db.urls import asyncpg_dsn, redacted
+from controlplane.effects.handlers import Handlers
+from controlplane.effects.runner import EffectRunner, runner_id
+from controlplane.gateway.server import GatewayService
+from controlplane.services import Service, run_services
+from controlplane.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Database:
+    url: str
+    embedded: EmbeddedPostgres | None
+
+
+@contextlib.contextmanager
+def open_database(settings: Settings) -> Iterator[Database]:
+    """The configured Postgres, or the embedded one started from the state directory."""
+    if settings.database_url:
+        yield Database(settings.database_url, None)
+        return
+    embedded = EmbeddedPostgres(settings.state_dir)
+    url = embedded.start()
+    try:
+        yield Database(url, embedded)
+    finally:
+        embedded.stop()
+
+
+class _Uvicorn(uvicorn.Server):
+    # The supervisor owns signals; uvicorn must not install its own handlers.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpService(Service):
+    name = "http"
+
+    def __init__(self, state: AppState) -> None:
+        super().__init__()
+        config = uvicorn.Config(
+            create_app(state),
+            host=state.settings.http.host,
+            port=state.settings.http.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=2,
+            lifespan="off",
+        )
+        self.server = _Uvicorn(config)
+
+    async def run(self) -> None:
+        serving = asyncio.create_task(self.server.serve())
+        stop = asyncio.create_task(self.stopping.wait())
+        done, _ = await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
+        self.server.should_exit = True
+        await serving
+        stop.cancel()
+
+    @property
+    def port(self) -> int:
+        servers = getattr(self.server, "servers", [])
+        for server in servers:
+            for sock in server.sockets:
+                port = sock.getsockname()[1]
+                assert isinstance(port, int)
+                return port
+        raise RuntimeError("HTTP server is not listening yet")
+
+
+@contextlib.asynccontextmanager
+async def replica(
+    settings: Settings, database_url: str, *, apply_migrations: bool
+) -> AsyncIterator[list[Service]]:
+    """Check (or apply) the schema and build this replica's services."""
+    engine = create_engine(database_url)
+    try:
+        if apply_migrations:
+            before, after = await migrate.upgrade(engine)
+            if before != after:
+                log.info("database migrated from %s to %s", before or "empty", after)
+        else:
+            await migrate.check_migrated(engine)
+        replica_id = runner_id()
+        state = AppState(settings=settings, engine=engine, replica_id=replica_id)
+        services: list[Service] = [
+            EffectRunner(asyncpg_dsn(database_url), Handlers(), settings.effects, owner=replica_id),
+            GatewayService(settings.grpc),
+            HttpService(state),
+        ]
+        yield services
+    finally:
+        await engine.dispose()
+
+
+async def serve(
+    settings: Settings, database_url: str, stop: asyncio.Event, *, apply_migrations: bool
+) -> None:
+    log.info("database: %s", redacted(database_url))
+    async with replica(settings, database_url, apply_migrations=apply_migrations) as services:
+        await run_services(services, stop, shutdown_timeout=settings.shutdown_timeout)

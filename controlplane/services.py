@@ -1,0 +1,158 @@
+"""Long-running loops as Services, and the one critical-loop helper they all share.
+
+A Service owns one loop. ``start()`` launches it, ``stop()`` asks it to finish and waits a
+bounded time before cancelling. Inside, :func:`critical_loop` repeats a step: errors that may
+pass by themselves (a dropped connection, a Postgres restart, a timeout) are retried with
+backoff and jitter; anything else is a bug or a broken configuration and is re-raised so the
+supervisor stops the process loudly instead of limping on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import sqlalchemy.exc
+
+from controlplane import backoff
+from controlplane.errors import TransientError
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    TransientError,
+    OSError,  # includes ConnectionError and TimeoutError
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, cannot connect now
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, _TRANSIENT)
+
+
+async def sleep_unless(event: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to ``seconds``; return True at once if ``event`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=seconds)
+    return event.is_set()
+
+
+async def critical_loop(
+    name: str,
+    step: Callable[[], Awaitable[None]],
+    stopping: asyncio.Event,
+    *,
+    backoff_cap: float = 30.0,
+) -> None:
+    """Run ``step`` until ``stopping`` is set; ``step`` does its own waiting between rounds."""
+    failures = 0
+    while not stopping.is_set():
+        try:
+            await step()
+        except Exception as exc:
+            if not is_transient(exc):
+                log.exception("%s: unexpected error, stopping the loop", name)
+                raise
+            failures += 1
+            wait = backoff.delay(failures, base=0.2, cap=backoff_cap)
+            log.warning(
+                "%s: transient error (%s: %s); retry %d in %.1fs",
+                name,
+                type(exc).__name__,
+                exc,
+                failures,
+                wait,
+            )
+            await sleep_unless(stopping, wait)
+        else:
+            failures = 0
+
+
+class Service(ABC):
+    """One long-running loop with start/stop. Subclasses implement :meth:`run`."""
+
+    name: str = "service"
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @abstractmethod
+    async def run(self) -> None:
+        """Work until ``self.stopping`` is set, then finish promptly."""
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"{self.name} already started")
+        self._task = asyncio.create_task(self.run(), name=self.name)
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        if self._task is None:
+            raise RuntimeError(f"{self.name} was not started")
+        return self._task
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask the loop to finish; cancel it if it has not within ``timeout``. Idempotent."""
+        self.stopping.set()
+        task = self._task
+        if task is None or task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            log.warning("%s did not stop within %.1fs; cancelling", self.name, timeout)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the loop's own failure was already logged
+            log.debug("%s ended with an error during stop", self.name, exc_info=True)
+
+
+async def run_services(
+    services: list[Service], stop: asyncio.Event, *, shutdown_timeout: float = 5.0
+) -> None:
+    """Start ``services`` in order; return when ``stop`` is set, or raise when one fails.
+
+    Shutdown runs in reverse start order (intake first stopped last-started), and the whole
+    shutdown is bounded by ``shutdown_timeout``.
+    """
+    started: list[Service] = []
+    try:
+        for service in services:
+            await service.start()
+            started.append(service)
+        stop_task = asyncio.create_task(stop.wait(), name="stop-signal")
+        try:
+            done, _ = await asyncio.wait(
+                [stop_task, *(s.task for s in started)],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            stop_task.cancel()
+        for task in done:
+            if task is not stop_task:
+                failed = next(s for s in started if s.task is task)
+                exc = task.exception() if not task.cancelled() else None
+                if exc is not None:
+                    raise exc
+                raise RuntimeError(f"{failed.name} stopped unexpectedly")
+    finally:
+        per_service = shutdown_timeout / max(len(started), 1)
+        for service in reversed(started):
+            await service.stop(per_service)

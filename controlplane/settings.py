@@ -1,0 +1,184 @@
+"""The one settings tree of the control plane.
+
+Every field is described, because ``superagent config`` and the README's table are generated
+from these descriptions. Environment variables use the ``SUPERAGENT_`` prefix, with ``__``
+between nested groups (``SUPERAGENT_EFFECTS__CONCURRENCY``); three well-known variables keep
+their standard names: ``DATABASE_URL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "SUPERAGENT_"
+
+# Values that people paste from examples; refused outside development so that a deployment
+# never runs with a secret everybody knows.
+PLACEHOLDER_SECRETS = frozenset({"changeme", "change-me", "secret", "password", "admin", "xxx"})
+
+
+def _default_state_dir() -> Path:
+    return Path("~/.local/share/superagent").expanduser()
+
+
+class Environment(StrEnum):
+    development = "development"
+    production = "production"
+
+
+class HttpSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Address the HTTP API and console listen on.")
+    port: int = Field(8420, ge=0, le=65535, description="HTTP port (0 picks a free port).")
+
+
+class GrpcSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Address the device gateway (gRPC) listens on.")
+    port: int = Field(8421, ge=0, le=65535, description="gRPC port (0 picks a free port).")
+
+
+class EffectsSettings(BaseModel):
+    concurrency: int = Field(
+        32, ge=1, le=1024, description="Effects one runner executes at the same time."
+    )
+    batch_size: int = Field(
+        64, ge=1, le=1000, description="Most effects claimed in one round trip."
+    )
+    poll_interval: float = Field(
+        0.5,
+        gt=0,
+        le=1.0,
+        description="Seconds between polls when no notification arrives (safety net, ≤ 1 s).",
+    )
+    lease_seconds: float = Field(
+        30.0,
+        ge=1.0,
+        description="How long a claimed effect stays invisible to other runners; renewed "
+        "while it executes, so only a dead runner lets it lapse.",
+    )
+    max_attempts: int = Field(
+        20, ge=1, description="Failed attempts after which an effect is parked as dead."
+    )
+    backoff_base: float = Field(
+        1.0, gt=0, description="Seconds of the first retry delay; doubles per attempt."
+    )
+    backoff_max: float = Field(300.0, gt=0, description="Upper bound of the retry delay.")
+
+
+class LlmSettings(BaseModel):
+    router_model: str = Field(
+        "gpt-4o-mini", description="Model of the long-lived router session."
+    )
+    worker_model: str = Field("gpt-4o", description="Model of the per-ticket worker sessions.")
+    timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
+
+
+class Settings(BaseSettings):
+    """Everything the control plane reads from its environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="ignore",
+        populate_by_name=True,
+    )
+
+    environment: Environment = Field(
+        Environment.development,
+        description="`development` allows placeholder secrets; `production` refuses them.",
+    )
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="Directory for local state: the embedded Postgres data, TLS material, logs.",
+    )
+    database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("DATABASE_URL", "SUPERAGENT_DATABASE_URL"),
+        description="Postgres to use (`postgresql://user:pass@host/db`). Unset: an embedded "
+        "Postgres runs from the state directory.",
+    )
+    openai_base_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OPENAI_BASE_URL", "SUPERAGENT_OPENAI_BASE_URL"),
+        description="Any OpenAI-compatible endpoint (OpenAI, DeepSeek, vLLM, Ollama). Unset "
+        "with no key: rules-only mode.",
+    )
+    openai_api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("OPENAI_API_KEY", "SUPERAGENT_OPENAI_API_KEY"),
+        description="API key for the model endpoint. Never logged.",
+    )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Token for the console and admin API. Required in production.",
+    )
+    log_level: str = Field("INFO", description="Python log level name.")
+    shutdown_timeout: float = Field(
+        5.0, gt=0, description="Seconds a stopping process waits for its loops to finish."
+    )
+    http: HttpSettings = Field(default_factory=HttpSettings, description="HTTP API and console.")
+    grpc: GrpcSettings = Field(default_factory=GrpcSettings, description="Device gateway.")
+    effects: EffectsSettings = Field(
+        default_factory=EffectsSettings, description="The outbox runner."
+    )
+    llm: LlmSettings = Field(default_factory=LlmSettings, description="Language models.")
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_secrets(self) -> Settings:
+        if self.environment is Environment.development:
+            return self
+        if self.admin_token is None:
+            raise ValueError("SUPERAGENT_ADMIN_TOKEN is required when environment=production")
+        for name in ("admin_token", "openai_api_key"):
+            value: SecretStr | None = getattr(self, name)
+            if value is not None and value.get_secret_value().lower() in PLACEHOLDER_SECRETS:
+                raise ValueError(
+                    f"{name} is a placeholder value; set a real secret for production"
+                )
+        return self
+
+    @property
+    def model_configured(self) -> bool:
+        return self.openai_base_url is not None or self.openai_api_key is not None
+
+
+def env_name(path: tuple[str, ...], field: Any) -> str:
+    """The environment variable that sets the field at ``path``."""
+    aliases = getattr(field, "validation_alias", None)
+    if isinstance(aliases, AliasChoices):
+        first = aliases.choices[0]
+        assert isinstance(first, str)
+        return first
+    return ENV_PREFIX + "__".join(part.upper() for part in path)
+
+
+def describe(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()) -> list[
+    tuple[str, str, str]
+]:
+    """Rows of (environment variable, default, description) for every leaf setting."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        path = (*prefix, name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows.extend(describe(annotation, path))
+            continue
+        if field.default_factory is not None:
+            default = "~/.local/share/superagent" if name == "state_dir" else "(computed)"
+        elif field.default is None:
+            default = "unset"
+        else:
+            default = str(field.default.value if isinstance(field.default, StrEnum) else field.default)
+        rows.append((env_name(path, field), default, field.description or ""))
+    return rows
+
+
+def markdown_table() -> str:
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for env, default, description in describe():
+        lines.append(f"| `{env}` | `{default}` | {description} |")
+    return "\n".join(lines) + "\n"

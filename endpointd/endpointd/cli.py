@@ -1,0 +1,1 @@
+def main() -> None: print("hi")
