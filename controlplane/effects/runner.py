@@ -145,6 +145,7 @@ class EffectRunner(Service):
         self._done: list[_Done] = []
         self._flush_wanted = asyncio.Event()
         self._lease = timedelta(seconds=self.settings.lease_seconds)
+        self._drain_timeout = self.settings.lease_seconds / 3
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -170,12 +171,18 @@ class EffectRunner(Service):
                 await self._pool.close()
                 self._pool = None
 
+    async def stop(self, timeout: float = 5.0) -> None:
+        self.stopping.set()
+        self._wake.set()  # the claim loop may be waiting for a notification
+        self._drain_timeout = timeout * 0.6  # leave time to release what does not finish
+        await super().stop(timeout)
+
     async def _drain(self) -> None:
         """Let running handlers finish within the lease; release those that do not."""
         if not self._inflight:
             return
         tasks = list(self._inflight.values())
-        _, pending = await asyncio.wait(tasks, timeout=self.settings.lease_seconds / 3)
+        _, pending = await asyncio.wait(tasks, timeout=self._drain_timeout)
         for task in pending:
             task.cancel()
         if pending:
@@ -206,6 +213,8 @@ class EffectRunner(Service):
     async def _claim_step(self) -> None:
         await self._ensure_listener()
         assert self._pool is not None
+        if self.stopping.is_set():
+            return
         free = self.settings.concurrency - len(self._inflight)
         if free <= 0:
             await sleep_unless(self._wake, self.settings.poll_interval)

@@ -1,0 +1,88 @@
+"""Shared fixtures: a real Postgres (one fresh database per test worker) and the fake LLM.
+
+Postgres comes from ``TEST_DATABASE_URL`` when set, otherwise from the ``pgserver`` wheel,
+started once per test run and shared by the xdist workers (pgserver coordinates them).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from controlplane.db import migrate
+from controlplane.db.engine import create_engine, session_factory
+from controlplane.db.urls import asyncpg_dsn, with_database
+from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """URL of a Postgres server where tests may create databases."""
+    external = os.environ.get("TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    from pgserver.postgres_server import get_server
+
+    data = Path(tempfile.gettempdir()) / f"superagent-test-pg-{os.getuid()}"
+    server = get_server(data, cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+async def database_url(pg_server_url: str, worker_id: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test worker, dropped at the end."""
+    name = f"sa_test_{worker_id}_{os.getpid()}"
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = with_database(pg_server_url, name)
+    engine = create_engine(url, pool_size=1)
+    try:
+        await migrate.upgrade(engine)
+    finally:
+        await engine.dispose()
+    yield url
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url, pool_size=5)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+async def db(engine: AsyncEngine, database_url: str) -> async_sessionmaker[AsyncSession]:
+    """Session factory over an emptied database (every table truncated before the test)."""
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        tables = await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+            "AND tablename <> 'alembic_version'"
+        )
+        if tables:
+            names = ", ".join(f'"{t["tablename"]}"' for t in tables)
+            await conn.execute(f"TRUNCATE {names} CASCADE")
+    finally:
+        await conn.close()
+    return session_factory(engine)

@@ -1,0 +1,51 @@
+"""Small test helpers shared by every test module."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def assert_eventually(
+    check: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str = "",
+) -> T:
+    """Poll ``check`` until it returns a truthy value (and return it) or time runs out.
+
+    ``check`` may be sync or async; an ``AssertionError`` it raises counts as "not yet".
+    On timeout the last value or assertion is reported, so failures say what was seen.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result  # type: ignore[return-value]
+            last = result
+        except AssertionError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"not true within {timeout}s{': ' + message if message else ''}; last: {last!r}"
+            )
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        assert isinstance(port, int)
+        return port
