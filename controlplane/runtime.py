@@ -74,7 +74,7 @@ class HttpService(Service):
     async def run(self) -> None:
         serving = asyncio.create_task(self.server.serve())
         stop = asyncio.create_task(self.stopping.wait())
-        done, _ = await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
         self.server.should_exit = True
         await serving
         stop.cancel()

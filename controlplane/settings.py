@@ -70,9 +70,7 @@ class EffectsSettings(BaseModel):
 
 
 class LlmSettings(BaseModel):
-    router_model: str = Field(
-        "gpt-4o-mini", description="Model of the long-lived router session."
-    )
+    router_model: str = Field("gpt-4o-mini", description="Model of the long-lived router session.")
     worker_model: str = Field("gpt-4o", description="Model of the per-ticket worker sessions.")
     timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
 
@@ -136,9 +134,7 @@ class Settings(BaseSettings):
         for name in ("admin_token", "openai_api_key"):
             value: SecretStr | None = getattr(self, name)
             if value is not None and value.get_secret_value().lower() in PLACEHOLDER_SECRETS:
-                raise ValueError(
-                    f"{name} is a placeholder value; set a real secret for production"
-                )
+                raise ValueError(f"{name} is a placeholder value; set a real secret for production")
         return self
 
     @property
@@ -156,9 +152,9 @@ def env_name(path: tuple[str, ...], field: Any) -> str:
     return ENV_PREFIX + "__".join(part.upper() for part in path)
 
 
-def describe(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()) -> list[
-    tuple[str, str, str]
-]:
+def describe(
+    model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()
+) -> list[tuple[str, str, str]]:
     """Rows of (environment variable, default, description) for every leaf setting."""
     rows: list[tuple[str, str, str]] = []
     for name, field in model.model_fields.items():
@@ -172,7 +168,9 @@ def describe(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()) ->
         elif field.default is None:
             default = "unset"
         else:
-            default = str(field.default.value if isinstance(field.default, StrEnum) else field.default)
+            default = str(
+                field.default.value if isinstance(field.default, StrEnum) else field.default
+            )
         rows.append((env_name(path, field), default, field.description or ""))
     return rows
 

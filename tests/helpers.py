@@ -6,19 +6,17 @@ import asyncio
 import inspect
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
-T = TypeVar("T")
+from collections.abc import Callable
+from typing import Any
 
 
 async def assert_eventually(
-    check: Callable[[], T | Awaitable[T]],
+    check: Callable[[], Any],
     *,
     timeout: float = 10.0,
     interval: float = 0.02,
     message: str = "",
-) -> T:
+) -> Any:
     """Poll ``check`` until it returns a truthy value (and return it) or time runs out.
 
     ``check`` may be sync or async; an ``AssertionError`` it raises counts as "not yet".
@@ -32,7 +30,7 @@ async def assert_eventually(
             if inspect.isawaitable(result):
                 result = await result
             if result:
-                return result  # type: ignore[return-value]
+                return result
             last = result
         except AssertionError as exc:
             last = exc

@@ -92,10 +92,14 @@ async def test_rolled_back_transaction_leaves_no_effect(
         seen.append(effect.key)
 
     async with running(database_url, {"note": record}):
-        with pytest.raises(RuntimeError):
+
+        async def decide_then_fail() -> None:
             async with db() as session, session.begin():
                 await enqueue_in(session, "note", "gone", {})
                 raise RuntimeError("decided otherwise")
+
+        with pytest.raises(RuntimeError):
+            await decide_then_fail()
         async with db() as session, session.begin():
             await enqueue_in(session, "note", "kept", {})
         await assert_eventually(lambda: seen == ["kept"])
@@ -294,8 +298,15 @@ async def test_polling_finds_effects_written_without_notification(
 async def test_runner_killed_mid_execution_leaves_the_effect_for_another(
     db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
 ) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.effects_child", asyncpg_dsn(database_url), str(tmp_path), "1.5"],
+    child = subprocess.Popen(  # noqa: ASYNC220 - started once, then only polled
+        [
+            sys.executable,
+            "-m",
+            "tests.effects_child",
+            asyncpg_dsn(database_url),
+            str(tmp_path),
+            "1.5",
+        ],
         cwd=REPO,
         start_new_session=True,
     )

@@ -16,7 +16,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(SuperagentError)
     async def domain_error(request: Request, exc: SuperagentError) -> JSONResponse:
         return JSONResponse(
-            status_code=exc.http_status, content={"error": {"code": exc.code, "message": exc.message}}
+            status_code=exc.http_status,
+            content={"error": {"code": exc.code, "message": exc.message}},
         )
 
     @app.exception_handler(Exception)

@@ -10,7 +10,9 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+import asyncpg
 import click
+import sqlalchemy.exc
 from pydantic import ValidationError
 
 from controlplane.errors import SuperagentError
@@ -35,6 +37,10 @@ def clear_errors() -> Iterator[None]:
             for err in exc.errors()
         )
         fail(f"invalid configuration: {problems}")
+    except (OSError, asyncpg.PostgresError, sqlalchemy.exc.DBAPIError) as exc:
+        # Unreachable or refusing database: say which kind of failure, not a stack trace.
+        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        fail(f"database unavailable ({type(exc).__name__}: {detail}); check DATABASE_URL")
 
 
 def load_settings(**overrides: Any) -> Settings:

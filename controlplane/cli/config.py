@@ -27,7 +27,7 @@ def config(as_json: bool, markdown: bool) -> None:
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return
-    for env, default, description in describe():
+    for env, _default, description in describe():
         click.echo(f"{env:<36} {description}")
     click.echo()
     click.echo(json.dumps(values, indent=2))

@@ -43,8 +43,10 @@ def migrate(state_dir: Path | None, check: bool, as_json: bool) -> None:
         click.echo(json.dumps({"before": before, "after": after, "head": head}))
     if check:
         if before != head:
-            fail(f"schema is at {before or 'nothing'}, this release needs {head}; "
-                 "run `superagent migrate`")
+            fail(
+                f"schema is at {before or 'nothing'}, this release needs {head}; "
+                "run `superagent migrate`"
+            )
         if not as_json:
             click.echo(f"schema is current ({head})")
         return

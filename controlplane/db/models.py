@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -82,7 +82,10 @@ def _created() -> Mapped[datetime]:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {dict[str, Any]: JSONB, datetime: DateTime(timezone=True)}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSONB,
+        datetime: DateTime(timezone=True),
+    }
 
 
 class Blob(Base):
@@ -251,9 +254,7 @@ class Session(Base):
     model: Mapped[str] = mapped_column(String(200))
     prompt_version_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
-    completion_tokens: Mapped[int] = mapped_column(
-        BigInteger, default=0, server_default=text("0")
-    )
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     cost_usd: Mapped[Decimal] = mapped_column(
         Numeric(12, 6), default=Decimal(0), server_default=text("0")
@@ -285,7 +286,9 @@ class Assignment(Base):
     __tablename__ = "assignments"
     __table_args__ = (
         Index(None, "ticket_id"),
-        Index("ix_assignments_active", "lease_expires_at", postgresql_where=text("ended_at IS NULL")),
+        Index(
+            "ix_assignments_active", "lease_expires_at", postgresql_where=text("ended_at IS NULL")
+        ),
     )
     id: Mapped[str] = _id("asg")
     ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))

@@ -15,9 +15,7 @@ def parse(url: str) -> URL:
             "DATABASE_URL is not a valid URL; expected postgresql://user:password@host:port/db"
         ) from exc
     if parsed.get_backend_name() not in {"postgresql", "postgres"}:
-        raise ConfigError(
-            f"DATABASE_URL must point at Postgres, not {parsed.get_backend_name()!r}"
-        )
+        raise ConfigError(f"DATABASE_URL must point at Postgres, not {parsed.get_backend_name()!r}")
     return parsed
 
 

@@ -17,7 +17,7 @@ class ClaimedEffect:
     attempt: int  # 1 on the first try
 
 
-class Postpone(Exception):  # noqa: N818 - it is a signal, not an error
+class Postpone(Exception):
     """Raised by a handler that cannot run *yet* (no free slot, device asleep).
 
     The effect is retried after ``seconds`` without counting as a failed attempt.

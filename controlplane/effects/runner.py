@@ -91,9 +91,7 @@ _LAST_ERROR_LIMIT = 4000
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec(
-        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
-    )
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
 async def create_pool(dsn: str, *, size: int = 4) -> asyncpg.Pool:
@@ -292,8 +290,9 @@ class EffectRunner(Service):
         try:
             await self._pool.execute(query, *args)
         except Exception:
-            log.warning("could not record an effect outcome; the lease will retry it",
-                        exc_info=True)
+            log.warning(
+                "could not record an effect outcome; the lease will retry it", exc_info=True
+            )
 
     # -- completing ----------------------------------------------------------------------
 

@@ -21,13 +21,13 @@ _NOT_YET = "this control plane does not accept devices yet (device gateway not i
 
 
 class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
-    async def Pair(  # noqa: N802 - the RPC's name
+    async def Pair(
         self, request: endpoint_pb2.PairRequest, context: grpc.aio.ServicerContext
     ) -> endpoint_pb2.PairResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, _NOT_YET)
         raise AssertionError("unreachable")
 
-    async def Connect(  # noqa: N802 - the RPC's name
+    async def Connect(
         self,
         request_iterator: AsyncIterator[endpoint_pb2.DeviceMessage],
         context: grpc.aio.ServicerContext,

@@ -14,7 +14,22 @@ ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case: n
 RANDOM_LENGTH = 12
 
 PREFIXES = frozenset(
-    {"trg", "thr", "tkt", "mnd", "asg", "ses", "msg", "dev", "cmd", "eff", "blb", "prm", "pol", "llm"}
+    {
+        "trg",
+        "thr",
+        "tkt",
+        "mnd",
+        "asg",
+        "ses",
+        "msg",
+        "dev",
+        "cmd",
+        "eff",
+        "blb",
+        "prm",
+        "pol",
+        "llm",
+    }
 )
 
 _ID_RE = re.compile(rf"^([a-z]{{3}})_[{ALPHABET}]{{{RANDOM_LENGTH}}}$")

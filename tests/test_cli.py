@@ -1,0 +1,194 @@
+"""The ``superagent`` command as users run it: real processes, real ports, real Postgres."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import grpc
+import httpx
+import psutil
+import pytest
+
+from controlplane.db.urls import asyncpg_dsn, with_database
+from superagent_proto.v1 import endpoint_pb2, endpoint_pb2_grpc
+from tests.helpers import free_port
+
+SUPERAGENT = [sys.executable, "-m", "controlplane.cli"]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SUPERAGENT, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
+    env.pop("DATABASE_URL", None)
+    env.update(extra)
+    return env
+
+
+def test_help_lists_commands() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("up", "serve", "migrate", "config"):
+        assert f"  {command} " in result.stdout
+
+
+@pytest.fixture
+async def empty_database(pg_server_url: str, worker_id: str) -> AsyncIterator[str]:
+    name = f"sa_empty_{worker_id}_{os.getpid()}"
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield with_database(pg_server_url, name)
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+def test_serve_refuses_an_unmigrated_database_then_migrate_fixes_it(
+    empty_database: str, tmp_path: Path
+) -> None:
+    env = clean_env(DATABASE_URL=empty_database, SUPERAGENT_STATE_DIR=str(tmp_path))
+    refused = run_cli("serve", "--http-port", str(free_port()), env=env)
+    assert refused.returncode == 1
+    assert "run `superagent migrate`" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    check = run_cli("migrate", "--check", env=env)
+    assert check.returncode == 1
+    assert "superagent migrate" in check.stderr
+
+    migrated = run_cli("migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "schema upgraded: empty →" in migrated.stdout
+    again = run_cli("migrate", env=env)
+    assert "already current" in again.stdout
+    assert run_cli("migrate", "--check", env=env).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("mysql://root@localhost/db", "must point at Postgres"),
+        ("not a url at all", "not a valid URL"),
+        ("postgresql://nobody:hunter2-canary@127.0.0.1:1/none", "database unavailable"),
+    ],
+)
+def test_bad_database_url_gets_one_clear_line(url: str, expected: str, tmp_path: Path) -> None:
+    result = run_cli("migrate", env=clean_env(DATABASE_URL=url, SUPERAGENT_STATE_DIR=str(tmp_path)))
+    assert result.returncode == 1
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "hunter2-canary" not in result.stderr + result.stdout
+
+
+def test_production_refuses_placeholder_secrets(tmp_path: Path) -> None:
+    result = run_cli(
+        "config",
+        env=clean_env(SUPERAGENT_ENVIRONMENT="production", SUPERAGENT_ADMIN_TOKEN="changeme"),
+    )
+    assert result.returncode == 1
+    assert "placeholder" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_masks_secrets() -> None:
+    result = run_cli(
+        "config",
+        "--json",
+        env=clean_env(
+            OPENAI_API_KEY="sk-canary-0451",
+            DATABASE_URL="postgresql://u:pw-canary-0451@db.example/x",
+        ),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "canary-0451" not in result.stdout
+    assert "db.example" in result.stdout
+
+
+def _postgres_running_in(data_dir: Path) -> bool:
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if proc.info.get("name") == "postgres" and str(data_dir) in " ".join(cmdline):
+            return True
+    return False
+
+
+@pytest.mark.slow
+def test_up_serves_on_embedded_postgres_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    http_port, grpc_port = free_port(), free_port()
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [
+            *SUPERAGENT,
+            "up",
+            "--state-dir",
+            str(state),
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+        ],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{http_port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "superagent up never served /healthz"
+            time.sleep(0.1)
+
+        assert httpx.get(f"{base}/healthz").json()["status"] == "ok"
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["status"] == "ready"
+        assert "No model is set" in httpx.get(f"{base}/").text
+        openapi = httpx.get(f"{base}/openapi.json").json()
+        assert "/healthz" in openapi["paths"]
+        assert httpx.get(f"{base}/no-such-page").status_code == 404
+        assert (state / "postgres" / "PG_VERSION").exists()
+
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Pair(endpoint_pb2.PairRequest(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=15)
+        elapsed = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert elapsed < 5, f"Ctrl-C took {elapsed:.1f}s"
+    assert "Traceback" not in stderr
+    assert not _postgres_running_in(state / "postgres"), "embedded Postgres left running"

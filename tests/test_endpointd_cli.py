@@ -1,0 +1,163 @@
+"""The endpointd command line: help, version, info, and the config-dir rules behind info."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import keyring
+import pytest
+from keyring.backends import chainer, fail, null
+
+from endpointd import __version__
+from endpointd.cli import keyring_status
+from endpointd.paths import config_dir
+from superagent_shared.protocol import PROTOCOL_VERSION
+
+
+def _endpointd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # `python -m endpointd` runs the installed package exactly as a user would, without
+    # depending on the console script being on PATH. It runs outside the checkout: `-m`
+    # puts the cwd first on sys.path, and at the repo root the distribution directory
+    # `endpointd/` (no __init__.py) would shadow the package as an empty namespace package.
+    full_env = {**os.environ, **(env or {})}
+    # keyring's fail backend is instant and identical everywhere; probing a real OS keyring
+    # (D-Bus on Linux) could be slow or prompt on a developer's machine.
+    full_env.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
+    return subprocess.run(
+        [sys.executable, "-m", "endpointd", *args],
+        cwd=tempfile.gettempdir(),
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _commands(help_text: str) -> set[str]:
+    section = help_text.split("Commands:", 1)[1]
+    return {line.split()[0] for line in section.splitlines() if line.strip()}
+
+
+def test_help_lists_commands_and_explains_the_daemon() -> None:
+    proc = _endpointd("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: endpointd ")
+    assert _commands(proc.stdout) == {"info", "version"}
+    # The security property a user most needs to know before installing it.
+    assert "never listens for or accepts inbound" in " ".join(proc.stdout.split())
+
+
+def test_version_prints_daemon_and_protocol_version() -> None:
+    proc = _endpointd("version")
+    assert proc.returncode == 0, proc.stderr
+    assert f"endpointd {__version__}" in proc.stdout
+    assert PROTOCOL_VERSION in proc.stdout
+
+
+def test_info_json_reports_the_overridden_config_dir(tmp_path: Path) -> None:
+    cfg = tmp_path / "endpointd-config"
+    proc = _endpointd("info", "--json", env={"ENDPOINTD_CONFIG_DIR": str(cfg)})
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["config_dir"] == str(cfg)
+    assert info["config_dir_source"] == "ENDPOINTD_CONFIG_DIR"
+    assert info["config_dir_exists"] is False  # info only looks; it never creates it
+    assert info["version"] == __version__
+    assert info["protocol_version"] == PROTOCOL_VERSION
+    assert info["keyring"]["class"] == "keyring.backends.fail.Keyring"
+    assert info["keyring"]["usable"] is False
+
+
+def test_info_human_output_says_what_to_do_without_a_keyring(tmp_path: Path) -> None:
+    proc = _endpointd("info", env={"ENDPOINTD_CONFIG_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert str(tmp_path) in proc.stdout
+    assert "NOT usable" in proc.stdout
+    assert "before pairing" in proc.stdout
+
+
+HOME = Path("/home/dev")
+
+
+@pytest.mark.parametrize(
+    ("platform", "env", "expected", "source"),
+    [
+        ("linux", {}, HOME / ".config/endpointd", "XDG default"),
+        ("linux", {"XDG_CONFIG_HOME": "/xdg"}, Path("/xdg/endpointd"), "$XDG_CONFIG_HOME"),
+        # The XDG spec: relative values are invalid and ignored.
+        ("linux", {"XDG_CONFIG_HOME": "rel"}, HOME / ".config/endpointd", "XDG default"),
+        ("freebsd14", {}, HOME / ".config/endpointd", "XDG default"),
+        (
+            "darwin",
+            {"XDG_CONFIG_HOME": "/xdg"},
+            HOME / "Library/Application Support/endpointd",
+            "macOS default",
+        ),
+        ("win32", {"APPDATA": "/appdata"}, Path("/appdata/endpointd"), "%APPDATA%"),
+        ("win32", {}, HOME / "AppData/Roaming/endpointd", "Windows default"),
+        ("darwin", {"ENDPOINTD_CONFIG_DIR": "/cfg"}, Path("/cfg"), "ENDPOINTD_CONFIG_DIR"),
+        (
+            "linux",
+            {"ENDPOINTD_CONFIG_DIR": "/cfg", "XDG_CONFIG_HOME": "/xdg"},
+            Path("/cfg"),
+            "ENDPOINTD_CONFIG_DIR",
+        ),
+    ],
+)
+def test_config_dir_follows_platform_conventions(
+    platform: str, env: dict[str, str], expected: Path, source: str
+) -> None:
+    result = config_dir(env=env, platform=platform, home=HOME)
+    assert result.path == expected
+    assert result.source == source
+
+
+def test_relative_override_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = config_dir(env={"ENDPOINTD_CONFIG_DIR": "cfg"}, platform="linux", home=HOME)
+    assert result.path == tmp_path / "cfg"
+
+
+class _FakeUsableKeyring:
+    # Duck-typed on purpose: subclassing keyring's KeyringBackend would register the class
+    # in keyring's global backend list for the rest of the test session.
+    name = "Fake Keyring"
+
+
+def test_keyring_status_reports_unusable_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyring, "get_keyring", fail.Keyring)
+    assert keyring_status().usable is False
+
+    monkeypatch.setattr(keyring, "get_keyring", null.Keyring)
+    assert keyring_status().usable is False
+
+    # An empty chain is what keyring builds when no backend is viable.
+    monkeypatch.setattr(chainer.ChainerBackend, "backends", [])
+    monkeypatch.setattr(keyring, "get_keyring", chainer.ChainerBackend)
+    status = keyring_status()
+    assert status.usable is False
+    assert status.backend_class == "keyring.backends.chainer.ChainerBackend"
+
+
+def test_keyring_status_reports_a_usable_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyring, "get_keyring", _FakeUsableKeyring)
+    status = keyring_status()
+    assert status.usable is True
+    assert status.backend == "Fake Keyring"
+
+
+def test_keyring_status_reports_a_broken_keyring_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise ModuleNotFoundError("No module named 'nope'")
+
+    monkeypatch.setattr(keyring, "get_keyring", broken)
+    status = keyring_status()
+    assert status.usable is False
+    assert "nope" in status.detail
