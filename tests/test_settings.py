@@ -1,0 +1,75 @@
+"""Settings: environment names, validation, secrets, and the README's reference table."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from controlplane.settings import Settings, markdown_table
+from superagent_shared.ids import ALPHABET, RANDOM_LENGTH, id_prefix, new_id
+from tests.conftest import REPO
+
+
+def test_readme_lists_every_setting() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert markdown_table() in readme, "README table is stale: superagent config --markdown"
+
+
+def test_every_setting_is_described() -> None:
+    for line in markdown_table().splitlines()[2:]:
+        assert line.split("|")[3].strip(), line
+
+
+def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u@h/db")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("SUPERAGENT_EFFECTS__CONCURRENCY", "7")
+    monkeypatch.setenv("SUPERAGENT_HTTP__PORT", "9999")
+    settings = Settings()
+    assert settings.database_url == "postgresql://u@h/db"
+    assert settings.openai_base_url == "http://127.0.0.1:9/v1"
+    assert settings.openai_api_key is not None
+    assert settings.openai_api_key.get_secret_value() == "sk-test"
+    assert "sk-test" not in repr(settings)
+    assert settings.effects.concurrency == 7
+    assert settings.http.port == 9999
+    assert settings.model_configured
+
+
+def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUPERAGENT_EFFECTS__POLL_INTERVAL", "5")
+    with pytest.raises(ValidationError, match="poll_interval"):
+        Settings()
+
+
+@pytest.mark.parametrize("token", ["changeme", "SECRET", "password"])
+def test_production_refuses_placeholders(monkeypatch: pytest.MonkeyPatch, token: str) -> None:
+    monkeypatch.setenv("SUPERAGENT_ENVIRONMENT", "production")
+    monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", token)
+    with pytest.raises(ValidationError, match="placeholder"):
+        Settings()
+
+
+def test_production_requires_an_admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUPERAGENT_ENVIRONMENT", "production")
+    monkeypatch.delenv("SUPERAGENT_ADMIN_TOKEN", raising=False)
+    with pytest.raises(ValidationError, match="ADMIN_TOKEN"):
+        Settings()
+    monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "a-real-long-random-token-4d9f")
+    assert Settings().admin_token is not None
+
+
+def test_ids_are_prefixed_short_and_random() -> None:
+    ids = {new_id("tkt") for _ in range(2000)}
+    assert len(ids) == 2000
+    for value in list(ids)[:50]:
+        prefix, random_part = value.split("_")
+        assert prefix == "tkt"
+        assert len(random_part) == RANDOM_LENGTH
+        assert set(random_part) <= set(ALPHABET)
+        assert id_prefix(value) == "tkt"
+    assert id_prefix("tkt_short") is None
+    assert id_prefix("zzz_" + "0" * RANDOM_LENGTH) is None
+    with pytest.raises(ValueError, match="unknown id prefix"):
+        new_id("nope")
