@@ -101,25 +101,33 @@ class PairResponse(_message.Message):
     DEVICE_ID_FIELD_NUMBER: _builtins.int
     SERVER_CERT_SHA256_FIELD_NUMBER: _builtins.int
     SERVER_NAME_FIELD_NUMBER: _builtins.int
+    SERVER_CA_PEM_FIELD_NUMBER: _builtins.int
     device_id: _builtins.str
     """Stable server-assigned identifier ("dev_8f3k2q"), sent back in every Hello."""
     server_cert_sha256: _builtins.bytes
     """SHA-256 of the DER-encoded leaf certificate the server presents. The daemon checks it
-    against the certificate it saw on this very call, then pins it for all future
-    connections so a later TLS interception is detected even if a CA is compromised.
+    against the certificate it saw on this very call (and against a fingerprint the admin
+    gave out of band, if any) before trusting `server_ca_pem`.
     """
     server_name: _builtins.str
     """Display name of the deployment ("acme superagent"), for `endpointd info` and prompts."""
+    server_ca_pem: _builtins.str
+    """PEM of the private CA that issued the server certificate, when the deployment uses its
+    own self-signed CA; empty when the certificate chains to a public CA (e.g. behind a
+    TLS-terminating proxy). The daemon pins it as the only trust root for Connect, so the
+    server certificate can be renewed by the same CA without re-pairing.
+    """
     def __init__(
         self,
         *,
         device_id: _builtins.str = ...,
         server_cert_sha256: _builtins.bytes = ...,
         server_name: _builtins.str = ...,
+        server_ca_pem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "server_cert_sha256", b"server_cert_sha256", "server_name", b"server_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "server_ca_pem", b"server_ca_pem", "server_cert_sha256", b"server_cert_sha256", "server_name", b"server_name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -662,7 +670,7 @@ class CancelCommand(_message.Message):
     GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     target_command_id: _builtins.str
     grace_seconds: _builtins.int
-    """Time between SIGTERM and SIGKILL; 0 means the default (5 s)."""
+    """Time between SIGTERM and SIGKILL; 0 means the default (10 s)."""
     def __init__(
         self,
         *,
