@@ -11,17 +11,21 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import uvicorn
 
 from controlplane.api.app import AppState, create_app
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
-from controlplane.db.engine import create_engine
+from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.effects.handlers import Handlers
-from controlplane.effects.runner import EffectRunner, runner_id
-from controlplane.gateway.server import GatewayService
+from controlplane.effects.runner import EffectRunner, create_pool, runner_id
+from controlplane.gateway.hub import DeviceHub
+from controlplane.gateway.queue import CommandQueue
+from controlplane.gateway.server import EndpointGateway, GatewayService
+from controlplane.gateway.tls import ServerTls, ensure_server_tls
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
@@ -104,15 +108,43 @@ async def replica(
         else:
             await migrate.check_migrated(engine)
         replica_id = runner_id()
-        state = AppState(settings=settings, engine=engine, replica_id=replica_id)
-        services: list[Service] = [
-            EffectRunner(asyncpg_dsn(database_url), Handlers(), settings.effects, owner=replica_id),
-            GatewayService(settings.grpc),
-            HttpService(state),
-        ]
-        yield services
+        dsn = asyncpg_dsn(database_url)
+        pool = await create_pool(dsn, size=10)
+        try:
+            queue = CommandQueue(
+                pool,
+                ttl=timedelta(seconds=settings.grpc.command_ttl_seconds),
+                inline=settings.grpc.output_inline_bytes,
+            )
+            hub = DeviceHub(dsn, queue, replica_id)
+            gateway = EndpointGateway(
+                session_factory(engine),
+                queue,
+                hub,
+                settings.grpc,
+                gateway_tls(settings),
+                server_name=settings.name,
+            )
+            state = AppState(settings=settings, engine=engine, replica_id=replica_id)
+            services: list[Service] = [
+                EffectRunner(dsn, Handlers(), settings.effects, owner=replica_id),
+                hub,
+                GatewayService(settings.grpc, gateway),
+                HttpService(state),
+            ]
+            yield services
+        finally:
+            await pool.close()
     finally:
         await engine.dispose()
+
+
+def gateway_tls(settings: Settings) -> ServerTls | None:
+    """The gateway's certificate material, created on first start (None: TLS is off)."""
+    if settings.grpc.tls == "off":
+        return None
+    names = [n.strip() for n in settings.grpc.tls_hostnames.split(",") if n.strip()]
+    return ensure_server_tls(settings.state_dir / "tls", names)
 
 
 async def serve(

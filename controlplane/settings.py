@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +39,35 @@ class HttpSettings(BaseModel):
 class GrpcSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Address the device gateway (gRPC) listens on.")
     port: int = Field(8421, ge=0, le=65535, description="gRPC port (0 picks a free port).")
+    tls: Literal["self-signed", "off"] = Field(
+        "self-signed",
+        description="`self-signed`: the gateway's own CA and certificate (devices pin the "
+        "CA). `off`: plaintext, only behind a TLS-terminating proxy (docs/tls.md).",
+    )
+    tls_hostnames: str = Field(
+        "",
+        description="Extra comma-separated DNS names or IPs for the gateway certificate.",
+    )
+    public_url: str | None = Field(
+        None,
+        description="The URL devices dial, printed by `superagent devices pair` "
+        "(default: https://<this host>:<port>).",
+    )
+    heartbeat_seconds: float = Field(
+        15.0, gt=0, description="Application heartbeat interval on device streams."
+    )
+    max_connection_age_seconds: float = Field(
+        1800.0,
+        gt=0,
+        description="Streams are recycled after about this long (±10 % jitter), spreading "
+        "devices across replicas.",
+    )
+    command_ttl_seconds: float = Field(
+        43200.0, gt=0, description="Default time a queued command may wait for its device."
+    )
+    output_inline_bytes: int = Field(
+        8192, ge=0, description="Bytes of a command's output head and tail kept inline."
+    )
 
 
 class EffectsSettings(BaseModel):
@@ -113,6 +142,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         None,
         description="Token for the console and admin API. Required in production.",
+    )
+    name: str = Field(
+        "Super-agent", description="Display name of this deployment, shown to paired devices."
     )
     log_level: str = Field("INFO", description="Python log level name.")
     shutdown_timeout: float = Field(

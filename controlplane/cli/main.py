@@ -7,6 +7,7 @@ import click
 from controlplane import __version__
 from controlplane.cli.config import config
 from controlplane.cli.db import migrate
+from controlplane.cli.devices import devices
 from controlplane.cli.up import serve_command, up
 
 
@@ -27,6 +28,7 @@ cli.add_command(up)
 cli.add_command(serve_command, name="serve")
 cli.add_command(migrate)
 cli.add_command(config)
+cli.add_command(devices)
 
 
 def main() -> None:

@@ -89,15 +89,29 @@ class Base(DeclarativeBase):
 
 
 class Blob(Base):
-    """Spilled content (full payloads, long outputs), referenced by ID from summaries."""
+    """Spilled content (full payloads, long outputs), referenced by ID from summaries.
+
+    Small blobs keep their bytes in ``data``; large or streamed ones (command output) keep
+    them in ``blob_chunks`` so that no single row, and no single process, holds them whole.
+    """
 
     __tablename__ = "blobs"
     id: Mapped[str] = _id("blb")
     content_type: Mapped[str] = mapped_column(String(100), default="application/octet-stream")
-    size: Mapped[int] = mapped_column(BigInteger)
-    sha256: Mapped[str] = mapped_column(String(64))
-    data: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    data: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = _created()
+
+
+class BlobChunk(Base):
+    """One slice of a chunked blob, keyed by byte offset (idempotent re-writes)."""
+
+    __tablename__ = "blob_chunks"
+    __table_args__ = (PrimaryKeyConstraint("blob_id", "offset"),)
+    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id", ondelete="CASCADE"))
+    offset: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class PolicyVersion(Base):
@@ -174,7 +188,15 @@ class Device(Base):
     """A paired endpoint. ``next_seq`` numbers its commands in delivery order."""
 
     __tablename__ = "devices"
-    __table_args__ = (UniqueConstraint("name"),)
+    __table_args__ = (
+        # Names address devices in chat (`/run alice-laptop ...`); a revoked device frees its.
+        Index(
+            "uq_devices_active_name",
+            "name",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
     id: Mapped[str] = _id("dev")
     name: Mapped[str] = mapped_column(String(100))
     owner: Mapped[str | None] = mapped_column(String(200))
@@ -186,6 +208,43 @@ class Device(Base):
     created_at: Mapped[datetime] = _created()
     last_seen_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+    # Which replica holds the device's stream (NULL: offline). Liveness is judged with
+    # last_seen_at too, since a replica killed with SIGKILL cannot clear it.
+    connected_replica: Mapped[str | None] = mapped_column(String(200))
+    connected_at: Mapped[datetime | None]
+
+
+class PairingCode(Base):
+    """A one-time code an admin or owner hands to a new device.
+
+    Only a hash of the code is stored. ``lookup`` (the first half) finds the row so that
+    wrong guesses can be counted per code; the whole code is what proves possession.
+    """
+
+    __tablename__ = "pairing_codes"
+    __table_args__ = (
+        Index("ix_pairing_codes_lookup", "lookup", postgresql_where=text("used_at IS NULL")),
+    )
+    id: Mapped[str] = _id("pcd")
+    lookup: Mapped[str] = mapped_column(String(8))
+    code_sha256: Mapped[str] = mapped_column(String(64))
+    device_name: Mapped[str] = mapped_column(String(100))
+    owner: Mapped[str | None] = mapped_column(String(200))
+    created_by: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime]
+    failed_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    used_at: Mapped[datetime | None]
+    device_id: Mapped[str | None] = mapped_column(ForeignKey("devices.id"))
+    created_at: Mapped[datetime] = _created()
+
+
+class PairingThrottle(Base):
+    """Failed pairing attempts per source address in the current window."""
+
+    __tablename__ = "pairing_throttle"
+    source: Mapped[str] = mapped_column(String(100), primary_key=True)
+    window_start: Mapped[datetime]
+    failures: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Ticket(Base):
@@ -337,8 +396,20 @@ class Command(Base):
     )
     output_size: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     output_blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))
+    # Reported by the device's Finished; the result is final only once every byte up to
+    # it is stored.
+    total_output_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    signal: Mapped[int | None] = mapped_column(Integer)
+    timed_out: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    output_truncated: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=text("false")
+    )
+    refusal_reason: Mapped[str | None] = mapped_column(String(50))
+    origin: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[datetime] = _created()
     delivered_at: Mapped[datetime | None]
+    accepted_at: Mapped[datetime | None]
+    cancel_requested_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -28,7 +29,7 @@ NOTIFY_CHANNEL = "superagent_effects"
 _ENQUEUE = f"""
 WITH up AS (
     INSERT INTO effects (id, kind, key, payload, next_attempt_at)
-    VALUES ($1, $2, $3, CAST($4 AS jsonb), now() + CAST($5 AS interval))
+    VALUES ($1, $2, $3, CAST(CAST($4 AS text) AS jsonb), now() + CAST($5 AS interval))
     ON CONFLICT (kind, key) DO UPDATE SET
         payload = excluded.payload,
         generation = effects.generation + 1,
@@ -44,6 +45,26 @@ SELECT up.id, up.generation FROM up, wake
 """
 # The same statement for SQLAlchemy, whose text() binds by name.
 _ENQUEUE_NAMED = text(re.sub(r"\$(\d)", r":p\1", _ENQUEUE))
+
+# Many effects in one statement: the same upsert over unnest(), and one wake-up.
+_ENQUEUE_MANY = f"""
+WITH up AS (
+    INSERT INTO effects (id, kind, key, payload, next_attempt_at)
+    SELECT i.id, i.kind, i.key, CAST(i.payload AS jsonb), now() + CAST($5 AS interval)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS i(id, kind, key, payload)
+    ON CONFLICT (kind, key) DO UPDATE SET
+        payload = excluded.payload,
+        generation = effects.generation + 1,
+        attempts = 0,
+        last_error = NULL,
+        dead_at = NULL,
+        next_attempt_at = CASE WHEN effects.locked_by IS NULL
+                               THEN excluded.next_attempt_at
+                               ELSE effects.next_attempt_at END
+    RETURNING id, kind, key, generation
+), wake AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '') AS n)
+SELECT up.id, up.kind, up.key, up.generation FROM up, wake
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +87,37 @@ async def enqueue(
     )
     assert row is not None
     return EffectRef(row["id"], row["generation"])
+
+
+async def enqueue_many(
+    conn: asyncpg.Connection,
+    effects: Iterable[tuple[str, str, dict[str, Any]]],
+    *,
+    delay: float = 0.0,
+) -> list[EffectRef]:
+    """Upsert many ``(kind, key, payload)`` effects in one round trip (and one wake-up).
+
+    The same as calling :func:`enqueue` for each, in order, except that a ``(kind, key)``
+    given twice is written once, with its last payload. Returns one ref per input, in order.
+    """
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    order: list[tuple[str, str]] = []
+    for kind, key, payload in effects:
+        order.append((kind, key))
+        latest[(kind, key)] = payload
+    if not latest:
+        return []
+    pairs = list(latest)
+    rows = await conn.fetch(
+        _ENQUEUE_MANY,
+        [new_id("eff") for _ in pairs],
+        [kind for kind, _ in pairs],
+        [key for _, key in pairs],
+        [json.dumps(latest[pair]) for pair in pairs],
+        timedelta(seconds=delay),
+    )
+    refs = {(row["kind"], row["key"]): EffectRef(row["id"], row["generation"]) for row in rows}
+    return [refs[pair] for pair in order]
 
 
 async def enqueue_in(

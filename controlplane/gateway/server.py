@@ -1,64 +1,198 @@
-"""The gRPC server of the device gateway.
+"""The gRPC server of the device gateway: Pair and Connect, over TLS by default.
 
-This release serves the protocol's service so that daemons get a clear, typed answer; pairing
-and the Connect stream are not implemented yet and say so with UNIMPLEMENTED.
+Transport only: each RPC translates between protobuf and the domain (``pairing``,
+``stream``) and maps domain errors to gRPC status codes in one function.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import random
+import socket
 
 import grpc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane import __version__
+from controlplane.errors import SuperagentError
+from controlplane.gateway import pairing
+from controlplane.gateway.hub import DeviceHub
+from controlplane.gateway.queue import CommandQueue
+from controlplane.gateway.stream import DeviceStream
+from controlplane.gateway.tls import ServerTls
 from controlplane.services import Service
 from controlplane.settings import GrpcSettings
-from superagent_proto.v1 import endpoint_pb2, endpoint_pb2_grpc
+from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_proto.v1 import endpoint_pb2_grpc
+from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
 
 log = logging.getLogger(__name__)
 
-_NOT_YET = "this control plane does not accept devices yet (device gateway not implemented)"
+_PAIRING_STATUS = {
+    "throttled": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "invalid_key": grpc.StatusCode.INVALID_ARGUMENT,
+    "invalid_code": grpc.StatusCode.INVALID_ARGUMENT,
+    "invalid_name": grpc.StatusCode.INVALID_ARGUMENT,
+    "name_taken": grpc.StatusCode.ALREADY_EXISTS,
+}
+
+
+def status_for(exc: SuperagentError) -> grpc.StatusCode:
+    """The one mapping from domain errors to gRPC status codes."""
+    if isinstance(exc, pairing.PairingRefused):
+        return _PAIRING_STATUS.get(exc.reason, grpc.StatusCode.PERMISSION_DENIED)
+    return {
+        400: grpc.StatusCode.INVALID_ARGUMENT,
+        401: grpc.StatusCode.UNAUTHENTICATED,
+        403: grpc.StatusCode.PERMISSION_DENIED,
+        404: grpc.StatusCode.NOT_FOUND,
+        409: grpc.StatusCode.ALREADY_EXISTS,
+        503: grpc.StatusCode.UNAVAILABLE,
+    }.get(exc.http_status, grpc.StatusCode.INTERNAL)
+
+
+def peer_address(context: grpc.aio.ServicerContext) -> str:
+    """The client's IP from gRPC's peer string (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``)."""
+    peer = context.peer() or "unknown"
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[1 : rest.index("]")]
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    return peer
 
 
 class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
-    async def Pair(
-        self, request: endpoint_pb2.PairRequest, context: grpc.aio.ServicerContext
-    ) -> endpoint_pb2.PairResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _NOT_YET)
-        raise AssertionError("unreachable")
-
-    async def Connect(
+    def __init__(
         self,
-        request_iterator: AsyncIterator[endpoint_pb2.DeviceMessage],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[endpoint_pb2.ServerMessage]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _NOT_YET)
-        yield endpoint_pb2.ServerMessage()  # pragma: no cover - abort raises
+        sessions: async_sessionmaker[AsyncSession],
+        queue: CommandQueue,
+        hub: DeviceHub,
+        settings: GrpcSettings,
+        tls: ServerTls | None,
+        server_name: str,
+    ) -> None:
+        self.sessions = sessions
+        self.queue = queue
+        self.hub = hub
+        self.settings = settings
+        self.tls = tls
+        self.server_name = server_name
+
+    async def Pair(
+        self, request: pb.PairRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PairResponse:
+        if request.protocol_version not in (0, PROTOCOL_VERSION_NUMBER):
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol version {request.protocol_version} is not supported; upgrade endpointd",
+            )
+        try:
+            async with self.sessions() as session:
+                try:
+                    async with session.begin():
+                        device = await pairing.redeem(
+                            session,
+                            code=request.pairing_code,
+                            public_key=request.public_key,
+                            source=peer_address(context),
+                            version=request.daemon_version,
+                            labels={"platform": request.platform, "hostname": request.hostname},
+                            requested_name=request.device_name,
+                        )
+                except pairing.PairingRefused as refused:
+                    # The refusal rolled its transaction back; the count must stay.
+                    if refused.counts:
+                        async with session.begin():
+                            await pairing.record_failure(
+                                session, code=request.pairing_code, source=peer_address(context)
+                            )
+                    raise
+        except SuperagentError as exc:
+            log.info("pairing refused from %s: %s", peer_address(context), exc.message)
+            await context.abort(status_for(exc), exc.message)
+        except Exception:
+            # Details go to the log; the device gets no internals.
+            log.exception("pairing failed")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the gateway log")
+        log.info("paired device %s (%s)", device.id, device.name)
+        return pb.PairResponse(
+            device_id=device.id,
+            server_cert_sha256=self.tls.leaf_sha256 if self.tls else b"",
+            server_name=self.server_name,
+            server_ca_pem=self.tls.ca_pem.decode() if self.tls else "",
+        )
+
+    # A coroutine using context.read()/write() rather than an async generator: the stream
+    # needs one writer task beside its reader, which the generator style cannot express.
+    async def Connect(  # type: ignore[override]
+        self, request_iterator: object, context: grpc.aio.ServicerContext
+    ) -> None:
+        stream = DeviceStream(
+            self.hub, self.queue, context, heartbeat_seconds=self.settings.heartbeat_seconds
+        )
+        await stream.run()
 
 
 class GatewayService(Service):
     name = "grpc"
 
-    def __init__(self, settings: GrpcSettings) -> None:
+    def __init__(
+        self,
+        settings: GrpcSettings,
+        gateway: EndpointGateway,
+    ) -> None:
         super().__init__()
         self.settings = settings
+        self.gateway = gateway
         self.port: int | None = None
 
+    def _options(self) -> list[tuple[str, int]]:
+        age_ms = int(self.settings.max_connection_age_seconds * 1000 * random.uniform(0.9, 1.1))  # noqa: S311
+        heartbeat_ms = int(self.settings.heartbeat_seconds * 1000)
+        return [
+            # Proxies drop idle HTTP/2 connections; pings keep them open and detect dead
+            # peers. Streams carry app-level heartbeats too, since proxies do not forward pings.
+            ("grpc.keepalive_time_ms", max(heartbeat_ms * 2, 10_000)),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            # Recycle long-lived connections (with jitter) so devices spread over replicas.
+            ("grpc.max_connection_age_ms", age_ms),
+            ("grpc.max_connection_age_grace_ms", 30_000),
+            ("grpc.max_receive_message_length", 8 << 20),
+        ]
+
     async def run(self) -> None:
-        server = grpc.aio.server(
-            options=[
-                # Proxies drop idle HTTP/2 streams; keepalive pings keep them open.
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-            ]
-        )
-        endpoint_pb2_grpc.add_EndpointGatewayServicer_to_server(EndpointGateway(), server)
-        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        server = grpc.aio.server(options=self._options())
+        endpoint_pb2_grpc.add_EndpointGatewayServicer_to_server(self.gateway, server)
+        address = f"{self.settings.host}:{self.settings.port}"
+        tls = self.gateway.tls
+        if tls is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
+            self.port = server.add_secure_port(address, credentials)
         await server.start()
-        log.info("device gateway listening on %s:%d", self.settings.host, self.port)
+        log.info(
+            "device gateway listening on %s:%d (%s)",
+            self.settings.host,
+            self.port,
+            "TLS " + tls.fingerprint if tls else "plaintext: TLS must be terminated in front",
+        )
         try:
             await self.stopping.wait()
         finally:
             await server.stop(grace=1.0)
+
+
+def default_public_url(settings: GrpcSettings) -> str:
+    if settings.public_url:
+        return settings.public_url
+    host = settings.host if settings.host not in ("0.0.0.0", "::", "") else socket.getfqdn()  # noqa: S104
+    scheme = "http" if settings.tls == "off" else "https"
+    return f"{scheme}://{host}:{settings.port}"
+
+
+__all__ = ["EndpointGateway", "GatewayService", "__version__", "default_public_url"]

@@ -29,6 +29,7 @@ PREFIXES = frozenset(
         "prm",
         "pol",
         "llm",
+        "pcd",
     }
 )
 

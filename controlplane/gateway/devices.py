@@ -1,0 +1,93 @@
+"""Paired devices as admins see them: list with liveness and queue depth, revoke."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, or_, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane.db.models import Command, Device
+from controlplane.errors import NotFound
+
+# A stream sends heartbeats every 15 s and replicas batch last_seen writes every 5 s; a
+# device not heard of for 45 s is offline even if a killed replica could not say so.
+ONLINE_WINDOW = timedelta(seconds=45)
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    id: str
+    name: str
+    owner: str | None
+    online: bool
+    last_seen_at: datetime | None
+    queue_depth: int
+    policy_hash: str | None
+    version: str | None
+    revoked: bool
+
+
+async def list_devices(session: AsyncSession, *, include_revoked: bool = False) -> list[DeviceView]:
+    depth = (
+        select(Command.device_id, func.count().label("depth"))
+        .where(Command.state.in_(("queued", "delivered", "running")))
+        .group_by(Command.device_id)
+        .subquery()
+    )
+    query = (
+        select(Device, func.coalesce(depth.c.depth, 0))
+        .outerjoin(depth, depth.c.device_id == Device.id)
+        .order_by(Device.name)
+    )
+    if not include_revoked:
+        query = query.where(Device.revoked_at.is_(None))
+    now = datetime.now(UTC)
+    views = []
+    for device, queue_depth in (await session.execute(query)).all():
+        online = (
+            device.revoked_at is None
+            and device.connected_replica is not None
+            and device.last_seen_at is not None
+            and now - device.last_seen_at < ONLINE_WINDOW
+        )
+        views.append(
+            DeviceView(
+                id=device.id,
+                name=device.name,
+                owner=device.owner,
+                online=online,
+                last_seen_at=device.last_seen_at,
+                queue_depth=int(queue_depth),
+                policy_hash=device.policy_hash,
+                version=device.version,
+                revoked=device.revoked_at is not None,
+            )
+        )
+    return views
+
+
+async def find(session: AsyncSession, name_or_id: str) -> Device:
+    device = await session.scalar(
+        select(Device)
+        .where(or_(Device.id == name_or_id, Device.name == name_or_id))
+        .order_by(Device.revoked_at.is_(None).desc(), Device.created_at.desc())
+        .limit(1)
+    )
+    if device is None:
+        raise NotFound(f"no device named or with id {name_or_id!r}")
+    return device
+
+
+async def revoke(session: AsyncSession, name_or_id: str) -> Device:
+    """Revoke a device: its open stream closes within a second and it cannot reconnect."""
+    device = await find(session, name_or_id)
+    if device.revoked_at is None:
+        device.revoked_at = datetime.now(UTC)
+        device.connected_replica = None
+        await session.execute(
+            text("SELECT pg_notify('superagent_devices', :payload)"),
+            {"payload": f"revoked:{device.id}"},
+        )
+    return device

@@ -1,0 +1,145 @@
+"""The replica's registry of device streams, and what wakes them.
+
+One LISTEN connection per replica (never one per device) carries two channels: new
+commands for a device (wake its stream) and device events (revoked: close its stream at
+once; connected elsewhere: close the older stream here). A once-a-second poll covers lost
+notifications, and heartbeats' ``last_seen_at`` updates are written in one batch every few
+seconds instead of once per heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import asyncpg
+import grpc
+
+from controlplane.gateway.queue import COMMANDS_CHANNEL, CommandQueue
+from controlplane.gateway.stream import DeviceStream
+from controlplane.services import Service, critical_loop, sleep_unless
+
+log = logging.getLogger(__name__)
+
+DEVICES_CHANNEL = (
+    "superagent_devices"  # payload: "revoked:<device>" | "connected:<device>:<stream>"
+)
+POLL_SECONDS = 1.0
+TOUCH_FLUSH_SECONDS = 5.0
+
+
+class DeviceHub(Service):
+    name = "device-hub"
+
+    def __init__(self, dsn: str, queue: CommandQueue, replica_id: str) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.queue = queue
+        self.replica_id = replica_id
+        self.streams: dict[str, DeviceStream] = {}
+        self._touched: set[str] = set()
+        self._listener: asyncpg.Connection | None = None
+
+    # -- streams -------------------------------------------------------------------------
+
+    def register(self, stream: DeviceStream) -> None:
+        older = self.streams.get(stream.device_id)
+        if older is not None and older is not stream:
+            older.close(grpc.StatusCode.ABORTED, "replaced by a newer connection")
+        self.streams[stream.device_id] = stream
+        # Other replicas close their stream of this device, if they still hold one.
+        self._notify(f"connected:{stream.device_id}:{stream.stream_id}")
+
+    async def unregister(self, stream: DeviceStream) -> None:
+        if self.streams.get(stream.device_id) is stream:
+            del self.streams[stream.device_id]
+            with contextlib.suppress(Exception):
+                await self.queue.pool.execute(
+                    "UPDATE devices SET connected_replica = NULL, last_seen_at = now() "
+                    "WHERE id = $1 AND connected_replica = $2",
+                    stream.device_id,
+                    self.replica_id,
+                )
+
+    def touch(self, device_id: str) -> None:
+        self._touched.add(device_id)
+
+    def _notify(self, payload: str) -> None:
+        async def send() -> None:
+            with contextlib.suppress(Exception):
+                await self.queue.pool.execute("SELECT pg_notify($1, $2)", DEVICES_CHANNEL, payload)
+
+        asyncio.get_running_loop().create_task(send())
+
+    # -- notifications -------------------------------------------------------------------
+
+    def _on_commands(self, _conn: Any, _pid: int, _channel: str, device_id: object) -> None:
+        stream = self.streams.get(str(device_id))
+        if stream is not None:
+            stream.wake.set()
+
+    def _on_devices(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        event, _, rest = str(payload).partition(":")
+        device_id, _, stream_id = rest.partition(":")
+        stream = self.streams.get(device_id)
+        if stream is None:
+            return
+        if event == "revoked":
+            stream.close(grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked")
+        elif event == "connected" and stream_id != stream.stream_id:
+            stream.close(grpc.StatusCode.ABORTED, "replaced by a newer connection")
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        self._listener = await asyncpg.connect(self.dsn)
+        await self._listener.add_listener(COMMANDS_CHANNEL, self._on_commands)
+        await self._listener.add_listener(DEVICES_CHANNEL, self._on_devices)
+        for stream in self.streams.values():  # anything missed while reconnecting
+            stream.wake.set()
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        last_touch_flush = asyncio.get_running_loop().time()
+
+        async def step() -> None:
+            nonlocal last_touch_flush
+            await self._ensure_listener()
+            await sleep_unless(self.stopping, POLL_SECONDS)
+            if self.streams:
+                for device_id in await self.queue.devices_with_work(list(self.streams)):
+                    stream = self.streams.get(device_id)
+                    if stream is not None:
+                        stream.wake.set()
+                revoked = await self.queue.pool.fetch(
+                    "SELECT id FROM devices WHERE id = ANY($1::text[]) AND revoked_at IS NOT NULL",
+                    list(self.streams),
+                )
+                for row in revoked:
+                    self.streams[row["id"]].close(
+                        grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked"
+                    )
+            now = asyncio.get_running_loop().time()
+            if self._touched and now - last_touch_flush >= TOUCH_FLUSH_SECONDS:
+                # Only devices still connected here: a stream that ended must stay offline.
+                touched = [d for d in self._touched if d in self.streams]
+                self._touched = set()
+                last_touch_flush = now
+                await self.queue.pool.execute(
+                    "UPDATE devices SET last_seen_at = now(), connected_replica = $2 "
+                    "WHERE id = ANY($1::text[])",
+                    touched,
+                    self.replica_id,
+                )
+
+        try:
+            await critical_loop(self.name, step, self.stopping)
+        finally:
+            for stream in list(self.streams.values()):
+                stream.close(grpc.StatusCode.UNAVAILABLE, "gateway replica stopping; reconnect")
+            if self._listener is not None:
+                with contextlib.suppress(Exception):
+                    await self._listener.close(timeout=2)

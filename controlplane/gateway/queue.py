@@ -1,0 +1,405 @@
+"""The durable per-device command queue in Postgres, and the worker's API to it.
+
+Commands get a per-device ``seq`` at submit time and are delivered in that order by
+whichever replica holds the device's stream (woken by NOTIFY on ``superagent_commands``,
+with a polling fallback). Output is stored once per byte: chunks are written only at the
+next expected offset, in the same transaction that advances ``output_size``, so resent
+chunks after a reconnect are recognised and skipped. The first and last
+``output_inline_bytes`` stay inline on the command; the whole output is a chunked blob.
+
+The worker-facing API is :meth:`CommandQueue.submit`, :meth:`wait`, :meth:`output` and
+:meth:`cancel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from controlplane.errors import InvalidInput, NotFound
+from controlplane.gateway import specs
+from superagent_shared.ids import new_id
+
+COMMANDS_CHANNEL = "superagent_commands"  # payload: device id with new work
+DONE_CHANNEL = "superagent_command_done"  # payload: command id that reached a final state
+TERMINAL = frozenset({"finished", "failed", "cancelled", "expired", "refused"})
+_MERGE_BYTES = 1 << 20  # consecutive chunks are stored as rows of up to 1 MiB
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    id: str
+    device_id: str
+    kind: str
+    state: str
+    exit_code: int | None
+    signal: int | None
+    error: str | None
+    refusal_reason: str | None
+    timed_out: bool
+    output_truncated: bool
+    output_size: int
+    output_head: bytes
+    output_tail: bytes
+    output_blob_id: str | None
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "finished" and self.exit_code == 0 and not self.signal
+
+    @property
+    def output_complete(self) -> bool:
+        """True when head and tail together are the whole output."""
+        return len(self.output_head) + len(self.output_tail) >= self.output_size
+
+    @classmethod
+    def from_row(cls, row: asyncpg.Record) -> CommandResult:
+        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+
+_RESULT_COLUMNS = ", ".join(CommandResult.__dataclass_fields__)
+
+
+@dataclass
+class PendingCommand:
+    id: str
+    seq: int
+    kind: str
+    spec: specs.Spec
+    not_after: datetime
+    origin: str
+    state: str
+
+
+class CommandQueue:
+    """Commands in Postgres over a raw asyncpg pool (the gateway's hot path)."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, *, ttl: timedelta = timedelta(hours=12), inline: int = 8192
+    ) -> None:
+        self.pool = pool
+        self.ttl = ttl
+        self.inline = inline
+
+    # -- the worker's API ----------------------------------------------------------------
+
+    async def submit(
+        self,
+        device: str,
+        spec: specs.Spec,
+        *,
+        ticket_id: str | None = None,
+        origin: str = "",
+        ttl: timedelta | None = None,
+    ) -> str:
+        """Queue ``spec`` for ``device`` (id or name); returns the command id."""
+        specs.validate(spec)
+        command_id = new_id("cmd")
+        names = [c.name for c in spec.credentials] if isinstance(spec, specs.Exec) else []
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "UPDATE devices SET next_seq = next_seq + 1 "
+                "WHERE (id = $1 OR name = $1) AND revoked_at IS NULL "
+                "RETURNING id, next_seq - 1 AS seq",
+                device,
+            )
+            if row is None:
+                raise NotFound(f"no paired device {device!r}")
+            blob_id = new_id("blb")
+            await conn.execute(
+                "INSERT INTO blobs (id, content_type, size) "
+                "VALUES ($1, 'application/octet-stream', 0)",
+                blob_id,
+            )
+            await conn.execute(
+                """
+                INSERT INTO commands (id, device_id, ticket_id, seq, kind, spec,
+                    credential_names, state, not_after, origin, output_blob_id)
+                VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, 'queued',
+                        now() + $8::interval, $9, $10)
+                """,
+                command_id,
+                row["id"],
+                ticket_id,
+                row["seq"],
+                spec.kind,
+                json.dumps(specs.to_json(spec)),
+                names,
+                self.ttl if ttl is None else ttl,
+                origin,
+                blob_id,
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", COMMANDS_CHANNEL, row["id"])
+        return command_id
+
+    async def result(self, command_id: str) -> CommandResult:
+        row = await self.pool.fetchrow(
+            f"SELECT {_RESULT_COLUMNS} FROM commands WHERE id = $1", command_id
+        )
+        if row is None:
+            raise NotFound(f"no command {command_id!r}")
+        return CommandResult.from_row(row)
+
+    async def wait(self, command_id: str, timeout: float) -> CommandResult:
+        """The command's result once final, or its current state when ``timeout`` passes."""
+        done = asyncio.Event()
+
+        def on_done(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
+            if payload == command_id:
+                done.set()
+
+        async with self.pool.acquire() as conn:
+            await conn.add_listener(DONE_CHANNEL, on_done)
+            try:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + timeout
+                while True:
+                    result = await self.result(command_id)
+                    remaining = deadline - loop.time()
+                    if result.done or remaining <= 0:
+                        return result
+                    # The poll is the safety net for a notification lost on the way.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(done.wait(), min(remaining, 1.0))
+                    done.clear()
+            finally:
+                await conn.remove_listener(DONE_CHANNEL, on_done)
+
+    async def output(self, command_id: str, offset: int = 0, limit: int = 65536) -> bytes:
+        """Bytes ``[offset, offset + limit)`` of the command's stored output."""
+        if offset < 0 or limit < 0:
+            raise InvalidInput("offset and limit must not be negative")
+        blob_id = await self.pool.fetchval(
+            "SELECT output_blob_id FROM commands WHERE id = $1", command_id
+        )
+        if blob_id is None:
+            raise NotFound(f"no command {command_id!r}")
+        rows = await self.pool.fetch(
+            """
+            SELECT "offset", data FROM blob_chunks
+            WHERE blob_id = $1 AND "offset" < $2::bigint + $3::bigint
+              AND "offset" + length(data) > $2::bigint
+            ORDER BY "offset"
+            """,
+            blob_id,
+            offset,
+            limit,
+        )
+        out = bytearray()
+        for row in rows:
+            start = max(offset - row["offset"], 0)
+            out += row["data"][start : start + limit - len(out)]
+        return bytes(out)
+
+    async def cancel(self, command_id: str, *, grace_seconds: int = 0) -> CommandResult:
+        """Cancel: a queued command never runs; a running one is killed on the device."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT device_id, state, cancel_requested_at FROM commands "
+                "WHERE id = $1 FOR UPDATE",
+                command_id,
+            )
+            if row is None:
+                raise NotFound(f"no command {command_id!r}")
+            if row["state"] == "queued":
+                await conn.execute(
+                    "UPDATE commands SET state = 'cancelled', cancel_requested_at = now(), "
+                    "finished_at = now(), error = 'cancelled before delivery' WHERE id = $1",
+                    command_id,
+                )
+                await conn.execute("SELECT pg_notify($1, $2)", DONE_CHANNEL, command_id)
+                needs_device = False
+            else:
+                needs_device = row["state"] not in TERMINAL and row["cancel_requested_at"] is None
+                if needs_device:
+                    await conn.execute(
+                        "UPDATE commands SET cancel_requested_at = now() WHERE id = $1",
+                        command_id,
+                    )
+        if needs_device:
+            await self.submit(
+                row["device_id"],
+                specs.Cancel(command_id, grace_seconds),
+                origin=f"cancel of {command_id}",
+            )
+        return await self.result(command_id)
+
+    # -- the gateway's side --------------------------------------------------------------
+
+    async def pending(self, device_id: str) -> list[PendingCommand]:
+        """Commands to (re)deliver, in seq order; expired ones are marked and left out."""
+        expired = await self.pool.fetch(
+            "UPDATE commands SET state = 'expired', finished_at = now(), "
+            "error = 'not delivered before not_after' "
+            "WHERE device_id = $1 AND state = 'queued' AND not_after < now() RETURNING id",
+            device_id,
+        )
+        for row in expired:
+            await self.pool.execute("SELECT pg_notify($1, $2)", DONE_CHANNEL, row["id"])
+        rows = await self.pool.fetch(
+            "SELECT id, seq, kind, spec, not_after, origin, state FROM commands "
+            "WHERE device_id = $1 AND state IN ('queued', 'delivered') ORDER BY seq",
+            device_id,
+        )
+        return [
+            PendingCommand(
+                id=row["id"],
+                seq=row["seq"],
+                kind=row["kind"],
+                spec=specs.from_json(row["kind"], row["spec"]),
+                not_after=row["not_after"],
+                origin=row["origin"],
+                state=row["state"],
+            )
+            for row in rows
+        ]
+
+    async def mark_delivered(self, command_ids: Sequence[str]) -> None:
+        await self.pool.execute(
+            "UPDATE commands SET state = 'delivered', delivered_at = now() "
+            "WHERE id = ANY($1::text[]) AND state = 'queued'",
+            list(command_ids),
+        )
+
+    async def mark_accepted(self, device_id: str, command_id: str) -> None:
+        await self.pool.execute(
+            "UPDATE commands SET state = 'running', accepted_at = coalesce(accepted_at, now()) "
+            "WHERE id = $1 AND device_id = $2 AND state IN ('queued', 'delivered')",
+            command_id,
+            device_id,
+        )
+
+    async def progress(
+        self, device_id: str, command_ids: Sequence[str]
+    ) -> dict[str, tuple[int, bool]]:
+        """(stored output bytes, final?) for commands of this device, for resume acks."""
+        rows = await self.pool.fetch(
+            "SELECT id, output_size, state FROM commands "
+            "WHERE id = ANY($1::text[]) AND device_id = $2",
+            list(command_ids),
+            device_id,
+        )
+        return {row["id"]: (row["output_size"], row["state"] in TERMINAL) for row in rows}
+
+    async def store_output(self, device_id: str, command_id: str, offset: int, data: bytes) -> int:
+        """Store ``data`` if it extends the output; return the new contiguous size.
+
+        Bytes below the stored size are duplicates and skipped; a chunk beyond it (a gap)
+        is not stored, and the returned size tells the device where to resume.
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT output_size, output_blob_id, state FROM commands "
+                "WHERE id = $1 AND device_id = $2 FOR UPDATE",
+                command_id,
+                device_id,
+            )
+            if row is None:
+                raise NotFound(f"device {device_id} has no command {command_id}")
+            size: int = row["output_size"]
+            if offset > size or offset + len(data) <= size or row["state"] in TERMINAL:
+                return size
+            new = data[size - offset :]
+            await conn.execute(
+                'INSERT INTO blob_chunks (blob_id, "offset", data) VALUES ($1, $2, $3) '
+                "ON CONFLICT DO NOTHING",
+                row["output_blob_id"],
+                size,
+                new,
+            )
+            head_part = new[: max(self.inline - size, 0)]
+            await conn.execute(
+                """
+                UPDATE commands SET
+                    output_size = $2,
+                    output_head = output_head || $3,
+                    output_tail = substring(output_tail || $4 from
+                        greatest(length(output_tail || $4) - $5 + 1, 1)),
+                    state = CASE WHEN state IN ('queued', 'delivered') THEN 'running'
+                                 ELSE state END
+                WHERE id = $1
+                """,
+                command_id,
+                size + len(new),
+                head_part,
+                new[-self.inline :] if self.inline else b"",
+                self.inline,
+            )
+            return size + len(new)
+
+    async def finish(
+        self,
+        device_id: str,
+        command_id: str,
+        *,
+        state: str,
+        exit_code: int | None = None,
+        signal: int | None = None,
+        error: str | None = None,
+        refusal_reason: str | None = None,
+        timed_out: bool = False,
+        output_truncated: bool = False,
+        total_output_bytes: int | None = None,
+    ) -> bool:
+        """Record a final result; False while output up to ``total_output_bytes`` is missing.
+
+        A command whose cancel was requested and that died by a signal counts as cancelled.
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT output_size, output_blob_id, state, cancel_requested_at "
+                "FROM commands WHERE id = $1 AND device_id = $2 FOR UPDATE",
+                command_id,
+                device_id,
+            )
+            if row is None:
+                raise NotFound(f"device {device_id} has no command {command_id}")
+            if row["state"] in TERMINAL:
+                return True
+            if total_output_bytes is not None and row["output_size"] < total_output_bytes:
+                return False
+            if state == "finished" and row["cancel_requested_at"] is not None and signal:
+                state = "cancelled"
+            await conn.execute(
+                """
+                UPDATE commands SET state = $2, exit_code = $3, signal = $4, error = $5,
+                    refusal_reason = $6, timed_out = $7, output_truncated = $8,
+                    total_output_bytes = $9, finished_at = now()
+                WHERE id = $1
+                """,
+                command_id,
+                state,
+                exit_code,
+                signal or None,
+                error or None,
+                refusal_reason,
+                timed_out,
+                output_truncated,
+                total_output_bytes,
+            )
+            await conn.execute(
+                "UPDATE blobs SET size = $2 WHERE id = $1",
+                row["output_blob_id"],
+                row["output_size"],
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", DONE_CHANNEL, command_id)
+        return True
+
+    async def devices_with_work(self, device_ids: Sequence[str]) -> list[str]:
+        rows = await self.pool.fetch(
+            "SELECT DISTINCT device_id FROM commands "
+            "WHERE device_id = ANY($1::text[]) AND state = 'queued'",
+            list(device_ids),
+        )
+        return [row["device_id"] for row in rows]

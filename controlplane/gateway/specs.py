@@ -1,0 +1,159 @@
+"""What a worker can ask a device to do, as plain data.
+
+These dataclasses are the control plane's side of the device protocol: they are stored as
+JSON in ``commands.spec`` and converted to protobuf in exactly one place (``wire.py``).
+Credentials appear by name only; their values never leave the device.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from controlplane.errors import InvalidInput
+
+Delivery = Literal["env", "file", "git_helper"]
+
+
+@dataclass(frozen=True)
+class CredentialUse:
+    name: str
+    delivery: Delivery = "env"
+    env_var: str = ""
+
+
+@dataclass(frozen=True)
+class Exec:
+    argv: list[str]
+    cwd: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_seconds: int = 0
+    stdin: bytes | None = None
+    credentials: list[CredentialUse] = field(default_factory=list)
+
+    kind = "exec"
+
+    @classmethod
+    def shell(cls, script: str, **kwargs: Any) -> Exec:
+        """A shell string runs as ``sh -c``: the device executes argv directly, never a shell
+        of its own choosing."""
+        return cls(argv=["sh", "-c", script], **kwargs)
+
+
+@dataclass(frozen=True)
+class ReadFile:
+    path: str
+    offset: int = 0
+    limit: int | None = None
+
+    kind = "read_file"
+
+
+@dataclass(frozen=True)
+class WriteFile:
+    path: str
+    content: bytes
+    mode: int | None = None
+    create_parents: bool = False
+    expected_sha256: bytes | None = None
+
+    kind = "write_file"
+
+
+@dataclass(frozen=True)
+class ListDir:
+    path: str
+    depth: int = 1
+
+    kind = "list_dir"
+
+
+@dataclass(frozen=True)
+class Cancel:
+    target_command_id: str
+    grace_seconds: int = 0
+
+    kind = "cancel"
+
+
+Spec = Exec | ReadFile | WriteFile | ListDir | Cancel
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _unb64(data: str | None) -> bytes | None:
+    return None if data is None else base64.b64decode(data)
+
+
+def validate(spec: Spec) -> None:
+    if isinstance(spec, Exec):
+        if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
+            raise InvalidInput("exec needs a non-empty argv of strings")
+        for use in spec.credentials:
+            if use.delivery in ("env", "file") and not use.env_var:
+                raise InvalidInput(f"credential {use.name!r} needs env_var for {use.delivery}")
+    elif isinstance(spec, ReadFile | WriteFile | ListDir):
+        if not spec.path:
+            raise InvalidInput(f"{spec.kind} needs a path")
+    elif isinstance(spec, Cancel) and not spec.target_command_id:
+        raise InvalidInput("cancel needs a target command id")
+
+
+def to_json(spec: Spec) -> dict[str, Any]:
+    if isinstance(spec, Exec):
+        return {
+            "argv": spec.argv,
+            "cwd": spec.cwd,
+            "env": spec.env,
+            "timeout_seconds": spec.timeout_seconds,
+            "stdin": _b64(spec.stdin),
+            "credentials": [
+                {"name": c.name, "delivery": c.delivery, "env_var": c.env_var}
+                for c in spec.credentials
+            ],
+        }
+    if isinstance(spec, ReadFile):
+        return {"path": spec.path, "offset": spec.offset, "limit": spec.limit}
+    if isinstance(spec, WriteFile):
+        return {
+            "path": spec.path,
+            "content": _b64(spec.content),
+            "mode": spec.mode,
+            "create_parents": spec.create_parents,
+            "expected_sha256": _b64(spec.expected_sha256),
+        }
+    if isinstance(spec, ListDir):
+        return {"path": spec.path, "depth": spec.depth}
+    return {"target_command_id": spec.target_command_id, "grace_seconds": spec.grace_seconds}
+
+
+def from_json(kind: str, data: dict[str, Any]) -> Spec:
+    if kind == "exec":
+        return Exec(
+            argv=list(data["argv"]),
+            cwd=data.get("cwd", ""),
+            env=dict(data.get("env", {})),
+            timeout_seconds=data.get("timeout_seconds", 0),
+            stdin=_unb64(data.get("stdin")),
+            credentials=[CredentialUse(**c) for c in data.get("credentials", [])],
+        )
+    if kind == "read_file":
+        return ReadFile(data["path"], data.get("offset", 0), data.get("limit"))
+    if kind == "write_file":
+        content = _unb64(data["content"])
+        assert content is not None
+        return WriteFile(
+            data["path"],
+            content,
+            data.get("mode"),
+            data.get("create_parents", False),
+            _unb64(data.get("expected_sha256")),
+        )
+    if kind == "list_dir":
+        return ListDir(data["path"], data.get("depth", 1))
+    if kind == "cancel":
+        return Cancel(data["target_command_id"], data.get("grace_seconds", 0))
+    raise InvalidInput(f"unknown command kind {kind!r}")

@@ -1,0 +1,305 @@
+"""The device gateway against a real Postgres and a real TLS gRPC server.
+
+A hand-written protocol client plays the device, so each test can put exact bytes on the
+wire (duplicates, gaps, bad signatures); tests/test_endpointd_*.py use the real daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane.db.engine import transaction
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.gateway import devices, specs
+from controlplane.gateway.pairing import MAX_FAILURES_PER_SOURCE, MAX_WRONG_PER_CODE
+from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.gateway_harness import FakeDevice, Gateway, running_gateway
+from tests.helpers import assert_eventually
+
+
+@pytest.fixture
+async def gateway(
+    db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
+) -> AsyncIterator[Gateway]:
+    async with running_gateway(database_url, db, tmp_path) as gw:
+        yield gw
+
+
+async def paired(gateway: Gateway, name: str = "laptop") -> FakeDevice:
+    device = FakeDevice(gateway)
+    response = await device.pair(await gateway.pairing_code(name))
+    assert response.server_cert_sha256 == gateway.tls.leaf_sha256
+    assert response.server_ca_pem == gateway.tls.ca_pem.decode()
+    assert response.device_id.startswith("dev_")
+    return device
+
+
+async def sql(database_url: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        return await conn.fetch(query, *args)
+    finally:
+        await conn.close()
+
+
+async def test_pair_connect_and_exec_round_trip(gateway: Gateway) -> None:
+    device = await paired(gateway)
+    await device.connect()
+    try:
+        command_id = await gateway.queue.submit("laptop", specs.Exec(["echo", "hi"]))
+        delivered = (await device.next("command")).command
+        assert delivered.command_id == command_id
+        assert list(delivered.exec.argv) == ["echo", "hi"]
+        await device.send(accepted=pb.Accepted(command_id=command_id))
+        body = b"x" * 100 + b"\n"
+        await device.send(output=pb.OutputChunk(command_id=command_id, offset=0, data=body))
+        await device.send(
+            finished=pb.Finished(command_id=command_id, exit_code=0, total_output_bytes=len(body))
+        )
+        result = await gateway.queue.wait(command_id, timeout=10)
+        assert result.state == "finished"
+        assert result.ok
+        assert result.output_size == len(body)
+        assert result.output_head == body[:64]  # the harness keeps 64 bytes inline
+        assert result.output_tail == body[-64:]
+        assert await gateway.queue.output(command_id) == body
+        assert await gateway.queue.output(command_id, offset=90, limit=5) == body[90:95]
+        ack = await device.next("ack")
+        while not ack.ack.finished:
+            ack = await device.next("ack")
+        assert ack.ack.acked_output_offset == len(body)
+    finally:
+        await device.close()
+
+
+async def test_wrong_expired_and_reused_codes_are_refused_clearly(
+    gateway: Gateway, database_url: str
+) -> None:
+    code = await gateway.pairing_code("box")
+    first = FakeDevice(gateway)
+    await first.pair(code)
+
+    reuse = FakeDevice(gateway)
+    with pytest.raises(grpc.aio.AioRpcError) as reused:
+        await reuse.pair(code)
+    assert reused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "already used" in (reused.value.details() or "")
+
+    with pytest.raises(grpc.aio.AioRpcError) as wrong:
+        await FakeDevice(gateway).pair("ABCD-EFGH")
+    assert "wrong or unknown pairing code" in (wrong.value.details() or "")
+
+    with pytest.raises(grpc.aio.AioRpcError) as malformed:
+        await FakeDevice(gateway).pair("hello")
+    assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    stale = await gateway.pairing_code("stale-box")
+    await sql(
+        database_url,
+        "UPDATE pairing_codes SET expires_at = now() - interval '1 s' "
+        "WHERE device_name = 'stale-box'",
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as expired:
+        await FakeDevice(gateway).pair(stale)
+    assert "expired" in (expired.value.details() or "")
+
+
+async def test_five_wrong_guesses_lock_a_code(gateway: Gateway, database_url: str) -> None:
+    code = (await gateway.pairing_code("target")).replace("-", "")
+    # Same lookup half, wrong second half: these are guesses against this very code.
+    alphabet = "ABCDEFGHJKMNPQRSTVWXYZ23456789"
+    guesses = [code[:4] + alphabet[i] * 4 for i in range(10) if alphabet[i] * 4 != code[4:]]
+    for guess in guesses[:MAX_WRONG_PER_CODE]:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await FakeDevice(gateway).pair(guess)
+    with pytest.raises(grpc.aio.AioRpcError) as locked:
+        await FakeDevice(gateway).pair(code)
+    assert "locked" in (locked.value.details() or "")
+
+
+async def test_failures_are_throttled_per_source(gateway: Gateway) -> None:
+    for _ in range(MAX_FAILURES_PER_SOURCE):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await FakeDevice(gateway).pair("ZZZZ-ZZZZ")
+    good = await gateway.pairing_code("after-storm")
+    with pytest.raises(grpc.aio.AioRpcError) as throttled:
+        await FakeDevice(gateway).pair(good)
+    assert throttled.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "wait 10 minutes" in (throttled.value.details() or "")
+
+
+async def test_unpaired_key_and_revoked_device_are_refused(
+    gateway: Gateway, db: async_sessionmaker[AsyncSession]
+) -> None:
+    device = await paired(gateway)
+    await device.connect(sign_with=Ed25519PrivateKey.generate())
+    assert await device.ended() == grpc.StatusCode.UNAUTHENTICATED
+    assert "signature" in device.details
+    await device.close()
+
+    stranger = FakeDevice(gateway, device_id="dev_000000000000")
+    await stranger.connect()
+    assert await stranger.ended() == grpc.StatusCode.UNAUTHENTICATED
+    await stranger.close()
+
+    async with transaction(db) as session:
+        await devices.revoke(session, "laptop")
+    await device.connect()
+    assert await device.ended() == grpc.StatusCode.PERMISSION_DENIED
+    assert "revoked" in device.details
+    await device.close()
+
+
+async def test_revoke_closes_an_open_stream_within_a_second(
+    gateway: Gateway, db: async_sessionmaker[AsyncSession]
+) -> None:
+    device = await paired(gateway)
+    await device.connect()
+    await assert_eventually(lambda: "laptop" in [s for s in _names(gateway)])
+    started = time.monotonic()
+    async with transaction(db) as session:
+        await devices.revoke(session, "laptop")
+    assert await device.ended(timeout=5) == grpc.StatusCode.PERMISSION_DENIED
+    assert time.monotonic() - started < 1.0
+    await device.close()
+
+
+def _names(gateway: Gateway) -> list[str]:
+    return ["laptop" for _ in gateway.hub.streams]
+
+
+async def test_commands_queued_offline_arrive_in_order_and_stale_ones_expire(
+    gateway: Gateway, db: async_sessionmaker[AsyncSession]
+) -> None:
+    device = await paired(gateway)
+    ids = [await gateway.queue.submit("laptop", specs.Exec(["echo", str(i)])) for i in range(3)]
+    stale = await gateway.queue.submit(
+        "laptop", specs.Exec(["echo", "late"]), ttl=__import__("datetime").timedelta(seconds=0)
+    )
+    async with transaction(db) as session:
+        (view,) = await devices.list_devices(session)
+    assert not view.online
+    assert view.queue_depth == 4
+
+    await device.connect()
+    try:
+        got = [(await device.next("command")).command for _ in range(3)]
+        assert [c.command_id for c in got] == ids
+        assert [c.seq for c in got] == sorted(c.seq for c in got)
+        assert (await gateway.queue.result(stale)).state == "expired"
+        with pytest.raises(TimeoutError):
+            await device.next("command", timeout=1.5)
+        async with transaction(db) as session:
+            (view,) = await devices.list_devices(session)
+        assert view.online
+        assert view.policy_hash == "01" * 32
+    finally:
+        await device.close()
+
+
+async def test_output_is_stored_exactly_once_despite_duplicates_and_gaps(gateway: Gateway) -> None:
+    device = await paired(gateway)
+    await device.connect()
+    try:
+        command_id = await gateway.queue.submit("laptop", specs.Exec(["yes"]))
+        await device.next("command")
+        data = bytes(range(256)) * 40  # 10240 bytes
+        chunks = [(o, data[o : o + 1000]) for o in range(0, len(data), 1000)]
+        wire = [chunks[0], chunks[1], chunks[1], chunks[3], chunks[2], (1500, data[1500:2600])]
+        wire += chunks[3:]
+        for offset, piece in wire:
+            await device.send(
+                output=pb.OutputChunk(command_id=command_id, offset=offset, data=piece)
+            )
+        # Claims more output than was sent: the result waits for the missing bytes.
+        await device.send(
+            finished=pb.Finished(command_id=command_id, total_output_bytes=len(data) + 10)
+        )
+        await asyncio.sleep(0.5)
+        assert not (await gateway.queue.result(command_id)).done
+        await device.send(
+            output=pb.OutputChunk(command_id=command_id, offset=len(data), data=b"0123456789")
+        )
+        result = await gateway.queue.wait(command_id, 10)
+        assert result.state == "finished"
+        assert await gateway.queue.output(command_id, 0, 1 << 20) == data + b"0123456789"
+    finally:
+        await device.close()
+
+
+async def test_reconnect_acks_what_is_durable(gateway: Gateway) -> None:
+    device = await paired(gateway)
+    await device.connect()
+    command_id = await gateway.queue.submit("laptop", specs.Exec(["long"]))
+    await device.next("command")
+    await device.send(accepted=pb.Accepted(command_id=command_id))
+    await device.send(output=pb.OutputChunk(command_id=command_id, offset=0, data=b"a" * 500))
+    await assert_eventually(lambda: _size(gateway, command_id, 500), message="first output stored")
+    await device.close()
+
+    await device.connect(
+        in_flight=[
+            pb.InFlight(
+                command_id=command_id, acked_output_offset=0, state=pb.InFlight.STATE_RUNNING
+            )
+        ]
+    )
+    try:
+        ack = (await device.next("ack")).ack
+        assert ack.command_id == command_id
+        assert ack.acked_output_offset == 500
+        assert not ack.finished
+        # The device holds this command: it must not be delivered again.
+        with pytest.raises(TimeoutError):
+            await device.next("command", timeout=1.5)
+    finally:
+        await device.close()
+
+
+async def _size(gateway: Gateway, command_id: str, expected: int) -> bool:
+    return (await gateway.queue.result(command_id)).output_size == expected
+
+
+async def test_silent_device_is_dropped(
+    db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
+) -> None:
+    async with running_gateway(database_url, db, tmp_path, heartbeat_seconds=0.5) as gw:
+        device = await paired(gw)
+        await device.connect()
+        assert await device.ended(timeout=10) == grpc.StatusCode.UNAVAILABLE
+        assert "no message from the device" in device.details
+        await device.close()
+
+
+async def test_cancel_queued_and_running_commands(gateway: Gateway) -> None:
+    device = await paired(gateway)
+    queued = await gateway.queue.submit("laptop", specs.Exec(["sleep", "1"]))
+    result = await gateway.queue.cancel(queued)
+    assert result.state == "cancelled"
+
+    await device.connect()
+    try:
+        running = await gateway.queue.submit("laptop", specs.Exec(["sleep", "100"]))
+        assert (await device.next("command")).command.command_id == running
+        await device.send(accepted=pb.Accepted(command_id=running))
+        await assert_eventually(lambda: _state(gateway, running, "running"))
+        await gateway.queue.cancel(running)
+        cancel = (await device.next("command")).command
+        assert cancel.cancel.target_command_id == running
+        await device.send(finished=pb.Finished(command_id=running, signal=15))
+        assert (await gateway.queue.wait(running, 10)).state == "cancelled"
+    finally:
+        await device.close()
+
+
+async def _state(gateway: Gateway, command_id: str, state: str) -> bool:
+    return (await gateway.queue.result(command_id)).state == state
