@@ -51,11 +51,15 @@ class Gateway:
         )
 
     async def pairing_code(self, name: str) -> str:
-        async with transaction(self.sessions) as session:
-            issued = await pairing.create_code(
-                session, device_name=name, owner="tester", created_by="test"
-            )
-        return issued.display
+        return await pairing_code(self.sessions, name)
+
+
+async def pairing_code(sessions: async_sessionmaker[AsyncSession], name: str) -> str:
+    async with transaction(sessions) as session:
+        issued = await pairing.create_code(
+            session, device_name=name, owner="tester", created_by="test"
+        )
+    return issued.display
 
 
 @contextlib.asynccontextmanager
