@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -39,8 +40,11 @@ class Daemon:
             cwd=self.home,
         )
 
-    def pair(self, url: str, code: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        return self.cli("pair", url, code, "--key-file", str(self.home / "device.key"), *extra)
+    async def pair(self, url: str, code: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        # In a thread: the gateway under test may share this event loop and must answer.
+        return await asyncio.to_thread(
+            self.cli, "pair", url, code, "--key-file", str(self.home / "device.key"), *extra
+        )
 
     def start(self) -> subprocess.Popen[bytes]:
         log = open(self.home / "endpointd.log", "ab")  # noqa: SIM115 - lives with the process
@@ -69,18 +73,22 @@ class Daemon:
                     process.kill()
                     process.wait(10)
 
-    def status(self) -> dict[str, object]:
-        result = self.cli("status", "--json")
+    async def status(self) -> dict[str, object]:
+        result = await asyncio.to_thread(self.cli, "status", "--json")
         data = json.loads(result.stdout)
         assert isinstance(data, dict)
         return data
+
+    async def connected(self) -> bool:
+        daemon = (await self.status()).get("daemon")
+        return isinstance(daemon, dict) and daemon.get("state") == "connected"
 
     def log(self) -> str:
         path = self.home / "endpointd.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     async def wait_connected(self, timeout: float = 30) -> None:
-        def connected() -> bool:
-            return bool(self.status().get("connected"))
+        async def connected() -> bool:
+            return await self.connected()
 
         await assert_eventually(connected, timeout=timeout, interval=0.2, message=self.log())

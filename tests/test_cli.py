@@ -174,11 +174,17 @@ def test_up_serves_on_embedded_postgres_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
         assert httpx.get(f"{base}/no-such-page").status_code == 404
         assert (state / "postgres" / "PG_VERSION").exists()
 
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        # The gateway serves TLS from the CA it created in the state directory.
+        ca = (state / "tls" / "ca.pem").read_bytes()
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        options = [("grpc.ssl_target_name_override", "superagent-gateway")]
+        with grpc.secure_channel(f"127.0.0.1:{grpc_port}", credentials, options) as channel:
             stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
             with pytest.raises(grpc.RpcError) as err:
-                stub.Pair(endpoint_pb2.PairRequest(), timeout=5)
-            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                request = endpoint_pb2.PairRequest(pairing_code="nope", public_key=b"k" * 32)
+                stub.Pair(request, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a pairing code" in (err.value.details() or "")
 
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)

@@ -15,7 +15,7 @@ from keyring.backends import chainer, fail, null
 
 from endpointd import __version__
 from endpointd.cli import keyring_status
-from endpointd.paths import config_dir
+from endpointd.paths import config_dir, state_dir
 from superagent_shared.protocol import PROTOCOL_VERSION
 
 
@@ -47,7 +47,15 @@ def test_help_lists_commands_and_explains_the_daemon() -> None:
     proc = _endpointd("--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Usage: endpointd ")
-    assert _commands(proc.stdout) == {"info", "version"}
+    assert _commands(proc.stdout) == {
+        "info",
+        "version",
+        "pair",
+        "run",
+        "status",
+        "unpair",
+        "service",
+    }
     # The security property a user most needs to know before installing it.
     assert "never listens for or accepts inbound" in " ".join(proc.stdout.split())
 
@@ -161,3 +169,100 @@ def test_keyring_status_reports_a_broken_keyring_setup(monkeypatch: pytest.Monke
     status = keyring_status()
     assert status.usable is False
     assert "nope" in status.detail
+
+
+@pytest.mark.parametrize(
+    ("platform", "env", "expected", "source"),
+    [
+        ("linux", {}, HOME / ".local/state/endpointd", "XDG default"),
+        ("linux", {"XDG_STATE_HOME": "/st"}, Path("/st/endpointd"), "$XDG_STATE_HOME"),
+        ("linux", {"XDG_STATE_HOME": "rel"}, HOME / ".local/state/endpointd", "XDG default"),
+        (
+            "darwin",
+            {},
+            HOME / "Library/Application Support/endpointd/state",
+            "macOS default",
+        ),
+        ("win32", {"LOCALAPPDATA": "/local"}, Path("/local/endpointd"), "%LOCALAPPDATA%"),
+        ("linux", {"ENDPOINTD_STATE_DIR": "/s"}, Path("/s"), "ENDPOINTD_STATE_DIR"),
+    ],
+)
+def test_state_dir_follows_platform_conventions(
+    platform: str, env: dict[str, str], expected: Path, source: str
+) -> None:
+    result = state_dir(env=env, platform=platform, home=HOME)
+    assert result.path == expected
+    assert result.source == source
+
+
+@pytest.mark.parametrize("command", ["pair", "run", "status", "unpair", "service"])
+def test_every_command_explains_itself(command: str) -> None:
+    proc = _endpointd(command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    # A summary line, then a teaching paragraph, not just a usage line.
+    summary, paragraph = proc.stdout.split("\n\n")[1:3]
+    assert summary.strip().endswith(".")
+    assert len(paragraph.split()) >= 25
+
+
+def test_status_and_unpair_when_not_paired(tmp_path: Path) -> None:
+    env = {"ENDPOINTD_CONFIG_DIR": str(tmp_path / "c"), "ENDPOINTD_STATE_DIR": str(tmp_path / "s")}
+    proc = _endpointd("status", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["paired"] is False
+    assert report["daemon"]["running"] is False
+    assert report["commands"] == []
+    proc = _endpointd("status", env=env)
+    assert "paired:    no" in proc.stdout
+    assert "not running" in proc.stdout
+
+    proc = _endpointd("unpair", env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: not paired (no {tmp_path / 'c' / 'config.json'}); run `endpointd pair URL CODE`"
+        " first"
+    ]
+    proc = _endpointd("run", env=env)
+    assert proc.returncode == 1
+    assert "not paired" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_service_install_writes_a_systemd_user_unit(tmp_path: Path) -> None:
+    target = tmp_path / "units"
+    env = {
+        "ENDPOINTD_SERVICE_DIR": str(target),
+        "ENDPOINTD_CONFIG_DIR": str(tmp_path / "my config"),
+    }
+    proc = _endpointd("service", "install", env=env)
+    assert proc.returncode == 0, proc.stderr
+    unit = target / "endpointd.service"
+    text = unit.read_text()
+    assert f"ExecStart={sys.executable} -m endpointd run" in text
+    assert "Restart=always" in text
+    # Commands outlive the daemon by design; systemd must not kill them with it.
+    assert "KillMode=process" in text
+    assert f'Environment="ENDPOINTD_CONFIG_DIR={tmp_path / "my config"}"' in text
+    assert "WantedBy=default.target" in text
+    assert "systemctl --user enable --now endpointd" in proc.stdout
+
+    proc = _endpointd("service", "uninstall", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not unit.exists()
+    proc = _endpointd("service", "uninstall", env=env)
+    assert "nothing to remove" in proc.stdout
+
+
+def test_launchd_agent_content(tmp_path: Path) -> None:
+    import plistlib
+
+    from endpointd.service import service_file
+
+    agent = service_file("darwin", tmp_path)
+    assert agent.path == tmp_path / "dev.superagent.endpointd.plist"
+    plist = plistlib.loads(agent.content.encode())
+    assert plist["Label"] == "dev.superagent.endpointd"
+    assert plist["ProgramArguments"] == [sys.executable, "-m", "endpointd", "run"]
+    assert plist["KeepAlive"] is True
+    assert agent.enable == ["launchctl", "load", "-w", str(agent.path)]

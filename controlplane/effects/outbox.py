@@ -8,8 +8,10 @@ execution finishes, never beside it.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,7 +21,7 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from superagent_shared.ids import new_id
+from superagent_shared.ids import ALPHABET, RANDOM_LENGTH, new_id
 
 NOTIFY_CHANNEL = "superagent_effects"
 
@@ -67,6 +69,18 @@ SELECT up.id, up.kind, up.key, up.generation FROM up, wake
 """
 
 
+# Base32 digits in RFC 4648 order, mapped onto our alphabet (same size, so still uniform).
+_TO_ALPHABET = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", ALPHABET)
+
+
+def _new_effect_ids(count: int) -> list[str]:
+    """``new_id("eff")`` ``count`` times, in C instead of one ``secrets.choice`` per char."""
+    chars = count * RANDOM_LENGTH
+    digits = base64.b32encode(secrets.token_bytes(5 * -(-chars // 8))).decode()
+    digits = digits.translate(_TO_ALPHABET)
+    return ["eff_" + digits[i : i + RANDOM_LENGTH] for i in range(0, chars, RANDOM_LENGTH)]
+
+
 @dataclass(frozen=True, slots=True)
 class EffectRef:
     id: str
@@ -110,7 +124,7 @@ async def enqueue_many(
     pairs = list(latest)
     rows = await conn.fetch(
         _ENQUEUE_MANY,
-        [new_id("eff") for _ in pairs],
+        _new_effect_ids(len(pairs)),
         [kind for kind, _ in pairs],
         [key for _, key in pairs],
         [json.dumps(latest[pair]) for pair in pairs],

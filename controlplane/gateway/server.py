@@ -158,6 +158,8 @@ class GatewayService(Service):
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            # endpointd pings every 20 s; never answer a ping with a too_many_pings GOAWAY.
+            ("grpc.http2.max_ping_strikes", 0),
             # Recycle long-lived connections (with jitter) so devices spread over replicas.
             ("grpc.max_connection_age_ms", age_ms),
             ("grpc.max_connection_age_grace_ms", 30_000),

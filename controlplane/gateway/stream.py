@@ -237,6 +237,14 @@ class DeviceStream:
                 await self._buffer_output(message.output)
             elif kind == "finished":
                 await self._on_finished(message.finished)
+            elif kind == "refused" and message.refused.reason == pb.Refused.REASON_DUPLICATE:
+                # Same id, different content: the original command is still the device's,
+                # and must not be closed by this refusal.
+                log.warning(
+                    "device %s refused a conflicting duplicate of %s",
+                    self.device_id,
+                    message.refused.command_id,
+                )
             elif kind == "refused":
                 refused = message.refused
                 await self._complete(

@@ -1,0 +1,300 @@
+"""The exec supervisor: ``python -m endpointd._supervise SPOOL_DIR`` (spec JSON on stdin).
+
+One supervisor runs per exec command, started by the daemon in a new session so that it
+outlives the daemon: if endpointd is killed (crash, upgrade, ``kill -9``) the command keeps
+running, its output keeps landing in the spool, and its exit status is recorded. A restarted
+daemon re-attaches by watching the spool for ``status.json``; nothing is ever run twice.
+
+The supervisor owns everything about the child's lifetime, so that it holds even while no
+daemon is alive:
+
+* the child runs in its own process group (pgid = child pid, recorded in ``child.pid``);
+* stdout and stderr are read from pipes and appended to the spool as framed records in the
+  order they arrive (no line buffering: bytes are passed on as soon as they are read);
+* the timeout: SIGTERM to the whole group, the grace period, then SIGKILL;
+* cancel: on SIGUSR1 the daemon's request in ``cancel`` is read and handled the same way;
+  SIGTERM/SIGINT/SIGHUP to the supervisor itself are treated as a cancel with the default
+  grace, so stopping a supervisor never leaves its command behind unrecorded;
+* when the main child exits, whatever is left in its process group is SIGKILLed: a command's
+  background jobs do not outlive it (a process that deliberately left the group with
+  setsid is beyond reach, which is the documented escape hatch);
+* on Linux the supervisor is a child subreaper, so orphaned grandchildren are reaped here
+  instead of lingering as zombies of PID 1.
+
+The spec carries the child's full environment and is passed on stdin, never on disk or in
+argv, because later releases put brokered credentials there. Standard library only: this
+starts once per command and must start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from endpointd.fsutil import atomic_write
+from endpointd.spool import (
+    CANCEL_FILE,
+    CHILD_PID_FILE,
+    STDIN_FILE,
+    STREAM_STDERR,
+    STREAM_STDOUT,
+    SUPERVISOR_PID_FILE,
+    ExitStatus,
+    SpoolWriter,
+)
+
+# After the main child exits, how long to keep reading pipes that something outside the
+# process group still holds open before giving up on the rest of the output.
+DRAIN_SECONDS = 2.0
+DEFAULT_GRACE_SECONDS = 10.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _spawn_error(exc: OSError, argv: list[str], cwd: str | None) -> ExitStatus:
+    now = time.time()
+    if cwd is not None and exc.filename == cwd:
+        error = f"working directory {cwd} cannot be used: {exc.strerror}"
+        code = 126
+    elif isinstance(exc, FileNotFoundError):
+        error, code = f"executable not found: {argv[0]}", 127
+    elif isinstance(exc, PermissionError):
+        error, code = f"permission denied executing {argv[0]}", 126
+    else:
+        error, code = f"cannot execute {argv[0]}: {exc.strerror or exc}", 126
+    return ExitStatus(exit_code=code, error=error, started_at=now, finished_at=now)
+
+
+class _Flags:
+    cancel = False
+    terminate = False
+
+
+def supervise(directory: Path, spec: dict[str, Any]) -> ExitStatus:
+    argv: list[str] = list(spec["argv"])
+    cwd: str | None = spec.get("cwd") or None
+    env: dict[str, str] = dict(spec["env"])
+    timeout = float(spec.get("timeout_seconds") or 0)
+    grace_default = float(spec.get("kill_grace_seconds") or DEFAULT_GRACE_SECONDS)
+
+    _become_subreaper()
+    flags = _Flags()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+
+    def on_cancel(signum: int, frame: FrameType | None) -> None:
+        flags.cancel = True
+
+    def on_terminate(signum: int, frame: FrameType | None) -> None:
+        flags.terminate = True
+
+    signal.signal(signal.SIGUSR1, on_cancel)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_terminate)
+    # A handler (rather than SIG_DFL) makes SIGCHLD write to the wakeup fd, so a child's
+    # exit wakes the loop at once instead of at the next poll.
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+
+    stdin_path = directory / STDIN_FILE
+    stdin_fd = os.open(stdin_path if spec.get("stdin") else os.devnull, os.O_RDONLY)
+    writer = SpoolWriter(directory)
+    started = time.time()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=stdin_fd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            process_group=0,
+            close_fds=True,
+            # Restore default dispositions in the child; Python otherwise leaves SIGPIPE
+            # ignored, which changes how `cmd | head` behaves.
+            restore_signals=True,
+        )
+    except OSError as exc:
+        writer.close()
+        return _spawn_error(exc, argv, cwd)
+    finally:
+        os.close(stdin_fd)
+        with contextlib.suppress(FileNotFoundError):
+            stdin_path.unlink()
+    pgid = proc.pid
+    atomic_write(directory / CHILD_PID_FILE, str(pgid).encode(), mode=0o600, fsync=False)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+
+    sel = selectors.DefaultSelector()
+    streams = {proc.stdout.fileno(): STREAM_STDOUT, proc.stderr.fileno(): STREAM_STDERR}
+    for fd in streams:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+
+    start_mono = time.monotonic()
+    deadline = start_mono + timeout if timeout > 0 else None
+    kill_at: float | None = None
+    exited_at: float | None = None
+    timed_out = cancelled = False
+    returncode: int | None = None
+
+    def stop(grace: float) -> None:
+        nonlocal kill_at
+        _kill_group(pgid, signal.SIGTERM)
+        kill_at = time.monotonic() + grace
+
+    while True:
+        now = time.monotonic()
+        if returncode is None:
+            returncode = proc.poll()
+            if returncode is not None:
+                exited_at = now
+                # Background jobs of a finished command must not outlive it.
+                _kill_group(pgid, signal.SIGKILL)
+        if exited_at is not None and (len(streams) == 0 or now >= exited_at + DRAIN_SECONDS):
+            break
+        if returncode is None:
+            if flags.cancel or flags.terminate:
+                grace = grace_default
+                if flags.cancel:
+                    with contextlib.suppress(OSError, ValueError, TypeError):
+                        request = json.loads((directory / CANCEL_FILE).read_bytes())
+                        grace = float(request.get("grace_seconds") or grace_default)
+                flags.cancel = flags.terminate = False
+                if not (cancelled or timed_out):
+                    cancelled = True
+                    stop(grace)
+            if deadline is not None and now >= deadline and not (timed_out or cancelled):
+                timed_out = True
+                stop(grace_default)
+            if kill_at is not None and now >= kill_at:
+                _kill_group(pgid, signal.SIGKILL)
+                kill_at = None
+        waits = [1.0]
+        if deadline is not None and not timed_out:
+            waits.append(deadline - now)
+        if kill_at is not None:
+            waits.append(kill_at - now)
+        if exited_at is not None:
+            waits.append(exited_at + DRAIN_SECONDS - now)
+        for key, _ in sel.select(max(0.0, min(waits))):
+            fd = int(key.fd)
+            if fd == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+                continue
+            try:
+                data = os.read(fd, 64 * 1024)
+            except BlockingIOError:
+                continue
+            if data:
+                writer.append(streams[fd], data)
+            else:
+                sel.unregister(fd)
+                del streams[fd]
+    for fd in list(streams):
+        sel.unregister(fd)
+    proc.stdout.close()
+    proc.stderr.close()
+    _reap_group(pgid)
+    writer.close()
+
+    assert returncode is not None
+    died_of = -returncode if returncode < 0 else 0
+    return ExitStatus(
+        # Shell convention for a signal death; `signal` is the authoritative field.
+        exit_code=128 + died_of if died_of else returncode,
+        signal=died_of,
+        timed_out=timed_out,
+        cancelled=cancelled and died_of != 0,
+        total_output_bytes=writer.total,
+        started_at=started,
+        finished_at=time.time(),
+    )
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill and reap what is left of the group (reparented to us as subreaper)."""
+    _kill_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not _group_exists(pgid):
+            return
+        time.sleep(0.01)
+
+
+def main() -> None:
+    directory = Path(sys.argv[1])
+    # First thing: a daemon that crashed before journaling our pid can still find us.
+    atomic_write(directory / SUPERVISOR_PID_FILE, str(os.getpid()).encode(), fsync=False)
+    spec = json.loads(sys.stdin.buffer.read())
+    # Nothing else is read from the daemon; keep fd 0 valid but inert.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        status = supervise(directory, spec)
+    except Exception as exc:  # recorded, so the daemon reports it instead of "unknown"
+        now = time.time()
+        status = ExitStatus(
+            exit_code=-1,
+            error=f"endpointd supervisor failed: {type(exc).__name__}: {exc}",
+            started_at=now,
+            finished_at=now,
+        )
+        print(status.error, file=sys.stderr)
+    status.write(directory)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(OSError):
+        # The supervisor must not die of SIGPIPE on its diagnostics log.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        main()
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise

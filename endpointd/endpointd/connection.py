@@ -1,0 +1,281 @@
+"""The Connect stream, client side: handshake, heartbeats, liveness, reconnects.
+
+One stream per device at a time. Each session:
+
+1. opens a fresh channel (pinned CA, system roots, or loopback plaintext) with HTTP/2
+   keepalive, and calls Connect;
+2. waits for the server's Challenge, records the clock offset and heartbeat interval, and
+   answers with a signed Hello listing every journaled command not yet acknowledged;
+3. runs three tasks until one fails: the reader (commands and acks into the daemon), the
+   writer (the only task that writes to the stream: control messages first, then output and
+   results from the spools), and the heartbeat (sends one per interval and declares the
+   stream dead after three intervals with nothing received).
+
+:func:`connect_forever` repeats sessions with capped, jittered backoff; the backoff resets
+once a session proves healthy (a server message after the Hello), so a rejected device
+(UNAUTHENTICATED / PERMISSION_DENIED right after its Hello) backs off to the cap instead of
+hammering the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from endpointd import __version__
+from endpointd.daemon import Daemon
+from endpointd.keys import DeviceKey
+from endpointd.trust import channel_credentials, channel_options, parse_server_url
+from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_proto.v1 import endpoint_pb2_grpc
+from superagent_shared.backoff import Backoff
+from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER, hello_signing_payload
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HEARTBEAT_SECONDS = 15
+MISSED_HEARTBEATS = 3
+HANDSHAKE_TIMEOUT_SECONDS = 30.0
+# A session that stayed up this long counts as healthy even if the server never spoke.
+HEALTHY_AFTER_SECONDS = 30.0
+# Room for a 4 MiB WriteFile plus envelope; gRPC's default limit is exactly 4 MiB.
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+
+KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    # HTTP/2 pings notice a dead TCP path (NAT timeout, laptop sleep) without app traffic.
+    # The server must allow pings this often (grpc.http2.min_ping_interval_without_data_ms
+    # <= 20 s), or it answers with GOAWAY "too_many_pings".
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    # Reconnecting is this module's job, with its own backoff; no hidden retries below it.
+    ("grpc.enable_retries", 0),
+]
+
+REJECTED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+class SessionEnded(Exception):
+    """A session ended for a reason worth logging; ``code`` is the gRPC status, if any."""
+
+    def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _timestamp(seconds: float | None = None) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int((time.time() if seconds is None else seconds) * 1e9))
+    return ts
+
+
+class Session:
+    def __init__(self, daemon: Daemon, key: DeviceKey) -> None:
+        self.daemon = daemon
+        self.key = key
+        self.established = False
+        self.opened_at = time.monotonic()
+        self.last_received = time.monotonic()
+        self.peer_heartbeat_seq = 0
+        self.control: asyncio.Queue[pb.DeviceMessage] = asyncio.Queue()
+        self.on_established: asyncio.Event = asyncio.Event()
+
+    def _channel(self) -> grpc.aio.Channel:
+        config = self.daemon.config
+        addr = parse_server_url(config.server_url)
+        creds = channel_credentials(config.trust)
+        options = KEEPALIVE_OPTIONS + channel_options(config.trust)
+        if creds is None:
+            return grpc.aio.insecure_channel(addr.target, options=options)
+        return grpc.aio.secure_channel(addr.target, creds, options=options)
+
+    def _hello(self, challenge: pb.Challenge) -> pb.DeviceMessage:
+        config = self.daemon.config
+        policy_hash = self.daemon.policy.hash()
+        payload = hello_signing_payload(
+            nonce=challenge.nonce,
+            device_id=config.device_id,
+            daemon_version=__version__,
+            protocol_version=PROTOCOL_VERSION_NUMBER,
+            policy_hash=policy_hash,
+        )
+        return pb.DeviceMessage(
+            hello=pb.Hello(
+                device_id=config.device_id,
+                daemon_version=__version__,
+                protocol_version=PROTOCOL_VERSION_NUMBER,
+                signature=self.key.sign(payload),
+                in_flight=self.daemon.in_flight(),
+                policy_hash=policy_hash,
+            )
+        )
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        async with self._channel() as channel:
+            stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
+            call = stub.Connect()
+            try:
+                await self._run_call(call, stopping)
+            finally:
+                call.cancel()
+                self.daemon.on_disconnected()
+
+    async def _run_call(self, call: Any, stopping: asyncio.Event) -> None:
+        first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_SECONDS)
+        if first is grpc.aio.EOF:
+            raise SessionEnded("the server closed the stream before its Challenge")
+        if first.WhichOneof("msg") != "challenge":
+            raise SessionEnded(f"protocol error: first server message is {first.WhichOneof('msg')}")
+        challenge = first.challenge
+        if challenge.protocol_version not in (0, PROTOCOL_VERSION_NUMBER):
+            raise SessionEnded(
+                f"the server speaks protocol version {challenge.protocol_version}; this endpointd"
+                f" speaks {PROTOCOL_VERSION_NUMBER} — upgrade endpointd"
+            )
+        if challenge.HasField("server_time"):
+            self.daemon.set_clock(challenge.server_time.ToNanoseconds() / 1e9)
+        interval = challenge.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
+        self.last_received = time.monotonic()
+        await call.write(self._hello(challenge))
+        self.daemon.on_connected(self.control)
+        self.daemon.status.update(
+            state="connected", connected_at=_timestamp().ToJsonString(), heartbeat_seconds=interval
+        )
+        log.info(
+            "connected to %s as %s", self.daemon.config.server_url, self.daemon.config.device_id
+        )
+
+        tasks = [
+            asyncio.create_task(self._reader(call), name="endpointd-reader"),
+            asyncio.create_task(self._writer(call), name="endpointd-writer"),
+            asyncio.create_task(self._heartbeat(interval), name="endpointd-heartbeat"),
+            asyncio.create_task(stopping.wait(), name="endpointd-stopping"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    def _mark_healthy(self) -> None:
+        if not self.established:
+            self.established = True
+            self.on_established.set()
+
+    async def _reader(self, call: Any) -> None:
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                code = await call.code()
+                details = await call.details()
+                raise SessionEnded(
+                    f"the server ended the stream ({code.name}: {details or 'no detail'})",
+                    code=code,
+                )
+            self.last_received = time.monotonic()
+            self._mark_healthy()
+            if message.WhichOneof("msg") == "heartbeat":
+                self.peer_heartbeat_seq = max(self.peer_heartbeat_seq, message.heartbeat.seq)
+                continue
+            self.daemon.handle_server_message(message)
+
+    async def _writer(self, call: Any) -> None:
+        daemon = self.daemon
+        while True:
+            # Cleared BEFORE draining: anything that becomes sendable meanwhile sets it
+            # again, so the wait below can never sleep through pending work.
+            daemon.wake.clear()
+            while True:
+                if not self.control.empty():
+                    await call.write(self.control.get_nowait())
+                    continue
+                message = daemon.next_output_message()
+                if message is None:
+                    break
+                await call.write(message)
+            await daemon.wake.wait()
+
+    async def _heartbeat(self, interval: int) -> None:
+        seq = 0
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() - self.last_received > MISSED_HEARTBEATS * interval:
+                raise SessionEnded(
+                    f"nothing received from the server for {MISSED_HEARTBEATS * interval} s;"
+                    " treating the connection as dead"
+                )
+            if time.monotonic() - self.opened_at >= HEALTHY_AFTER_SECONDS:
+                self._mark_healthy()
+            seq += 1
+            self.control.put_nowait(
+                pb.DeviceMessage(
+                    heartbeat=pb.Heartbeat(
+                        seq=seq, sent_at=_timestamp(), ack_seq=self.peer_heartbeat_seq
+                    )
+                )
+            )
+            self.daemon.wake.set()
+            self.daemon.status.update(last_heartbeat_at=_timestamp().ToJsonString())
+
+
+def describe(exc: BaseException) -> tuple[str, grpc.StatusCode | None]:
+    if isinstance(exc, SessionEnded):
+        return str(exc), exc.code
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = exc.code()
+        return f"{code.name}: {exc.details() or 'no detail'}", code
+    if isinstance(exc, TimeoutError):
+        return "timed out waiting for the server's Challenge", None
+    return f"{type(exc).__name__}: {exc}", None
+
+
+async def connect_forever(daemon: Daemon, key: DeviceKey, stopping: asyncio.Event) -> None:
+    backoff = Backoff()
+    while not stopping.is_set():
+        daemon.status.update(state="connecting", server=daemon.config.server_url)
+        session = Session(daemon, key)
+        reset_on_health = asyncio.create_task(session.on_established.wait())
+        reset_on_health.add_done_callback(lambda t: None if t.cancelled() else backoff.reset())
+        try:
+            await session.run(stopping)
+            message, code = "disconnected", None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            message, code = describe(exc)
+        finally:
+            reset_on_health.cancel()
+        if stopping.is_set():
+            break
+        if code in REJECTED:
+            log.error(
+                "the server rejected this device (%s); it may have been revoked or removed —"
+                " run `endpointd unpair` and pair again if so. Retrying with backoff.",
+                message,
+            )
+        else:
+            log.warning("connection to %s lost: %s", daemon.config.server_url, message)
+        delay = backoff.next_delay()
+        daemon.status.update(
+            state="disconnected",
+            last_error=message,
+            last_error_code=code.name if code is not None else None,
+            last_error_at=_timestamp().ToJsonString(),
+            retry_in_seconds=round(delay, 1),
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=delay)

@@ -1,0 +1,701 @@
+"""The daemon's command state machine: journal, start in order, track, report, forget.
+
+This module owns what happens to a command between the server sending it and the server
+acknowledging its result; the network side (handshake, heartbeats, reconnects) is in
+``connection``. The two meet in three places: :meth:`Daemon.handle_server_message` for
+everything received, :meth:`Daemon.next_output_message` for output and results to send, and
+:meth:`Daemon.on_connected` to rewind what was sent but not acknowledged.
+
+Lifecycle of a command (journal state in brackets)::
+
+    received ─ invalid/expired/denied ─────────────────────────▶ Refused  [finished]
+        │
+        ▼ journaled + Accepted sent                              [accepted]
+    started in seq order (expired by then → Refused)             [running]
+        │ exec: supervisor detached; file op: worker thread
+        ▼ status recorded
+    Finished                                                     [finished]
+        │ Ack.finished from the server
+        ▼ spool deleted, row compacted for dedupe               [acked]
+
+Output and results are resent after every reconnect from the acknowledged offset until the
+server acknowledges them; nothing is ever started twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import heapq
+import logging
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf.duration_pb2 import Duration
+
+from endpointd.config import DeviceConfig
+from endpointd.executor import ExecLimits, pid_alive, request_cancel, start_exec
+from endpointd.fileops import OpResult, list_dir, read_file, write_file
+from endpointd.journal import Entry, Journal, State
+from endpointd.policy import Policy, Refusal
+from endpointd.spool import (
+    SUPERVISOR_PID_FILE,
+    ExitStatus,
+    SpoolReader,
+    SpoolWriter,
+    output_total,
+    read_pid,
+    remove_spool,
+    spool_dir,
+)
+from endpointd.status import StatusReporter
+from endpointd.validation import validate
+from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_OUTCOME = "endpointd restarted while the command was running; outcome unknown"
+MONITOR_INTERVAL = 0.05
+ACK_FLUSH_INTERVAL = 1.0
+PRUNE_INTERVAL = 3600.0
+# Clock offsets beyond this are worth a warning: not_after decisions are made in server time.
+SKEW_WARNING_SECONDS = 30.0
+
+_STATE_TO_WIRE: dict[State, pb.InFlight.State.ValueType] = {
+    "accepted": pb.InFlight.STATE_ACCEPTED,
+    "running": pb.InFlight.STATE_RUNNING,
+    "finished": pb.InFlight.STATE_FINISHED,
+}
+
+
+@dataclass(eq=False)
+class Active:
+    """A journaled command the server has not fully acknowledged yet."""
+
+    command_id: str
+    seq: int
+    command: pb.Command | None
+    state: State
+    spool: Path
+    acked: int = 0
+    # Next offset to send on the current stream; rewound to `acked` on every (re)connect.
+    sent: int = 0
+    result: pb.DeviceMessage | None = None
+    result_sent: bool = False
+    total: int | None = None  # final output size, known once finished
+    pid: int | None = None  # exec supervisor
+    started_mono: float | None = None
+    reader: SpoolReader | None = None
+    last_size: int = 0
+    acked_dirty: bool = False
+    local_task: bool = False  # a file op running in this daemon's thread pool
+
+    @property
+    def kind(self) -> str | None:
+        return self.command.WhichOneof("kind") if self.command is not None else None
+
+    @property
+    def has_output(self) -> bool:
+        return self.kind in ("exec", "read_file", "list_dir")
+
+
+def _refused(command_id: str, refusal: Refusal) -> pb.DeviceMessage:
+    return pb.DeviceMessage(
+        refused=pb.Refused(command_id=command_id, reason=refusal.reason, message=refusal.message)
+    )
+
+
+def _finished(
+    command_id: str,
+    *,
+    exit_code: int,
+    error: str = "",
+    signal: int = 0,
+    total: int,
+    seconds: float,
+    timed_out: bool = False,
+) -> pb.DeviceMessage:
+    duration = Duration()
+    duration.FromNanoseconds(max(0, int(seconds * 1e9)))
+    return pb.DeviceMessage(
+        finished=pb.Finished(
+            command_id=command_id,
+            exit_code=exit_code,
+            signal=signal,
+            error=error,
+            total_output_bytes=total,
+            duration=duration,
+            timed_out=timed_out,
+        )
+    )
+
+
+def _not_after(command: pb.Command) -> float | None:
+    if not command.HasField("not_after"):
+        return None
+    ts = command.not_after
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.seconds + ts.nanos / 1e9
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: DeviceConfig,
+        *,
+        state_directory: Path,
+        journal: Journal,
+        policy: Policy,
+        status: StatusReporter,
+        limits: ExecLimits,
+        default_cwd: Path,
+    ) -> None:
+        self.config = config
+        self.state_directory = state_directory
+        self.journal = journal
+        self.policy = policy
+        self.status = status
+        self.limits = limits
+        self.default_cwd = default_cwd
+        self.commands: dict[str, Active] = {}
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        # Supervisors that recorded their status but had not exited when we looked; polled
+        # until reaped so they never linger as zombies.
+        self._exiting: list[subprocess.Popen[bytes]] = []
+        self.wake = asyncio.Event()
+        self.control: asyncio.Queue[pb.DeviceMessage] | None = None
+        self._start_heap: list[tuple[int, str]] = []
+        self._start_ready = asyncio.Event()
+        # server clock minus local clock, from the latest Challenge; None until one arrives.
+        self.clock_offset: float | None = None
+        self._last_ack_flush = time.monotonic()
+        self._last_prune = time.monotonic()
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> None:
+        """Rebuild the in-memory view from the journal after a (re)start."""
+        pruned = self.journal.prune()
+        if pruned:
+            log.info("pruned %d acknowledged command records", pruned)
+        for entry in self.journal.active():
+            active = self._from_entry(entry)
+            self.commands[active.command_id] = active
+            if active.state == "accepted":
+                self._queue_start(active)
+            elif active.state == "running":
+                self._reattach(active)
+        if self.commands:
+            log.info("resuming %d journaled command(s)", len(self.commands))
+        self._publish()
+
+    def _from_entry(self, entry: Entry) -> Active:
+        command = pb.Command.FromString(entry.body) if entry.body is not None else None
+        result = pb.DeviceMessage.FromString(entry.result) if entry.result is not None else None
+        active = Active(
+            command_id=entry.command_id,
+            seq=entry.seq,
+            command=command,
+            state=entry.state,
+            spool=spool_dir(self.state_directory, entry.command_id),
+            acked=entry.acked_offset,
+            sent=entry.acked_offset,
+            result=result,
+            pid=entry.pid,
+        )
+        if result is not None:
+            active.total = result.finished.total_output_bytes if result.HasField("finished") else 0
+        return active
+
+    def _reattach(self, active: Active) -> None:
+        status = ExitStatus.read(active.spool)
+        if status is not None:
+            self._finish_exec(active, status)
+            return
+        if active.kind != "exec":
+            # A file operation interrupted by the crash: it ran in the dead daemon's thread.
+            self._finish_unknown(active)
+            return
+        if active.pid is None:
+            active.pid = read_pid(active.spool / SUPERVISOR_PID_FILE)
+        if active.pid is None or not pid_alive(active.pid):
+            self._finish_unknown(active)
+            return
+        active.started_mono = time.monotonic()
+        log.info(
+            "re-attached to running command %s (supervisor pid %d)", active.command_id, active.pid
+        )
+
+    # ------------------------------------------------------------------ receiving
+
+    def handle_server_message(self, message: pb.ServerMessage) -> None:
+        kind = message.WhichOneof("msg")
+        if kind == "command":
+            self.handle_command(message.command)
+        elif kind == "ack":
+            self.handle_ack(message.ack)
+        elif kind == "challenge":
+            log.warning("ignoring an unexpected second Challenge on the stream")
+        # Heartbeats are handled by the connection (liveness and ack_seq).
+
+    def handle_command(self, command: pb.Command) -> None:
+        body = command.SerializeToString(deterministic=True)
+        digest = hashlib.sha256(body).digest()
+        command_id = command.command_id
+        existing = self.journal.get(command_id) if command_id else None
+        if existing is not None:
+            self._redelivered(command, existing, digest)
+            return
+
+        refusal = validate(command)
+        if refusal is None and self._expired(command):
+            refusal = Refusal(
+                pb.Refused.REASON_EXPIRED, "not_after passed before the command arrived"
+            )
+        if refusal is None:
+            refusal = self.policy.check(command)
+        if refusal is not None:
+            log.info("refusing %s: %s", command_id or "(no id)", refusal.message)
+            result = _refused(command_id, refusal)
+            if not command_id:
+                self._send(result)  # nothing to journal it under
+                return
+            self.journal.insert(
+                command_id=command_id,
+                seq=command.seq,
+                body=body,
+                body_sha256=digest,
+                state="finished",
+                accepted=False,
+                result=result.SerializeToString(),
+            )
+            self.commands[command_id] = Active(
+                command_id=command_id,
+                seq=command.seq,
+                command=command,
+                state="finished",
+                spool=spool_dir(self.state_directory, command_id),
+                result=result,
+                total=0,
+            )
+            self.wake.set()
+            return
+
+        # Journaled (fsync'd) before Accepted is sent and before anything runs.
+        self.journal.insert(
+            command_id=command_id,
+            seq=command.seq,
+            body=body,
+            body_sha256=digest,
+            state="accepted",
+            accepted=True,
+        )
+        active = Active(
+            command_id=command_id,
+            seq=command.seq,
+            command=command,
+            state="accepted",
+            spool=spool_dir(self.state_directory, command_id),
+        )
+        self.commands[command_id] = active
+        self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=command_id)))
+        log.info("accepted %s (seq %d, %s)", command_id, command.seq, active.kind)
+        self._queue_start(active)
+
+    def _redelivered(self, command: pb.Command, existing: Entry, digest: bytes) -> None:
+        command_id = command.command_id
+        if existing.body_sha256 != digest:
+            # Sent once and not journaled: the journal row belongs to the original command.
+            log.warning(
+                "refusing %s: same id as a journaled command, different content", command_id
+            )
+            self._send(
+                _refused(
+                    command_id,
+                    Refusal(
+                        pb.Refused.REASON_DUPLICATE,
+                        "command_id is already journaled on this device with different content",
+                    ),
+                )
+            )
+            return
+        log.info("redelivery of %s (%s): replaying, not re-running", command_id, existing.state)
+        if existing.accepted:
+            self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=command_id)))
+        active = self.commands.get(command_id)
+        if active is not None:
+            active.sent = min(active.sent, active.acked)
+            active.result_sent = False
+            self.wake.set()
+        elif existing.result is not None:
+            # Acknowledged already; the server evidently lost that, so tell it again.
+            self._send(pb.DeviceMessage.FromString(existing.result))
+
+    def handle_ack(self, ack: pb.Ack) -> None:
+        active = self.commands.get(ack.command_id)
+        if active is None:
+            log.debug("ack for %s, which is not active", ack.command_id)
+            return
+        offset = ack.acked_output_offset
+        if offset < active.acked:
+            # The server holds less than it once acknowledged (e.g. restored from backup):
+            # resend from where it really is, results included.
+            log.warning(
+                "%s: server rewound its ack from %d to %d; resending",
+                ack.command_id,
+                active.acked,
+                offset,
+            )
+            active.sent = min(active.sent, offset)
+            active.result_sent = False
+        elif offset > active.sent:
+            active.sent = offset  # it already has more than this stream sent: skip ahead
+        if offset != active.acked:
+            active.acked = offset
+            active.acked_dirty = True
+        if ack.finished:
+            if active.result is None:
+                log.warning("ignoring Ack.finished for %s: it has not finished", ack.command_id)
+            else:
+                self._forget(active)
+        self.wake.set()
+
+    def _forget(self, active: Active) -> None:
+        self.journal.mark_acked(active.command_id, active.acked)
+        if active.reader is not None:
+            active.reader.close()
+        remove_spool(active.spool)
+        self.commands.pop(active.command_id, None)
+        self._publish()
+
+    # ------------------------------------------------------------------ starting
+
+    def _queue_start(self, active: Active) -> None:
+        heapq.heappush(self._start_heap, (active.seq, active.command_id))
+        self._start_ready.set()
+
+    def set_clock(self, server_time: float) -> None:
+        offset = server_time - time.time()
+        if abs(offset) > SKEW_WARNING_SECONDS:
+            log.warning("this machine's clock is %.0f s off the server's", -offset)
+        self.clock_offset = offset
+        self._start_ready.set()
+
+    def server_now(self) -> float:
+        return time.time() + (self.clock_offset or 0.0)
+
+    def _expired(self, command: pb.Command) -> bool:
+        deadline = _not_after(command)
+        return deadline is not None and self.server_now() > deadline
+
+    async def starter(self) -> None:
+        """Start accepted commands one at a time, lowest seq first."""
+        while True:
+            await self._start_ready.wait()
+            self._start_ready.clear()
+            # Not before the first Challenge: not_after is judged in server time.
+            while self._start_heap and self.clock_offset is not None:
+                _, command_id = heapq.heappop(self._start_heap)
+                active = self.commands.get(command_id)
+                if active is None or active.state != "accepted" or active.command is None:
+                    continue
+                try:
+                    await self._start(active)
+                except Exception as exc:  # a bug or OS failure must not stall the queue
+                    log.exception("starting %s failed", command_id)
+                    self._finish_result(
+                        active,
+                        _finished(
+                            command_id,
+                            exit_code=-1,
+                            error=f"endpointd could not start the command: {exc}",
+                            total=0,
+                            seconds=0,
+                        ),
+                        total=0,
+                    )
+
+    async def _start(self, active: Active) -> None:
+        command = active.command
+        assert command is not None
+        if self._expired(command):
+            self._finish_result(
+                active,
+                _refused(
+                    active.command_id,
+                    Refusal(
+                        pb.Refused.REASON_EXPIRED, "not_after passed before the command could start"
+                    ),
+                ),
+                total=0,
+            )
+            return
+        self.journal.mark_running(active.command_id)
+        active.state = "running"
+        active.started_mono = time.monotonic()
+        self._publish()
+        kind = active.kind
+        if kind == "exec":
+            proc = start_exec(
+                active.spool, command.exec, limits=self.limits, default_cwd=self.default_cwd
+            )
+            self.children[active.command_id] = proc
+            active.pid = proc.pid
+            self.journal.set_pid(active.command_id, proc.pid)
+            log.info(
+                "started %s: %s (supervisor pid %d)",
+                active.command_id,
+                list(command.exec.argv),
+                proc.pid,
+            )
+        elif kind == "cancel":
+            result = self._cancel(command.cancel)
+            self._finish_op(active, result, total=0)
+        else:
+            await self._run_file_op(active, command)
+
+    async def _run_file_op(self, active: Active, command: pb.Command) -> None:
+        active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        writer = SpoolWriter(active.spool)
+        active.local_task = True
+        try:
+            kind = active.kind
+            if kind == "read_file":
+                result = await asyncio.to_thread(read_file, command.read_file, writer)
+            elif kind == "list_dir":
+                result = await asyncio.to_thread(list_dir, command.list_dir, writer)
+            else:
+                result = await asyncio.to_thread(write_file, command.write_file)
+        finally:
+            writer.close()
+            active.local_task = False
+        self._finish_op(active, result, total=writer.total)
+
+    def _cancel(self, cancel: pb.CancelCommand) -> OpResult:
+        target_id = cancel.target_command_id
+        target = self.commands.get(target_id)
+        if target is None:
+            known = self.journal.get(target_id)
+            if known is None:
+                return OpResult(1, f"unknown command {target_id}")
+            return OpResult(1, f"command {target_id} is not running (already finished)")
+        if target.state != "running" or target.kind != "exec" or target.pid is None:
+            return OpResult(1, f"command {target_id} is not a running exec ({target.state})")
+        if not request_cancel(target.spool, target.pid, cancel.grace_seconds):
+            return OpResult(1, f"command {target_id} is no longer running")
+        log.info("cancelling %s (grace %ss)", target_id, cancel.grace_seconds or "default")
+        return OpResult()
+
+    # ------------------------------------------------------------------ finishing
+
+    def _finish_result(self, active: Active, result: pb.DeviceMessage, *, total: int) -> None:
+        self.journal.finish(active.command_id, result.SerializeToString())
+        active.state = "finished"
+        active.result = result
+        active.result_sent = False
+        active.total = total
+        self.wake.set()
+        self._publish()
+        which = result.WhichOneof("msg")
+        if which == "finished":
+            f = result.finished
+            log.info(
+                "finished %s: exit %d signal %d%s%s",
+                active.command_id,
+                f.exit_code,
+                f.signal,
+                " (timed out)" if f.timed_out else "",
+                f" error: {f.error}" if f.error else "",
+            )
+
+    def _elapsed(self, active: Active) -> float:
+        return time.monotonic() - active.started_mono if active.started_mono else 0.0
+
+    def _finish_op(self, active: Active, result: OpResult, *, total: int) -> None:
+        self._finish_result(
+            active,
+            _finished(
+                active.command_id,
+                exit_code=result.exit_code,
+                error=result.error,
+                total=total,
+                seconds=self._elapsed(active),
+            ),
+            total=total,
+        )
+
+    def _release_child(self, active: Active) -> None:
+        proc = self.children.pop(active.command_id, None)
+        if proc is not None and proc.poll() is None:
+            self._exiting.append(proc)
+
+    def _finish_exec(self, active: Active, status: ExitStatus) -> None:
+        self._release_child(active)
+        seconds = (
+            status.finished_at - status.started_at if status.started_at else self._elapsed(active)
+        )
+        error = status.error
+        if status.timed_out and not error:
+            error = "timed out"
+        self._finish_result(
+            active,
+            _finished(
+                active.command_id,
+                exit_code=status.exit_code,
+                error=error,
+                signal=status.signal,
+                total=status.total_output_bytes,
+                seconds=seconds,
+                timed_out=status.timed_out,
+            ),
+            total=status.total_output_bytes,
+        )
+
+    def _finish_unknown(self, active: Active) -> None:
+        self._release_child(active)
+        total = output_total(active.spool)
+        log.warning("%s: %s", active.command_id, UNKNOWN_OUTCOME)
+        self._finish_result(
+            active,
+            _finished(
+                active.command_id, exit_code=-1, error=UNKNOWN_OUTCOME, total=total, seconds=0
+            ),
+            total=total,
+        )
+
+    async def monitor(self) -> None:
+        """Poll running execs for new output and for their end; flush acked offsets."""
+        while True:
+            self.check_running()
+            now = time.monotonic()
+            if now - self._last_ack_flush >= ACK_FLUSH_INTERVAL:
+                self.flush_acks()
+                self._last_ack_flush = now
+            if now - self._last_prune >= PRUNE_INTERVAL:
+                # A daemon that runs for weeks must still forget old dedupe records.
+                self.journal.prune()
+                self._last_prune = now
+            await asyncio.sleep(MONITOR_INTERVAL)
+
+    def check_running(self) -> None:
+        self._exiting = [p for p in self._exiting if p.poll() is None]
+        for active in list(self.commands.values()):
+            if active.state != "running" or active.kind != "exec" or active.local_task:
+                continue
+            status = ExitStatus.read(active.spool)
+            if status is not None:
+                self._finish_exec(active, status)
+                continue
+            proc = self.children.get(active.command_id)
+            if proc is not None:
+                alive = proc.poll() is None  # also reaps our own exited supervisors
+            else:
+                alive = active.pid is not None and pid_alive(active.pid)
+            if not alive:
+                status = ExitStatus.read(active.spool)  # it may have written just before exit
+                if status is not None:
+                    self._finish_exec(active, status)
+                else:
+                    self._finish_unknown(active)
+                continue
+            size = (active.reader or self._reader(active)).size_hint()
+            if size != active.last_size:
+                active.last_size = size
+                self.wake.set()
+
+    def flush_acks(self) -> None:
+        # Acked offsets are an optimisation (less to resend), so they are written lazily.
+        for active in self.commands.values():
+            if active.acked_dirty:
+                self.journal.set_acked_offset(active.command_id, active.acked)
+                active.acked_dirty = False
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, message: pb.DeviceMessage) -> None:
+        if self.control is None:
+            log.debug("not connected; dropping %s", message.WhichOneof("msg"))
+            return
+        self.control.put_nowait(message)
+        self.wake.set()
+
+    def _reader(self, active: Active) -> SpoolReader:
+        if active.reader is None:
+            active.reader = SpoolReader(active.spool)
+        return active.reader
+
+    def in_flight(self) -> list[pb.InFlight]:
+        return [
+            pb.InFlight(
+                command_id=a.command_id,
+                acked_output_offset=a.acked,
+                state=_STATE_TO_WIRE[a.state],
+            )
+            for a in sorted(self.commands.values(), key=lambda a: a.seq)
+        ]
+
+    def on_connected(self, control: asyncio.Queue[pb.DeviceMessage]) -> None:
+        """A new stream: resend everything not acknowledged, from the acked offsets."""
+        self.control = control
+        for active in self.commands.values():
+            active.sent = active.acked
+            active.result_sent = False
+        self.wake.set()
+
+    def on_disconnected(self) -> None:
+        self.control = None
+
+    def next_output_message(self) -> pb.DeviceMessage | None:
+        """The next OutputChunk or result to send on the current stream, if any."""
+        for active in sorted(self.commands.values(), key=lambda a: a.seq):
+            if active.has_output and (active.total is None or active.sent < active.total):
+                got = self._reader(active).read(active.sent, MAX_OUTPUT_CHUNK_BYTES)
+                if got is not None:
+                    stream, data = got
+                    if active.total is not None:
+                        data = data[: active.total - active.sent]
+                    chunk = pb.OutputChunk(
+                        command_id=active.command_id,
+                        stream=stream,  # type: ignore[arg-type]
+                        offset=active.sent,
+                        data=data,
+                    )
+                    active.sent += len(data)
+                    return pb.DeviceMessage(output=chunk)
+                if active.total is not None:
+                    log.error(
+                        "%s: spool has no output at %d of %d; skipping to the result",
+                        active.command_id,
+                        active.sent,
+                        active.total,
+                    )
+                    active.sent = active.total
+            if (
+                active.result is not None
+                and not active.result_sent
+                and (active.total is None or active.sent >= active.total)
+            ):
+                active.result_sent = True
+                return active.result
+        return None
+
+    # ------------------------------------------------------------------ status
+
+    def _publish(self) -> None:
+        running = [
+            {"command_id": a.command_id, "kind": a.kind, "state": a.state}
+            for a in sorted(self.commands.values(), key=lambda a: a.seq)
+        ]
+        with contextlib.suppress(OSError):
+            self.status.update(commands=running)
+
+    def close(self) -> None:
+        self.flush_acks()
+        for active in self.commands.values():
+            if active.reader is not None:
+                active.reader.close()

@@ -1,0 +1,204 @@
+"""The command journal: a local SQLite file that makes every command run at most once.
+
+A command is written here (and committed with a full fsync) BEFORE the daemon acts on it,
+so whatever happens next - a dropped stream, a redelivery, a daemon crash, a power cut -
+the next daemon knows the command exists and in which state. Schema (one table)::
+
+    commands(
+      command_id   TEXT PRIMARY KEY,  -- the idempotency key
+      seq          INTEGER,           -- delivery order, for starting in order
+      body         BLOB,              -- the serialized Command; NULL once acked (compacted)
+      body_sha256  BLOB,              -- what a redelivery is compared against
+      state        TEXT,              -- accepted | running | finished | acked
+      accepted     INTEGER,           -- 1 if Accepted was sent (replayed on redelivery)
+      acked_offset INTEGER,           -- next output offset the server has NOT acknowledged
+      result       BLOB,              -- serialized DeviceMessage (Finished or Refused)
+      pid          INTEGER,           -- the exec supervisor's pid while running
+      received_at, started_at, finished_at, acked_at  REAL  -- unix seconds
+    )
+
+``acked`` rows are compact (no body, no spool) and kept ``RETENTION_SECONDS`` so that a
+late redelivery is still recognised, then pruned. The database runs in WAL mode so
+`endpointd status` can read it while the daemon writes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+State = Literal["accepted", "running", "finished", "acked"]
+ACTIVE_STATES: tuple[State, ...] = ("accepted", "running", "finished")
+
+JOURNAL_FILE = "journal.sqlite3"
+RETENTION_SECONDS = 7 * 24 * 3600
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS commands (
+    command_id   TEXT PRIMARY KEY,
+    seq          INTEGER NOT NULL,
+    body         BLOB,
+    body_sha256  BLOB NOT NULL,
+    state        TEXT NOT NULL,
+    accepted     INTEGER NOT NULL DEFAULT 0,
+    acked_offset INTEGER NOT NULL DEFAULT 0,
+    result       BLOB,
+    pid          INTEGER,
+    received_at  REAL NOT NULL,
+    started_at   REAL,
+    finished_at  REAL,
+    acked_at     REAL
+);
+CREATE INDEX IF NOT EXISTS commands_state ON commands (state, seq);
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    command_id: str
+    seq: int
+    body: bytes | None
+    body_sha256: bytes
+    state: State
+    accepted: bool
+    acked_offset: int
+    result: bytes | None
+    pid: int | None
+    received_at: float
+    started_at: float | None
+    finished_at: float | None
+
+
+_COLUMNS = (
+    "command_id, seq, body, body_sha256, state, accepted, acked_offset, result, pid,"
+    " received_at, started_at, finished_at"
+)
+
+
+def _entry(row: tuple[object, ...]) -> Entry:
+    (cid, seq, body, digest, state, accepted, acked, result, pid, recv, start, fin) = row
+    return Entry(
+        command_id=str(cid),
+        seq=int(seq),  # type: ignore[call-overload]
+        body=body,  # type: ignore[arg-type]
+        body_sha256=digest,  # type: ignore[arg-type]
+        state=state,  # type: ignore[arg-type]
+        accepted=bool(accepted),
+        acked_offset=int(acked),  # type: ignore[call-overload]
+        result=result,  # type: ignore[arg-type]
+        pid=pid,  # type: ignore[arg-type]
+        received_at=recv,  # type: ignore[arg-type]
+        started_at=start,  # type: ignore[arg-type]
+        finished_at=fin,  # type: ignore[arg-type]
+    )
+
+
+class Journal:
+    """Synchronous access to the journal; every call is one short transaction."""
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+        self.path = path
+        if readonly:
+            self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+            return
+        self._db = sqlite3.connect(path, isolation_level=None)
+        path.chmod(0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a commit survives power loss, not just a process crash. A command journaled
+        # but lost would be run again on redelivery, which is what this file exists to stop.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def get(self, command_id: str) -> Entry | None:
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM commands WHERE command_id = ?",
+            (command_id,),
+        ).fetchone()
+        return _entry(row) if row else None
+
+    def active(self) -> list[Entry]:
+        """Every command not yet fully acknowledged, in delivery order."""
+        rows = self._db.execute(
+            f"SELECT {_COLUMNS} FROM commands WHERE state IN (?, ?, ?) ORDER BY seq",
+            ACTIVE_STATES,
+        ).fetchall()
+        return [_entry(r) for r in rows]
+
+    def insert(
+        self,
+        *,
+        command_id: str,
+        seq: int,
+        body: bytes,
+        body_sha256: bytes,
+        state: State,
+        accepted: bool,
+        result: bytes | None = None,
+    ) -> None:
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO commands (command_id, seq, body, body_sha256, state, accepted, result,"
+            " received_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                command_id,
+                seq,
+                body,
+                body_sha256,
+                state,
+                int(accepted),
+                result,
+                now,
+                now if state == "finished" else None,
+            ),
+        )
+
+    def mark_running(self, command_id: str) -> None:
+        self._db.execute(
+            "UPDATE commands SET state = 'running', started_at = ? WHERE command_id = ?",
+            (time.time(), command_id),
+        )
+
+    def set_pid(self, command_id: str, pid: int) -> None:
+        self._db.execute("UPDATE commands SET pid = ? WHERE command_id = ?", (pid, command_id))
+
+    def finish(self, command_id: str, result: bytes) -> None:
+        self._db.execute(
+            "UPDATE commands SET state = 'finished', result = ?, finished_at = ?"
+            " WHERE command_id = ? AND state <> 'acked'",
+            (result, time.time(), command_id),
+        )
+
+    def set_acked_offset(self, command_id: str, offset: int) -> None:
+        self._db.execute(
+            "UPDATE commands SET acked_offset = ? WHERE command_id = ?", (offset, command_id)
+        )
+
+    def mark_acked(self, command_id: str, offset: int) -> None:
+        """Compact a command the server has durably: keep only what dedupe needs."""
+        self._db.execute(
+            "UPDATE commands SET state = 'acked', body = NULL, acked_offset = ?, acked_at = ?,"
+            " pid = NULL WHERE command_id = ?",
+            (offset, time.time(), command_id),
+        )
+
+    def prune(self, *, older_than: float = RETENTION_SECONDS) -> int:
+        cur = self._db.execute(
+            "DELETE FROM commands WHERE state = 'acked' AND acked_at < ?",
+            (time.time() - older_than,),
+        )
+        return cur.rowcount
+
+    def delete_all(self) -> None:
+        self._db.execute("DELETE FROM commands")
+
+    def __iter__(self) -> Iterator[Entry]:
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM commands ORDER BY seq").fetchall()
+        return iter([_entry(r) for r in rows])

@@ -1,0 +1,134 @@
+"""`endpointd pair`: trade a one-time code for a device identity and a pinned server.
+
+Order matters for safety and for not wasting the single-use code:
+
+1. validate the URL and refuse if already paired;
+2. probe TLS and settle trust (and the admin's fingerprint) before the code is sent;
+3. create and store the key (so a keyring failure aborts before the code is spent);
+4. call Pair over a channel that trusts only what step 2 accepted;
+5. check the response describes the same certificate, then write ``config.json``.
+
+A failure after step 3 removes the new key again, leaving nothing half-paired behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import sys
+from pathlib import Path
+
+from endpointd import __version__
+from endpointd.config import DeviceConfig, TrustConfig, config_path, save_config
+from endpointd.errors import ConfigError, PairingError, TrustError
+from endpointd.keys import create_key, discard_new_key
+from endpointd.trust import (
+    channel_credentials,
+    channel_options,
+    check_fingerprint,
+    parse_server_url,
+    probe_server,
+)
+from superagent_shared.gateway_tls import certificate_der
+from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
+
+PAIR_TIMEOUT_SECONDS = 30.0
+
+
+def pair(
+    *,
+    url: str,
+    code: str,
+    device_name: str | None,
+    key_file: Path | None,
+    fingerprint: bytes | None,
+    config_directory: Path,
+) -> DeviceConfig:
+    import grpc
+
+    from superagent_proto.v1 import endpoint_pb2, endpoint_pb2_grpc
+
+    addr = parse_server_url(url)
+    existing = config_path(config_directory)
+    if existing.exists():
+        raise ConfigError(
+            f"already paired ({existing}); run `endpointd unpair` first to pair again"
+        )
+    if not code.strip():
+        raise PairingError("the pairing code is empty")
+
+    if addr.scheme == "https":
+        probe = probe_server(addr)
+        check_fingerprint(probe, fingerprint)
+        trust = TrustConfig(
+            mode=probe.mode, ca_pem=probe.ca_pem, leaf_sha256=probe.leaf_sha256.hex()
+        )
+    else:
+        if fingerprint is not None:
+            raise TrustError("--fingerprint needs an https:// server URL")
+        probe = None
+        trust = TrustConfig(mode="plaintext")
+
+    key, where, created = create_key(key_file)
+    hostname = socket.gethostname()
+    request = endpoint_pb2.PairRequest(
+        pairing_code=code.strip(),
+        device_name=device_name or hostname,
+        public_key=key.public_raw,
+        daemon_version=__version__,
+        protocol_version=PROTOCOL_VERSION_NUMBER,
+        platform=sys.platform,
+        hostname=hostname,
+    )
+    try:
+        creds = channel_credentials(trust)
+        options = channel_options(trust)
+        channel = (
+            grpc.secure_channel(addr.target, creds, options=options)
+            if creds is not None
+            else grpc.insecure_channel(addr.target, options=options)
+        )
+        with channel:
+            stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
+            try:
+                response = stub.Pair(request, timeout=PAIR_TIMEOUT_SECONDS)
+            except grpc.RpcError as exc:
+                code_name = exc.code().name if exc.code() is not None else "UNKNOWN"
+                raise PairingError(
+                    f"pairing refused by {addr.url}: {code_name}: {exc.details() or 'no detail'}"
+                ) from None
+
+        if probe is not None and probe.mode == "pinned":
+            if response.server_cert_sha256 != probe.leaf_sha256:
+                raise TrustError(
+                    "the server's PairResponse names a different certificate than the one it"
+                    " presented — possible interception; not pairing"
+                )
+            try:
+                told_ca = certificate_der(response.server_ca_pem.encode("ascii"))
+            except ValueError:
+                told_ca = b""
+            if told_ca != probe.ca_der:
+                raise TrustError(
+                    "the server's PairResponse names a different CA than the one it presented"
+                    " — possible interception; not pairing"
+                )
+        if not response.device_id:
+            raise PairingError("the server's PairResponse has no device_id")
+
+        config = DeviceConfig(
+            server_url=addr.url,
+            device_id=response.device_id,
+            device_name=request.device_name,
+            server_name=response.server_name,
+            trust=trust,
+            key=where,
+            public_key=key.public_raw.hex(),
+            paired_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        )
+        save_config(config, config_directory)
+        return config
+    except BaseException:
+        if created:
+            discard_new_key(key, where)
+        raise

@@ -1,0 +1,111 @@
+"""`endpointd run`: assemble the daemon and run it until SIGTERM/SIGINT.
+
+Parts run as tasks - the connection loop, the starter (commands in seq order), the monitor
+(running commands' output and exit) - and the first one to fail takes the process down
+loudly, so the service manager restarts it. Shutdown stops intake and leaves running
+commands alone: their supervisors finish them under their timeouts, and the next daemon
+re-attaches and reports them. Exactly one daemon may use a state dir at a time (a lock
+file), since two would both start the same journaled commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import IO
+
+from endpointd.config import load_config
+from endpointd.connection import connect_forever
+from endpointd.daemon import Daemon
+from endpointd.errors import ConfigError, KeyStorageError
+from endpointd.executor import ExecLimits
+from endpointd.journal import JOURNAL_FILE, Journal
+from endpointd.keys import load_key
+from endpointd.paths import ensure_private_dir
+from endpointd.policy import load_policy
+from endpointd.status import StatusReporter
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "daemon.lock"
+
+
+def acquire_lock(state_directory: Path) -> IO[str]:
+    handle = open(state_directory / LOCK_FILE, "a+")  # noqa: SIM115 - held for the lifetime
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise ConfigError(
+            f"another endpointd (pid {holder}) is already running with state dir {state_directory}"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+async def run_daemon(
+    *, config_directory: Path, state_directory: Path, max_timeout_seconds: int | None
+) -> None:
+    config = load_config(config_directory)
+    key = load_key(config.key)
+    if key.public_raw.hex() != config.public_key:
+        raise KeyStorageError(
+            "the stored device key does not match the paired public key; re-pair with"
+            " `endpointd unpair` then `endpointd pair`"
+        )
+    ensure_private_dir(state_directory)
+    ensure_private_dir(state_directory / "spool")
+    lock = acquire_lock(state_directory)
+    journal = Journal(state_directory / JOURNAL_FILE)
+    status = StatusReporter(
+        state_directory, server=config.server_url, device_id=config.device_id, state="starting"
+    )
+    limits = ExecLimits(max_timeout_seconds=max_timeout_seconds or config.default_timeout_seconds)
+    daemon = Daemon(
+        config,
+        state_directory=state_directory,
+        journal=journal,
+        policy=load_policy(config_directory),
+        status=status,
+        limits=limits,
+        default_cwd=Path.home(),
+    )
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        daemon.recover()
+        tasks = [
+            asyncio.create_task(daemon.monitor(), name="endpointd-monitor"),
+            asyncio.create_task(daemon.starter(), name="endpointd-starter"),
+            asyncio.create_task(connect_forever(daemon, key, stopping), name="endpointd-connect"),
+            asyncio.create_task(stopping.wait(), name="endpointd-stop"),
+        ]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        running = sum(1 for a in daemon.commands.values() if a.state == "running")
+        log.info("stopping; %d running command(s) continue under their supervisors", running)
+    finally:
+        daemon.close()
+        with contextlib.suppress(OSError):
+            status.update(state="stopped")
+        journal.close()
+        lock.close()
