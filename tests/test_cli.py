@@ -180,8 +180,8 @@ def test_up_serves_on_embedded_postgres_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
         options = [("grpc.ssl_target_name_override", "superagent-gateway")]
         with grpc.secure_channel(f"127.0.0.1:{grpc_port}", credentials, options) as channel:
             stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
+            request = endpoint_pb2.PairRequest(pairing_code="nope", public_key=b"k" * 32)
             with pytest.raises(grpc.RpcError) as err:
-                request = endpoint_pb2.PairRequest(pairing_code="nope", public_key=b"k" * 32)
                 stub.Pair(request, timeout=5)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "not a pairing code" in (err.value.details() or "")
