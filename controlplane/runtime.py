@@ -19,9 +19,10 @@ from controlplane.api.app import AppState, create_app
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import create_engine, session_factory
+from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.effects.handlers import Handlers
-from controlplane.effects.runner import EffectRunner, create_pool, runner_id
+from controlplane.effects.runner import EffectRunner, runner_id
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
@@ -133,6 +134,7 @@ async def replica(
                 HttpService(state),
             ]
             yield services
+            await queue.close()
         finally:
             await pool.close()
     finally:

@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.engine import transaction
+from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.effects.runner import create_pool
 from controlplane.gateway import pairing
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
@@ -88,6 +88,7 @@ async def running_gateway(
     finally:
         await service.stop(5)
         await hub.stop(5)
+        await queue.close()
         await pool.close()
 
 

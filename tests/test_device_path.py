@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.engine import transaction
+from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.effects.runner import create_pool
 from controlplane.gateway import devices, specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.tls import ensure_server_tls
@@ -238,6 +238,7 @@ async def test_killed_control_plane_loses_and_duplicates_no_output(
     finally:
         server.send_signal(signal.SIGKILL)
         server.wait(10)
+        await queue.close()
         await pool.close()
 
 

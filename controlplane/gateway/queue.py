@@ -70,6 +70,68 @@ class CommandResult:
 
 _RESULT_COLUMNS = ", ".join(CommandResult.__dataclass_fields__)
 
+# Allocate the device's next seq, create the output blob, insert the command and wake the
+# replica holding the device's stream: one statement, so one round trip and atomic.
+_SUBMIT = f"""
+WITH dev AS (
+    UPDATE devices SET next_seq = next_seq + 1
+    WHERE (id = $1 OR name = $1) AND revoked_at IS NULL
+    RETURNING id, next_seq - 1 AS seq
+), blob AS (
+    INSERT INTO blobs (id, content_type, size)
+    SELECT $2, 'application/octet-stream', 0 FROM dev
+    RETURNING id
+), cmd AS (
+    INSERT INTO commands (id, device_id, ticket_id, seq, kind, spec, credential_names, state,
+                          not_after, origin, output_blob_id)
+    SELECT $3, dev.id, $4, dev.seq, $5, $6::text::jsonb, $7, 'queued', now() + $8::interval,
+           $9, blob.id
+    FROM dev, blob
+    RETURNING id, device_id
+)
+SELECT cmd.id, pg_notify('{COMMANDS_CHANNEL}', cmd.device_id) FROM cmd
+"""
+
+# Expire what waited too long (waking its waiters), then list what is left to deliver. The
+# final SELECT sees the statement's snapshot, so it leaves the just-expired rows out itself.
+_PENDING = f"""
+WITH expired AS (
+    UPDATE commands SET state = 'expired', finished_at = now(),
+        error = 'not delivered before not_after'
+    WHERE device_id = $1 AND state = 'queued' AND not_after < now()
+    RETURNING id, pg_notify('{DONE_CHANNEL}', id)
+)
+SELECT id, seq, kind, spec, not_after, origin, state FROM commands
+WHERE device_id = $1 AND state IN ('queued', 'delivered')
+  AND id NOT IN (SELECT id FROM expired)
+ORDER BY seq
+"""
+
+# Record a final result unless it is already final or output up to $10 is still missing.
+_FINISH = f"""
+WITH current AS (
+    SELECT id, state, output_size, output_blob_id, cancel_requested_at FROM commands
+    WHERE id = $1 AND device_id = $2 FOR UPDATE
+), done AS (
+    UPDATE commands c SET
+        state = CASE WHEN $3 = 'finished' AND current.cancel_requested_at IS NOT NULL
+                          AND coalesce($5, 0) <> 0 THEN 'cancelled' ELSE $3 END,
+        exit_code = $4, signal = nullif($5, 0), error = nullif($6, ''), refusal_reason = $7,
+        timed_out = $8, output_truncated = $9, total_output_bytes = $10, finished_at = now()
+    FROM current
+    WHERE c.id = current.id
+      AND current.state NOT IN ('finished', 'failed', 'cancelled', 'expired', 'refused')
+      AND ($10::bigint IS NULL OR current.output_size >= $10::bigint)
+    RETURNING c.id, c.output_blob_id, c.output_size
+), sized AS (
+    UPDATE blobs b SET size = done.output_size FROM done WHERE b.id = done.output_blob_id
+)
+SELECT current.state,
+       current.output_size,
+       (SELECT count(pg_notify('{DONE_CHANNEL}', done.id)) FROM done) AS recorded
+FROM current
+"""
+
 
 @dataclass
 class PendingCommand:
@@ -91,6 +153,9 @@ class CommandQueue:
         self.pool = pool
         self.ttl = ttl
         self.inline = inline
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._listener: Any = None  # a pool connection held for LISTEN
+        self._listener_lock = asyncio.Lock()
 
     # -- the worker's API ----------------------------------------------------------------
 
@@ -105,42 +170,23 @@ class CommandQueue:
     ) -> str:
         """Queue ``spec`` for ``device`` (id or name); returns the command id."""
         specs.validate(spec)
-        command_id = new_id("cmd")
         names = [c.name for c in spec.credentials] if isinstance(spec, specs.Exec) else []
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                "UPDATE devices SET next_seq = next_seq + 1 "
-                "WHERE (id = $1 OR name = $1) AND revoked_at IS NULL "
-                "RETURNING id, next_seq - 1 AS seq",
-                device,
-            )
-            if row is None:
-                raise NotFound(f"no paired device {device!r}")
-            blob_id = new_id("blb")
-            await conn.execute(
-                "INSERT INTO blobs (id, content_type, size) "
-                "VALUES ($1, 'application/octet-stream', 0)",
-                blob_id,
-            )
-            await conn.execute(
-                """
-                INSERT INTO commands (id, device_id, ticket_id, seq, kind, spec,
-                    credential_names, state, not_after, origin, output_blob_id)
-                VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, 'queued',
-                        now() + $8::interval, $9, $10)
-                """,
-                command_id,
-                row["id"],
-                ticket_id,
-                row["seq"],
-                spec.kind,
-                json.dumps(specs.to_json(spec)),
-                names,
-                self.ttl if ttl is None else ttl,
-                origin,
-                blob_id,
-            )
-            await conn.execute("SELECT pg_notify($1, $2)", COMMANDS_CHANNEL, row["id"])
+        # One statement, so one round trip and atomic without an explicit transaction.
+        command_id = await self.pool.fetchval(
+            _SUBMIT,
+            device,
+            new_id("blb"),
+            new_id("cmd"),
+            ticket_id,
+            spec.kind,
+            json.dumps(specs.to_json(spec)),
+            names,
+            self.ttl if ttl is None else ttl,
+            origin,
+        )
+        if command_id is None:
+            raise NotFound(f"no paired device {device!r}")
+        assert isinstance(command_id, str)
         return command_id
 
     async def result(self, command_id: str) -> CommandResult:
@@ -154,27 +200,56 @@ class CommandQueue:
     async def wait(self, command_id: str, timeout: float) -> CommandResult:
         """The command's result once final, or its current state when ``timeout`` passes."""
         done = asyncio.Event()
+        self._waiters.setdefault(command_id, set()).add(done)
+        try:
+            await self._ensure_listener()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while True:
+                result = await self.result(command_id)
+                remaining = deadline - loop.time()
+                if result.done or remaining <= 0:
+                    return result
+                # The poll is the safety net for a notification lost on the way.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), min(remaining, 1.0))
+                done.clear()
+        finally:
+            waiters = self._waiters.get(command_id)
+            if waiters is not None:
+                waiters.discard(done)
+                if not waiters:
+                    del self._waiters[command_id]
 
-        def on_done(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
-            if payload == command_id:
-                done.set()
+    def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        for event in self._waiters.get(str(payload), ()):
+            event.set()
 
-        async with self.pool.acquire() as conn:
-            await conn.add_listener(DONE_CHANNEL, on_done)
+    async def _ensure_listener(self) -> None:
+        """One LISTEN connection per queue for every waiter, held from the pool on first use."""
+        async with self._listener_lock:
+            listener = self._listener
+            if listener is not None and not listener.is_closed():
+                return
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await self.pool.release(listener)
+                self._listener = None
             try:
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + timeout
-                while True:
-                    result = await self.result(command_id)
-                    remaining = deadline - loop.time()
-                    if result.done or remaining <= 0:
-                        return result
-                    # The poll is the safety net for a notification lost on the way.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(done.wait(), min(remaining, 1.0))
-                    done.clear()
-            finally:
-                await conn.remove_listener(DONE_CHANNEL, on_done)
+                listener = await self.pool.acquire()
+                await listener.add_listener(DONE_CHANNEL, self._on_done)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                return  # waiters fall back to polling until the next attempt
+            self._listener = listener
+
+    async def close(self) -> None:
+        """Give back the LISTEN connection; call before closing the pool."""
+        async with self._listener_lock:
+            if self._listener is not None:
+                with contextlib.suppress(Exception):
+                    await self._listener.remove_listener(DONE_CHANNEL, self._on_done)
+                    await self.pool.release(self._listener)
+                self._listener = None
 
     async def output(self, command_id: str, offset: int = 0, limit: int = 65536) -> bytes:
         """Bytes ``[offset, offset + limit)`` of the command's stored output."""
@@ -239,19 +314,7 @@ class CommandQueue:
 
     async def pending(self, device_id: str) -> list[PendingCommand]:
         """Commands to (re)deliver, in seq order; expired ones are marked and left out."""
-        expired = await self.pool.fetch(
-            "UPDATE commands SET state = 'expired', finished_at = now(), "
-            "error = 'not delivered before not_after' "
-            "WHERE device_id = $1 AND state = 'queued' AND not_after < now() RETURNING id",
-            device_id,
-        )
-        for row in expired:
-            await self.pool.execute("SELECT pg_notify($1, $2)", DONE_CHANNEL, row["id"])
-        rows = await self.pool.fetch(
-            "SELECT id, seq, kind, spec, not_after, origin, state FROM commands "
-            "WHERE device_id = $1 AND state IN ('queued', 'delivered') ORDER BY seq",
-            device_id,
-        )
+        rows = await self.pool.fetch(_PENDING, device_id)
         return [
             PendingCommand(
                 id=row["id"],
@@ -356,45 +419,22 @@ class CommandQueue:
 
         A command whose cancel was requested and that died by a signal counts as cancelled.
         """
-        async with self.pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                "SELECT output_size, output_blob_id, state, cancel_requested_at "
-                "FROM commands WHERE id = $1 AND device_id = $2 FOR UPDATE",
-                command_id,
-                device_id,
-            )
-            if row is None:
-                raise NotFound(f"device {device_id} has no command {command_id}")
-            if row["state"] in TERMINAL:
-                return True
-            if total_output_bytes is not None and row["output_size"] < total_output_bytes:
-                return False
-            if state == "finished" and row["cancel_requested_at"] is not None and signal:
-                state = "cancelled"
-            await conn.execute(
-                """
-                UPDATE commands SET state = $2, exit_code = $3, signal = $4, error = $5,
-                    refusal_reason = $6, timed_out = $7, output_truncated = $8,
-                    total_output_bytes = $9, finished_at = now()
-                WHERE id = $1
-                """,
-                command_id,
-                state,
-                exit_code,
-                signal or None,
-                error or None,
-                refusal_reason,
-                timed_out,
-                output_truncated,
-                total_output_bytes,
-            )
-            await conn.execute(
-                "UPDATE blobs SET size = $2 WHERE id = $1",
-                row["output_blob_id"],
-                row["output_size"],
-            )
-            await conn.execute("SELECT pg_notify($1, $2)", DONE_CHANNEL, command_id)
-        return True
+        row = await self.pool.fetchrow(
+            _FINISH,
+            command_id,
+            device_id,
+            state,
+            exit_code,
+            signal,
+            error or "",
+            refusal_reason,
+            timed_out,
+            output_truncated,
+            total_output_bytes,
+        )
+        if row is None:
+            raise NotFound(f"device {device_id} has no command {command_id}")
+        return bool(row["recorded"]) or row["state"] in TERMINAL
 
     async def devices_with_work(self, device_ids: Sequence[str]) -> list[str]:
         rows = await self.pool.fetch(
