@@ -18,9 +18,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.engine import transaction
+from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
 from controlplane.gateway.pairing import MAX_FAILURES_PER_SOURCE, MAX_WRONG_PER_CODE
+from controlplane.gateway.queue import CommandQueue
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.gateway_harness import FakeDevice, Gateway, running_gateway
 from tests.helpers import assert_eventually
@@ -303,3 +305,13 @@ async def test_cancel_queued_and_running_commands(gateway: Gateway) -> None:
 
 async def _state(gateway: Gateway, command_id: str, state: str) -> bool:
     return (await gateway.queue.result(command_id)).state == state
+
+
+async def test_an_idle_queue_lets_its_pool_close(gateway: Gateway, database_url: str) -> None:
+    pool = await create_pool(asyncpg_dsn(database_url), size=2)
+    queue = CommandQueue(pool)
+    device = await paired(gateway)
+    command_id = await queue.submit(device.device_id, specs.Exec(["true"]))
+    assert not (await queue.wait(command_id, timeout=0.2)).done
+    # No queue.close(): the LISTEN connection goes back to the pool by itself when idle.
+    await asyncio.wait_for(pool.close(), timeout=10)

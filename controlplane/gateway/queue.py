@@ -30,7 +30,7 @@ from superagent_shared.ids import new_id
 COMMANDS_CHANNEL = "superagent_commands"  # payload: device id with new work
 DONE_CHANNEL = "superagent_command_done"  # payload: command id that reached a final state
 TERMINAL = frozenset({"finished", "failed", "cancelled", "expired", "refused"})
-_MERGE_BYTES = 1 << 20  # consecutive chunks are stored as rows of up to 1 MiB
+_LISTENER_IDLE = 1.0  # seconds without waiters before the LISTEN connection is returned
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,7 @@ class CommandQueue:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._listener: Any = None  # a pool connection held for LISTEN
         self._listener_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- the worker's API ----------------------------------------------------------------
 
@@ -220,6 +221,10 @@ class CommandQueue:
                 waiters.discard(done)
                 if not waiters:
                     del self._waiters[command_id]
+            if not self._waiters:
+                # Keep the LISTEN connection through bursts, give it back when idle, so
+                # closing the pool never waits on it for long.
+                asyncio.get_running_loop().call_later(_LISTENER_IDLE, self._release_if_idle)
 
     def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
         for event in self._waiters.get(str(payload), ()):
@@ -242,8 +247,14 @@ class CommandQueue:
                 return  # waiters fall back to polling until the next attempt
             self._listener = listener
 
+    def _release_if_idle(self) -> None:
+        if not self._waiters and self._listener is not None:
+            task = asyncio.get_running_loop().create_task(self.close())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
     async def close(self) -> None:
-        """Give back the LISTEN connection; call before closing the pool."""
+        """Give back the LISTEN connection (also done by itself after a second idle)."""
         async with self._listener_lock:
             if self._listener is not None:
                 with contextlib.suppress(Exception):

@@ -23,7 +23,11 @@ daemon is alive:
 
 The spec carries the child's full environment and is passed on stdin, never on disk or in
 argv, because later releases put brokered credentials there. Standard library only: this
-starts once per command and must start fast.
+starts once per command and must start fast: the daemon runs it as ``python -I -S`` (no
+site-packages, no ``.pth`` processing, no environment variables) with only the directory
+holding the ``endpointd`` package appended to ``sys.path`` (see ``executor.start_exec``), so
+it imports nothing but the standard library, :mod:`endpointd.spoolformat` and
+:mod:`endpointd.fsutil`. ``python -m endpointd._supervise SPOOL_DIR`` works the same.
 """
 
 from __future__ import annotations
@@ -37,21 +41,24 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-from types import FrameType
-from typing import Any
 
 from endpointd.fsutil import atomic_write
-from endpointd.spool import (
+from endpointd.spoolformat import (
     CANCEL_FILE,
     CHILD_PID_FILE,
+    STATUS_FILE,
     STDIN_FILE,
     STREAM_STDERR,
     STREAM_STDOUT,
     SUPERVISOR_PID_FILE,
-    ExitStatus,
     SpoolWriter,
 )
+
+# Not `typing.TYPE_CHECKING`: importing typing alone costs milliseconds on every command.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import Any
 
 # After the main child exits, how long to keep reading pipes that something outside the
 # process group still holds open before giving up on the rest of the output.
@@ -85,7 +92,36 @@ def _group_exists(pgid: int) -> bool:
     return True
 
 
-def _spawn_error(exc: OSError, argv: list[str], cwd: str | None) -> ExitStatus:
+def exit_status(
+    exit_code: int,
+    *,
+    signal: int = 0,
+    error: str = "",
+    timed_out: bool = False,
+    cancelled: bool = False,
+    total_output_bytes: int = 0,
+    started_at: float = 0.0,
+    finished_at: float = 0.0,
+) -> dict[str, Any]:
+    """The content of ``status.json``: the fields of ``endpointd.spool.ExitStatus``."""
+    return {
+        "exit_code": exit_code,
+        "signal": signal,
+        "error": error,
+        "timed_out": timed_out,
+        "cancelled": cancelled,
+        "total_output_bytes": total_output_bytes,
+        "started_at": started_at,
+        "finished_at": finished_at,
+    }
+
+
+def write_status(directory: str, status: dict[str, Any]) -> None:
+    """Atomically and durably: its presence is what tells the daemon the command ended."""
+    atomic_write(os.path.join(directory, STATUS_FILE), json.dumps(status).encode(), mode=0o600)
+
+
+def _spawn_error(exc: OSError, argv: list[str], cwd: str | None) -> dict[str, Any]:
     now = time.time()
     if cwd is not None and exc.filename == cwd:
         error = f"working directory {cwd} cannot be used: {exc.strerror}"
@@ -96,7 +132,7 @@ def _spawn_error(exc: OSError, argv: list[str], cwd: str | None) -> ExitStatus:
         error, code = f"permission denied executing {argv[0]}", 126
     else:
         error, code = f"cannot execute {argv[0]}: {exc.strerror or exc}", 126
-    return ExitStatus(exit_code=code, error=error, started_at=now, finished_at=now)
+    return exit_status(code, error=error, started_at=now, finished_at=now)
 
 
 class _Flags:
@@ -104,7 +140,7 @@ class _Flags:
     terminate = False
 
 
-def supervise(directory: Path, spec: dict[str, Any]) -> ExitStatus:
+def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
     argv: list[str] = list(spec["argv"])
     cwd: str | None = spec.get("cwd") or None
     env: dict[str, str] = dict(spec["env"])
@@ -131,7 +167,7 @@ def supervise(directory: Path, spec: dict[str, Any]) -> ExitStatus:
     # exit wakes the loop at once instead of at the next poll.
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
 
-    stdin_path = directory / STDIN_FILE
+    stdin_path = os.path.join(directory, STDIN_FILE)
     stdin_fd = os.open(stdin_path if spec.get("stdin") else os.devnull, os.O_RDONLY)
     writer = SpoolWriter(directory)
     started = time.time()
@@ -155,9 +191,11 @@ def supervise(directory: Path, spec: dict[str, Any]) -> ExitStatus:
     finally:
         os.close(stdin_fd)
         with contextlib.suppress(FileNotFoundError):
-            stdin_path.unlink()
+            os.unlink(stdin_path)
     pgid = proc.pid
-    atomic_write(directory / CHILD_PID_FILE, str(pgid).encode(), mode=0o600, fsync=False)
+    atomic_write(
+        os.path.join(directory, CHILD_PID_FILE), str(pgid).encode(), mode=0o600, fsync=False
+    )
     assert proc.stdout is not None
     assert proc.stderr is not None
 
@@ -195,7 +233,8 @@ def supervise(directory: Path, spec: dict[str, Any]) -> ExitStatus:
                 grace = grace_default
                 if flags.cancel:
                     with contextlib.suppress(OSError, ValueError, TypeError):
-                        request = json.loads((directory / CANCEL_FILE).read_bytes())
+                        with open(os.path.join(directory, CANCEL_FILE), "rb") as f:
+                            request = json.loads(f.read())
                         grace = float(request.get("grace_seconds") or grace_default)
                 flags.cancel = flags.terminate = False
                 if not (cancelled or timed_out):
@@ -239,9 +278,9 @@ def supervise(directory: Path, spec: dict[str, Any]) -> ExitStatus:
 
     assert returncode is not None
     died_of = -returncode if returncode < 0 else 0
-    return ExitStatus(
+    return exit_status(
         # Shell convention for a signal death; `signal` is the authoritative field.
-        exit_code=128 + died_of if died_of else returncode,
+        128 + died_of if died_of else returncode,
         signal=died_of,
         timed_out=timed_out,
         cancelled=cancelled and died_of != 0,
@@ -267,9 +306,11 @@ def _reap_group(pgid: int) -> None:
 
 
 def main() -> None:
-    directory = Path(sys.argv[1])
+    directory = os.path.abspath(sys.argv[1])
     # First thing: a daemon that crashed before journaling our pid can still find us.
-    atomic_write(directory / SUPERVISOR_PID_FILE, str(os.getpid()).encode(), fsync=False)
+    atomic_write(
+        os.path.join(directory, SUPERVISOR_PID_FILE), str(os.getpid()).encode(), fsync=False
+    )
     spec = json.loads(sys.stdin.buffer.read())
     # Nothing else is read from the daemon; keep fd 0 valid but inert.
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -279,17 +320,16 @@ def main() -> None:
         status = supervise(directory, spec)
     except Exception as exc:  # recorded, so the daemon reports it instead of "unknown"
         now = time.time()
-        status = ExitStatus(
-            exit_code=-1,
-            error=f"endpointd supervisor failed: {type(exc).__name__}: {exc}",
-            started_at=now,
-            finished_at=now,
-        )
-        print(status.error, file=sys.stderr)
-    status.write(directory)
+        error = f"endpointd supervisor failed: {type(exc).__name__}: {exc}"
+        status = exit_status(-1, error=error, started_at=now, finished_at=now)
+        print(error, file=sys.stderr)
+    # The last thing before exiting: the daemon learns of the end from this process's exit
+    # (pidfd) or from this file (polling), and reads this file either way.
+    write_status(directory, status)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The entry point, for ``-m`` and for the daemon's ``-c`` bootstrap alike."""
     with contextlib.suppress(OSError):
         # The supervisor must not die of SIGPIPE on its diagnostics log.
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -298,3 +338,7 @@ if __name__ == "__main__":
     except OSError as exc:
         if exc.errno != errno.EPIPE:
             raise
+
+
+if __name__ == "__main__":
+    run()

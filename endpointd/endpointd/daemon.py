@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import heapq
 import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -59,6 +60,9 @@ from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
 log = logging.getLogger(__name__)
 
 UNKNOWN_OUTCOME = "endpointd restarted while the command was running; outcome unknown"
+# Output of running execs is polled at this interval. Their end is an event where the OS
+# offers one (a pidfd on each supervisor, Linux >= 5.3) and this poll otherwise, which also
+# stays on as the safety net.
 MONITOR_INTERVAL = 0.05
 ACK_FLUSH_INTERVAL = 1.0
 PRUNE_INTERVAL = 3600.0
@@ -167,6 +171,8 @@ class Daemon:
         # Supervisors that recorded their status but had not exited when we looked; polled
         # until reaped so they never linger as zombies.
         self._exiting: list[subprocess.Popen[bytes]] = []
+        # command id -> pidfd of its supervisor, registered with the event loop.
+        self._pidfds: dict[str, int] = {}
         self.wake = asyncio.Event()
         self.control: asyncio.Queue[pb.DeviceMessage] | None = None
         self._start_heap: list[tuple[int, str]] = []
@@ -227,6 +233,7 @@ class Daemon:
             self._finish_unknown(active)
             return
         active.started_mono = time.monotonic()
+        self._watch_exit(active)
         log.info(
             "re-attached to running command %s (supervisor pid %d)", active.command_id, active.pid
         )
@@ -446,6 +453,7 @@ class Daemon:
             )
             self.children[active.command_id] = proc
             active.pid = proc.pid
+            self._watch_exit(active)
             self.journal.set_pid(active.command_id, proc.pid)
             log.info(
                 "started %s: %s (supervisor pid %d)",
@@ -529,7 +537,47 @@ class Daemon:
             total=total,
         )
 
+    def _watch_exit(self, active: Active) -> None:
+        """Learn of the supervisor's exit the moment it happens (it writes status.json first).
+
+        Without pidfds (not Linux, kernel < 5.3, no running loop) the monitor's poll does it.
+        """
+        if active.pid is None or active.command_id in self._pidfds:
+            return
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        try:
+            fd = pidfd_open(active.pid)
+        except OSError:
+            return  # already gone (the poll finds out), or not supported here
+        try:
+            loop.add_reader(fd, self._on_supervisor_exit, active.command_id)
+        except (OSError, ValueError, NotImplementedError):
+            os.close(fd)
+            return
+        self._pidfds[active.command_id] = fd
+
+    def _unwatch_exit(self, command_id: str) -> None:
+        fd = self._pidfds.pop(command_id, None)
+        if fd is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().remove_reader(fd)
+        os.close(fd)
+
+    def _on_supervisor_exit(self, command_id: str) -> None:
+        self._unwatch_exit(command_id)
+        active = self.commands.get(command_id)
+        if active is not None:
+            self._check_exec(active)
+
     def _release_child(self, active: Active) -> None:
+        self._unwatch_exit(active.command_id)
         proc = self.children.pop(active.command_id, None)
         if proc is not None and proc.poll() is None:
             self._exiting.append(proc)
@@ -585,28 +633,32 @@ class Daemon:
     def check_running(self) -> None:
         self._exiting = [p for p in self._exiting if p.poll() is None]
         for active in list(self.commands.values()):
-            if active.state != "running" or active.kind != "exec" or active.local_task:
-                continue
-            status = ExitStatus.read(active.spool)
+            self._check_exec(active)
+
+    def _check_exec(self, active: Active) -> None:
+        """Finish a running exec whose supervisor is done; notice new output otherwise."""
+        if active.state != "running" or active.kind != "exec" or active.local_task:
+            return
+        status = ExitStatus.read(active.spool)
+        if status is not None:
+            self._finish_exec(active, status)
+            return
+        proc = self.children.get(active.command_id)
+        if proc is not None:
+            alive = proc.poll() is None  # also reaps our own exited supervisors
+        else:
+            alive = active.pid is not None and pid_alive(active.pid)
+        if not alive:
+            status = ExitStatus.read(active.spool)  # it may have written just before exit
             if status is not None:
                 self._finish_exec(active, status)
-                continue
-            proc = self.children.get(active.command_id)
-            if proc is not None:
-                alive = proc.poll() is None  # also reaps our own exited supervisors
             else:
-                alive = active.pid is not None and pid_alive(active.pid)
-            if not alive:
-                status = ExitStatus.read(active.spool)  # it may have written just before exit
-                if status is not None:
-                    self._finish_exec(active, status)
-                else:
-                    self._finish_unknown(active)
-                continue
-            size = (active.reader or self._reader(active)).size_hint()
-            if size != active.last_size:
-                active.last_size = size
-                self.wake.set()
+                self._finish_unknown(active)
+            return
+        size = (active.reader or self._reader(active)).size_hint()
+        if size != active.last_size:
+            active.last_size = size
+            self.wake.set()
 
     def flush_acks(self) -> None:
         # Acked offsets are an optimisation (less to resend), so they are written lazily.
@@ -695,6 +747,8 @@ class Daemon:
             self.status.update(commands=running)
 
     def close(self) -> None:
+        for command_id in list(self._pidfds):
+            self._unwatch_exit(command_id)
         self.flush_acks()
         for active in self.commands.values():
             if active.reader is not None:

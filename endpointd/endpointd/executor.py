@@ -1,8 +1,8 @@
 """Starting exec commands under their supervisor, cancelling them, and checking on them.
 
-The daemon never runs a command as its own child: it starts ``python -m
-endpointd._supervise`` in a new session and hands it the spec on stdin (see that module for
-why). Everything here is about that hand-off and about the supervisor's pid, which is all a
+The daemon never runs a command as its own child: it starts the supervisor
+(``endpointd._supervise``) in a new session and hands it the spec on stdin (see that module
+for why). Everything here is about that hand-off and about the supervisor's pid, which is all a
 daemon - this one or a restarted one - needs to cancel a command or to notice that its
 supervisor died without recording an outcome.
 
@@ -27,6 +27,23 @@ from endpointd.spool import CANCEL_FILE, STDIN_FILE, SUPERVISOR_LOG
 from superagent_proto.v1 import endpoint_pb2
 
 DEFAULT_CANCEL_GRACE_SECONDS = 10
+
+# The directory holding the `endpointd` package (site-packages for a wheel, the source tree
+# for an editable install): the only entry the supervisor adds to the bare interpreter's
+# sys.path. Appended, so it can never shadow a standard-library module.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# -I: no PYTHON* variables, no user site, no script/cwd directory on sys.path; -S: no
+# site-packages and no .pth processing. Together they halve the supervisor's start-up cost,
+# which every command pays. argv[1] (the package root) is popped before the supervisor runs,
+# so it sees the same argv as `python -m endpointd._supervise SPOOL_DIR`.
+_BOOTSTRAP = (
+    "import sys; sys.path.append(sys.argv.pop(1)); import endpointd._supervise as s; s.run()"
+)
+
+
+def supervisor_argv(spool: Path) -> list[str]:
+    """How the daemon starts a supervisor: a bare interpreter that imports only endpointd."""
+    return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _PACKAGE_ROOT, str(spool)]
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,7 @@ def start_exec(
     log_fd = os.open(spool / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "endpointd._supervise", str(spool)],
+            supervisor_argv(spool),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=log_fd,

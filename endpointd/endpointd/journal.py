@@ -2,7 +2,12 @@
 
 A command is written here (and committed with a full fsync) BEFORE the daemon acts on it,
 so whatever happens next - a dropped stream, a redelivery, a daemon crash, a power cut -
-the next daemon knows the command exists and in which state. Schema (one table)::
+the next daemon knows the command exists and in which state. State changes (journaled on
+receipt, ``running`` before it is started, the result) are committed with
+``synchronous=FULL``; bookkeeping whose loss in a power cut costs at most a resend (the
+supervisor pid, acked offsets, compaction of acknowledged rows) is committed with
+``synchronous=NORMAL``: in WAL mode that survives a crash of the process, and becomes
+durable with the next FULL commit or checkpoint. Schema (one table)::
 
     commands(
       command_id   TEXT PRIMARY KEY,  -- the idempotency key
@@ -117,6 +122,14 @@ class Journal:
     def close(self) -> None:
         self._db.close()
 
+    def _relaxed(self, sql: str, params: tuple[object, ...]) -> sqlite3.Cursor:
+        """One statement committed without waiting for fsync (crash-safe, not power-safe)."""
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return self._db.execute(sql, params)
+        finally:
+            self._db.execute("PRAGMA synchronous=FULL")
+
     def get(self, command_id: str) -> Entry | None:
         row = self._db.execute(
             f"SELECT {_COLUMNS} FROM commands WHERE command_id = ?",
@@ -167,9 +180,11 @@ class Journal:
         )
 
     def set_pid(self, command_id: str, pid: int) -> None:
-        self._db.execute("UPDATE commands SET pid = ? WHERE command_id = ?", (pid, command_id))
+        # Not durable: after a power cut no pid means anything; after a crash, WAL has it.
+        self._relaxed("UPDATE commands SET pid = ? WHERE command_id = ?", (pid, command_id))
 
     def finish(self, command_id: str, result: bytes) -> None:
+        # Durable: with the result journaled, a lost `acked` (below) costs only a resend.
         self._db.execute(
             "UPDATE commands SET state = 'finished', result = ?, finished_at = ?"
             " WHERE command_id = ? AND state <> 'acked'",
@@ -177,13 +192,17 @@ class Journal:
         )
 
     def set_acked_offset(self, command_id: str, offset: int) -> None:
-        self._db.execute(
+        self._relaxed(
             "UPDATE commands SET acked_offset = ? WHERE command_id = ?", (offset, command_id)
         )
 
     def mark_acked(self, command_id: str, offset: int) -> None:
-        """Compact a command the server has durably: keep only what dedupe needs."""
-        self._db.execute(
+        """Compact a command the server has durably: keep only what dedupe needs.
+
+        Not fsync'd: if a power cut loses this, the row is still active and its result is
+        sent again, which the server ignores.
+        """
+        self._relaxed(
             "UPDATE commands SET state = 'acked', body = NULL, acked_offset = ?, acked_at = ?,"
             " pid = NULL WHERE command_id = ?",
             (offset, time.time(), command_id),

@@ -30,28 +30,52 @@ import json
 import os
 import re
 import shutil
-import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from endpointd.fsutil import atomic_write
 
-STREAM_STDOUT = 1
-STREAM_STDERR = 2
-STREAM_DATA = 3
+# The format and its writer live in a module light enough for the supervisor to import.
+from endpointd.spoolformat import (
+    CANCEL_FILE,
+    CHILD_PID_FILE,
+    HEADER,
+    MAX_RECORD,
+    OUTPUT_FILE,
+    STATUS_FILE,
+    STDIN_FILE,
+    STREAM_DATA,
+    STREAM_STDERR,
+    STREAM_STDOUT,
+    SUPERVISOR_LOG,
+    SUPERVISOR_PID_FILE,
+    SpoolWriter,
+)
 
-_HEADER = struct.Struct(">BI")
-# Bounded records keep any single read small; the reader merges adjacent records of the same
-# stream into chunks of up to MAX_OUTPUT_CHUNK_BYTES anyway.
-MAX_RECORD = 64 * 1024
+__all__ = [
+    "CANCEL_FILE",
+    "CHILD_PID_FILE",
+    "HEADER",
+    "MAX_RECORD",
+    "OUTPUT_FILE",
+    "STATUS_FILE",
+    "STDIN_FILE",
+    "STREAM_DATA",
+    "STREAM_STDERR",
+    "STREAM_STDOUT",
+    "SUPERVISOR_LOG",
+    "SUPERVISOR_PID_FILE",
+    "ExitStatus",
+    "SpoolReader",
+    "SpoolWriter",
+    "output_total",
+    "read_all",
+    "read_pid",
+    "remove_spool",
+    "spool_dir",
+]
 
-OUTPUT_FILE = "output"
-STATUS_FILE = "status.json"
-CANCEL_FILE = "cancel"
-STDIN_FILE = "stdin"
-CHILD_PID_FILE = "child.pid"
-SUPERVISOR_PID_FILE = "supervisor.pid"
-SUPERVISOR_LOG = "supervisor.log"
+_HEADER = HEADER
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -92,33 +116,6 @@ class ExitStatus:
         except FileNotFoundError:
             return None
         return cls(**raw)
-
-
-class SpoolWriter:
-    """Appends framed records to ``output``; one writer per command."""
-
-    def __init__(self, directory: Path) -> None:
-        # O_APPEND: even if a stray second writer existed, records would not interleave
-        # inside each other (each record is one write() call).
-        self._fd = os.open(directory / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.total = 0
-
-    def append(self, stream: int, data: bytes) -> None:
-        for start in range(0, len(data), MAX_RECORD):
-            piece = data[start : start + MAX_RECORD]
-            record = _HEADER.pack(stream, len(piece)) + piece
-            view = memoryview(record)
-            while view:
-                view = view[os.write(self._fd, view) :]
-            self.total += len(piece)
-
-    def close(self, *, fsync: bool = True) -> None:
-        if self._fd < 0:
-            return
-        if fsync:
-            os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
 
 
 class SpoolReader:
