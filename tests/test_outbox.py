@@ -20,7 +20,14 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.effects import ClaimedEffect, Handlers, Postpone, enqueue, enqueue_in
+from controlplane.effects import (
+    ClaimedEffect,
+    Handlers,
+    Postpone,
+    enqueue,
+    enqueue_in,
+    enqueue_many,
+)
 from controlplane.effects.runner import EffectRunner
 from controlplane.settings import EffectsSettings
 from tests.conftest import REPO
@@ -333,3 +340,28 @@ async def test_runner_killed_mid_execution_leaves_the_effect_for_another(
     async with running(database_url, {"block": block}, poll_interval=0.2):
         await assert_eventually(lambda: finished == [2], timeout=15)
         await assert_eventually(lambda: _is_zero(count_rows(database_url)))
+
+
+async def test_enqueue_many_upserts_in_one_round_trip(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    seen: collections.Counter[tuple[str, int]] = collections.Counter()
+
+    async def record(effect: ClaimedEffect) -> None:
+        seen[(effect.key, effect.payload["v"])] += 1
+
+    conn = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        async with conn.transaction():
+            refs = await enqueue_many(
+                conn,
+                [("many", "a", {"v": 1}), ("many", "b", {"v": 1}), ("many", "a", {"v": 2})],
+            )
+        assert refs[0].id == refs[2].id  # the same effect, written once
+        assert {ref.id[:4] for ref in refs} == {"eff_"}
+        async with running(database_url, {"many": record}):
+            await assert_eventually(lambda: sum(seen.values()) == 2)
+            await assert_eventually(lambda: _is_zero(count_rows(database_url)))
+    finally:
+        await conn.close()
+    assert seen == {("a", 2): 1, ("b", 1): 1}

@@ -6,7 +6,13 @@ handlers, and deletes each one only if its generation still matches (DESIGN.md Â
 """
 
 from controlplane.effects.handlers import ClaimedEffect, Handler, Handlers, Postpone
-from controlplane.effects.outbox import NOTIFY_CHANNEL, EffectRef, enqueue, enqueue_in
+from controlplane.effects.outbox import (
+    NOTIFY_CHANNEL,
+    EffectRef,
+    enqueue,
+    enqueue_in,
+    enqueue_many,
+)
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -17,4 +23,5 @@ __all__ = [
     "Postpone",
     "enqueue",
     "enqueue_in",
+    "enqueue_many",
 ]

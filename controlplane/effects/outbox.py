@@ -8,10 +8,8 @@ execution finishes, never beside it.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,7 +19,7 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from superagent_shared.ids import ALPHABET, RANDOM_LENGTH, new_id
+from superagent_shared.ids import new_id, new_ids
 
 NOTIFY_CHANNEL = "superagent_effects"
 
@@ -69,18 +67,6 @@ SELECT up.id, up.kind, up.key, up.generation FROM up, wake
 """
 
 
-# Base32 digits in RFC 4648 order, mapped onto our alphabet (same size, so still uniform).
-_TO_ALPHABET = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", ALPHABET)
-
-
-def _new_effect_ids(count: int) -> list[str]:
-    """``new_id("eff")`` ``count`` times, in C instead of one ``secrets.choice`` per char."""
-    chars = count * RANDOM_LENGTH
-    digits = base64.b32encode(secrets.token_bytes(5 * -(-chars // 8))).decode()
-    digits = digits.translate(_TO_ALPHABET)
-    return ["eff_" + digits[i : i + RANDOM_LENGTH] for i in range(0, chars, RANDOM_LENGTH)]
-
-
 @dataclass(frozen=True, slots=True)
 class EffectRef:
     id: str
@@ -121,10 +107,10 @@ async def enqueue_many(
         latest[(kind, key)] = payload
     if not latest:
         return []
-    pairs = list(latest)
+    pairs = sorted(latest)  # one lock order for every caller: no deadlock between batches
     rows = await conn.fetch(
         _ENQUEUE_MANY,
-        _new_effect_ids(len(pairs)),
+        new_ids("eff", len(pairs)),
         [kind for kind, _ in pairs],
         [key for _, key in pairs],
         [json.dumps(latest[pair]) for pair in pairs],

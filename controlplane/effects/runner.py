@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 import asyncpg
 
 from controlplane import backoff
+from controlplane.db import pool as db_pool
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Postpone
 from controlplane.effects.outbox import NOTIFY_CHANNEL
 from controlplane.services import Service, critical_loop, sleep_unless
@@ -91,13 +91,16 @@ _LAST_ERROR_LIMIT = 4000
 
 
 # Every runner statement is a short walk over an index: the ready index in order for a
-# claim, the primary key for the rest. The planner must not pick anything else, whatever
-# its statistics say. They are stale exactly when it matters: an outbox idles near empty
-# and then a burst lands (autoanalyze catches up only a minute later), and the prepared
-# claim then goes generic. With stale statistics it sorted the whole backlog for every
-# claim, or hash-joined a full scan of it: 1,000 effects/s or fewer instead of ~20,000.
-# Disabling the alternatives only penalises them, so nothing can fail to plan.
+# claim, the primary key for the rest, whatever the statistics say. They are wrong exactly
+# when it matters: an outbox idles near empty, then a burst lands, and autoanalyze catches
+# up only a minute later. Meanwhile a claim sorted the whole backlog (stale statistics), or
+# its prepared statement, gone generic while the table was empty, joined by a full scan
+# of it: 0.6 to 2.7 thousand effects/s instead of 15 to 20 (bench/RESULTS.md). So: plan each
+# execution for the table as it is now (planning costs ~0.2 ms), and penalise every plan
+# shape but index scans and nested loops (a penalty, not a ban: nothing fails to plan).
+# Session settings of the runner's own pool; a pool passed in should set them too.
 _PLAN_SETTINGS = {
+    "plan_cache_mode": "force_custom_plan",
     "enable_seqscan": "off",
     "enable_bitmapscan": "off",
     "enable_sort": "off",
@@ -106,20 +109,9 @@ _PLAN_SETTINGS = {
 }
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-
-
 async def create_pool(dsn: str, *, size: int = 4) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(
-        dsn,
-        min_size=1,
-        max_size=size,
-        init=_init_connection,
-        server_settings={"idle_in_transaction_session_timeout": "60000", **_PLAN_SETTINGS},
-    )
-    assert pool is not None
-    return pool
+    """The runner's pool, with the planner settings above."""
+    return await db_pool.create_pool(dsn, size=size, server_settings=_PLAN_SETTINGS)
 
 
 def runner_id() -> str:

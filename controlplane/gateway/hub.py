@@ -53,15 +53,19 @@ class DeviceHub(Service):
         self._notify(f"connected:{stream.device_id}:{stream.stream_id}")
 
     async def unregister(self, stream: DeviceStream) -> None:
-        if self.streams.get(stream.device_id) is stream:
+        """Forget ``stream``; also for one that ended mid-handshake, before :meth:`register`."""
+        current = self.streams.get(stream.device_id)
+        if current is not None and current is not stream:
+            return  # a newer stream of the device is held here
+        if current is stream:
             del self.streams[stream.device_id]
-            with contextlib.suppress(Exception):
-                await self.queue.pool.execute(
-                    "UPDATE devices SET connected_replica = NULL, last_seen_at = now() "
-                    "WHERE id = $1 AND connected_replica = $2",
-                    stream.device_id,
-                    self.replica_id,
-                )
+        with contextlib.suppress(Exception):
+            await self.queue.pool.execute(
+                "UPDATE devices SET connected_replica = NULL, last_seen_at = now() "
+                "WHERE id = $1 AND connected_replica = $2",
+                stream.device_id,
+                self.replica_id,
+            )
 
     def touch(self, device_id: str) -> None:
         self._touched.add(device_id)

@@ -4,9 +4,11 @@ Order of business on a new stream: send a Challenge; require a signed Hello with
 ``HELLO_TIMEOUT``; register with the hub (which closes any older stream of the device);
 acknowledge what the device says it holds, so it resumes from the right offsets; then run
 four loops until one ends: read device messages, write server messages (one writer, since
-gRPC writes must not overlap), deliver queued commands, and send heartbeats while watching
-for silence. Memory per stream is bounded: output is buffered up to ``MAX_BUFFERED`` bytes
-before the reader waits for the store to catch up.
+gRPC writes must not overlap), deliver queued commands, and store output; a timer sends
+heartbeats and watches for silence. Memory per stream is bounded: output is buffered up to
+``MAX_BUFFERED`` bytes before the reader waits for the store to catch up. An idle stream is
+kept small (a replica holds thousands): two tasks wait on cheap signals rather than
+``asyncio.Event``s and a ``Queue``, which allocate about 1 KiB and 3 KiB each.
 """
 
 from __future__ import annotations
@@ -38,6 +40,42 @@ HELLO_TIMEOUT = 10.0
 MAX_BUFFERED = 4 << 20
 _FLUSH_BYTES = 1 << 20
 SILENCE_FACTOR = 3  # heartbeats that may be missed before the stream counts as dead
+
+
+class _Signal:
+    """A set/clear flag to wait on, like ``asyncio.Event`` without its eager waiter deque."""
+
+    __slots__ = ("_flag", "_waiters")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    async def wait(self) -> None:
+        if self._flag:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)
 
 
 class StreamClosed(Exception):
@@ -80,18 +118,21 @@ class DeviceStream:
         self.heartbeat_seconds = heartbeat_seconds
         self.device_id = ""
         self.stream_id = os.urandom(6).hex()
-        self.wake = asyncio.Event()
-        self.closed = asyncio.Event()
+        self.wake = _Signal()
+        self.closed = _Signal()
         self.close_reason: StreamClosed | None = None
-        self._outbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
+        self._failure: BaseException | None = None  # why a loop ended the stream
+        self._outbox: list[pb.ServerMessage] = []
+        self._outbox_ready = _Signal()
         self._sent: set[str] = set()
         self._device_holds: set[str] = set()
         self._buffers: dict[str, _Buffer] = {}
         self._buffered = 0
-        self._flush_wanted = asyncio.Event()
+        self._flush_wanted = _Signal()
         self._flush_lock = asyncio.Lock()  # chunks must reach the store in offset order
-        self._drained = asyncio.Event()
+        self._drained = _Signal()
         self._drained.set()
+        self._heartbeat: asyncio.TimerHandle | None = None
         self._pending_results: dict[str, _Result] = {}
         self._last_received = time.monotonic()
         self._heartbeat_seq = 0
@@ -110,6 +151,12 @@ class DeviceStream:
             await self._handshake()
         except StreamClosed as closed:
             await self.context.abort(closed.code, closed.message)
+        except BaseException:
+            # The device went away mid-handshake (its RPC was cancelled) after the handshake
+            # had marked it connected here; no other unregister would undo that.
+            if self.device_id:
+                await asyncio.shield(self.hub.unregister(self))
+            raise
         self.hub.register(self)
         try:
             tasks = [
@@ -117,19 +164,20 @@ class DeviceStream:
                 asyncio.create_task(self._write_loop(), name=f"{self.device_id}:write"),
                 asyncio.create_task(self._deliver_loop(), name=f"{self.device_id}:deliver"),
                 asyncio.create_task(self._flush_loop(), name=f"{self.device_id}:flush"),
-                asyncio.create_task(self._heartbeat_loop(), name=f"{self.device_id}:heartbeat"),
-                asyncio.create_task(self.closed.wait(), name=f"{self.device_id}:closed"),
             ]
+            for task in tasks:
+                task.add_done_callback(self._loop_ended)
+            self._schedule_heartbeat()
             try:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                await self.closed.wait()  # close(), or a loop ended (_loop_ended)
             finally:
+                if self._heartbeat is not None:
+                    self._heartbeat.cancel()
                 for task in tasks:
+                    task.remove_done_callback(self._loop_ended)
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            failure: BaseException | None = None
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    failure = task.exception()
+            failure = self._failure
             # What was already received is stored before the stream goes away.
             with contextlib.suppress(Exception):
                 await self._flush()
@@ -142,6 +190,16 @@ class DeviceStream:
             await self.hub.unregister(self)
         if self.close_reason is not None:
             await self.context.abort(self.close_reason.code, self.close_reason.message)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """Whatever ended one loop (they never return) ends the stream."""
+        if self._failure is None and not task.cancelled():
+            self._failure = task.exception()
+        self.closed.set()
+
+    def _send(self, message: pb.ServerMessage) -> None:
+        self._outbox.append(message)
+        self._outbox_ready.set()
 
     # -- handshake -----------------------------------------------------------------------
 
@@ -207,7 +265,7 @@ class DeviceStream:
         progress = await self.queue.progress(self.device_id, held)
         for item in hello.in_flight:
             size, final = progress.get(item.command_id, (0, True))
-            self._outbox.put_nowait(
+            self._send(
                 pb.ServerMessage(
                     ack=pb.Ack(command_id=item.command_id, acked_output_offset=size, finished=final)
                 )
@@ -218,8 +276,12 @@ class DeviceStream:
 
     async def _write_loop(self) -> None:
         while True:
-            message = await self._outbox.get()
-            await self.context.write(message)
+            while not self._outbox:
+                self._outbox_ready.clear()
+                await self._outbox_ready.wait()
+            batch, self._outbox = self._outbox, []
+            for message in batch:
+                await self.context.write(message)
 
     async def _read_loop(self) -> None:
         while True:
@@ -268,7 +330,7 @@ class DeviceStream:
             for command in await self.queue.pending(self.device_id):
                 if command.id in self._sent or command.id in self._device_holds:
                     continue
-                self._outbox.put_nowait(
+                self._send(
                     wire.command_message(
                         command_id=command.id,
                         seq=command.seq,
@@ -282,16 +344,22 @@ class DeviceStream:
             if fresh:
                 await self.queue.mark_delivered(fresh)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_seconds)
+    def _schedule_heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._heartbeat = loop.call_later(self.heartbeat_seconds, self._on_heartbeat_timer)
+
+    def _on_heartbeat_timer(self) -> None:
+        """Every interval: end a silent stream, else send a heartbeat (a timer, not a task)."""
+        if self.closed.is_set():
+            return
+        try:
             silent = time.monotonic() - self._last_received
             if silent > SILENCE_FACTOR * self.heartbeat_seconds:
                 raise StreamClosed(
                     grpc.StatusCode.UNAVAILABLE, f"no message from the device for {silent:.0f} s"
                 )
             self._heartbeat_seq += 1
-            self._outbox.put_nowait(
+            self._send(
                 pb.ServerMessage(
                     heartbeat=pb.Heartbeat(
                         seq=self._heartbeat_seq,
@@ -300,6 +368,11 @@ class DeviceStream:
                     )
                 )
             )
+            self._schedule_heartbeat()
+        except Exception as exc:  # ends the stream as a failed loop would
+            if self._failure is None:
+                self._failure = exc
+            self.closed.set()
 
     # -- output and results --------------------------------------------------------------
 
@@ -349,23 +422,24 @@ class DeviceStream:
         self._drained.set()
 
     async def _on_finished(self, finished: pb.Finished) -> None:
-        if finished.command_id in self._buffers:
-            await self._flush()
         error = finished.error or None
         if finished.timed_out and not error:
             error = "timed out"
-        await self._complete(
-            finished.command_id,
-            _Result(
-                state="failed" if error else "finished",
-                exit_code=finished.exit_code,
-                signal=finished.signal,
-                error=error,
-                timed_out=finished.timed_out,
-                output_truncated=finished.output_truncated,
-                total_output_bytes=finished.total_output_bytes,
-            ),
+        result = _Result(
+            state="failed" if error else "finished",
+            exit_code=finished.exit_code,
+            signal=finished.signal,
+            error=error,
+            timed_out=finished.timed_out,
+            output_truncated=finished.output_truncated,
+            total_output_bytes=finished.total_output_bytes,
         )
+        # Under the flush lock: the output received before this Finished may be on its way
+        # to the store in the flush loop right now. Judged before that store, the result
+        # would wait for bytes that the flush loop had already acked without seeing it.
+        async with self._flush_lock:
+            await self._flush_locked()
+            await self._complete(finished.command_id, result)
 
     async def _complete(self, command_id: str, result: _Result) -> None:
         final = await self.queue.finish(
@@ -391,7 +465,7 @@ class DeviceStream:
             self._ack(command_id, progress.get(command_id, (0, False))[0], finished=False)
 
     def _ack(self, command_id: str, offset: int, *, finished: bool) -> None:
-        self._outbox.put_nowait(
+        self._send(
             pb.ServerMessage(
                 ack=pb.Ack(command_id=command_id, acked_output_offset=offset, finished=finished)
             )
