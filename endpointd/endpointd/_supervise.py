@@ -305,17 +305,8 @@ def _reap_group(pgid: int) -> None:
         time.sleep(0.01)
 
 
-def main() -> None:
-    directory = os.path.abspath(sys.argv[1])
-    # First thing: a daemon that crashed before journaling our pid can still find us.
-    atomic_write(
-        os.path.join(directory, SUPERVISOR_PID_FILE), str(os.getpid()).encode(), fsync=False
-    )
-    spec = json.loads(sys.stdin.buffer.read())
-    # Nothing else is read from the daemon; keep fd 0 valid but inert.
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
+def run_spec(directory: str, spec: dict[str, Any]) -> None:
+    """Supervise ``spec`` and record the outcome; shared by both ways a supervisor starts."""
     try:
         status = supervise(directory, spec)
     except Exception as exc:  # recorded, so the daemon reports it instead of "unknown"
@@ -328,13 +319,35 @@ def main() -> None:
     write_status(directory, status)
 
 
+def main() -> None:
+    directory = os.path.abspath(sys.argv[1])
+    # First thing: a daemon that crashed before journaling our pid can still find us.
+    atomic_write(
+        os.path.join(directory, SUPERVISOR_PID_FILE), str(os.getpid()).encode(), fsync=False
+    )
+    spec = json.loads(sys.stdin.buffer.read())
+    # Nothing else is read from the daemon; keep fd 0 valid but inert.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    run_spec(directory, spec)
+
+
 def run() -> None:
-    """The entry point, for ``-m`` and for the daemon's ``-c`` bootstrap alike."""
+    """The entry point, for ``-m`` and for the daemon's ``-c`` bootstrap alike.
+
+    ``--zygote FD`` runs the pre-forked zygote instead (:mod:`endpointd._zygote`).
+    """
     with contextlib.suppress(OSError):
         # The supervisor must not die of SIGPIPE on its diagnostics log.
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
-        main()
+        if sys.argv[1:2] == ["--zygote"]:
+            from endpointd._zygote import serve
+
+            serve(int(sys.argv[2]))
+        else:
+            main()
     except OSError as exc:
         if exc.errno != errno.EPIPE:
             raise

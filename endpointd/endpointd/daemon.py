@@ -38,7 +38,16 @@ from pathlib import Path
 from google.protobuf.duration_pb2 import Duration
 
 from endpointd.config import DeviceConfig
-from endpointd.executor import ExecLimits, pid_alive, request_cancel, start_exec
+from endpointd.executor import (
+    ExecLimits,
+    Zygote,
+    ZygoteError,
+    exec_spec,
+    pid_alive,
+    request_cancel,
+    revoke_or_adopt,
+    start_supervisor,
+)
 from endpointd.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.journal import Entry, Journal, State
 from endpointd.policy import Policy, Refusal
@@ -97,6 +106,8 @@ class Active:
     last_size: int = 0
     acked_dirty: bool = False
     local_task: bool = False  # a file op running in this daemon's thread pool
+    # Between `running` and knowing the supervisor's pid (the zygote's reply is awaited).
+    launching: bool = False
 
     @property
     def kind(self) -> str | None:
@@ -158,6 +169,7 @@ class Daemon:
         status: StatusReporter,
         limits: ExecLimits,
         default_cwd: Path,
+        use_zygote: bool | None = None,
     ) -> None:
         self.config = config
         self.state_directory = state_directory
@@ -181,6 +193,10 @@ class Daemon:
         self.clock_offset: float | None = None
         self._last_ack_flush = time.monotonic()
         self._last_prune = time.monotonic()
+        if use_zygote is None:
+            use_zygote = os.environ.get("ENDPOINTD_ZYGOTE", "1") != "0"
+        # Forks supervisors from an already-running interpreter; None: always start fresh.
+        self.zygote: Zygote | None = Zygote() if use_zygote else None
 
     # ------------------------------------------------------------------ recovery
 
@@ -402,6 +418,8 @@ class Daemon:
 
     async def starter(self) -> None:
         """Start accepted commands one at a time, lowest seq first."""
+        if self.zygote is not None:
+            self.zygote.ensure_started()
         while True:
             await self._start_ready.wait()
             self._start_ready.clear()
@@ -448,24 +466,48 @@ class Daemon:
         self._publish()
         kind = active.kind
         if kind == "exec":
-            proc = start_exec(
-                active.spool, command.exec, limits=self.limits, default_cwd=self.default_cwd
-            )
-            self.children[active.command_id] = proc
-            active.pid = proc.pid
-            self._watch_exit(active)
-            self.journal.set_pid(active.command_id, proc.pid)
-            log.info(
-                "started %s: %s (supervisor pid %d)",
-                active.command_id,
-                list(command.exec.argv),
-                proc.pid,
-            )
+            await self._start_exec(active, command.exec)
         elif kind == "cancel":
             result = self._cancel(command.cancel)
             self._finish_op(active, result, total=0)
         else:
             await self._run_file_op(active, command)
+
+    async def _start_exec(self, active: Active, ex: pb.ExecCommand) -> None:
+        active.launching = True
+        try:
+            await self._launch_exec(active, ex)
+        finally:
+            active.launching = False
+
+    async def _launch_exec(self, active: Active, ex: pb.ExecCommand) -> None:
+        spec = exec_spec(active.spool, ex, limits=self.limits, default_cwd=self.default_cwd)
+        pid: int | None = None
+        how = "fresh interpreter"
+        zygote = self.zygote
+        if zygote is not None and zygote.ready():
+            try:
+                pid = await zygote.launch(active.spool, spec)
+                how = "zygote"
+            except ZygoteError as exc:
+                log.warning("%s; starting %s without it", exc, active.command_id)
+                # The request may have reached it: make sure a late fork cannot run the
+                # command too, or adopt the fork that already did.
+                pid = revoke_or_adopt(active.spool)
+                how = "zygote (adopted)"
+        if pid is None:
+            proc = start_supervisor(active.spool, spec)
+            self.children[active.command_id] = proc
+            pid = proc.pid
+            how = "fresh interpreter"
+            if zygote is not None:
+                zygote.ensure_started()  # ready in the background, for the next command
+        active.pid = pid
+        self._watch_exit(active)
+        self.journal.set_pid(active.command_id, pid)
+        log.info(
+            "started %s: %s (supervisor pid %d, %s)", active.command_id, list(ex.argv), pid, how
+        )
 
     async def _run_file_op(self, active: Active, command: pb.Command) -> None:
         active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -553,8 +595,13 @@ class Daemon:
             return
         try:
             fd = pidfd_open(active.pid)
+        except ProcessLookupError:
+            # Already exited (a forked supervisor is not our child, so no zombie keeps its
+            # pid): it wrote status.json first, so look now rather than at the next poll.
+            loop.call_soon(self._on_supervisor_exit, active.command_id)
+            return
         except OSError:
-            return  # already gone (the poll finds out), or not supported here
+            return  # not supported here: the poll finds out
         try:
             loop.add_reader(fd, self._on_supervisor_exit, active.command_id)
         except (OSError, ValueError, NotImplementedError):
@@ -639,6 +686,8 @@ class Daemon:
         """Finish a running exec whose supervisor is done; notice new output otherwise."""
         if active.state != "running" or active.kind != "exec" or active.local_task:
             return
+        if active.launching:
+            return  # no pid yet: nothing to check
         status = ExitStatus.read(active.spool)
         if status is not None:
             self._finish_exec(active, status)
@@ -747,6 +796,8 @@ class Daemon:
             self.status.update(commands=running)
 
     def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.stop()
         for command_id in list(self._pidfds):
             self._unwatch_exit(command_id)
         self.flush_acks()

@@ -1,10 +1,11 @@
 """Starting exec commands under their supervisor, cancelling them, and checking on them.
 
-The daemon never runs a command as its own child: it starts the supervisor
-(``endpointd._supervise``) in a new session and hands it the spec on stdin (see that module
-for why). Everything here is about that hand-off and about the supervisor's pid, which is all a
-daemon - this one or a restarted one - needs to cancel a command or to notice that its
-supervisor died without recording an outcome.
+The daemon never runs a command as its own child: it has the supervisor
+(``endpointd._supervise``) forked by its zygote (``endpointd._zygote``), or starts it as a
+fresh interpreter when no zygote is available, in a new session either way, and hands it the
+spec (see those modules for why). Everything here is about that hand-off and about the
+supervisor's pid, which is all a daemon - this one or a restarted one - needs to cancel a
+command or to notice that its supervisor died without recording an outcome.
 
 A "shell string" needs nothing special: the control plane sends ``argv = ["sh", "-c",
 "..."]`` and the shell is just the program that runs.
@@ -12,21 +13,30 @@ A "shell string" needs nothing special: the control plane sends ``argv = ["sh", 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from endpointd import _zygote
 from endpointd.fsutil import atomic_write
-from endpointd.spool import CANCEL_FILE, STDIN_FILE, SUPERVISOR_LOG
+from endpointd.spool import CANCEL_FILE, STDIN_FILE, SUPERVISOR_LOG, SUPERVISOR_PID_FILE, read_pid
 from superagent_proto.v1 import endpoint_pb2
 
+log = logging.getLogger(__name__)
+
 DEFAULT_CANCEL_GRACE_SECONDS = 10
+# How long the daemon waits for the zygote to fork a supervisor before giving up on it.
+ZYGOTE_REPLY_TIMEOUT = 5.0
 
 # The directory holding the `endpointd` package (site-packages for a wheel, the source tree
 # for an editable install): the only entry the supervisor adds to the bare interpreter's
@@ -46,6 +56,11 @@ def supervisor_argv(spool: Path) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _PACKAGE_ROOT, str(spool)]
 
 
+def zygote_argv(fd: int) -> list[str]:
+    """How the daemon starts its zygote: the same bare interpreter, serving on socket ``fd``."""
+    return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _PACKAGE_ROOT, "--zygote", str(fd)]
+
+
 @dataclass(frozen=True)
 class ExecLimits:
     # The cap for every command and the value used when timeout_seconds is 0.
@@ -58,14 +73,10 @@ def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def start_exec(
-    spool: Path,
-    ex: endpoint_pb2.ExecCommand,
-    *,
-    limits: ExecLimits,
-    default_cwd: Path,
-) -> subprocess.Popen[bytes]:
-    """Start the supervisor for ``ex``; returns at once, the command runs detached."""
+def exec_spec(
+    spool: Path, ex: endpoint_pb2.ExecCommand, *, limits: ExecLimits, default_cwd: Path
+) -> dict[str, Any]:
+    """Prepare ``spool`` (and its stdin file) for ``ex``; returns the supervisor's spec."""
     spool.mkdir(parents=True, exist_ok=True, mode=0o700)
     timeout = ex.timeout_seconds or limits.max_timeout_seconds
     spec = {
@@ -78,6 +89,11 @@ def start_exec(
     }
     if ex.HasField("stdin"):
         atomic_write(spool / STDIN_FILE, ex.stdin, mode=0o600, fsync=False)
+    return spec
+
+
+def start_supervisor(spool: Path, spec: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+    """Start a fresh supervisor interpreter for ``spec``; returns at once (it runs detached)."""
     log_fd = os.open(spool / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
@@ -100,6 +116,154 @@ def start_exec(
     except BrokenPipeError:
         pass  # the supervisor died at once; the monitor reports what it recorded
     return proc
+
+
+def start_exec(
+    spool: Path,
+    ex: endpoint_pb2.ExecCommand,
+    *,
+    limits: ExecLimits,
+    default_cwd: Path,
+) -> subprocess.Popen[bytes]:
+    """Start the supervisor for ``ex`` as a fresh interpreter (no zygote)."""
+    return start_supervisor(spool, exec_spec(spool, ex, limits=limits, default_cwd=default_cwd))
+
+
+def revoke_or_adopt(spool: Path) -> int | None:
+    """After a failed zygote request: stop a late forked supervisor, or find the one that won.
+
+    Returns None if no forked supervisor can run this command any more (the caller starts a
+    fresh one), else the pid of the forked supervisor that already claimed it (see
+    :mod:`endpointd._zygote`).
+    """
+    path = spool / SUPERVISOR_PID_FILE
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return read_pid(path)
+    return None
+
+
+class ZygoteError(Exception):
+    """The zygote could not be asked, or did not answer; the command may or may not run."""
+
+
+class Zygote:
+    """The daemon's handle on its zygote (:mod:`endpointd._zygote`); asyncio only.
+
+    ``launch`` is used only once the zygote has reported ready; until then, and whenever it
+    is gone, the caller starts supervisors the old way and calls ``ensure_started`` so the
+    next command finds a zygote again.
+    """
+
+    def __init__(self, *, reply_timeout: float = ZYGOTE_REPLY_TIMEOUT) -> None:
+        self.reply_timeout = reply_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._ready = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def ensure_started(self) -> None:
+        """Start a zygote unless one runs; does not wait for it to become ready."""
+        if self._sock is not None and self.proc is not None and self.proc.poll() is None:
+            return
+        self.stop()
+        if not hasattr(os, "fork"):
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                zygote_argv(theirs.fileno()),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            ours.close()
+            log.warning("could not start the zygote", exc_info=True)
+            return
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        self._ready = False
+        log.info("zygote started (pid %d)", self.proc.pid)
+
+    def ready(self) -> bool:
+        """True if a zygote is up and has said so (checked without blocking)."""
+        sock, proc = self._sock, self.proc
+        if sock is None or proc is None or proc.poll() is not None:
+            return False
+        if not self._ready:
+            try:
+                data = sock.recv(1)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return False
+            if data != _zygote.READY:
+                self.stop()  # EOF: it died while starting
+                return False
+            self._ready = True
+        return True
+
+    async def launch(self, spool: Path, spec: Mapping[str, Any]) -> int:
+        """Have the zygote fork a supervisor; its pid. ZygoteError: see ``revoke_or_adopt``."""
+        async with self._lock:
+            sock = self._sock
+            if sock is None or not self.ready():
+                raise ZygoteError("the zygote is not running")
+            loop = asyncio.get_running_loop()
+            request = _zygote.encode({"spool": str(spool), "spec": dict(spec)})
+            try:
+                async with asyncio.timeout(self.reply_timeout):
+                    await loop.sock_sendall(sock, request)
+                    header = await _sock_recv_exactly(loop, sock, _zygote.LENGTH.size)
+                    (size,) = _zygote.LENGTH.unpack(header)
+                    reply = json.loads(await _sock_recv_exactly(loop, sock, size))
+            except (OSError, TimeoutError, ValueError, EOFError) as exc:
+                self.stop()
+                raise ZygoteError(f"the zygote failed: {type(exc).__name__}: {exc}") from exc
+            except BaseException:
+                self.stop()  # e.g. cancelled mid-request: the stream is out of step now
+                raise
+            if "pid" not in reply:
+                # It answered, so it did not fork anything that could run the command.
+                raise ZygoteError(f"the zygote could not fork: {reply.get('error')}")
+            return int(reply["pid"])
+
+    def stop(self) -> None:
+        """Close our end (the zygote exits on EOF); kill it if it lingers."""
+        sock, proc = self._sock, self.proc
+        self._sock, self.proc, self._ready = None, None, False
+        if sock is not None:
+            sock.close()
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.wait(0.5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(1)
+
+
+async def _sock_recv_exactly(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
+) -> bytes:
+    chunks = []
+    while size:
+        data = await loop.sock_recv(sock, min(size, 1 << 16))
+        if not data:
+            raise EOFError("the zygote closed the connection")
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
 
 
 def request_cancel(spool: Path, supervisor_pid: int, grace_seconds: int) -> bool:
