@@ -123,9 +123,12 @@ class DeviceHub(Service):
                     list(self.streams),
                 )
                 for row in revoked:
-                    self.streams[row["id"]].close(
-                        grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked"
-                    )
+                    # .get: the stream may have ended meanwhile (the revocation's own NOTIFY).
+                    stream = self.streams.get(row["id"])
+                    if stream is not None:
+                        stream.close(
+                            grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked"
+                        )
             now = asyncio.get_running_loop().time()
             if self._touched and now - last_touch_flush >= TOUCH_FLUSH_SECONDS:
                 # Only devices still connected here: a stream that ended must stay offline.
@@ -138,6 +141,16 @@ class DeviceHub(Service):
                     touched,
                     self.replica_id,
                 )
+                # A stream that ended during that UPDATE may have been cleared before it ran
+                # (another pool connection): clear it again, or it stays listed as held here.
+                gone = [d for d in touched if d not in self.streams]
+                if gone:
+                    await self.queue.pool.execute(
+                        "UPDATE devices SET connected_replica = NULL "
+                        "WHERE id = ANY($1::text[]) AND connected_replica = $2",
+                        gone,
+                        self.replica_id,
+                    )
 
         try:
             await critical_loop(self.name, step, self.stopping)

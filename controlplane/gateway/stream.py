@@ -133,6 +133,7 @@ class DeviceStream:
         self._drained = _Signal()
         self._drained.set()
         self._heartbeat: asyncio.TimerHandle | None = None
+        self._marked: asyncio.Future[str] | None = None  # the handshake's "connected here"
         self._pending_results: dict[str, _Result] = {}
         self._last_received = time.monotonic()
         self._heartbeat_seq = 0
@@ -155,7 +156,7 @@ class DeviceStream:
             # The device went away mid-handshake (its RPC was cancelled) after the handshake
             # had marked it connected here; no other unregister would undo that.
             if self.device_id:
-                await asyncio.shield(self.hub.unregister(self))
+                await asyncio.shield(self._unmark())
             raise
         self.hub.register(self)
         try:
@@ -178,18 +179,26 @@ class DeviceStream:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             failure = self._failure
-            # What was already received is stored before the stream goes away.
+            # What was already received is stored before the stream goes away. Shielded
+            # here and below: gRPC cancels this task when the device's cancel arrives, often
+            # while this cleanup runs, which must not be cut short.
             with contextlib.suppress(Exception):
-                await self._flush()
+                await asyncio.shield(self._flush())
             if isinstance(failure, StreamClosed):
                 self.close(failure.code, failure.message)
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
                 log.warning("stream of %s failed: %r", self.device_id, failure)
                 self.close(grpc.StatusCode.UNAVAILABLE, "gateway error; reconnect")
         finally:
-            await self.hub.unregister(self)
+            await asyncio.shield(self.hub.unregister(self))
         if self.close_reason is not None:
             await self.context.abort(self.close_reason.code, self.close_reason.message)
+
+    async def _unmark(self) -> None:
+        if self._marked is not None:
+            with contextlib.suppress(Exception):
+                await self._marked  # the mark must land before its undo
+        await self.hub.unregister(self)
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         """Whatever ended one loop (they never return) ends the stream."""
@@ -251,14 +260,19 @@ class DeviceStream:
         if device["revoked_at"] is not None:
             raise StreamClosed(grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked")
         self.device_id = hello.device_id
-        await self.queue.pool.execute(
-            "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
-            "connected_replica = $4, connected_at = now() WHERE id = $1",
-            self.device_id,
-            hello.daemon_version,
-            hello.policy_hash.hex(),
-            self.hub.replica_id,
+        # Shielded, and awaited again before any undo (run()): a cancelled RPC abandons the
+        # await, not the statement, which could otherwise land after the undo.
+        self._marked = asyncio.ensure_future(
+            self.queue.pool.execute(
+                "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
+                "connected_replica = $4, connected_at = now() WHERE id = $1",
+                self.device_id,
+                hello.daemon_version,
+                hello.policy_hash.hex(),
+                self.hub.replica_id,
+            )
         )
+        await asyncio.shield(self._marked)
         # Resume: tell the device what is durable, so it resends only what is missing.
         held = [item.command_id for item in hello.in_flight]
         self._device_holds = set(held)
