@@ -13,7 +13,6 @@ import socket
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane import __version__
 from controlplane.errors import SuperagentError
 from controlplane.gateway import pairing
 from controlplane.gateway.hub import DeviceHub
@@ -195,6 +194,3 @@ def default_public_url(settings: GrpcSettings) -> str:
     host = settings.host if settings.host not in ("0.0.0.0", "::", "") else socket.getfqdn()  # noqa: S104
     scheme = "http" if settings.tls == "off" else "https"
     return f"{scheme}://{host}:{settings.port}"
-
-
-__all__ = ["EndpointGateway", "GatewayService", "__version__", "default_public_url"]
