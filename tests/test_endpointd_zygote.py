@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -63,15 +64,30 @@ def _assert_clean_slate(pid: int, zygote_pid: int, spool: Path) -> None:
     if not sys.platform.startswith("linux"):
         return  # reads /proc
     status = _proc_status(pid)
-    # Reparented away from the zygote, in a session of its own, nothing blocked.
-    assert int(status["PPid"]) not in (zygote_pid, os.getpid())
+    # Not the daemon's child, in a session of its own, nothing blocked or ignored.
+    assert int(status["PPid"]) != os.getpid()
     assert os.getsid(pid) not in (os.getsid(0), os.getsid(zygote_pid))
     assert int(status["SigBlk"], 16) == 0
+    # SIGPIPE only (bit 12): the zygote's ignored SIGCHLD (bit 16) must not be inherited.
+    assert int(status["SigIgn"], 16) == 1 << (signal.SIGPIPE - 1)
     fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
     assert fds[0] == os.devnull
     assert fds[1] == os.devnull
     assert fds[2] == str(spool / "supervisor.log")
-    assert not [t for t in fds.values() if t.startswith("socket:")], fds
+    # Its end of the socket that tells the daemon it is done, and nothing else.
+    assert len([t for t in fds.values() if t.startswith("socket:")]) == 1, fds
+    command = int((spool / "child.pid").read_text())
+    command_fds = [
+        os.readlink(f"/proc/{command}/fd/{fd}") for fd in os.listdir(f"/proc/{command}/fd")
+    ]
+    assert not [t for t in command_fds if t.startswith("socket:")], command_fds
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
 
 
 async def test_a_forked_supervisor_runs_the_command_with_a_clean_slate(
@@ -85,13 +101,15 @@ async def test_a_forked_supervisor_runs_the_command_with_a_clean_slate(
         env={"ZY": "env-ok"},
         stdin=b"stdin-ok\n",
     )
-    pid = await zygote.launch(spool, spec)
+    pid, done = await zygote.launch(spool, spec)
     await assert_eventually(lambda: read_all(spool) == [(1, b"stdin-ok env-ok\n")])
     assert int((spool / "supervisor.pid").read_text()) == pid
     assert pid_alive(pid)  # it waits for the go-file
     _assert_clean_slate(pid, zygote.pid or 0, spool)
+    assert not _closed(done)
     go.touch()
-    await assert_eventually(lambda: ExitStatus.read(spool), timeout=15)
+    await assert_eventually(lambda: _closed(done), timeout=15)
+    # Closed once the outcome is recorded: the daemon reads it on that signal alone.
     status_file = ExitStatus.read(spool)
     assert status_file is not None
     assert status_file.exit_code == 3
@@ -106,7 +124,9 @@ async def test_a_revoked_launch_never_runs_and_a_claimed_one_is_adopted(
     revoked = tmp_path / "revoked"
     spec = _spec(revoked, ["sh", "-c", f"echo ran > {tmp_path / 'ran'}"], tmp_path)
     assert revoke_or_adopt(revoked) is None
-    pid = await zygote.launch(revoked, spec)
+    pid, done = await zygote.launch(revoked, spec)
+    await assert_eventually(lambda: _closed(done))  # it ran nothing and closed its end
+    done.close()
     await assert_eventually(lambda: not pid_alive(pid))
     assert not (tmp_path / "ran").exists()
     assert ExitStatus.read(revoked) is None
@@ -114,7 +134,8 @@ async def test_a_revoked_launch_never_runs_and_a_claimed_one_is_adopted(
 
     # The forked supervisor won: the daemon adopts it by the claimed pid.
     claimed = tmp_path / "claimed"
-    pid = await zygote.launch(claimed, _spec(claimed, ["true"], tmp_path))
+    pid, done = await zygote.launch(claimed, _spec(claimed, ["true"], tmp_path))
+    done.close()
     await assert_eventually(lambda: (claimed / "supervisor.pid").exists())
     assert revoke_or_adopt(claimed) == pid
     await assert_eventually(lambda: ExitStatus.read(claimed), timeout=15)
@@ -130,7 +151,7 @@ async def test_a_dead_zygote_is_reported_and_restarted(zygote: Zygote, tmp_path:
     await assert_eventually(zygote.ready, timeout=20)
     assert zygote.pid != old
     spool = tmp_path / "spool"
-    await zygote.launch(spool, _spec(spool, ["true"], tmp_path))
+    (await zygote.launch(spool, _spec(spool, ["true"], tmp_path)))[1].close()
     await assert_eventually(lambda: ExitStatus.read(spool), timeout=15)
 
 

@@ -8,26 +8,37 @@ unix socket ``FD`` (one end of a socketpair the daemon keeps), to fork one super
 command. The zygote lives exactly as long as that socket: when the daemon exits or dies, it
 reads EOF and exits too; a restarted daemon starts its own.
 
-Per request (``{"spool": DIR, "spec": {...}}``, the same spec the fresh supervisor reads on
-stdin) the zygote forks; the child calls ``setsid()`` (a session of its own, like
-``start_new_session``) and forks again, the grandchild becomes the supervisor and the child
-exits at once, so the supervisor is reparented away from the zygote (to init or the nearest
-subreaper): killing the zygote, or the daemon, never touches it. The child reports the
-grandchild's pid on a pipe; the zygote reaps the child and replies ``{"pid": N}`` (or
-``{"error": "..."}``). The grandchild resets what a fork inherits and an exec would not:
-signal handlers, the signal mask and the wakeup fd; every fd but 0/1/2, which become
-``/dev/null``, ``/dev/null`` and the spool's ``supervisor.log``; the working directory (the
-spool). The zygote is single-threaded, so forking it is safe.
+Forking is not cheap either (about half a millisecond per fork of even this small process on
+a VM), and neither is a request/reply round trip between two processes that must each be
+woken up. So the zygote forks *spares* ahead of time and hands them to the daemon: a spare
+has already called ``setsid()`` (a session of its own, like ``start_new_session``), reset
+what a fork inherits and an exec would not (signal handlers, the signal mask, the wakeup
+fd), pointed fds 0 and 1 at ``/dev/null`` and closed every other fd but its own end of a
+socketpair, on which it blocks. The zygote passes the other end to the daemon with the
+spare's pid (``SCM_RIGHTS``). To start a command the daemon writes the request
+(``{"spool": DIR, "spec": {...}}``, the same spec the fresh supervisor reads on stdin)
+straight to a spare it holds and asks the zygote for a replacement; no fork and no round
+trip is on a command's path. The spare, now the supervisor, points fd 2 at the spool's
+``supervisor.log`` and moves into the spool. A spare whose socket reaches EOF (the daemon
+closed it, or died) exits without running anything.
+
+Supervisors are the zygote's children: it ignores ``SIGCHLD`` so the kernel reaps them, it
+never signals them, and when it exits they are reparented (to init or the nearest
+subreaper) and run on; killing the zygote or the daemon never touches a running supervisor.
+The zygote is single-threaded, so forking it is safe.
 
 Exactly once: the forked supervisor *claims* the spool before anything else by creating
-``supervisor.pid`` with its pid, without clobbering (``link``). If the daemon gave up on the
-zygote mid-request (it died or did not answer), the daemon claims the file first (an empty
-one) and falls back to a fresh supervisor; a late forked supervisor then finds the claim
-taken and exits without running anything. If the daemon finds the claim already taken, the
-forked supervisor runs the command and the daemon adopts it by the pid in the file.
+``supervisor.pid`` with its pid, without clobbering (``link``). If handing a request to a
+spare failed part-way, the daemon claims the file first (an empty one) and falls back to a
+fresh supervisor; a spare that got the request after all then finds the claim taken and
+exits without running anything. If the daemon finds the claim already taken, the forked
+supervisor runs the command and the daemon adopts it by the pid in the file. (A spare that
+reads a truncated request sees EOF and runs nothing.)
 
-Wire format: each message is a 4-byte big-endian length, then that many bytes of JSON. The
-zygote sends a single ``R`` once it is ready, before any message.
+Wire format. Zygote to daemon: a single ``R`` once it is ready, then per spare a 4-byte
+big-endian pid carrying the daemon's end of the spare's socketpair (``SCM_RIGHTS``); pid 0
+without a socket means a fork failed. Daemon to zygote: one byte ``F`` per spare wanted.
+Daemon to spare: a 4-byte big-endian length, then that many bytes of JSON.
 """
 
 from __future__ import annotations
@@ -50,7 +61,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 READY = b"R"
+FORK = b"F"
 LENGTH = struct.Struct(">I")
+PID = struct.Struct(">I")
 MAX_MESSAGE = 64 * 1024 * 1024
 
 
@@ -70,14 +83,19 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _recv_message(sock: socket.socket) -> dict[str, Any] | None:
+def _recv_frame(sock: socket.socket) -> bytes | None:
+    """One message's JSON body, undecoded; None on EOF."""
     header = _recv_exactly(sock, LENGTH.size)
     if header is None:
         return None
     (size,) = LENGTH.unpack(header)
     if size > MAX_MESSAGE:
         raise ValueError(f"message of {size} bytes")
-    body = _recv_exactly(sock, size)
+    return _recv_exactly(sock, size)
+
+
+def _recv_message(sock: socket.socket) -> dict[str, Any] | None:
+    body = _recv_frame(sock)
     if body is None:
         return None
     message: dict[str, Any] = json.loads(body)
@@ -101,42 +119,59 @@ def claim(directory: str) -> bool:
 
 
 def _reset_signals() -> None:
-    """What a fresh interpreter would have: defaults, SIGINT -> KeyboardInterrupt, no mask."""
+    """What a fresh interpreter would have: defaults, SIGINT -> KeyboardInterrupt, no mask.
+
+    Only what Python itself installed differs from the defaults in the zygote (a bare
+    interpreter that sets no handlers from C), so only those are reset: one ``sigaction``
+    per changed signal instead of one per signal.
+    """
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         with contextlib.suppress(OSError, ValueError, RuntimeError):
-            signal.signal(sig, signal.SIG_DFL)
+            if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+                signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # As _supervise.run does: never die of SIGPIPE on the diagnostics log.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
-def _redirect_fds(directory: str) -> None:
+def _detach_fds(keep: int) -> None:
+    """Point fds 0 and 1 at /dev/null and close every other fd but ``keep`` (and 2)."""
     devnull = os.open(os.devnull, os.O_RDWR)
-    log = os.open(
-        os.path.join(directory, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-    )
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    os.dup2(log, 2)
     try:
         max_fd = os.sysconf("SC_OPEN_MAX")
     except (OSError, ValueError):
         max_fd = 65536
-    os.closerange(3, max(max_fd, 256))
+    os.closerange(3, keep)
+    os.closerange(keep + 1, max(max_fd, 256))
 
 
-def _become_supervisor(directory: str, spec: dict[str, Any], sock: socket.socket) -> None:
-    """In the grandchild: turn into a supervisor for ``spec``; never returns."""
+def _redirect_stderr(directory: str) -> None:
+    """Send fd 2 to the spool's ``supervisor.log``."""
+    log = os.open(
+        os.path.join(directory, SUPERVISOR_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+    )
+    os.dup2(log, 2)
+    os.close(log)
+
+
+def _become_supervisor(directory: str, spec: dict[str, Any], channel: socket.socket) -> None:
+    """In the spare: turn into a supervisor for ``spec``; never returns.
+
+    ``channel`` stays open until the outcome is recorded and is closed before anything
+    else: the daemon learns of the end from its EOF, without waiting for this process's exit
+    (tearing down a process takes a good part of a millisecond). Nothing the command starts
+    inherits it (it is close-on-exec, and the command's fds are closed anyway).
+    """
     code = 0
     try:
-        sock.close()
-        _reset_signals()
-        _redirect_fds(directory)
+        _redirect_stderr(directory)
         os.chdir(directory)
         if not claim(directory):
             print("endpointd: the daemon gave up on this launch; not running", file=sys.stderr)
@@ -148,68 +183,78 @@ def _become_supervisor(directory: str, spec: dict[str, Any], sock: socket.socket
             traceback.print_exc()
     finally:
         with contextlib.suppress(BaseException):
+            channel.close()
+        with contextlib.suppress(BaseException):
             sys.stderr.flush()
         os._exit(code)
 
 
-def launch(directory: str, spec: dict[str, Any], sock: socket.socket) -> int:
-    """Fork a supervisor for ``spec`` in ``directory``; returns its pid (not our child)."""
-    read_end, write_end = os.pipe()
+def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
+    """In a freshly forked spare: get ready, wait for a request, become its supervisor."""
+    code = 0
+    try:
+        daemon.close()  # the daemon's socket is the zygote's alone
+        os.setsid()
+        _reset_signals()
+        _detach_fds(keep=channel.fileno())
+        request = _recv_message(channel)
+        if request is not None:
+            _become_supervisor(os.path.abspath(request["spool"]), request["spec"], channel)
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _fork_spare(daemon: socket.socket) -> tuple[int, socket.socket]:
+    """Fork a spare; its pid and our end of its socketpair."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
     try:
-        child = os.fork()
+        pid = os.fork()
     except BaseException:
-        os.close(read_end)
-        os.close(write_end)
+        ours.close()
+        theirs.close()
         raise
-    if child == 0:
-        try:
-            os.close(read_end)
-            os.setsid()
-            grandchild = os.fork()
-            if grandchild == 0:
-                os.close(write_end)
-                _become_supervisor(directory, spec, sock)
-            os.write(write_end, str(grandchild).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    try:
-        data = b""
-        while chunk := os.read(read_end, 64):
-            data += chunk
-    finally:
-        os.close(read_end)
-        os.waitpid(child, 0)
-    if not data:
-        raise OSError("the intermediate child could not fork the supervisor")
-    return int(data)
+    if pid == 0:
+        ours.close()
+        _spare_main(theirs, daemon)
+    theirs.close()
+    return pid, ours
 
 
 def serve(fd: int) -> None:
-    """The zygote's loop: one request at a time until the daemon closes the socket."""
+    """The zygote's loop: fork spares for the daemon until it closes the socket."""
     sock = socket.socket(fileno=fd)
     sock.setblocking(True)
-    # Warm up what the supervisor would otherwise import per command.
+    # Supervisors are our children; the kernel reaps them (see the module doc).
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # Warm up what the supervisor would otherwise load per command.
     with contextlib.suppress(Exception):
-        import ctypes  # noqa: F401
+        _supervise.load_libc()
     sock.sendall(READY)
     while True:
         try:
-            request = _recv_message(sock)
-        except (OSError, ValueError):
-            return
-        if request is None:
-            return  # the daemon is gone
-        try:
-            reply: dict[str, Any] = {
-                "pid": launch(os.path.abspath(request["spool"]), request["spec"], sock)
-            }
-        except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        try:
-            sock.sendall(encode(reply))
+            wanted = sock.recv(64)
         except OSError:
             return
+        if not wanted:
+            return  # the daemon is gone
+        for _ in range(wanted.count(FORK)):
+            try:
+                pid, channel = _fork_spare(sock)
+            except OSError as exc:
+                print(f"endpointd zygote: cannot fork: {exc}", file=sys.stderr)
+                try:
+                    sock.sendall(PID.pack(0))
+                except OSError:
+                    return
+                continue
+            try:
+                socket.send_fds(sock, [PID.pack(pid)], [channel.fileno()])
+            except OSError:
+                return
+            finally:
+                channel.close()

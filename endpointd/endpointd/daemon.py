@@ -30,6 +30,7 @@ import hashlib
 import heapq
 import logging
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -108,6 +109,8 @@ class Active:
     local_task: bool = False  # a file op running in this daemon's thread pool
     # Between `running` and knowing the supervisor's pid (the zygote's reply is awaited).
     launching: bool = False
+    # A zygote-forked supervisor closes this once it has recorded the outcome (see _zygote).
+    done: socket.socket | None = None
 
     @property
     def kind(self) -> str | None:
@@ -487,7 +490,7 @@ class Daemon:
         zygote = self.zygote
         if zygote is not None and zygote.ready():
             try:
-                pid = await zygote.launch(active.spool, spec)
+                pid, active.done = await zygote.launch(active.spool, spec)
                 how = "zygote"
             except ZygoteError as exc:
                 log.warning("%s; starting %s without it", exc, active.command_id)
@@ -580,18 +583,27 @@ class Daemon:
         )
 
     def _watch_exit(self, active: Active) -> None:
-        """Learn of the supervisor's exit the moment it happens (it writes status.json first).
+        """Learn of the end the moment it happens (status.json is written first).
 
-        Without pidfds (not Linux, kernel < 5.3, no running loop) the monitor's poll does it.
+        A zygote-forked supervisor closes its ``done`` socket as soon as it has recorded the
+        outcome; any other is watched for its exit through a pidfd. Without either (not
+        Linux, kernel < 5.3, no running loop) the monitor's poll does it.
         """
         if active.pid is None or active.command_id in self._pidfds:
-            return
-        pidfd_open = getattr(os, "pidfd_open", None)
-        if pidfd_open is None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            return
+        if active.done is not None:
+            try:
+                loop.add_reader(active.done.fileno(), self._on_done_closed, active.command_id)
+                return
+            except (OSError, ValueError, NotImplementedError):
+                active.done.close()
+                active.done = None
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is None:
             return
         try:
             fd = pidfd_open(active.pid)
@@ -610,12 +622,29 @@ class Daemon:
         self._pidfds[active.command_id] = fd
 
     def _unwatch_exit(self, command_id: str) -> None:
+        active = self.commands.get(command_id)
+        if active is not None and active.done is not None:
+            with contextlib.suppress(RuntimeError, OSError, ValueError):
+                asyncio.get_running_loop().remove_reader(active.done.fileno())
+            active.done.close()
+            active.done = None
         fd = self._pidfds.pop(command_id, None)
         if fd is None:
             return
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().remove_reader(fd)
         os.close(fd)
+
+    def _on_done_closed(self, command_id: str) -> None:
+        self._unwatch_exit(command_id)
+        active = self.commands.get(command_id)
+        if active is None:
+            return
+        self._check_exec(active)
+        if active.state == "running":
+            # It closed the socket without an outcome (it found its claim taken, or died):
+            # its exit decides, through a pidfd or the poll.
+            self._watch_exit(active)
 
     def _on_supervisor_exit(self, command_id: str) -> None:
         self._unwatch_exit(command_id)
@@ -798,7 +827,7 @@ class Daemon:
     def close(self) -> None:
         if self.zygote is not None:
             self.zygote.stop()
-        for command_id in list(self._pidfds):
+        for command_id in {*self._pidfds, *self.commands}:
             self._unwatch_exit(command_id)
         self.flush_acks()
         for active in self.commands.values():

@@ -145,22 +145,33 @@ def revoke_or_adopt(spool: Path) -> int | None:
 
 
 class ZygoteError(Exception):
-    """The zygote could not be asked, or did not answer; the command may or may not run."""
+    """No spare could be had, or the request did not reach one; it may or may not run."""
+
+
+# Spares the daemon keeps in hand: one per command started back to back, a second so that a
+# burst does not wait for the zygote's next fork.
+SPARES = 2
 
 
 class Zygote:
-    """The daemon's handle on its zygote (:mod:`endpointd._zygote`); asyncio only.
+    """The daemon's handle on its zygote and the spares it forked (:mod:`endpointd._zygote`).
 
-    ``launch`` is used only once the zygote has reported ready; until then, and whenever it
-    is gone, the caller starts supervisors the old way and calls ``ensure_started`` so the
-    next command finds a zygote again.
+    asyncio only. ``launch`` is used only once the zygote has reported ready; until then,
+    and whenever it is gone, the caller starts supervisors the old way and calls
+    ``ensure_started`` so the next command finds a zygote again.
     """
 
-    def __init__(self, *, reply_timeout: float = ZYGOTE_REPLY_TIMEOUT) -> None:
+    def __init__(
+        self, *, reply_timeout: float = ZYGOTE_REPLY_TIMEOUT, spares: int = SPARES
+    ) -> None:
         self.reply_timeout = reply_timeout
+        self.wanted = spares
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ready = False
+        self._spares: list[tuple[int, socket.socket]] = []
+        self._asked = 0  # spares asked for and not yet received
+        self._failed = False  # the zygote reported a failed fork since the last launch
         self._lock = asyncio.Lock()
 
     @property
@@ -197,51 +208,98 @@ class Zygote:
 
     def ready(self) -> bool:
         """True if a zygote is up and has said so (checked without blocking)."""
-        sock, proc = self._sock, self.proc
-        if sock is None or proc is None or proc.poll() is not None:
-            return False
-        if not self._ready:
-            try:
-                data = sock.recv(1)
-            except (BlockingIOError, InterruptedError):
-                return False
-            except OSError:
-                return False
-            if data != _zygote.READY:
-                self.stop()  # EOF: it died while starting
-                return False
-            self._ready = True
-        return True
+        return self._pump()
 
-    async def launch(self, spool: Path, spec: Mapping[str, Any]) -> int:
-        """Have the zygote fork a supervisor; its pid. ZygoteError: see ``revoke_or_adopt``."""
+    def _pump(self) -> bool:
+        """Read what the zygote sent (ready, spares) without blocking; False if it is gone."""
+        sock, proc = self._sock, self.proc
+        if sock is None or proc is None:
+            return False
+        try:
+            while True:
+                if not self._ready:
+                    data = sock.recv(1)
+                    if data != _zygote.READY:
+                        raise EOFError  # it died while starting
+                    self._ready = True
+                    self._ask()
+                    continue
+                data, fds, _, _ = socket.recv_fds(sock, _zygote.PID.size, 1)
+                if len(data) != _zygote.PID.size:
+                    for fd in fds:
+                        os.close(fd)
+                    raise EOFError  # gone (or out of step, which is as bad)
+                self._asked -= 1
+                (pid,) = _zygote.PID.unpack(data)
+                if pid == 0 or len(fds) != 1:
+                    for fd in fds:
+                        os.close(fd)
+                    self._failed = True
+                    continue
+                channel = socket.socket(fileno=fds[0])
+                channel.set_inheritable(False)
+                channel.setblocking(False)
+                self._spares.append((pid, channel))
+        except (BlockingIOError, InterruptedError):
+            pass
+        except (OSError, EOFError):
+            self.stop()
+            return False
+        if proc.poll() is not None:
+            self.stop()  # its spares go with it: they read EOF and exit
+            return False
+        return self._ready
+
+    def _ask(self) -> None:
+        """Ask for enough spares to hold ``wanted`` again."""
+        missing = self.wanted - len(self._spares) - self._asked
+        if missing <= 0 or self._sock is None:
+            return
+        try:
+            self._sock.send(_zygote.FORK * missing)
+        except (BlockingIOError, InterruptedError):
+            return  # asked again at the next launch
+        except OSError:
+            return  # gone: the next _pump notices
+        self._asked += missing
+
+    async def launch(self, spool: Path, spec: Mapping[str, Any]) -> tuple[int, socket.socket]:
+        """Hand ``spec`` to a spare: the supervisor's pid, and a socket that reads EOF once it
+        has recorded the outcome (or died). ZygoteError: see ``revoke_or_adopt``."""
         async with self._lock:
-            sock = self._sock
-            if sock is None or not self.ready():
-                raise ZygoteError("the zygote is not running")
             loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.reply_timeout
+            while True:
+                if not self._pump():
+                    raise ZygoteError("the zygote is not running")
+                if self._spares:
+                    break
+                if self._failed:
+                    self._failed = False
+                    raise ZygoteError("the zygote could not fork")
+                self._ask()
+                if loop.time() >= deadline or self._sock is None:
+                    raise ZygoteError("no spare from the zygote in time")
+                await _readable(loop, self._sock, deadline - loop.time())
+            pid, channel = self._spares.pop(0)
+            self._ask()
             request = _zygote.encode({"spool": str(spool), "spec": dict(spec)})
             try:
-                async with asyncio.timeout(self.reply_timeout):
-                    await loop.sock_sendall(sock, request)
-                    header = await _sock_recv_exactly(loop, sock, _zygote.LENGTH.size)
-                    (size,) = _zygote.LENGTH.unpack(header)
-                    reply = json.loads(await _sock_recv_exactly(loop, sock, size))
-            except (OSError, TimeoutError, ValueError, EOFError) as exc:
-                self.stop()
-                raise ZygoteError(f"the zygote failed: {type(exc).__name__}: {exc}") from exc
-            except BaseException:
-                self.stop()  # e.g. cancelled mid-request: the stream is out of step now
+                await loop.sock_sendall(channel, request)
+            except BaseException as exc:
+                channel.close()
+                if isinstance(exc, OSError):
+                    raise ZygoteError(f"the spare {pid} is gone: {exc}") from exc
                 raise
-            if "pid" not in reply:
-                # It answered, so it did not fork anything that could run the command.
-                raise ZygoteError(f"the zygote could not fork: {reply.get('error')}")
-            return int(reply["pid"])
+            return pid, channel
 
     def stop(self) -> None:
-        """Close our end (the zygote exits on EOF); kill it if it lingers."""
+        """Close our ends (the zygote and the spares exit on EOF); kill it if it lingers."""
         sock, proc = self._sock, self.proc
-        self._sock, self.proc, self._ready = None, None, False
+        self._sock, self.proc, self._ready, self._asked = None, None, False, 0
+        for _, channel in self._spares:
+            channel.close()
+        self._spares = []
         if sock is not None:
             sock.close()
         if proc is not None and proc.poll() is None:
@@ -253,17 +311,21 @@ class Zygote:
                     proc.wait(1)
 
 
-async def _sock_recv_exactly(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
-) -> bytes:
-    chunks = []
-    while size:
-        data = await loop.sock_recv(sock, min(size, 1 << 16))
-        if not data:
-            raise EOFError("the zygote closed the connection")
-        chunks.append(data)
-        size -= len(data)
-    return b"".join(chunks)
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> None:
+    """Until ``sock`` has something to read, or ``timeout`` passes."""
+    ready: asyncio.Future[None] = loop.create_future()
+    fd = sock.fileno()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready, max(timeout, 0.0))
+    finally:
+        loop.remove_reader(fd)
 
 
 def request_cancel(spool: Path, supervisor_pid: int, grace_seconds: int) -> bool:
