@@ -211,9 +211,15 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stdin_path)
     pgid = proc.pid
-    atomic_write(
-        os.path.join(directory, CHILD_PID_FILE), str(pgid).encode(), mode=0o600, fsync=False
+    # Written in place, not atomically (a fast command would wait for the rename): it is
+    # a diagnostic for cleaning up leaked processes, and its readers skip an empty file.
+    pid_fd = os.open(
+        os.path.join(directory, CHILD_PID_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
     )
+    try:
+        os.write(pid_fd, str(pgid).encode())
+    finally:
+        os.close(pid_fd)
     assert proc.stdout is not None
     assert proc.stderr is not None
 

@@ -75,6 +75,8 @@ UNKNOWN_OUTCOME = "endpointd restarted while the command was running; outcome un
 # stays on as the safety net.
 MONITOR_INTERVAL = 0.05
 ACK_FLUSH_INTERVAL = 1.0
+# status.json (for `endpointd status`) trails the daemon's state by at most this much.
+PUBLISH_DELAY = 0.1
 PRUNE_INTERVAL = 3600.0
 # Clock offsets beyond this are worth a warning: not_after decisions are made in server time.
 SKEW_WARNING_SECONDS = 30.0
@@ -196,6 +198,8 @@ class Daemon:
         self.clock_offset: float | None = None
         self._last_ack_flush = time.monotonic()
         self._last_prune = time.monotonic()
+        self._publish_timer: asyncio.TimerHandle | None = None
+        self._sync_scheduled = False
         if use_zygote is None:
             use_zygote = os.environ.get("ENDPOINTD_ZYGOTE", "1") != "0"
         # Forks supervisors from an already-running interpreter; None: always start fresh.
@@ -547,7 +551,9 @@ class Daemon:
     # ------------------------------------------------------------------ finishing
 
     def _finish_result(self, active: Active, result: pb.DeviceMessage, *, total: int) -> None:
-        self.journal.finish(active.command_id, result.SerializeToString())
+        # Committed at once, made durable just after the writer has been woken to send it.
+        self.journal.finish(active.command_id, result.SerializeToString(), durable=False)
+        self._sync_journal_soon()
         active.state = "finished"
         active.result = result
         active.result_sent = False
@@ -565,6 +571,25 @@ class Daemon:
                 " (timed out)" if f.timed_out else "",
                 f" error: {f.error}" if f.error else "",
             )
+
+    def _sync_journal_soon(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.journal.sync()
+            return
+        if not self._sync_scheduled:
+            self._sync_scheduled = True
+            # call_soon runs after the callbacks already queued, the writer's wake-up among
+            # them: the result goes out first, then the fsync.
+            loop.call_soon(self._sync_journal)
+
+    def _sync_journal(self) -> None:
+        self._sync_scheduled = False
+        try:
+            self.journal.sync()
+        except OSError:
+            log.exception("could not fsync the journal")
 
     def _elapsed(self, active: Active) -> float:
         return time.monotonic() - active.started_mono if active.started_mono else 0.0
@@ -817,6 +842,17 @@ class Daemon:
     # ------------------------------------------------------------------ status
 
     def _publish(self) -> None:
+        """Refresh status.json soon: at most every PUBLISH_DELAY, never on a command's path."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._publish_now()
+            return
+        if self._publish_timer is None:
+            self._publish_timer = loop.call_later(PUBLISH_DELAY, self._publish_now)
+
+    def _publish_now(self) -> None:
+        self._publish_timer = None
         running = [
             {"command_id": a.command_id, "kind": a.kind, "state": a.state}
             for a in sorted(self.commands.values(), key=lambda a: a.seq)
@@ -825,6 +861,11 @@ class Daemon:
             self.status.update(commands=running)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.journal.sync()
+        if self._publish_timer is not None:
+            self._publish_timer.cancel()
+            self._publish_now()
         if self.zygote is not None:
             self.zygote.stop()
         for command_id in {*self._pidfds, *self.commands}:

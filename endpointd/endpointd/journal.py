@@ -2,12 +2,14 @@
 
 A command is written here (and committed with a full fsync) BEFORE the daemon acts on it,
 so whatever happens next - a dropped stream, a redelivery, a daemon crash, a power cut -
-the next daemon knows the command exists and in which state. State changes (journaled on
-receipt, ``running`` before it is started, the result) are committed with
-``synchronous=FULL``; bookkeeping whose loss in a power cut costs at most a resend (the
+the next daemon knows the command exists and in which state. The states that stop a second
+run (journaled on receipt, ``running`` before it is started) are committed with
+``synchronous=FULL``. The result is committed with ``synchronous=NORMAL`` and fsync'd right
+after it has been handed to the stream (:meth:`Journal.sync`), so the disk is not on the
+path of reporting it. Bookkeeping whose loss in a power cut costs at most a resend (the
 supervisor pid, acked offsets, compaction of acknowledged rows) is committed with
-``synchronous=NORMAL``: in WAL mode that survives a crash of the process, and becomes
-durable with the next FULL commit or checkpoint. Schema (one table)::
+``synchronous=NORMAL`` alone. In WAL mode a NORMAL commit survives a crash of the process,
+and becomes durable with the next FULL commit, checkpoint or sync. Schema (one table)::
 
     commands(
       command_id   TEXT PRIMARY KEY,  -- the idempotency key
@@ -29,6 +31,7 @@ late redelivery is still recognised, then pruned. The database runs in WAL mode 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -183,13 +186,35 @@ class Journal:
         # Not durable: after a power cut no pid means anything; after a crash, WAL has it.
         self._relaxed("UPDATE commands SET pid = ? WHERE command_id = ?", (pid, command_id))
 
-    def finish(self, command_id: str, result: bytes) -> None:
-        # Durable: with the result journaled, a lost `acked` (below) costs only a resend.
-        self._db.execute(
+    def finish(self, command_id: str, result: bytes, *, durable: bool = True) -> None:
+        """Record the result; with a lost ``acked`` (below) that costs only a resend.
+
+        ``durable=False`` commits without waiting for the disk (crash-safe at once); the
+        caller then calls :meth:`sync` soon, so that the fsync is off the path of reporting
+        the result. A power cut in between costs at most an "unknown outcome" report of a
+        command whose result the server may already hold, never a second run: the command
+        was journaled ``running`` durably before it started.
+        """
+        sql = (
             "UPDATE commands SET state = 'finished', result = ?, finished_at = ?"
-            " WHERE command_id = ? AND state <> 'acked'",
-            (result, time.time(), command_id),
+            " WHERE command_id = ? AND state <> 'acked'"
         )
+        params = (result, time.time(), command_id)
+        if durable:
+            self._db.execute(sql, params)
+        else:
+            self._relaxed(sql, params)
+
+    def sync(self) -> None:
+        """Make every commit so far durable (fsync the write-ahead log)."""
+        try:
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # checkpointed and removed: everything is in the database file already
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def set_acked_offset(self, command_id: str, offset: int) -> None:
         self._relaxed(
