@@ -174,7 +174,8 @@ async def test_crash_that_also_lost_the_supervisor_reports_unknown_outcome(
         await assert_eventually(lambda: gw.output(cmd.command_id) == b"started\n")
 
         endpointd.kill9()
-        (pgid,) = endpointd.spool_pids("child.pid")
+        # Written once the command outlives its first wait: soon after its first output.
+        (pgid,) = await assert_eventually(lambda: endpointd.spool_pids("child.pid"))
         (supervisor,) = endpointd.spool_pids("supervisor.pid")
         os.kill(supervisor, signal.SIGKILL)
         os.killpg(pgid, signal.SIGKILL)

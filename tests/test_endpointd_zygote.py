@@ -105,6 +105,9 @@ async def test_a_forked_supervisor_runs_the_command_with_a_clean_slate(
     await assert_eventually(lambda: read_all(spool) == [(1, b"stdin-ok env-ok\n")])
     assert int((spool / "supervisor.pid").read_text()) == pid
     assert pid_alive(pid)  # it waits for the go-file
+    await assert_eventually(
+        lambda: (spool / "child.pid").read_text() if (spool / "child.pid").exists() else ""
+    )
     _assert_clean_slate(pid, zygote.pid or 0, spool)
     assert not _closed(done)
     go.touch()

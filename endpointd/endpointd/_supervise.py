@@ -38,7 +38,6 @@ import json
 import os
 import selectors
 import signal
-import subprocess
 import sys
 import time
 
@@ -80,11 +79,17 @@ def load_libc() -> Any:
     return _libc
 
 
-def _become_subreaper() -> None:
-    if not sys.platform.startswith("linux"):
+_subreaper = False
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants (Linux); once per process (the zygote's spares do it early)."""
+    global _subreaper
+    if _subreaper or not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(Exception):
         load_libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _subreaper = True
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -165,7 +170,7 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
     timeout = float(spec.get("timeout_seconds") or 0)
     grace_default = float(spec.get("kill_grace_seconds") or DEFAULT_GRACE_SECONDS)
 
-    _become_subreaper()
+    become_subreaper()
     flags = _Flags()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -190,19 +195,7 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
     writer = SpoolWriter(directory)
     started = time.time()
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=stdin_fd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            process_group=0,
-            close_fds=True,
-            # Restore default dispositions in the child; Python otherwise leaves SIGPIPE
-            # ignored, which changes how `cmd | head` behaves.
-            restore_signals=True,
-        )
+        pgid, out_r, err_r = _spawn(argv, cwd, env, stdin_fd)
     except OSError as exc:
         writer.close()
         return _spawn_error(exc, argv, cwd)
@@ -210,21 +203,8 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
         os.close(stdin_fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stdin_path)
-    pgid = proc.pid
-    # Written in place, not atomically (a fast command would wait for the rename): it is
-    # a diagnostic for cleaning up leaked processes, and its readers skip an empty file.
-    pid_fd = os.open(
-        os.path.join(directory, CHILD_PID_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
-    )
-    try:
-        os.write(pid_fd, str(pgid).encode())
-    finally:
-        os.close(pid_fd)
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-
     sel = selectors.DefaultSelector()
-    streams = {proc.stdout.fileno(): STREAM_STDOUT, proc.stderr.fileno(): STREAM_STDERR}
+    streams = {out_r: STREAM_STDOUT, err_r: STREAM_STDERR}
     for fd in streams:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
@@ -236,6 +216,8 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
     exited_at: float | None = None
     timed_out = cancelled = False
     returncode: int | None = None
+    rounds = 0
+    pid_recorded = False
 
     def stop(grace: float) -> None:
         nonlocal kill_at
@@ -245,7 +227,7 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
     while True:
         now = time.monotonic()
         if returncode is None:
-            returncode = proc.poll()
+            returncode = _poll(pgid)
             if returncode is not None:
                 exited_at = now
                 # Background jobs of a finished command must not outlive it.
@@ -270,6 +252,10 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
             if kill_at is not None and now >= kill_at:
                 _kill_group(pgid, signal.SIGKILL)
                 kill_at = None
+        if returncode is None and not pid_recorded and rounds:
+            _record_child_pid(directory, pgid)
+            pid_recorded = True
+        rounds += 1
         waits = [1.0]
         if deadline is not None and not timed_out:
             waits.append(deadline - now)
@@ -295,8 +281,8 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
                 del streams[fd]
     for fd in list(streams):
         sel.unregister(fd)
-    proc.stdout.close()
-    proc.stderr.close()
+    os.close(out_r)
+    os.close(err_r)
     _reap_group(pgid)
     writer.close()
 
@@ -312,6 +298,94 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
         started_at=started,
         finished_at=time.time(),
     )
+
+
+def _record_child_pid(directory: str, pgid: int) -> None:
+    """``child.pid``: a diagnostic for finding a command's processes (tests clean up with it).
+
+    Written once the command has outlived its first wait, so a command that ends at once
+    never waits for a file to be created; in place rather than atomically, since its
+    readers skip an empty file.
+    """
+    with contextlib.suppress(OSError):
+        fd = os.open(
+            os.path.join(directory, CHILD_PID_FILE), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            os.write(fd, str(pgid).encode())
+        finally:
+            os.close(fd)
+
+
+def _spawn(
+    argv: list[str], cwd: str | None, env: dict[str, str], stdin_fd: int
+) -> tuple[int, int, int]:
+    """Start the command in a process group of its own: (pid = pgid, stdout, stderr fds).
+
+    ``posix_spawn`` (a vfork and exec in C) rather than ``subprocess.Popen``, whose Python
+    side costs most of a millisecond in a freshly forked process, where every page it
+    touches is copied first. What Popen did for us is done here: the working directory is
+    the supervisor's own (it has no other use for one), the program is looked up on the
+    command's PATH, SIGPIPE and SIGXFSZ are reset to their defaults (Python ignores them,
+    and ignored signals survive an exec, which would change how ``cmd | head`` behaves), and
+    the only fds passed on are 0/1/2: every other fd here is close-on-exec, as Python makes
+    them.
+    """
+    if cwd is not None:
+        os.chdir(cwd)
+    program = _find_program(argv[0], env)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            program,
+            argv,
+            env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, stdin_fd, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setpgroup=0,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            setsigmask=(),
+        )
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return pid, out_r, err_r
+
+
+def _find_program(name: str, env: dict[str, str]) -> str:
+    """Where ``execvp`` would find ``name`` on the command's PATH (not the supervisor's)."""
+    if not name or "/" in name:
+        return name
+    denied: OSError | None = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        try:
+            if os.path.isfile(candidate):
+                if os.access(candidate, os.X_OK):
+                    return candidate
+                denied = PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+        except OSError:
+            continue
+    raise denied or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+
+
+def _poll(pid: int) -> int | None:
+    """The command's return code once it has exited (negative: killed by that signal)."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return -signal.SIGKILL  # reaped elsewhere: cannot happen, but never spin on it
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 def _reap_group(pgid: int) -> None:

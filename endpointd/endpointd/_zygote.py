@@ -197,6 +197,7 @@ def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
         os.setsid()
         _reset_signals()
         _detach_fds(keep=channel.fileno())
+        _supervise.become_subreaper()  # whatever the request, before it arrives
         request = _recv_message(channel)
         if request is not None:
             _become_supervisor(os.path.abspath(request["spool"]), request["spec"], channel)

@@ -553,12 +553,12 @@ class Daemon:
     def _finish_result(self, active: Active, result: pb.DeviceMessage, *, total: int) -> None:
         # Committed at once, made durable just after the writer has been woken to send it.
         self.journal.finish(active.command_id, result.SerializeToString(), durable=False)
-        self._sync_journal_soon()
         active.state = "finished"
         active.result = result
         active.result_sent = False
         active.total = total
         self.wake.set()
+        self._sync_journal_soon()  # after wake.set(): queued behind the writer's wake-up
         self._publish()
         which = result.WhichOneof("msg")
         if which == "finished":

@@ -33,16 +33,17 @@ class SpoolWriter:
     """Appends framed records to ``output``; one writer per command."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        # O_APPEND: even if a stray second writer existed, records would not interleave
-        # inside each other (each record is one write() call).
-        self._fd = os.open(
-            os.path.join(directory, OUTPUT_FILE),
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-            0o600,
-        )
+        self._path = os.path.join(directory, OUTPUT_FILE)
+        self._fd = -1  # created with the first record: many commands print nothing
         self.total = 0
 
     def append(self, stream: int, data: bytes) -> None:
+        if self._fd < 0:
+            # O_APPEND: even if a stray second writer existed, records would not interleave
+            # inside each other (each record is one write() call).
+            self._fd = os.open(
+                self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+            )
         for start in range(0, len(data), MAX_RECORD):
             piece = data[start : start + MAX_RECORD]
             record = HEADER.pack(stream, len(piece)) + piece
@@ -51,11 +52,14 @@ class SpoolWriter:
                 view = view[os.write(self._fd, view) :]
             self.total += len(piece)
 
-    def close(self, *, fsync: bool = True) -> None:
+    def close(self, *, fsync: bool = False) -> None:
+        """Close; ``fsync`` also makes the records durable.
+
+        Off by default: output is sent from here to the server, which stores it; a power cut
+        before that loses the command's outcome too (see ``_supervise.write_status``).
+        """
         if self._fd < 0:
             return
-        # An empty file has no data to make durable (its directory entry is synced together
-        # with status.json's).
         if fsync and self.total:
             os.fsync(self._fd)
         os.close(self._fd)
