@@ -248,7 +248,7 @@ async def test_a_reattached_supervisor_is_watched_too(tmp_path: Path) -> None:
         journal.close()
 
 
-def test_only_state_changes_are_fsynced(tmp_path: Path) -> None:
+def test_only_what_stops_a_second_run_is_fsynced_before_going_on(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j.sqlite3")
     seen: list[str] = []
     journal._db.set_trace_callback(seen.append)
@@ -257,7 +257,7 @@ def test_only_state_changes_are_fsynced(tmp_path: Path) -> None:
     )
     journal.mark_running("c1")
     journal.set_pid("c1", 4321)
-    journal.finish("c1", b"result")
+    journal.finish("c1", b"result", durable=False)  # as the daemon does; sync() follows
     journal.set_acked_offset("c1", 3)
     journal.mark_acked("c1", 3)
     journal._db.set_trace_callback(None)
@@ -276,7 +276,7 @@ def test_only_state_changes_are_fsynced(tmp_path: Path) -> None:
 
     assert level_of("INSERT INTO commands") == "FULL"
     assert level_of("state = 'running'") == "FULL"
-    assert level_of("state = 'finished'") == "FULL"
+    assert level_of("state = 'finished'") == "NORMAL"
     assert level_of("SET pid =") == "NORMAL"
     assert level_of("SET acked_offset =") == "NORMAL"
     assert level_of("state = 'acked'") == "NORMAL"
@@ -286,3 +286,54 @@ def test_only_state_changes_are_fsynced(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "j.sqlite3")
     assert db.execute("SELECT state FROM commands").fetchall() == [("acked",)]
     db.close()
+
+
+async def test_a_result_goes_to_the_writer_before_its_fsync_and_is_journaled_first(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path / "journal.sqlite3")
+    daemon = _daemon(tmp_path, journal)
+    order: list[str] = []
+    real_sync = journal.sync
+
+    def sync() -> None:
+        order.append("fsync")
+        real_sync()
+
+    journal.sync = sync  # type: ignore[method-assign]
+    daemon.set_clock(time.time())
+    daemon.on_connected(asyncio.Queue())
+    # Journaled `running` on receipt: nothing was queued ahead of it.
+    daemon.handle_command(
+        pb.Command(
+            command_id="c1", seq=1, write_file=pb.WriteFile(path=str(tmp_path / "f"), content=b"x")
+        )
+    )
+    entry = journal.get("c1")
+    assert entry is not None
+    assert entry.state == "running"
+
+    async def writer() -> None:  # what connection._writer does with the result
+        while True:
+            await daemon.wake.wait()
+            daemon.wake.clear()
+            message = daemon.next_output_message()
+            if message is not None and message.HasField("finished"):
+                order.append("sent")
+                return
+
+    task = asyncio.create_task(writer())
+    await asyncio.sleep(0)
+    starter = asyncio.create_task(daemon.starter())
+    try:
+        await asyncio.wait_for(task, 10)
+        await _until(lambda: "fsync" in order, 5)
+        assert order == ["sent", "fsync"]
+        entry = journal.get("c1")
+        assert entry is not None
+        assert entry.state == "finished"
+    finally:
+        starter.cancel()
+        await asyncio.gather(starter, return_exceptions=True)
+        daemon.close()
+        journal.close()

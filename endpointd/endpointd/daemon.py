@@ -113,6 +113,8 @@ class Active:
     launching: bool = False
     # A zygote-forked supervisor closes this once it has recorded the outcome (see _zygote).
     done: socket.socket | None = None
+    # Journaled as `running` on receipt (it was next to start), so _start need not.
+    journaled_running: bool = False
 
     @property
     def kind(self) -> str | None:
@@ -316,13 +318,18 @@ class Daemon:
             self.wake.set()
             return
 
-        # Journaled (fsync'd) before Accepted is sent and before anything runs.
+        # Journaled (fsync'd) before Accepted is sent and before anything runs. A command
+        # that the starter will take next (nothing queued ahead of it) is journaled as
+        # `running` at once: one fsync instead of two before it starts. A crash before it
+        # is started is then reported as an unknown outcome, as one between `running` and
+        # the start always was; never as a second run.
+        start_next = self.clock_offset is not None and not self._start_heap
         self.journal.insert(
             command_id=command_id,
             seq=command.seq,
             body=body,
             body_sha256=digest,
-            state="accepted",
+            state="running" if start_next else "accepted",
             accepted=True,
         )
         active = Active(
@@ -331,6 +338,7 @@ class Daemon:
             command=command,
             state="accepted",
             spool=spool_dir(self.state_directory, command_id),
+            journaled_running=start_next,
         )
         self.commands[command_id] = active
         self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=command_id)))
@@ -467,7 +475,8 @@ class Daemon:
                 total=0,
             )
             return
-        self.journal.mark_running(active.command_id)
+        if not active.journaled_running:
+            self.journal.mark_running(active.command_id)
         active.state = "running"
         active.started_mono = time.monotonic()
         self._publish()

@@ -162,7 +162,7 @@ class Journal:
         now = time.time()
         self._db.execute(
             "INSERT INTO commands (command_id, seq, body, body_sha256, state, accepted, result,"
-            " received_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " received_at, started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 command_id,
                 seq,
@@ -172,6 +172,7 @@ class Journal:
                 int(accepted),
                 result,
                 now,
+                now if state == "running" else None,
                 now if state == "finished" else None,
             ),
         )
