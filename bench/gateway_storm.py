@@ -117,7 +117,7 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
     from controlplane.db.urls import asyncpg_dsn
     from controlplane.effects.runner import create_pool
     from controlplane.gateway import specs
-    from controlplane.gateway.queue import DONE_CHANNEL, TERMINAL, CommandQueue
+    from controlplane.gateway.queue import DONE_CHANNEL, TERMINAL, CommandQueue, done_command_id
 
     version = await postgres_version(server_url)
     print("\n".join(f"- {k}: {v}" for k, v in machine_summary(version)), flush=True)
@@ -176,7 +176,7 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
             all_done = asyncio.Event()
 
             def on_done(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
-                done_counts[str(payload)] += 1
+                done_counts[done_command_id(str(payload))] += 1
                 if len(done_counts) >= total:
                     all_done.set()
 

@@ -22,7 +22,7 @@ from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
 from controlplane.gateway.pairing import MAX_FAILURES_PER_SOURCE, MAX_WRONG_PER_CODE
-from controlplane.gateway.queue import CommandQueue
+from controlplane.gateway.queue import CommandQueue, CommandResult
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.gateway_harness import FakeDevice, Gateway, running_gateway
 from tests.helpers import assert_eventually
@@ -230,6 +230,49 @@ async def test_output_is_stored_exactly_once_despite_duplicates_and_gaps(gateway
         result = await gateway.queue.wait(command_id, 10)
         assert result.state == "finished"
         assert await gateway.queue.output(command_id, 0, 1 << 20) == data + b"0123456789"
+    finally:
+        await device.close()
+
+
+async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = await paired(gateway)
+    await device.connect()
+    queue = gateway.queue
+    real_result = queue.result
+    fetched: list[str] = []
+
+    async def counting_result(command_id: str) -> CommandResult:
+        fetched.append(command_id)
+        return await real_result(command_id)
+
+    data = bytes(range(256))
+    try:
+        # A short error fits in the done notification with the output's head and tail; a
+        # 9,000-character one does not, and the waiter queries instead.
+        for error, told in (("disk full", True), ("x" * 9000, False)):
+            command_id = await queue.submit("laptop", specs.Exec(["x"]))
+            await device.next("command")
+            monkeypatch.setattr(queue, "result", counting_result)
+            fetched.clear()
+            waiting = asyncio.create_task(queue.wait(command_id, 10))
+            await assert_eventually(lambda: fetched)  # its first look: not done yet
+            await device.send(output=pb.OutputChunk(command_id=command_id, offset=0, data=data))
+            await device.send(
+                finished=pb.Finished(
+                    command_id=command_id, exit_code=3, error=error, total_output_bytes=len(data)
+                )
+            )
+            result = await asyncio.wait_for(waiting, 10)
+            monkeypatch.undo()
+            # Told: no query after the notification; too big: one more query.
+            assert fetched == ([command_id] if told else [command_id, command_id])
+            # Exactly what a query returns, bytes and all.
+            assert result == await queue.result(command_id)
+            assert (result.state, result.exit_code, result.error) == ("failed", 3, error)
+            assert result.output_head == data[: queue.inline]
+            assert result.output_tail == data[-queue.inline :]
     finally:
         await device.close()
 

@@ -14,8 +14,10 @@ The worker-facing API is :meth:`CommandQueue.submit`, :meth:`wait`, :meth:`outpu
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,8 +29,12 @@ from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import specs
 from superagent_shared.ids import new_id
 
+log = logging.getLogger(__name__)
+
 COMMANDS_CHANNEL = "superagent_commands"  # payload: device id with new work
-DONE_CHANNEL = "superagent_command_done"  # payload: command id that reached a final state
+# Payload: the id of a command that reached a final state, or its result as JSON (see
+# _FINISH and done_command_id).
+DONE_CHANNEL = "superagent_command_done"
 TERMINAL = frozenset({"finished", "failed", "cancelled", "expired", "refused"})
 _LISTENER_IDLE = 1.0  # seconds without waiters before the LISTEN connection is returned
 
@@ -66,6 +72,33 @@ class CommandResult:
     @classmethod
     def from_row(cls, row: asyncpg.Record) -> CommandResult:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CommandResult:
+        """From the JSON a done notification carries (``_FINISH``)."""
+        fields = {name: data[name] for name in cls.__dataclass_fields__}
+        for name in _BYTES_FIELDS:
+            fields[name] = base64.b64decode(fields[name] or "")
+        return cls(**fields)
+
+
+def done_command_id(payload: str) -> str:
+    """The command id in a ``DONE_CHANNEL`` payload: a bare id, or a result as JSON."""
+    if payload.startswith("{"):
+        command_id = json.loads(payload)["id"]
+        assert isinstance(command_id, str)
+        return command_id
+    return payload
+
+
+class _Waiter:
+    """One wait() call: woken by a done notification, with the result if it carried one."""
+
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.result: CommandResult | None = None
 
 
 _RESULT_COLUMNS = ", ".join(CommandResult.__dataclass_fields__)
@@ -107,7 +140,11 @@ WHERE device_id = $1 AND state IN ('queued', 'delivered')
 ORDER BY seq
 """
 
-# Record a final result unless it is already final or output up to $10 is still missing.
+# Record a final result unless it is already final or output up to $10 is still missing,
+# and tell waiters: with the whole result as JSON when it fits in a notification (so a
+# waiter needs no query of its own), else with the command id.
+_BYTES_FIELDS = ("output_head", "output_tail")
+_MAX_NOTIFY_RESULT = 7900  # NOTIFY payloads must stay under 8000 bytes
 _FINISH = f"""
 WITH current AS (
     SELECT id, state, output_size, output_blob_id, cancel_requested_at FROM commands
@@ -122,13 +159,24 @@ WITH current AS (
     WHERE c.id = current.id
       AND current.state NOT IN ('finished', 'failed', 'cancelled', 'expired', 'refused')
       AND ($10::bigint IS NULL OR current.output_size >= $10::bigint)
-    RETURNING c.id, c.output_blob_id, c.output_size
+    RETURNING {", ".join(f"c.{name}" for name in CommandResult.__dataclass_fields__)}
 ), sized AS (
     UPDATE blobs b SET size = done.output_size FROM done WHERE b.id = done.output_blob_id
 )
 SELECT current.state,
        current.output_size,
-       (SELECT count(pg_notify('{DONE_CHANNEL}', done.id)) FROM done) AS recorded
+       (SELECT count(pg_notify('{DONE_CHANNEL}',
+                               CASE WHEN octet_length(told.result) <= {_MAX_NOTIFY_RESULT}
+                                    THEN told.result ELSE done.id END))
+        FROM done, LATERAL (SELECT json_build_object(
+            {
+    ", ".join(
+        f"'{name}', encode(done.{name}, 'base64')"
+        if name in _BYTES_FIELDS
+        else f"'{name}', done.{name}"
+        for name in CommandResult.__dataclass_fields__
+    )
+})::text AS result) told) AS recorded
 FROM current
 """
 
@@ -153,7 +201,7 @@ class CommandQueue:
         self.pool = pool
         self.ttl = ttl
         self.inline = inline
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._waiters: dict[str, set[_Waiter]] = {}
         self._listener: Any = None  # a pool connection held for LISTEN
         self._listener_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
@@ -200,25 +248,28 @@ class CommandQueue:
 
     async def wait(self, command_id: str, timeout: float) -> CommandResult:
         """The command's result once final, or its current state when ``timeout`` passes."""
-        done = asyncio.Event()
-        self._waiters.setdefault(command_id, set()).add(done)
+        waiter = _Waiter()
+        self._waiters.setdefault(command_id, set()).add(waiter)
         try:
             await self._ensure_listener()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            while True:
-                result = await self.result(command_id)
+            result = await self.result(command_id)
+            while not result.done:
                 remaining = deadline - loop.time()
-                if result.done or remaining <= 0:
-                    return result
+                if remaining <= 0:
+                    break
                 # The poll is the safety net for a notification lost on the way.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), min(remaining, 1.0))
-                done.clear()
+                    await asyncio.wait_for(waiter.event.wait(), min(remaining, 1.0))
+                waiter.event.clear()
+                told, waiter.result = waiter.result, None
+                result = told if told is not None else await self.result(command_id)
+            return result
         finally:
             waiters = self._waiters.get(command_id)
             if waiters is not None:
-                waiters.discard(done)
+                waiters.discard(waiter)
                 if not waiters:
                     del self._waiters[command_id]
             if not self._waiters:
@@ -227,8 +278,20 @@ class CommandQueue:
                 asyncio.get_running_loop().call_later(_LISTENER_IDLE, self._release_if_idle)
 
     def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
-        for event in self._waiters.get(str(payload), ()):
-            event.set()
+        text = str(payload)
+        result: CommandResult | None = None
+        if text.startswith("{"):
+            try:
+                result = CommandResult.from_json(json.loads(text))
+            except (ValueError, KeyError, TypeError):
+                log.warning("unreadable done notification; waiters will query")
+                return
+            command_id = result.id
+        else:
+            command_id = text
+        for waiter in self._waiters.get(command_id, ()):
+            waiter.result = result
+            waiter.event.set()
 
     async def _ensure_listener(self) -> None:
         """One LISTEN connection per queue for every waiter, held from the pool on first use."""
