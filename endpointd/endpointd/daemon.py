@@ -341,9 +341,11 @@ class Daemon:
             journaled_running=start_next,
         )
         self.commands[command_id] = active
+        # The starter is woken before the writer: it hands the command to a spare in one
+        # step, so the command starts before Accepted is written rather than after.
+        self._queue_start(active)
         self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=command_id)))
         log.info("accepted %s (seq %d, %s)", command_id, command.seq, active.kind)
-        self._queue_start(active)
 
     def _redelivered(self, command: pb.Command, existing: Entry, digest: bytes) -> None:
         command_id = command.command_id
