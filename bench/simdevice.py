@@ -73,7 +73,8 @@ MIB = 1024 * 1024
 POLICY_HASH = b"\x01" * 32
 DAEMON_VERSION = "bench"
 
-# What endpointd's connection.py uses, so the server sees the same HTTP/2 keepalive traffic.
+# What endpointd's connection.py uses (KEEPALIVE_OPTIONS), so the server sees the same HTTP/2
+# keepalive and flow-control traffic.
 CLIENT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -81,6 +82,8 @@ CLIENT_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.enable_retries", 0),
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", 4 << 20),
     ("grpc.ssl_target_name_override", GATEWAY_NAME),
     # One connection per channel, i.e. per device (the global pool would share them).
     ("grpc.use_local_subchannel_pool", 1),

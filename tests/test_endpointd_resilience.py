@@ -5,14 +5,17 @@ Every test drives a real `endpointd run` process; "crash" means SIGKILL.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
@@ -222,6 +225,38 @@ async def test_heartbeats_flow_and_a_silent_server_is_detected(endpointd: Endpoi
             lambda: gw.connected(device) and gw.session_count(device) >= 2, timeout=10
         )
         await assert_eventually(lambda: _daemon_status(endpointd)["state"] == "connected")
+
+
+async def test_a_gateway_that_only_answers_heartbeats_is_enough(endpointd: Endpointd) -> None:
+    """The real gateway only answers the device's heartbeats; silence is still noticed in time."""
+    with FakeGateway(heartbeat_interval=1) as gw:
+        gw.send_heartbeats = False
+        gw.answer_heartbeats = True
+        gw.answer_delay = 0.1  # more than the drift of the device's 1 s ticks on loopback
+        device = await start_paired(gw, endpointd)
+        await assert_eventually(lambda: len(gw.heartbeats()) >= 1, timeout=5)
+        await asyncio.sleep(5)  # well past the 3 s silence limit: the answers count
+        assert gw.connected(device)
+        assert gw.session_count(device) == 1
+        assert _daemon_status(endpointd)["state"] == "connected"
+
+        # Fall silent 0.3 s after a device heartbeat, i.e. after its answer arrived (0.1 s).
+        count = len(gw.heartbeats())
+        await assert_eventually(lambda: len(gw.heartbeats()) > count, timeout=5, interval=0.01)
+        await asyncio.sleep(0.3)
+        silent_from = time.time()
+        gw.silent = True
+
+        def gave_up() -> dict[str, object] | None:
+            status = _daemon_status(endpointd)
+            return status if "nothing received" in str(status.get("last_error")) else None
+
+        status = await assert_eventually(gave_up, timeout=10)
+        # Three intervals after that answer (2.8 s from here), not at the device's first
+        # heartbeat tick after that (3.7 s from here).
+        noticed = Timestamp()
+        noticed.FromJsonString(str(status["last_error_at"]))
+        assert noticed.ToNanoseconds() / 1e9 - silent_from < 3.2
 
 
 def _daemon_status(daemon: Endpointd) -> dict[str, object]:

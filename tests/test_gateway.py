@@ -321,6 +321,42 @@ async def test_silent_device_is_dropped(
         await device.close()
 
 
+async def test_device_heartbeats_are_answered(
+    db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
+) -> None:
+    async with running_gateway(database_url, db, tmp_path, heartbeat_seconds=0.5) as gw:
+        device = await paired(gw)
+        await device.connect()
+        try:
+            # 2.5 s in all, past the 1.5 s silence limit: heartbeats keep the stream.
+            for seq in range(1, 6):
+                await device.send(heartbeat=pb.Heartbeat(seq=seq))
+                answer = (await device.next("heartbeat", timeout=2)).heartbeat
+                assert answer.ack_seq == seq
+                assert answer.sent_at.seconds > 0
+                await asyncio.sleep(0.5)
+            assert device.device_id in gw.hub.streams
+        finally:
+            await device.close()
+
+
+async def test_a_device_that_sends_nothing_still_hears_from_the_gateway(
+    db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
+) -> None:
+    # A device whose heartbeats are late still gets a heartbeat of the gateway's own after
+    # FALLBACK_FACTOR intervals, before the gateway gives up on it after SILENCE_FACTOR.
+    async with running_gateway(database_url, db, tmp_path, heartbeat_seconds=1) as gw:
+        device = await paired(gw)
+        await device.connect()
+        try:
+            beat = (await device.next("heartbeat", timeout=4)).heartbeat
+            assert beat.ack_seq == 0
+            assert await device.ended(timeout=10) == grpc.StatusCode.UNAVAILABLE
+            assert "no message from the device" in device.details
+        finally:
+            await device.close()
+
+
 async def test_cancel_queued_and_running_commands(gateway: Gateway) -> None:
     device = await paired(gateway)
     queued = await gateway.queue.submit("laptop", specs.Exec(["sleep", "1"]))

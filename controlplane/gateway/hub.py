@@ -5,6 +5,9 @@ commands for a device (wake its stream) and device events (revoked: close its st
 once; connected elsewhere: close the older stream here). A once-a-second poll covers lost
 notifications, and heartbeats' ``last_seen_at`` updates are written in one batch every few
 seconds instead of once per heartbeat.
+
+Liveness is swept here too, once a second over every stream, by a plain timer rather than a
+timer per stream, and apart from the poll so that a slow database cannot delay it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import asyncpg
@@ -27,6 +31,8 @@ DEVICES_CHANNEL = (
     "superagent_devices"  # payload: "revoked:<device>" | "connected:<device>:<stream>"
 )
 POLL_SECONDS = 1.0
+SWEEP_SECONDS = 1.0  # silence is noticed at most this long after its limit
+WRITE_BATCH_SECONDS = 0.5  # see write_slot
 TOUCH_FLUSH_SECONDS = 5.0
 
 
@@ -41,6 +47,8 @@ class DeviceHub(Service):
         self.streams: dict[str, DeviceStream] = {}
         self._touched: set[str] = set()
         self._listener: asyncpg.Connection | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._write_slot: asyncio.Future[None] | None = None
 
     # -- streams -------------------------------------------------------------------------
 
@@ -82,7 +90,7 @@ class DeviceHub(Service):
     def _on_commands(self, _conn: Any, _pid: int, _channel: str, device_id: object) -> None:
         stream = self.streams.get(str(device_id))
         if stream is not None:
-            stream.wake.set()
+            stream.wake()
 
     def _on_devices(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
         event, _, rest = str(payload).partition(":")
@@ -102,12 +110,43 @@ class DeviceHub(Service):
         await self._listener.add_listener(COMMANDS_CHANNEL, self._on_commands)
         await self._listener.add_listener(DEVICES_CHANNEL, self._on_devices)
         for stream in self.streams.values():  # anything missed while reconnecting
-            stream.wake.set()
+            stream.wake()
+
+    def write_slot(self) -> asyncio.Future[None]:
+        """Done at the next batch boundary, every WRITE_BATCH_SECONDS: for writes that can wait.
+
+        Idle streams answer their devices' heartbeats in such batches. Writes started in one
+        loop iteration cost much less each than the same writes spread out: gRPC's completion
+        poller and the event loop wake once per batch rather than once per write (5,000 idle
+        devices: about 10 % of a core instead of 11 %). Await it shielded: cancelling one
+        waiter must not cancel it for all.
+        """
+        if self._write_slot is None:
+            loop = asyncio.get_running_loop()
+            self._write_slot = loop.create_future()
+            loop.call_later(WRITE_BATCH_SECONDS, self._open_write_slot)
+        return self._write_slot
+
+    def _open_write_slot(self) -> None:
+        slot, self._write_slot = self._write_slot, None
+        if slot is not None and not slot.done():
+            slot.set_result(None)
+
+    def _sweep(self) -> None:
+        """Every stream's liveness (DeviceStream.check_liveness), then again in a second."""
+        now = time.monotonic()
+        for stream in list(self.streams.values()):
+            try:
+                stream.check_liveness(now)
+            except Exception:  # one stream's trouble must not stop the sweep for all
+                log.exception("liveness check of %s failed", stream.device_id)
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
     # -- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
         last_touch_flush = asyncio.get_running_loop().time()
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
         async def step() -> None:
             nonlocal last_touch_flush
@@ -117,7 +156,7 @@ class DeviceHub(Service):
                 for device_id in await self.queue.devices_with_work(list(self.streams)):
                     stream = self.streams.get(device_id)
                     if stream is not None:
-                        stream.wake.set()
+                        stream.wake()
                 revoked = await self.queue.pool.fetch(
                     "SELECT id FROM devices WHERE id = ANY($1::text[]) AND revoked_at IS NOT NULL",
                     list(self.streams),
@@ -155,6 +194,8 @@ class DeviceHub(Service):
         try:
             await critical_loop(self.name, step, self.stopping)
         finally:
+            if self._sweeper is not None:
+                self._sweeper.cancel()
             for stream in list(self.streams.values()):
                 stream.close(grpc.StatusCode.UNAVAILABLE, "gateway replica stopping; reconnect")
             if self._listener is not None:

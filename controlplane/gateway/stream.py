@@ -2,13 +2,21 @@
 
 Order of business on a new stream: send a Challenge; require a signed Hello within
 ``HELLO_TIMEOUT``; register with the hub (which closes any older stream of the device);
-acknowledge what the device says it holds, so it resumes from the right offsets; then run
-four loops until one ends: read device messages, write server messages (one writer, since
-gRPC writes must not overlap), deliver queued commands, and store output; a timer sends
-heartbeats and watches for silence. Memory per stream is bounded: output is buffered up to
-``MAX_BUFFERED`` bytes before the reader waits for the store to catch up. An idle stream is
-kept small (a replica holds thousands): two tasks wait on cheap signals rather than
-``asyncio.Event``s and a ``Queue``, which allocate about 1 KiB and 3 KiB each.
+acknowledge what the device says it holds, so it resumes from the right offsets; then read
+device messages until the stream ends. Memory per stream is bounded: output is buffered up
+to ``MAX_BUFFERED`` bytes before the reader waits for the store to catch up.
+
+A replica holds thousands of mostly idle streams, so an idle stream is one task (the RPC's
+own, which reads) and a few small objects. Everything else runs in a task that exists only
+while it has work (about 1.3 KiB each): writing queued messages (one writer at a time, since
+gRPC writes must not overlap), delivering queued commands when woken, storing output.
+
+Liveness: the device sends a heartbeat every interval and the reader answers each one at
+once, so the device hears from the gateway every interval without a timer per stream. The
+hub's once-a-second sweep (:meth:`DeviceStream.check_liveness`) ends a stream that has been
+silent for ``SILENCE_FACTOR`` intervals, and sends a heartbeat of its own on a stream that
+has sent nothing for ``FALLBACK_FACTOR`` intervals (a device whose heartbeats are late still
+hears from us well before it gives up after three intervals).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -40,6 +49,16 @@ HELLO_TIMEOUT = 10.0
 MAX_BUFFERED = 4 << 20
 _FLUSH_BYTES = 1 << 20
 SILENCE_FACTOR = 3  # heartbeats that may be missed before the stream counts as dead
+# Intervals without anything sent before the sweep sends a heartbeat unprompted. Above 1, so
+# that a device heartbeat arriving a little late is answered rather than crossed by a second
+# server heartbeat; below SILENCE_FACTOR, so that the device never gives up on a live stream.
+FALLBACK_FACTOR = 2
+
+
+# Shared empty sets, replaced by a stream's own on the first add: most streams of a replica
+# never hold a command, and an empty set is 216 bytes.
+_NO_IDS: frozenset[str] = frozenset()
+_NO_TASKS: frozenset[asyncio.Task[None]] = frozenset()
 
 
 class _Signal:
@@ -104,6 +123,39 @@ class _Result:
 
 
 class DeviceStream:
+    __slots__ = (
+        "_buffered",
+        "_buffers",
+        "_delivering",
+        "_device_holds",
+        "_drained",
+        "_failure",
+        "_flush_lock",
+        "_flushing",
+        "_heartbeat_seq",
+        "_helpers",
+        "_interrupted",
+        "_last_busy",
+        "_marked",
+        "_outbox",
+        "_peer_heartbeat_seq",
+        "_pending_results",
+        "_reading",
+        "_sent",
+        "_task",
+        "_wake_again",
+        "_writing",
+        "close_reason",
+        "context",
+        "device_id",
+        "heartbeat_seconds",
+        "hub",
+        "last_received",
+        "last_sent",
+        "queue",
+        "stream_id",
+    )
+
     def __init__(
         self,
         hub: DeviceHub,
@@ -118,24 +170,29 @@ class DeviceStream:
         self.heartbeat_seconds = heartbeat_seconds
         self.device_id = ""
         self.stream_id = os.urandom(6).hex()
-        self.wake = _Signal()
-        self.closed = _Signal()
         self.close_reason: StreamClosed | None = None
-        self._failure: BaseException | None = None  # why a loop ended the stream
+        self._failure: BaseException | None = None  # why the stream failed, if it did
+        self._task: asyncio.Task[object] | None = None  # the RPC's task, which reads
+        self._reading = False  # in the read loop, where close() interrupts it
+        self._interrupted = False  # close() or a failed helper cancelled the reader
+        self._helpers: set[asyncio.Task[None]] | frozenset[asyncio.Task[None]] = _NO_TASKS
         self._outbox: list[pb.ServerMessage] = []
-        self._outbox_ready = _Signal()
-        self._sent: set[str] = set()
-        self._device_holds: set[str] = set()
+        self._writing = False  # a write is in flight (the writer task's or the reader's)
+        self._delivering = False
+        self._wake_again = False
+        self._flushing = False
+        self._sent: set[str] | frozenset[str] = _NO_IDS  # commands sent on this stream
+        self._device_holds: set[str] | frozenset[str] = _NO_IDS  # listed in the Hello
         self._buffers: dict[str, _Buffer] = {}
         self._buffered = 0
-        self._flush_wanted = _Signal()
-        self._flush_lock = asyncio.Lock()  # chunks must reach the store in offset order
+        self._flush_lock: asyncio.Lock | None = None  # see _lock()
         self._drained = _Signal()
         self._drained.set()
-        self._heartbeat: asyncio.TimerHandle | None = None
         self._marked: asyncio.Future[str] | None = None  # the handshake's "connected here"
         self._pending_results: dict[str, _Result] = {}
-        self._last_received = time.monotonic()
+        self.last_received = time.monotonic()  # read by the hub's liveness sweep
+        self.last_sent = self.last_received
+        self._last_busy = 0.0  # when the device last sent anything but a heartbeat
         self._heartbeat_seq = 0
         self._peer_heartbeat_seq = 0
 
@@ -145,9 +202,21 @@ class DeviceStream:
         """Ask the stream to end (revoked, replaced by a newer stream, replica stopping)."""
         if self.close_reason is None:
             self.close_reason = StreamClosed(code, message)
-        self.closed.set()
+        self._interrupt()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        """End the read loop, which ends the stream (a no-op before or after the loop)."""
+        if self._reading and not self._interrupted and self._task is not None:
+            self._interrupted = True
+            self._task.cancel()
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         try:
             await self._handshake()
         except StreamClosed as closed:
@@ -159,25 +228,31 @@ class DeviceStream:
                 await asyncio.shield(self._unmark())
             raise
         self.hub.register(self)
+        cancelled = False  # gRPC cancelled the RPC (the device's cancel arrived)
         try:
-            tasks = [
-                asyncio.create_task(self._read_loop(), name=f"{self.device_id}:read"),
-                asyncio.create_task(self._write_loop(), name=f"{self.device_id}:write"),
-                asyncio.create_task(self._deliver_loop(), name=f"{self.device_id}:deliver"),
-                asyncio.create_task(self._flush_loop(), name=f"{self.device_id}:flush"),
-            ]
-            for task in tasks:
-                task.add_done_callback(self._loop_ended)
-            self._schedule_heartbeat()
+            # The RPC's own task reads, so an idle stream needs no task of its own; close()
+            # and failed helpers end the stream by cancelling it (_interrupt).
+            self._reading = True
             try:
-                await self.closed.wait()  # close(), or a loop ended (_loop_ended)
+                if self._outbox:  # the handshake's acks
+                    self._writing = True
+                    self._spawn(self._write_outbox(), "write")
+                self.wake()  # anything queued while the device was away
+                await self._read_loop()
+            except asyncio.CancelledError:
+                task = self._task
+                if not self._interrupted or (task is not None and task.uncancel() > 0):
+                    cancelled = True  # not (only) ours: clean up, then let it through
+            except Exception as exc:
+                # Not _fail(): that would cancel this very task, i.e. the cleanup below.
+                if self._failure is None:
+                    self._failure = exc
             finally:
-                if self._heartbeat is not None:
-                    self._heartbeat.cancel()
-                for task in tasks:
-                    task.remove_done_callback(self._loop_ended)
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                self._reading = False
+            helpers = list(self._helpers)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
             failure = self._failure
             # What was already received is stored before the stream goes away. Shielded
             # here and below: gRPC cancels this task when the device's cancel arrives, often
@@ -191,6 +266,8 @@ class DeviceStream:
                 self.close(grpc.StatusCode.UNAVAILABLE, "gateway error; reconnect")
         finally:
             await asyncio.shield(self.hub.unregister(self))
+        if cancelled:
+            raise asyncio.CancelledError
         if self.close_reason is not None:
             await self.context.abort(self.close_reason.code, self.close_reason.message)
 
@@ -200,15 +277,85 @@ class DeviceStream:
                 await self._marked  # the mark must land before its undo
         await self.hub.unregister(self)
 
-    def _loop_ended(self, task: asyncio.Task[None]) -> None:
-        """Whatever ended one loop (they never return) ends the stream."""
-        if self._failure is None and not task.cancelled():
-            self._failure = task.exception()
-        self.closed.set()
+    def _spawn(self, work: Coroutine[object, object, None], name: str) -> None:
+        """Run a helper; whatever makes it fail ends the stream."""
+        task = asyncio.get_running_loop().create_task(work, name=f"{self.device_id}:{name}")
+        if not isinstance(self._helpers, set):
+            self._helpers = set()
+        self._helpers.add(task)
+        task.add_done_callback(self._helper_done)
+
+    def _helper_done(self, task: asyncio.Task[None]) -> None:
+        if isinstance(self._helpers, set):
+            self._helpers.discard(task)
+            if not self._helpers:
+                self._helpers = _NO_TASKS
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    # -- writing -------------------------------------------------------------------------
 
     def _send(self, message: pb.ServerMessage) -> None:
+        """Queue ``message``; a writer task runs while there is something to write."""
         self._outbox.append(message)
-        self._outbox_ready.set()
+        if not self._writing and self._reading:
+            # Outside the read loop nothing is written by a writer: before it, run() starts
+            # one; after it the stream is about to be aborted, and what the final flush
+            # acknowledges then, the device resends on its next stream anyway.
+            self._writing = True
+            self._spawn(self._write_outbox(), "write")
+
+    async def _write_outbox(self) -> None:
+        try:
+            while self._outbox:
+                batch, self._outbox = self._outbox, []
+                for message in batch:
+                    self.last_sent = time.monotonic()
+                    await self.context.write(message)
+        finally:
+            self._writing = False
+
+    async def _write_now(self, message: pb.ServerMessage) -> None:
+        """Write from the reader itself if no write is in flight (no task to start or wake)."""
+        if self._writing or self._outbox:
+            self._send(message)
+            return
+        self._writing = True
+        try:
+            self.last_sent = time.monotonic()
+            await self.context.write(message)
+        finally:
+            self._writing = False
+        if self._outbox and self._reading:  # queued while we wrote
+            self._writing = True
+            self._spawn(self._write_outbox(), "write")
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def _heartbeat(self) -> pb.ServerMessage:
+        self._heartbeat_seq += 1
+        return pb.ServerMessage(
+            heartbeat=pb.Heartbeat(
+                seq=self._heartbeat_seq,
+                sent_at=wire.timestamp_now(),
+                ack_seq=self._peer_heartbeat_seq,
+            )
+        )
+
+    def check_liveness(self, now: float) -> None:
+        """The hub's sweep: end a silent stream; keep the device hearing from us."""
+        if not self._reading:
+            return
+        silent = now - self.last_received
+        if silent > SILENCE_FACTOR * self.heartbeat_seconds:
+            self._fail(
+                StreamClosed(
+                    grpc.StatusCode.UNAVAILABLE, f"no message from the device for {silent:.0f} s"
+                )
+            )
+        elif now - self.last_sent > FALLBACK_FACTOR * self.heartbeat_seconds:
+            self.last_sent = now  # queued now; the writer sets it again when it writes
+            self._send(self._heartbeat())
 
     # -- handshake -----------------------------------------------------------------------
 
@@ -273,9 +420,11 @@ class DeviceStream:
             )
         )
         await asyncio.shield(self._marked)
+        self._marked = None  # landed; only needed for the undo above
         # Resume: tell the device what is durable, so it resends only what is missing.
         held = [item.command_id for item in hello.in_flight]
-        self._device_holds = set(held)
+        if held:
+            self._device_holds = set(held)
         progress = await self.queue.progress(self.device_id, held)
         for item in hello.in_flight:
             size, final = progress.get(item.command_id, (0, True))
@@ -284,30 +433,30 @@ class DeviceStream:
                     ack=pb.Ack(command_id=item.command_id, acked_output_offset=size, finished=final)
                 )
             )
-        self.wake.set()
 
-    # -- loops ---------------------------------------------------------------------------
-
-    async def _write_loop(self) -> None:
-        while True:
-            while not self._outbox:
-                self._outbox_ready.clear()
-                await self._outbox_ready.wait()
-            batch, self._outbox = self._outbox, []
-            for message in batch:
-                await self.context.write(message)
+    # -- reading and delivering ------------------------------------------------------
 
     async def _read_loop(self) -> None:
         while True:
             message = await self.context.read()
             if message is grpc.aio.EOF:
                 raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream")
-            self._last_received = time.monotonic()
+            self.last_received = now = time.monotonic()
             self.hub.touch(self.device_id)
             kind = message.WhichOneof("msg")
             if kind == "heartbeat":
                 self._peer_heartbeat_seq = max(self._peer_heartbeat_seq, message.heartbeat.seq)
-            elif kind == "accepted":
+                # Answered, so the device hears from us every interval without a timer per
+                # stream. An idle stream answers in the hub's next batch of writes, which
+                # holds up its reading for up to WRITE_BATCH_SECONDS; a busy stream (anything
+                # else received within an interval, output not yet stored) answers at once.
+                busy = now - self._last_busy < self.heartbeat_seconds
+                if not (busy or self._buffers or self._pending_results):
+                    await asyncio.shield(self.hub.write_slot())
+                await self._write_now(self._heartbeat())
+                continue
+            self._last_busy = now
+            if kind == "accepted":
                 await self.queue.mark_accepted(self.device_id, message.accepted.command_id)
             elif kind == "output":
                 await self._buffer_output(message.output)
@@ -336,57 +485,43 @@ class DeviceStream:
                     grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} after the handshake"
                 )
 
-    async def _deliver_loop(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            fresh = []
-            for command in await self.queue.pending(self.device_id):
-                if command.id in self._sent or command.id in self._device_holds:
-                    continue
-                self._send(
-                    wire.command_message(
-                        command_id=command.id,
-                        seq=command.seq,
-                        not_after=command.not_after,
-                        origin=command.origin,
-                        spec=command.spec,
-                    )
-                )
-                self._sent.add(command.id)
-                fresh.append(command.id)
-            if fresh:
-                await self.queue.mark_delivered(fresh)
-
-    def _schedule_heartbeat(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._heartbeat = loop.call_later(self.heartbeat_seconds, self._on_heartbeat_timer)
-
-    def _on_heartbeat_timer(self) -> None:
-        """Every interval: end a silent stream, else send a heartbeat (a timer, not a task)."""
-        if self.closed.is_set():
+    def wake(self) -> None:
+        """Look for queued commands (a notification, the hub's poll, a new stream)."""
+        if not self._reading:
             return
+        if self._delivering:
+            self._wake_again = True  # the running delivery looks again when done
+            return
+        self._delivering = True
+        self._spawn(self._deliver(), "deliver")
+
+    async def _deliver(self) -> None:
         try:
-            silent = time.monotonic() - self._last_received
-            if silent > SILENCE_FACTOR * self.heartbeat_seconds:
-                raise StreamClosed(
-                    grpc.StatusCode.UNAVAILABLE, f"no message from the device for {silent:.0f} s"
-                )
-            self._heartbeat_seq += 1
-            self._send(
-                pb.ServerMessage(
-                    heartbeat=pb.Heartbeat(
-                        seq=self._heartbeat_seq,
-                        sent_at=wire.timestamp(datetime.now(UTC)),
-                        ack_seq=self._peer_heartbeat_seq,
+            self._wake_again = True
+            while self._wake_again:
+                self._wake_again = False
+                fresh = []
+                for command in await self.queue.pending(self.device_id):
+                    if command.id in self._sent or command.id in self._device_holds:
+                        continue
+                    self._send(
+                        wire.command_message(
+                            command_id=command.id,
+                            seq=command.seq,
+                            not_after=command.not_after,
+                            origin=command.origin,
+                            spec=command.spec,
+                        )
                     )
-                )
-            )
-            self._schedule_heartbeat()
-        except Exception as exc:  # ends the stream as a failed loop would
-            if self._failure is None:
-                self._failure = exc
-            self.closed.set()
+                    if not isinstance(self._sent, set):
+                        self._sent = set()
+                    self._sent.add(command.id)
+                    fresh.append(command.id)
+                if fresh:
+                    self._last_busy = time.monotonic()  # its answers are not to be held up
+                    await self.queue.mark_delivered(fresh)
+        finally:
+            self._delivering = False
 
     # -- output and results --------------------------------------------------------------
 
@@ -399,20 +534,30 @@ class DeviceStream:
             buffer = self._buffers[chunk.command_id] = _Buffer(chunk.offset)
         buffer.data += chunk.data
         self._buffered += len(chunk.data)
-        self._flush_wanted.set()
+        if not self._flushing:
+            self._flushing = True
+            self._spawn(self._flush_soon(), "flush")
         if self._buffered >= MAX_BUFFERED:
             self._drained.clear()
             await self._drained.wait()
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted.clear()
+    async def _flush_soon(self) -> None:
+        try:
+            # Output buffered while this runs is taken by _flush_locked's own loop, which
+            # returns (and clears the flag) without yielding once the buffers are empty.
             await self._flush()
+        finally:
+            self._flushing = False
 
     async def _flush(self) -> None:
-        async with self._flush_lock:
+        async with self._lock():
             await self._flush_locked()
+
+    def _lock(self) -> asyncio.Lock:
+        """The flush lock (chunks must reach the store in offset order), made when needed."""
+        if self._flush_lock is None:
+            self._flush_lock = asyncio.Lock()
+        return self._flush_lock
 
     async def _flush_locked(self) -> None:
         while self._buffers:
@@ -451,7 +596,7 @@ class DeviceStream:
         # Under the flush lock: the output received before this Finished may be on its way
         # to the store in the flush loop right now. Judged before that store, the result
         # would wait for bytes that the flush loop had already acked without seeing it.
-        async with self._flush_lock:
+        async with self._lock():
             await self._flush_locked()
             await self._complete(finished.command_id, result)
 
@@ -470,7 +615,8 @@ class DeviceStream:
         )
         if final:
             self._pending_results.pop(command_id, None)
-            self._device_holds.discard(command_id)
+            if isinstance(self._device_holds, set):
+                self._device_holds.discard(command_id)
             self._ack(command_id, result.total_output_bytes or 0, finished=True)
         else:
             # Output is missing (lost with an earlier stream): ask for it from what we have.

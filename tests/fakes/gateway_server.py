@@ -21,7 +21,8 @@ tests: every message can be scripted, and nothing a device sends is trusted.
   Hello if the device is offline) and returns it; ``redeliver(command)`` resends exactly
   the same bytes. ``drop(device_id)`` ends the current stream with a status;
   ``silent = True`` stops all server traffic (heartbeats and acks) without closing;
-  ``send_heartbeats = False`` stops only heartbeats.
+  ``send_heartbeats = False`` stops only heartbeats; ``answer_heartbeats = True`` answers
+  each device heartbeat, as the real gateway does (``answer_delay`` seconds later).
 * Acks: ``auto_ack=True`` acks every chunk as it arrives (next contiguous offset) and every
   Finished/Refused once all output up to ``total_output_bytes`` is stored, and answers a
   Hello's in-flight list with one Ack per command (the server's stored offset). With
@@ -151,6 +152,8 @@ class FakeGateway:
         self.clock_offset = clock_offset
         self.silent = False
         self.send_heartbeats = True
+        self.answer_heartbeats = False  # answer each device heartbeat, as the gateway does
+        self.answer_delay = 0.0  # seconds before an answer is sent (a round trip, say)
         self.certs: GatewayCertificates | None = (
             generate_gateway_certificates(extra_dns_names=["localhost"], extra_ips=["127.0.0.1"])
             if tls
@@ -568,6 +571,14 @@ class _Servicer(endpoint_pb2_grpc.EndpointGatewayServicer):
                 session.outbox.put_nowait(_Drop(grpc.StatusCode.CANCELLED, "device closed"))
                 return
             self.gw._record(session, message)
+            if self.gw.answer_heartbeats and message.HasField("heartbeat") and not self.gw.silent:
+                session.heartbeat_seq += 1
+                answer = pb.ServerMessage(
+                    heartbeat=pb.Heartbeat(seq=session.heartbeat_seq, ack_seq=message.heartbeat.seq)
+                )
+                asyncio.get_running_loop().call_later(
+                    self.gw.answer_delay, session.outbox.put_nowait, answer
+                )
 
     async def _heartbeats(self, session: Session) -> None:
         gw = self.gw
