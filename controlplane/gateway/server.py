@@ -165,9 +165,9 @@ class GatewayService(Service):
             ("grpc.max_receive_message_length", 8 << 20),
             # No BDP probes: gRPC answers data received after a quiet spell with a PING to
             # size its flow-control window, i.e. a round trip more on every heartbeat of every
-            # device (with endpointd's also off: 16 % -> 11 % of a core for 5,000 idle
-            # devices). A fixed 4 MiB window instead, about what probing reaches on a fast
-            # link, so uploads from far-away devices are not held to 64 KiB per round trip.
+            # device (with endpointd's also off: 7.8 % -> 5.1 % of a core for 2,000 idle
+            # devices, bench/RESULTS.md). A fixed 4 MiB window instead, about what probing
+            # reaches on a fast link, so far-away devices are not held to 64 KiB per round trip.
             ("grpc.http2.bdp_probe", 0),
             ("grpc.http2.lookahead_bytes", 4 << 20),
         ]
