@@ -685,11 +685,13 @@ def endpointd_timeline(trips: list[Trip], db: dict[str, Row], journal: dict[str,
         ),
         ("gateway: `mark_accepted` txn (Accepted read)", pg("accepted")),
         (
-            "endpointd: start (journal `started_at`, before spawning the supervisor)",
+            # Equal to received_at when the command was next in line (journaled running
+            # in the same commit).
+            "endpointd: journaled running (`started_at`, before the spare gets it)",
             device("started"),
         ),
         (
-            "endpointd: exit seen by its monitor poll (journal `finished_at`)",
+            "endpointd: outcome read (journal `finished_at`, the supervisor's done signal)",
             device("finished"),
         ),
         ("gateway: `finish()` txn begins (Finished read)", pg("finished")),

@@ -21,8 +21,9 @@ from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
+from controlplane.gateway import hub as hub_module
 from controlplane.gateway.pairing import MAX_FAILURES_PER_SOURCE, MAX_WRONG_PER_CODE
-from controlplane.gateway.queue import CommandQueue, CommandResult
+from controlplane.gateway.queue import CommandQueue, CommandResult, PendingCommand
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.gateway_harness import FakeDevice, Gateway, running_gateway
 from tests.helpers import assert_eventually
@@ -273,6 +274,68 @@ async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
             assert (result.state, result.exit_code, result.error) == ("failed", 3, error)
             assert result.output_head == data[: queue.inline]
             assert result.output_tail == data[-queue.inline :]
+    finally:
+        await device.close()
+
+
+async def test_a_new_command_goes_out_from_its_notification_and_in_seq_order(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = await paired(gateway)
+    await device.connect()
+    queue = gateway.queue
+    try:
+        first = await queue.submit("laptop", specs.Exec(["one"]))
+        assert (await device.next("command")).command.command_id == first
+        stream = gateway.hub.streams[device.device_id]
+        await assert_eventually(lambda: not stream._delivering)  # no query under way
+        # From here on the query hangs: only a notification can deliver a command.
+        released = asyncio.Event()
+        real_pending = queue.pending
+
+        async def hanging_pending(device_id: str) -> list[PendingCommand]:
+            await released.wait()
+            return await real_pending(device_id)
+
+        monkeypatch.setattr(queue, "pending", hanging_pending)
+        second = await queue.submit("laptop", specs.Exec(["two"]))
+        third = await queue.submit("laptop", specs.Exec(["three"]))
+        got = [(await device.next("command")).command for _ in range(2)]
+        assert [c.command_id for c in got] == [second, third]
+        assert got[0].seq + 1 == got[1].seq
+        # A gap in the seqs (as an expired or cancelled command leaves): the next command
+        # waits for the query, which puts everything in order.
+        await queue.pool.execute(
+            "UPDATE devices SET next_seq = next_seq + 1 WHERE id = $1", device.device_id
+        )
+        fourth = await queue.submit("laptop", specs.Exec(["four"]))
+        with pytest.raises(TimeoutError):
+            await device.next("command", timeout=1.5)
+        released.set()
+        late = (await device.next("command")).command
+        assert late.command_id == fourth
+        assert late.seq == got[1].seq + 2
+    finally:
+        await device.close()
+
+
+async def test_a_heartbeat_held_for_a_batch_does_not_hold_up_a_new_command(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches an hour apart: only sending the command can release the held reader.
+    monkeypatch.setattr(hub_module, "WRITE_BATCH_SECONDS", 3600.0)
+    device = await paired(gateway)
+    await device.connect()
+    try:
+        await assert_eventually(lambda: device.device_id in gateway.hub.streams)
+        await device.send(heartbeat=pb.Heartbeat(seq=1))  # idle: its answer waits
+        await assert_eventually(lambda: gateway.hub.streams[device.device_id]._hold is not None)
+        command_id = await gateway.queue.submit("laptop", specs.Exec(["x"]))
+        await device.next("command")
+        await device.send(finished=pb.Finished(command_id=command_id, exit_code=0))
+        result = await gateway.queue.wait(command_id, 10)
+        assert result.state == "finished"
+        await device.next("heartbeat")  # and the held answer went out
     finally:
         await device.close()
 

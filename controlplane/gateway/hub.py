@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import grpc
 
-from controlplane.gateway.queue import COMMANDS_CHANNEL, CommandQueue
+from controlplane.gateway.queue import COMMANDS_CHANNEL, CommandQueue, announced_command
 from controlplane.gateway.stream import DeviceStream
 from controlplane.services import Service, critical_loop, sleep_unless
 
@@ -87,9 +87,18 @@ class DeviceHub(Service):
 
     # -- notifications -------------------------------------------------------------------
 
-    def _on_commands(self, _conn: Any, _pid: int, _channel: str, device_id: object) -> None:
-        stream = self.streams.get(str(device_id))
-        if stream is not None:
+    def _on_commands(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        try:
+            device_id, command = announced_command(str(payload))
+        except (ValueError, KeyError, TypeError):
+            log.warning("unreadable command notification: %.200r", payload)
+            return  # the once-a-second poll finds the command anyway
+        stream = self.streams.get(device_id)
+        if stream is None:
+            return
+        if command is not None:
+            stream.offer(command)
+        else:
             stream.wake()
 
     def _on_devices(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:

@@ -20,7 +20,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -31,7 +31,8 @@ from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
-COMMANDS_CHANNEL = "superagent_commands"  # payload: device id with new work
+# Payload: the id of a device with new work, or the new command as JSON (_SUBMIT).
+COMMANDS_CHANNEL = "superagent_commands"
 # Payload: the id of a command that reached a final state, or its result as JSON (see
 # _FINISH and done_command_id).
 DONE_CHANNEL = "superagent_command_done"
@@ -103,8 +104,13 @@ class _Waiter:
 
 _RESULT_COLUMNS = ", ".join(CommandResult.__dataclass_fields__)
 
+# NOTIFY payloads must stay under 8000 bytes.
+_MAX_NOTIFY_PAYLOAD = 7900
+
 # Allocate the device's next seq, create the output blob, insert the command and wake the
-# replica holding the device's stream: one statement, so one round trip and atomic.
+# replica holding the device's stream: one statement, so one round trip and atomic. The
+# notification carries the command itself when it fits (see ``announced_command``), so the
+# replica can send it without a query.
 _SUBMIT = f"""
 WITH dev AS (
     UPDATE devices SET next_seq = next_seq + 1
@@ -120,9 +126,16 @@ WITH dev AS (
     SELECT $3, dev.id, $4, dev.seq, $5, $6::text::jsonb, $7, 'queued', now() + $8::interval,
            $9, blob.id
     FROM dev, blob
-    RETURNING id, device_id
+    RETURNING id, device_id, seq, kind, spec, not_after, origin
 )
-SELECT cmd.id, pg_notify('{COMMANDS_CHANNEL}', cmd.device_id) FROM cmd
+SELECT cmd.id,
+       pg_notify('{COMMANDS_CHANNEL}',
+                 CASE WHEN octet_length(told.command) <= {_MAX_NOTIFY_PAYLOAD}
+                      THEN told.command ELSE cmd.device_id END)
+FROM cmd, LATERAL (SELECT json_build_object(
+    'device_id', cmd.device_id, 'id', cmd.id, 'seq', cmd.seq, 'kind', cmd.kind,
+    'spec', cmd.spec, 'not_after', extract(epoch FROM cmd.not_after), 'origin', cmd.origin
+)::text AS command) told
 """
 
 # Expire what waited too long (waking its waiters), then list what is left to deliver. The
@@ -144,7 +157,6 @@ ORDER BY seq
 # and tell waiters: with the whole result as JSON when it fits in a notification (so a
 # waiter needs no query of its own), else with the command id.
 _BYTES_FIELDS = ("output_head", "output_tail")
-_MAX_NOTIFY_RESULT = 7900  # NOTIFY payloads must stay under 8000 bytes
 _FINISH = f"""
 WITH current AS (
     SELECT id, state, output_size, output_blob_id, cancel_requested_at FROM commands
@@ -166,7 +178,7 @@ WITH current AS (
 SELECT current.state,
        current.output_size,
        (SELECT count(pg_notify('{DONE_CHANNEL}',
-                               CASE WHEN octet_length(told.result) <= {_MAX_NOTIFY_RESULT}
+                               CASE WHEN octet_length(told.result) <= {_MAX_NOTIFY_PAYLOAD}
                                     THEN told.result ELSE done.id END))
         FROM done, LATERAL (SELECT json_build_object(
             {
@@ -190,6 +202,26 @@ class PendingCommand:
     not_after: datetime
     origin: str
     state: str
+
+
+def announced_command(payload: str) -> tuple[str, PendingCommand | None]:
+    """A ``COMMANDS_CHANNEL`` payload: the device id, and the new command if it came along.
+
+    Raises ValueError (or KeyError) for a payload that is JSON but not a command.
+    """
+    if not payload.startswith("{"):
+        return payload, None
+    data = json.loads(payload)
+    command = PendingCommand(
+        id=data["id"],
+        seq=int(data["seq"]),
+        kind=data["kind"],
+        spec=specs.from_json(data["kind"], data["spec"]),
+        not_after=datetime.fromtimestamp(float(data["not_after"]), UTC),
+        origin=data["origin"],
+        state="queued",
+    )
+    return str(data["device_id"]), command
 
 
 class CommandQueue:

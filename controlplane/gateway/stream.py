@@ -36,7 +36,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from controlplane.gateway import wire
-from controlplane.gateway.queue import CommandQueue
+from controlplane.gateway.queue import CommandQueue, PendingCommand
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER, hello_signing_payload
 
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT = 10.0
 MAX_BUFFERED = 4 << 20
 _FLUSH_BYTES = 1 << 20
+# An announced command this close to its not_after goes through the query, which expires it.
+_OFFER_MARGIN_SECONDS = 5.0
 SILENCE_FACTOR = 3  # heartbeats that may be missed before the stream counts as dead
 # Intervals without anything sent before the sweep sends a heartbeat unprompted. Above 1, so
 # that a device heartbeat arriving a little late is answered rather than crossed by a second
@@ -134,9 +136,11 @@ class DeviceStream:
         "_flushing",
         "_heartbeat_seq",
         "_helpers",
+        "_hold",
         "_interrupted",
         "_last_busy",
         "_marked",
+        "_next_seq",
         "_outbox",
         "_peer_heartbeat_seq",
         "_pending_results",
@@ -180,6 +184,9 @@ class DeviceStream:
         self._writing = False  # a write is in flight (the writer task's or the reader's)
         self._delivering = False
         self._wake_again = False
+        # The seq the next new command of this device will have, once known (the handshake):
+        # a command announced with exactly that seq can be sent without a query (offer()).
+        self._next_seq: int | None = None
         self._flushing = False
         self._sent: set[str] | frozenset[str] = _NO_IDS  # commands sent on this stream
         self._device_holds: set[str] | frozenset[str] = _NO_IDS  # listed in the Hello
@@ -195,6 +202,7 @@ class DeviceStream:
         self._last_busy = 0.0  # when the device last sent anything but a heartbeat
         self._heartbeat_seq = 0
         self._peer_heartbeat_seq = 0
+        self._hold: asyncio.Future[None] | None = None  # the reader waiting for a write slot
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -385,7 +393,8 @@ class DeviceStream:
                 f"this gateway speaks {PROTOCOL_VERSION_NUMBER}",
             )
         device = await self.queue.pool.fetchrow(
-            "SELECT id, public_key, revoked_at FROM devices WHERE id = $1", hello.device_id
+            "SELECT id, public_key, revoked_at, next_seq FROM devices WHERE id = $1",
+            hello.device_id,
         )
         if device is None or device["public_key"] is None:
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "unknown device; pair it again")
@@ -407,6 +416,7 @@ class DeviceStream:
         if device["revoked_at"] is not None:
             raise StreamClosed(grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked")
         self.device_id = hello.device_id
+        self._next_seq = device["next_seq"]  # older commands: the first delivery finds them
         # Shielded, and awaited again before any undo (run()): a cancelled RPC abandons the
         # await, not the statement, which could otherwise land after the undo.
         self._marked = asyncio.ensure_future(
@@ -452,7 +462,7 @@ class DeviceStream:
                 # else received within an interval, output not yet stored) answers at once.
                 busy = now - self._last_busy < self.heartbeat_seconds
                 if not (busy or self._buffers or self._pending_results):
-                    await asyncio.shield(self.hub.write_slot())
+                    await self._hold_for_write_slot()
                 await self._write_now(self._heartbeat())
                 continue
             self._last_busy = now
@@ -485,6 +495,24 @@ class DeviceStream:
                     grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} after the handshake"
                 )
 
+    async def _hold_for_write_slot(self) -> None:
+        """Until the hub's next batch of writes, or until a command is sent (see _send_command:
+        the device's answers to it must not wait behind this)."""
+        hold: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def release(_: object) -> None:
+            if not hold.done():
+                hold.set_result(None)
+
+        slot = self.hub.write_slot()  # shared: never awaited (so never cancelled) here
+        slot.add_done_callback(release)
+        self._hold = hold
+        try:
+            await hold
+        finally:
+            self._hold = None
+            slot.remove_done_callback(release)
+
     def wake(self) -> None:
         """Look for queued commands (a notification, the hub's poll, a new stream)."""
         if not self._reading:
@@ -495,6 +523,43 @@ class DeviceStream:
         self._delivering = True
         self._spawn(self._deliver(), "deliver")
 
+    def offer(self, command: PendingCommand) -> None:
+        """A command announced by its submit's notification: sent at once if it is next.
+
+        Only when no delivery is running and its seq is the very next one: anything else
+        (a gap left by an expired or cancelled command, one notification overtaking a
+        delivery) falls back to the query, so commands still go out in seq order.
+        """
+        if (
+            not self._reading
+            or self._delivering
+            or command.seq != self._next_seq
+            or command.id in self._sent
+            or command.not_after.timestamp() < time.time() + _OFFER_MARGIN_SECONDS
+        ):
+            self.wake()
+            return
+        self._send_command(command)
+        self._spawn(self.queue.mark_delivered([command.id]), "delivered")
+
+    def _send_command(self, command: PendingCommand) -> None:
+        self._send(
+            wire.command_message(
+                command_id=command.id,
+                seq=command.seq,
+                not_after=command.not_after,
+                origin=command.origin,
+                spec=command.spec,
+            )
+        )
+        if not isinstance(self._sent, set):
+            self._sent = set()
+        self._sent.add(command.id)
+        self._next_seq = max(self._next_seq or 0, command.seq + 1)
+        self._last_busy = time.monotonic()  # its answers are not to be held up
+        if self._hold is not None and not self._hold.done():
+            self._hold.set_result(None)  # nor those already on their way
+
     async def _deliver(self) -> None:
         try:
             self._wake_again = True
@@ -502,23 +567,12 @@ class DeviceStream:
                 self._wake_again = False
                 fresh = []
                 for command in await self.queue.pending(self.device_id):
+                    self._next_seq = max(self._next_seq or 0, command.seq + 1)
                     if command.id in self._sent or command.id in self._device_holds:
                         continue
-                    self._send(
-                        wire.command_message(
-                            command_id=command.id,
-                            seq=command.seq,
-                            not_after=command.not_after,
-                            origin=command.origin,
-                            spec=command.spec,
-                        )
-                    )
-                    if not isinstance(self._sent, set):
-                        self._sent = set()
-                    self._sent.add(command.id)
+                    self._send_command(command)
                     fresh.append(command.id)
                 if fresh:
-                    self._last_busy = time.monotonic()  # its answers are not to be held up
                     await self.queue.mark_delivered(fresh)
         finally:
             self._delivering = False
