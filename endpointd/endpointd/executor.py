@@ -151,6 +151,8 @@ class ZygoteError(Exception):
 # Spares the daemon keeps in hand: one per command started back to back, a second so that a
 # burst does not wait for the zygote's next fork.
 SPARES = 2
+# How long a replacement spare waits to be forked while another is still in hand (seconds).
+REPLENISH_DELAY = 0.02
 
 
 class Zygote:
@@ -282,7 +284,12 @@ class Zygote:
                     raise ZygoteError("no spare from the zygote in time")
                 await _readable(loop, self._sock, deadline - loop.time())
             pid, channel = self._spares.pop(0)
-            self._ask()
+            if self._spares:
+                # Another spare is in hand: fork the replacement a little later, so that the
+                # fork does not compete for the CPU with the command just handed over.
+                loop.call_later(REPLENISH_DELAY, self._ask)
+            else:
+                self._ask()
             request = _zygote.encode({"spool": str(spool), "spec": dict(spec)})
             try:
                 await loop.sock_sendall(channel, request)
