@@ -74,6 +74,8 @@ class FleetRun:
     heartbeat_seconds: float
     devices: int
     rss_idle: int
+    rss_warm: int  # after the first ``warm_devices`` connections
+    warm_devices: int
     rss_connected: int
     rss_end: int
     connect_seconds: float
@@ -95,6 +97,21 @@ class FleetRun:
     @property
     def kib_per_connection(self) -> float:
         return (self.rss_connected - self.rss_idle) / self.devices / KIB
+
+    @property
+    def kib_per_connection_marginal(self) -> float:
+        """Per connection once the server is warm: one-time costs of the first connections
+        (lazy imports, statement caches, the crypto library's set-up) left out."""
+        return (self.rss_connected - self.rss_warm) / (self.devices - self.warm_devices) / KIB
+
+    @property
+    def warm_up_mib(self) -> float:
+        """What the first connections cost beyond the marginal rate, once."""
+        return (
+            self.rss_warm
+            - self.rss_idle
+            - self.warm_devices * self.kib_per_connection_marginal * KIB
+        ) / MIB
 
     @property
     def cpu_percent(self) -> float:
@@ -127,13 +144,15 @@ async def measure(
         await asyncio.sleep(args.settle_seconds)
         rss_idle = await median_rss(server)
         devices = [SimDevice(identity, server) for identity in identities]
+        warm = min(args.warm_devices, len(devices) - 1)
         try:
+            await connect_all(devices[:warm], args.connect_concurrency)
+            await held(kind, devices[:warm], url)
+            await asyncio.sleep(args.settle_seconds)
+            rss_warm = await median_rss(server)
             started = time.perf_counter()
-            connect_seconds = await connect_all(devices, args.connect_concurrency)
-            if kind == "gateway":
-                await wait_connected_in_db(url, len(devices))
-            else:
-                await asyncio.wait_for(asyncio.gather(*(d.welcomed.wait() for d in devices)), 300)
+            connect_seconds = await connect_all(devices[warm:], args.connect_concurrency)
+            await held(kind, devices, url)
             ready_seconds = time.perf_counter() - started
             name = f"{kind} {'TLS' if tls else 'plaintext'} hb={heartbeat_seconds:g}s"
             print(
@@ -168,6 +187,8 @@ async def measure(
                 heartbeat_seconds=heartbeat_seconds,
                 devices=len(devices),
                 rss_idle=rss_idle,
+                rss_warm=rss_warm,
+                warm_devices=warm,
                 rss_connected=rss_connected,
                 rss_end=rss_end,
                 connect_seconds=connect_seconds,
@@ -185,7 +206,9 @@ async def measure(
             print(
                 f"{name}: RSS idle {rss_idle / MIB:.1f} MiB, "
                 f"connected {rss_connected / MIB:.1f} MiB "
-                f"({run.kib_per_connection:.1f} KiB/connection), "
+                f"({run.kib_per_connection:.1f} KiB/connection; "
+                f"{run.kib_per_connection_marginal:.1f} once warm, after {warm} connections "
+                f"that cost {run.warm_up_mib:.1f} MiB more once), "
                 f"CPU {run.cpu_percent:.2f} % over {window:.0f} s, "
                 f"Postgres {run.postgres_cpu_percent:.2f} %, "
                 f"{heartbeats} heartbeats to devices, {dropped} dropped",
@@ -194,6 +217,14 @@ async def measure(
             return run
         finally:
             await close_all(devices)
+
+
+async def held(kind: str, devices: Sequence[SimDevice], url: str) -> None:
+    """Until the server holds ``devices`` (the gateway: its handshake marked them)."""
+    if kind == "gateway":
+        await wait_connected_in_db(url, len(devices))
+    else:
+        await asyncio.wait_for(asyncio.gather(*(d.welcomed.wait() for d in devices)), 300)
 
 
 def _thread_groups(run: FleetRun) -> str:
@@ -350,6 +381,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--settle-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--warm-devices",
+        type=int,
+        default=50,
+        help="connected first, to read RSS once the server is warm (the marginal rate)",
+    )
     parser.add_argument("--connect-concurrency", type=int, default=100)
     parser.add_argument("--servers", default="gateway,baseline", help="gateway, baseline or both")
     parser.add_argument(

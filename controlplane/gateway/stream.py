@@ -467,7 +467,13 @@ class DeviceStream:
                 continue
             self._last_busy = now
             if kind == "accepted":
-                await self.queue.mark_accepted(self.device_id, message.accepted.command_id)
+                # Not awaited: the command's output or result, often right behind, must not
+                # wait for it, and a late mark never undoes them (it only moves a command
+                # that is still queued or delivered to running).
+                self._spawn(
+                    self.queue.mark_accepted(self.device_id, message.accepted.command_id),
+                    "accepted",
+                )
             elif kind == "output":
                 await self._buffer_output(message.output)
             elif kind == "finished":
