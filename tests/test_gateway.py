@@ -23,7 +23,12 @@ from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
 from controlplane.gateway import hub as hub_module
 from controlplane.gateway.pairing import MAX_FAILURES_PER_SOURCE, MAX_WRONG_PER_CODE
-from controlplane.gateway.queue import CommandQueue, CommandResult, PendingCommand
+from controlplane.gateway.queue import (
+    COMMANDS_CHANNEL,
+    CommandQueue,
+    CommandResult,
+    PendingCommand,
+)
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.gateway_harness import FakeDevice, Gateway, running_gateway
 from tests.helpers import assert_eventually
@@ -338,6 +343,26 @@ async def test_a_heartbeat_held_for_a_batch_does_not_hold_up_a_new_command(
         await device.next("heartbeat")  # and the held answer went out
     finally:
         await device.close()
+
+
+async def test_lost_notifications_are_made_up_for_by_the_poll(
+    gateway: Gateway, db: async_sessionmaker[AsyncSession]
+) -> None:
+    # Nothing reaches the hub by NOTIFY: new commands and revocations still take effect.
+    hub = gateway.hub
+    await assert_eventually(lambda: hub._listener is not None)
+    assert hub._listener is not None
+    await hub._listener.remove_listener(COMMANDS_CHANNEL, hub._on_commands)
+    await hub._listener.remove_listener(hub_module.DEVICES_CHANNEL, hub._on_devices)
+    device = await paired(gateway)
+    await device.connect()
+    await assert_eventually(lambda: device.device_id in gateway.hub.streams)
+    command_id = await gateway.queue.submit("laptop", specs.Exec(["x"]))
+    assert (await device.next("command", timeout=5)).command.command_id == command_id
+    async with transaction(db) as session:
+        await devices.revoke(session, "laptop")
+    assert await device.ended(timeout=5) == grpc.StatusCode.PERMISSION_DENIED
+    await device.close()
 
 
 async def test_reconnect_acks_what_is_durable(gateway: Gateway) -> None:

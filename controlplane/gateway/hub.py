@@ -162,21 +162,18 @@ class DeviceHub(Service):
             await self._ensure_listener()
             await sleep_unless(self.stopping, POLL_SECONDS)
             if self.streams:
-                for device_id in await self.queue.devices_with_work(list(self.streams)):
+                for device_id, revoked in await self.queue.held_needing_attention(self.replica_id):
+                    # .get: the stream may have ended meanwhile (e.g. the revocation's own
+                    # NOTIFY closed it).
                     stream = self.streams.get(device_id)
-                    if stream is not None:
-                        stream.wake()
-                revoked = await self.queue.pool.fetch(
-                    "SELECT id FROM devices WHERE id = ANY($1::text[]) AND revoked_at IS NOT NULL",
-                    list(self.streams),
-                )
-                for row in revoked:
-                    # .get: the stream may have ended meanwhile (the revocation's own NOTIFY).
-                    stream = self.streams.get(row["id"])
-                    if stream is not None:
+                    if stream is None:
+                        continue
+                    if revoked:
                         stream.close(
                             grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked"
                         )
+                    else:
+                        stream.wake()
             now = asyncio.get_running_loop().time()
             if self._touched and now - last_touch_flush >= TOUCH_FLUSH_SECONDS:
                 # Only devices still connected here: a stream that ended must stay offline.

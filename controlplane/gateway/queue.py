@@ -542,10 +542,21 @@ class CommandQueue:
             raise NotFound(f"device {device_id} has no command {command_id}")
         return bool(row["recorded"]) or row["state"] in TERMINAL
 
-    async def devices_with_work(self, device_ids: Sequence[str]) -> list[str]:
+    async def held_needing_attention(self, replica_id: str) -> list[tuple[str, bool]]:
+        """``(device id, revoked)`` for devices held by ``replica_id`` with queued work, and
+        for devices revoked within the hour (revoking clears ``connected_replica``; a
+        stream still open after that long would have been closed long before).
+
+        Asked by replica rather than with a list of ids: a replica holding thousands of idle
+        streams asks this every second."""
         rows = await self.pool.fetch(
-            "SELECT DISTINCT device_id FROM commands "
-            "WHERE device_id = ANY($1::text[]) AND state = 'queued'",
-            list(device_ids),
+            """
+            SELECT DISTINCT c.device_id AS id, false AS revoked
+            FROM commands c JOIN devices d ON d.id = c.device_id
+            WHERE c.state = 'queued' AND d.connected_replica = $1
+            UNION
+            SELECT id, true FROM devices WHERE revoked_at > now() - interval '1 hour'
+            """,
+            replica_id,
         )
-        return [row["device_id"] for row in rows]
+        return [(row["id"], row["revoked"]) for row in rows]

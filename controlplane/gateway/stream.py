@@ -510,14 +510,15 @@ class DeviceStream:
             if not hold.done():
                 hold.set_result(None)
 
-        slot = self.hub.write_slot()  # shared: never awaited (so never cancelled) here
-        slot.add_done_callback(release)
+        # The shared slot is never awaited here, so never cancelled. Its callback is left in
+        # place when the hold ends early (a no-op when it fires): removing it would scan
+        # the callbacks of every stream waiting for the same batch.
+        self.hub.write_slot().add_done_callback(release)
         self._hold = hold
         try:
             await hold
         finally:
             self._hold = None
-            slot.remove_done_callback(release)
 
     def wake(self) -> None:
         """Look for queued commands (a notification, the hub's poll, a new stream)."""
