@@ -678,7 +678,7 @@ def endpointd_timeline(trips: list[Trip], db: dict[str, Row], journal: dict[str,
     events: list[Event] = [
         ("submit txn begins (`created_at`)", pg("created")),
         ("submit() returned to the worker (committed, NOTIFY sent)", lambda t: t.submitted),
-        ("gateway: `mark_delivered` txn (after pending(), Command queued)", pg("delivered")),
+        ("gateway: `mark_delivered` txn (Command handed to the stream)", pg("delivered")),
         (
             "endpointd: Command received (journal `received_at`, before its fsync)",
             device("received"),
@@ -716,7 +716,7 @@ def instant_timeline(trips: list[Trip], db: dict[str, Row], received: dict[str, 
     events: list[Event] = [
         ("submit txn begins (`created_at`)", pg("created")),
         ("submit() returned to the worker (committed, NOTIFY sent)", lambda t: t.submitted),
-        ("gateway: `mark_delivered` txn (after pending(), Command queued)", pg("delivered")),
+        ("gateway: `mark_delivered` txn (Command handed to the stream)", pg("delivered")),
         (
             "device: Command received (answers Accepted + Finished at once)",
             lambda t: received.get(t.command_id),
