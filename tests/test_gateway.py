@@ -7,6 +7,7 @@ wire (duplicates, gaps, bad signatures); tests/test_endpointd_*.py use the real 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +43,17 @@ async def gateway(
         yield gw
 
 
+@contextlib.asynccontextmanager
+async def connected(gateway: Gateway, name: str = "laptop") -> AsyncIterator[FakeDevice]:
+    """A paired device with an open stream, closed afterwards."""
+    device = await paired(gateway, name)
+    await device.connect()
+    try:
+        yield device
+    finally:
+        await device.close()
+
+
 async def paired(gateway: Gateway, name: str = "laptop") -> FakeDevice:
     device = FakeDevice(gateway)
     response = await device.pair(await gateway.pairing_code(name))
@@ -60,9 +72,7 @@ async def sql(database_url: str, query: str, *args: object) -> list[asyncpg.Reco
 
 
 async def test_pair_connect_and_exec_round_trip(gateway: Gateway) -> None:
-    device = await paired(gateway)
-    await device.connect()
-    try:
+    async with connected(gateway) as device:
         command_id = await gateway.queue.submit("laptop", specs.Exec(["echo", "hi"]))
         delivered = (await device.next("command")).command
         assert delivered.command_id == command_id
@@ -85,8 +95,6 @@ async def test_pair_connect_and_exec_round_trip(gateway: Gateway) -> None:
         while not ack.ack.finished:
             ack = await device.next("ack")
         assert ack.ack.acked_output_offset == len(body)
-    finally:
-        await device.close()
 
 
 async def test_wrong_expired_and_reused_codes_are_refused_clearly(
@@ -211,9 +219,7 @@ async def test_commands_queued_offline_arrive_in_order_and_stale_ones_expire(
 
 
 async def test_output_is_stored_exactly_once_despite_duplicates_and_gaps(gateway: Gateway) -> None:
-    device = await paired(gateway)
-    await device.connect()
-    try:
+    async with connected(gateway) as device:
         command_id = await gateway.queue.submit("laptop", specs.Exec(["yes"]))
         await device.next("command")
         data = bytes(range(256)) * 40  # 10240 bytes
@@ -236,8 +242,6 @@ async def test_output_is_stored_exactly_once_despite_duplicates_and_gaps(gateway
         result = await gateway.queue.wait(command_id, 10)
         assert result.state == "finished"
         assert await gateway.queue.output(command_id, 0, 1 << 20) == data + b"0123456789"
-    finally:
-        await device.close()
 
 
 async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
@@ -286,10 +290,8 @@ async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
 async def test_a_new_command_goes_out_from_its_notification_and_in_seq_order(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    device = await paired(gateway)
-    await device.connect()
-    queue = gateway.queue
-    try:
+    async with connected(gateway) as device:
+        queue = gateway.queue
         first = await queue.submit("laptop", specs.Exec(["one"]))
         assert (await device.next("command")).command.command_id == first
         stream = gateway.hub.streams[device.device_id]
@@ -320,8 +322,6 @@ async def test_a_new_command_goes_out_from_its_notification_and_in_seq_order(
         late = (await device.next("command")).command
         assert late.command_id == fourth
         assert late.seq == got[1].seq + 2
-    finally:
-        await device.close()
 
 
 async def test_a_heartbeat_held_for_a_batch_does_not_hold_up_a_new_command(
@@ -329,9 +329,7 @@ async def test_a_heartbeat_held_for_a_batch_does_not_hold_up_a_new_command(
 ) -> None:
     # Batches an hour apart: only sending the command can release the held reader.
     monkeypatch.setattr(hub_module, "WRITE_BATCH_SECONDS", 3600.0)
-    device = await paired(gateway)
-    await device.connect()
-    try:
+    async with connected(gateway) as device:
         await assert_eventually(lambda: device.device_id in gateway.hub.streams)
         await device.send(heartbeat=pb.Heartbeat(seq=1))  # idle: its answer waits
         await assert_eventually(lambda: gateway.hub.streams[device.device_id]._hold is not None)
@@ -341,8 +339,6 @@ async def test_a_heartbeat_held_for_a_batch_does_not_hold_up_a_new_command(
         result = await gateway.queue.wait(command_id, 10)
         assert result.state == "finished"
         await device.next("heartbeat")  # and the held answer went out
-    finally:
-        await device.close()
 
 
 async def test_lost_notifications_are_made_up_for_by_the_poll(
