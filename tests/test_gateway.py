@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -359,6 +359,37 @@ async def test_lost_notifications_are_made_up_for_by_the_poll(
         await devices.revoke(session, "laptop")
     assert await device.ended(timeout=5) == grpc.StatusCode.PERMISSION_DENIED
     await device.close()
+
+
+async def test_an_announced_command_is_marked_delivered_only_if_not_accepted_at_once(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    queue = gateway.queue
+    real_mark = queue.mark_delivered
+    marked: list[str] = []
+
+    async def spy(command_ids: Sequence[str]) -> None:
+        marked.extend(command_ids)
+        await real_mark(command_ids)
+
+    async with connected(gateway) as device:
+        await assert_eventually(lambda: device.device_id in gateway.hub.streams)
+        stream = gateway.hub.streams[device.device_id]
+        await assert_eventually(lambda: not stream._delivering)
+        monkeypatch.setattr(queue, "mark_delivered", spy)
+        quiet = await queue.submit("laptop", specs.Exec(["x"]))
+        await device.next("command")  # and no Accepted
+        prompt = await queue.submit("laptop", specs.Exec(["y"]))
+        await device.next("command")
+        await device.send(accepted=pb.Accepted(command_id=prompt))
+        await assert_eventually(lambda: _state(gateway, quiet, "delivered"), timeout=5)
+        await assert_eventually(lambda: _state(gateway, prompt, "running"))
+        assert marked == [quiet]  # the accepted one: one statement recorded both
+        (row,) = await sql(
+            database_url, "SELECT delivered_at, accepted_at FROM commands WHERE id = $1", prompt
+        )
+        assert row["delivered_at"] is not None
+        assert row["accepted_at"] is not None
 
 
 async def test_reconnect_acks_what_is_durable(gateway: Gateway) -> None:

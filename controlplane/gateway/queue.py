@@ -443,7 +443,8 @@ class CommandQueue:
 
     async def mark_accepted(self, device_id: str, command_id: str) -> None:
         await self.pool.execute(
-            "UPDATE commands SET state = 'running', accepted_at = coalesce(accepted_at, now()) "
+            "UPDATE commands SET state = 'running', accepted_at = coalesce(accepted_at, now()), "
+            "delivered_at = coalesce(delivered_at, now()) "
             "WHERE id = $1 AND device_id = $2 AND state IN ('queued', 'delivered')",
             command_id,
             device_id,

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT = 10.0
 MAX_BUFFERED = 4 << 20
 _FLUSH_BYTES = 1 << 20
+# An announced command is marked delivered this long after it was sent unless the device's
+# Accepted (which marks both) came first.
+MARK_DELIVERED_AFTER_SECONDS = 1.0
 # An announced command this close to its not_after goes through the query, which expires it.
 _OFFER_MARGIN_SECONDS = 5.0
 SILENCE_FACTOR = 3  # heartbeats that may be missed before the stream counts as dead
@@ -147,6 +150,7 @@ class DeviceStream:
         "_reading",
         "_sent",
         "_task",
+        "_unaccepted",
         "_wake_again",
         "_writing",
         "close_reason",
@@ -189,6 +193,8 @@ class DeviceStream:
         self._next_seq: int | None = None
         self._flushing = False
         self._sent: set[str] | frozenset[str] = _NO_IDS  # commands sent on this stream
+        # Announced commands sent and not yet accepted (see offer()).
+        self._unaccepted: set[str] | frozenset[str] = _NO_IDS
         self._device_holds: set[str] | frozenset[str] = _NO_IDS  # listed in the Hello
         self._buffers: dict[str, _Buffer] = {}
         self._buffered = 0
@@ -467,6 +473,8 @@ class DeviceStream:
                 continue
             self._last_busy = now
             if kind == "accepted":
+                if isinstance(self._unaccepted, set):
+                    self._unaccepted.discard(message.accepted.command_id)
                 # Not awaited: the command's output or result, often right behind, must not
                 # wait for it, and a late mark never undoes them (it only moves a command
                 # that is still queued or delivered to running).
@@ -547,7 +555,21 @@ class DeviceStream:
             self.wake()
             return
         self._send_command(command)
-        self._spawn(self.queue.mark_delivered([command.id]), "delivered")
+        # Marked delivered only if the device has not accepted it by then: its Accepted
+        # (normally a millisecond away) records both, one statement instead of two.
+        if not isinstance(self._unaccepted, set):
+            self._unaccepted = set()
+        self._unaccepted.add(command.id)
+        asyncio.get_running_loop().call_later(
+            MARK_DELIVERED_AFTER_SECONDS, self._mark_delivered_if_unaccepted, command.id
+        )
+
+    def _mark_delivered_if_unaccepted(self, command_id: str) -> None:
+        if not isinstance(self._unaccepted, set) or command_id not in self._unaccepted:
+            return
+        self._unaccepted.discard(command_id)
+        if self._reading:  # else it is still queued, and delivered again on the next stream
+            self._spawn(self.queue.mark_delivered([command_id]), "delivered")
 
     def _send_command(self, command: PendingCommand) -> None:
         self._send(
