@@ -203,6 +203,9 @@ def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
             _become_supervisor(os.path.abspath(request["spool"]), request["spec"], channel)
     except BaseException:
         code = 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()  # still the daemon's stderr: no spool was named yet
+            sys.stderr.flush()
     finally:
         os._exit(code)
 
