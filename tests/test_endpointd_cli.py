@@ -205,6 +205,15 @@ def test_every_command_explains_itself(command: str) -> None:
     assert len(paragraph.split()) >= 25
 
 
+def test_status_while_a_starting_daemon_has_not_made_its_journal_yet(tmp_path: Path) -> None:
+    env = {"ENDPOINTD_CONFIG_DIR": str(tmp_path / "c"), "ENDPOINTD_STATE_DIR": str(tmp_path / "s")}
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "journal.sqlite3").touch()  # created, no table yet
+    proc = _endpointd("status", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["commands"] == []
+
+
 def test_status_and_unpair_when_not_paired(tmp_path: Path) -> None:
     env = {"ENDPOINTD_CONFIG_DIR": str(tmp_path / "c"), "ENDPOINTD_STATE_DIR": str(tmp_path / "s")}
     proc = _endpointd("status", "--json", env=env)

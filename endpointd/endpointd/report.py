@@ -8,6 +8,7 @@ read-only, which WAL mode allows while the daemon writes).
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,19 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
         return []
     from superagent_proto.v1 import endpoint_pb2
 
-    journal = Journal(path, readonly=True)
     try:
+        journal = Journal(path, readonly=True)
+    except sqlite3.Error:
+        return []
+    try:
+        try:
+            entries = journal.active()
+        except sqlite3.Error:
+            # A daemon starting right now may not have created the table yet, and a status
+            # report must never fail for that.
+            return []
         out = []
-        for entry in journal.active():
+        for entry in entries:
             kind = summary = None
             if entry.body is not None:
                 command = endpoint_pb2.Command.FromString(entry.body)
