@@ -15,6 +15,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -327,12 +328,50 @@ async def test_a_result_goes_to_the_writer_before_its_fsync_and_is_journaled_fir
     starter = asyncio.create_task(daemon.starter())
     try:
         await asyncio.wait_for(task, 10)
-        await _until(lambda: "fsync" in order, 5)
-        assert order == ["sent", "fsync"]
+        await _until(lambda: order.count("fsync") == 2, 5)
+        # The journal row before anything ran; the result sent, then made durable.
+        assert order == ["fsync", "sent", "fsync"]
         entry = journal.get("c1")
         assert entry is not None
         assert entry.state == "finished"
     finally:
+        starter.cancel()
+        await asyncio.gather(starter, return_exceptions=True)
+        daemon.close()
+        journal.close()
+
+
+async def test_nothing_starts_and_no_accepted_goes_out_before_the_journal_is_durable(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path / "journal.sqlite3")
+    daemon = _daemon(tmp_path, journal)
+    released = threading.Event()
+    real_sync = journal.sync
+
+    def slow_sync() -> None:  # the fsync, in the daemon's worker thread
+        released.wait(10)
+        real_sync()
+
+    journal.sync = slow_sync  # type: ignore[method-assign]
+    control: asyncio.Queue[pb.DeviceMessage] = asyncio.Queue()
+    daemon.set_clock(time.time())
+    daemon.on_connected(control)
+    starter = asyncio.create_task(daemon.starter())
+    try:
+        if daemon.zygote is not None:  # the spare path, where the fsync overlaps its set-up
+            await _until(daemon.zygote.ready, 20)
+        marker = tmp_path / "ran"
+        daemon.handle_command(_exec("c1", 1, ["sh", "-c", f"echo ran > {marker}"]))
+        await asyncio.sleep(0.5)
+        assert not marker.exists()
+        assert control.empty()  # no Accepted yet
+        released.set()
+        await _until(marker.exists, 10)
+        accepted = await asyncio.wait_for(control.get(), 5)
+        assert accepted.accepted.command_id == "c1"
+    finally:
+        released.set()
         starter.cancel()
         await asyncio.gather(starter, return_exceptions=True)
         daemon.close()

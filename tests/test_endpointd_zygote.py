@@ -7,6 +7,7 @@ daemon) mid-command.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from endpointd import _zygote
-from endpointd.executor import ExecLimits, Zygote, exec_spec, pid_alive, revoke_or_adopt
+from endpointd.executor import ExecLimits, Zygote, exec_spec, go, pid_alive, revoke_or_adopt
 from endpointd.spool import ExitStatus, read_all
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
@@ -142,6 +143,33 @@ async def test_a_revoked_launch_never_runs_and_a_claimed_one_is_adopted(
     await assert_eventually(lambda: (claimed / "supervisor.pid").exists())
     assert revoke_or_adopt(claimed) == pid
     await assert_eventually(lambda: ExitStatus.read(claimed), timeout=15)
+
+
+async def test_a_gated_spare_starts_only_on_go_and_a_withdrawn_one_never(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    started = tmp_path / "started"
+    spec = _spec(started, ["sh", "-c", f"echo started > {marker}"], tmp_path)
+    pid, done = await zygote.launch(started, spec, gated=True)
+    await assert_eventually(lambda: (started / "supervisor.pid").exists())  # ready, claimed
+    await asyncio.sleep(0.3)
+    assert not marker.exists()  # waiting for the go
+    go(done)
+    await assert_eventually(lambda: _closed(done), timeout=15)
+    assert marker.read_text() == "started\n"
+    status = ExitStatus.read(started)
+    assert status is not None
+    assert status.exit_code == 0
+
+    withdrawn = tmp_path / "withdrawn"
+    spec = _spec(withdrawn, ["sh", "-c", f"echo withdrawn > {marker}"], tmp_path)
+    pid, done = await zygote.launch(withdrawn, spec, gated=True)
+    await assert_eventually(lambda: (withdrawn / "supervisor.pid").exists())
+    done.close()  # the daemon withdraws it
+    await assert_eventually(lambda: not pid_alive(pid))
+    assert marker.read_text() == "started\n"
+    assert ExitStatus.read(withdrawn) is None
 
 
 async def test_a_dead_zygote_is_reported_and_restarted(zygote: Zygote, tmp_path: Path) -> None:

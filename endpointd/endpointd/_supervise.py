@@ -56,6 +56,7 @@ from endpointd.spoolformat import (
 # Not `typing.TYPE_CHECKING`: importing typing alone costs milliseconds on every command.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import FrameType
     from typing import Any
 
@@ -163,7 +164,15 @@ class _Flags:
     terminate = False
 
 
-def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
+class NotStarted(Exception):
+    """The daemon withdrew the command before it was started (see ``supervise``'s gate)."""
+
+
+def supervise(
+    directory: str, spec: dict[str, Any], gate: Callable[[], bool] | None = None
+) -> dict[str, Any]:
+    """Run the command and return its status. ``gate``, if given, is asked right before the
+    command is started: everything else is ready by then; False means do not start it."""
     argv: list[str] = list(spec["argv"])
     cwd: str | None = spec.get("cwd") or None
     env: dict[str, str] = dict(spec["env"])
@@ -195,6 +204,8 @@ def supervise(directory: str, spec: dict[str, Any]) -> dict[str, Any]:
     writer = SpoolWriter(directory)
     started = time.time()
     try:
+        if gate is not None and not gate():
+            raise NotStarted
         pgid, out_r, err_r = _spawn(argv, cwd, env, stdin_fd)
     except OSError as exc:
         writer.close()
@@ -403,10 +414,12 @@ def _reap_group(pgid: int) -> None:
         time.sleep(0.01)
 
 
-def run_spec(directory: str, spec: dict[str, Any]) -> None:
+def run_spec(directory: str, spec: dict[str, Any], gate: Callable[[], bool] | None = None) -> None:
     """Supervise ``spec`` and record the outcome; shared by both ways a supervisor starts."""
     try:
-        status = supervise(directory, spec)
+        status = supervise(directory, spec, gate)
+    except NotStarted:
+        return  # the daemon records what happened; nothing ran, so there is no status
     except Exception as exc:  # recorded, so the daemon reports it instead of "unknown"
         now = time.time()
         error = f"endpointd supervisor failed: {type(exc).__name__}: {exc}"

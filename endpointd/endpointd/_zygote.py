@@ -38,7 +38,11 @@ reads a truncated request sees EOF and runs nothing.)
 Wire format. Zygote to daemon: a single ``R`` once it is ready, then per spare a 4-byte
 big-endian pid carrying the daemon's end of the spare's socketpair (``SCM_RIGHTS``); pid 0
 without a socket means a fork failed. Daemon to zygote: one byte ``F`` per spare wanted.
-Daemon to spare: a 4-byte big-endian length, then that many bytes of JSON.
+Daemon to spare: a 4-byte big-endian length, then that many bytes of JSON; for a request
+with ``"gated": true``, later one byte ``G`` once the daemon's journal holds the command
+durably. A gated spare does everything up to starting the command, then waits for that
+byte; EOF instead means the command was withdrawn, and it exits without running it or
+writing a status.
 """
 
 from __future__ import annotations
@@ -58,10 +62,12 @@ from endpointd.spoolformat import SUPERVISOR_LOG, SUPERVISOR_PID_FILE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 READY = b"R"
 FORK = b"F"
+GO = b"G"  # daemon to a gated spare: the command is journaled durably, start it
 LENGTH = struct.Struct(">I")
 PID = struct.Struct(">I")
 MAX_MESSAGE = 64 * 1024 * 1024
@@ -161,7 +167,12 @@ def _redirect_stderr(directory: str) -> None:
     os.close(log)
 
 
-def _become_supervisor(directory: str, spec: dict[str, Any], channel: socket.socket) -> None:
+def _become_supervisor(
+    directory: str,
+    spec: dict[str, Any],
+    channel: socket.socket,
+    gate: Callable[[], bool] | None = None,
+) -> None:
     """In the spare: turn into a supervisor for ``spec``; never returns.
 
     ``channel`` stays open until the outcome is recorded and is closed before anything
@@ -176,7 +187,7 @@ def _become_supervisor(directory: str, spec: dict[str, Any], channel: socket.soc
         if not claim(directory):
             print("endpointd: the daemon gave up on this launch; not running", file=sys.stderr)
             return
-        _supervise.run_spec(directory, spec)
+        _supervise.run_spec(directory, spec, gate)
     except BaseException:
         code = 1
         with contextlib.suppress(BaseException):
@@ -200,7 +211,8 @@ def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
         _supervise.become_subreaper()  # whatever the request, before it arrives
         request = _recv_message(channel)
         if request is not None:
-            _become_supervisor(os.path.abspath(request["spool"]), request["spec"], channel)
+            gate = (lambda: channel.recv(1) == GO) if request.get("gated") else None
+            _become_supervisor(os.path.abspath(request["spool"]), request["spec"], channel, gate)
     except BaseException:
         code = 1
         with contextlib.suppress(BaseException):

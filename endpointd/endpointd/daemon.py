@@ -44,6 +44,7 @@ from endpointd.executor import (
     Zygote,
     ZygoteError,
     exec_spec,
+    go,
     pid_alive,
     request_cancel,
     revoke_or_adopt,
@@ -115,6 +116,9 @@ class Active:
     done: socket.socket | None = None
     # Journaled as `running` on receipt (it was next to start), so _start need not.
     journaled_running: bool = False
+    # The fsync that makes the journal row durable, running in a thread; Accepted is sent,
+    # and the command started, only once it is done (see _make_durable).
+    durable: asyncio.Future[None] | None = None
 
     @property
     def kind(self) -> str | None:
@@ -196,6 +200,7 @@ class Daemon:
         self.control: asyncio.Queue[pb.DeviceMessage] | None = None
         self._start_heap: list[tuple[int, str]] = []
         self._start_ready = asyncio.Event()
+        self._starting = False  # the starter is inside _start (a file op may take long)
         # server clock minus local clock, from the latest Challenge; None until one arrives.
         self.clock_offset: float | None = None
         self._last_ack_flush = time.monotonic()
@@ -319,11 +324,12 @@ class Daemon:
             return
 
         # Journaled (fsync'd) before Accepted is sent and before anything runs. A command
-        # that the starter will take next (nothing queued ahead of it) is journaled as
-        # `running` at once: one fsync instead of two before it starts. A crash before it
+        # that the starter will take next (nothing queued ahead of it, the starter idle) is
+        # journaled as `running` at once: one fsync instead of two before it starts, and
+        # that fsync runs in a thread while a spare gets ready for it (_launch_exec). A crash before it
         # is started is then reported as an unknown outcome, as one between `running` and
         # the start always was; never as a second run.
-        start_next = self.clock_offset is not None and not self._start_heap
+        start_next = self.clock_offset is not None and not self._start_heap and not self._starting
         self.journal.insert(
             command_id=command_id,
             seq=command.seq,
@@ -331,6 +337,8 @@ class Daemon:
             body_sha256=digest,
             state="running" if start_next else "accepted",
             accepted=True,
+            # One that starts next gets its fsync in a thread, while a spare gets ready.
+            durable=not start_next,
         )
         active = Active(
             command_id=command_id,
@@ -341,11 +349,13 @@ class Daemon:
             journaled_running=start_next,
         )
         self.commands[command_id] = active
-        # The starter is woken before the writer: it hands the command to a spare in one
-        # step, so the command starts before Accepted is written rather than after.
-        self._queue_start(active)
-        self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=command_id)))
         log.info("accepted %s (seq %d, %s)", command_id, command.seq, active.kind)
+        if start_next:
+            active.durable = asyncio.get_running_loop().run_in_executor(None, self.journal.sync)
+            self._queue_start(active)  # Accepted follows the fsync (_make_durable)
+        else:
+            self._queue_start(active)
+            self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=command_id)))
 
     def _redelivered(self, command: pb.Command, existing: Entry, digest: bytes) -> None:
         command_id = command.command_id
@@ -446,6 +456,7 @@ class Daemon:
                 active = self.commands.get(command_id)
                 if active is None or active.state != "accepted" or active.command is None:
                     continue
+                self._starting = True
                 try:
                     await self._start(active)
                 except Exception as exc:  # a bug or OS failure must not stall the queue
@@ -461,10 +472,21 @@ class Daemon:
                         ),
                         total=0,
                     )
+                finally:
+                    self._starting = False
+
+    async def _make_durable(self, active: Active) -> None:
+        """Wait for the journal row's fsync if it is still running, then send Accepted."""
+        durable, active.durable = active.durable, None
+        if durable is not None:
+            await durable
+            self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=active.command_id)))
 
     async def _start(self, active: Active) -> None:
         command = active.command
         assert command is not None
+        if active.kind != "exec" or self._expired(command):
+            await self._make_durable(active)
         if self._expired(command):
             self._finish_result(
                 active,
@@ -505,7 +527,9 @@ class Daemon:
         zygote = self.zygote
         if zygote is not None and zygote.ready():
             try:
-                pid, active.done = await zygote.launch(active.spool, spec)
+                # Gated while the journal's fsync runs: the spare gets ready meanwhile.
+                gated = active.durable is not None
+                pid, active.done = await zygote.launch(active.spool, spec, gated=gated)
                 how = "zygote"
             except ZygoteError as exc:
                 log.warning("%s; starting %s without it", exc, active.command_id)
@@ -513,6 +537,16 @@ class Daemon:
                 # command too, or adopt the fork that already did.
                 pid = revoke_or_adopt(active.spool)
                 how = "zygote (adopted)"
+            else:
+                if gated:
+                    try:
+                        await self._make_durable(active)
+                    except BaseException:
+                        active.done.close()  # withdrawn: the spare exits without running it
+                        active.done = None
+                        raise
+                    go(active.done)
+        await self._make_durable(active)  # (a no-op if done above)
         if pid is None:
             proc = start_supervisor(active.spool, spec)
             self.children[active.command_id] = proc

@@ -265,9 +265,16 @@ class Zygote:
             return  # gone: the next _pump notices
         self._asked += missing
 
-    async def launch(self, spool: Path, spec: Mapping[str, Any]) -> tuple[int, socket.socket]:
+    async def launch(
+        self, spool: Path, spec: Mapping[str, Any], *, gated: bool = False
+    ) -> tuple[int, socket.socket]:
         """Hand ``spec`` to a spare: the supervisor's pid, and a socket that reads EOF once it
-        has recorded the outcome (or died). ZygoteError: see ``revoke_or_adopt``."""
+        has recorded the outcome (or died). ZygoteError: see ``revoke_or_adopt``.
+
+        ``gated``: the spare prepares everything but waits for :func:`go` on that socket
+        before it starts the command (closing the socket instead withdraws it), so that the
+        journal's fsync and the spare's preparation overlap.
+        """
         async with self._lock:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.reply_timeout
@@ -290,7 +297,7 @@ class Zygote:
                 loop.call_later(REPLENISH_DELAY, self._ask)
             else:
                 self._ask()
-            request = _zygote.encode({"spool": str(spool), "spec": dict(spec)})
+            request = _zygote.encode({"spool": str(spool), "spec": dict(spec), "gated": gated})
             try:
                 await loop.sock_sendall(channel, request)
             except BaseException as exc:
@@ -316,6 +323,11 @@ class Zygote:
                 proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(1)
+
+
+def go(channel: socket.socket) -> None:
+    """Let a gated spare start its command (see ``Zygote.launch``)."""
+    channel.send(_zygote.GO)  # one byte into an empty socket buffer: never blocks
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket, timeout: float) -> None:

@@ -158,9 +158,13 @@ class Journal:
         state: State,
         accepted: bool,
         result: bytes | None = None,
+        durable: bool = True,
     ) -> None:
+        """Journal a command; ``durable=False`` leaves the fsync to the caller (:meth:`sync`),
+        who must not act on the command before it has completed."""
         now = time.time()
-        self._db.execute(
+        execute = self._db.execute if durable else self._relaxed
+        execute(
             "INSERT INTO commands (command_id, seq, body, body_sha256, state, accepted, result,"
             " received_at, started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
