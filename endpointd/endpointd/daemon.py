@@ -326,9 +326,9 @@ class Daemon:
         # Journaled (fsync'd) before Accepted is sent and before anything runs. A command
         # that the starter will take next (nothing queued ahead of it, the starter idle) is
         # journaled as `running` at once: one fsync instead of two before it starts, and
-        # that fsync runs in a thread while a spare gets ready for it (_launch_exec). A crash before it
-        # is started is then reported as an unknown outcome, as one between `running` and
-        # the start always was; never as a second run.
+        # that fsync runs in a thread while a spare gets ready for it (_launch_exec). A
+        # crash before it is started is then reported as an unknown outcome, as one between
+        # `running` and the start always was; never as a second run.
         start_next = self.clock_offset is not None and not self._start_heap and not self._starting
         self.journal.insert(
             command_id=command_id,
