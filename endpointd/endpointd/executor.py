@@ -35,8 +35,9 @@ from superagent_proto.v1 import endpoint_pb2
 log = logging.getLogger(__name__)
 
 DEFAULT_CANCEL_GRACE_SECONDS = 10
-# How long the daemon waits for the zygote to fork a supervisor before giving up on it.
-ZYGOTE_REPLY_TIMEOUT = 5.0
+# How long a launch waits for the zygote to hand over a spare before starting the command
+# without it.
+SPARE_TIMEOUT = 5.0
 
 # The directory holding the `endpointd` package (site-packages for a wheel, the source tree
 # for an editable install): the only entry the supervisor adds to the bare interpreter's
@@ -163,10 +164,8 @@ class Zygote:
     ``ensure_started`` so the next command finds a zygote again.
     """
 
-    def __init__(
-        self, *, reply_timeout: float = ZYGOTE_REPLY_TIMEOUT, spares: int = SPARES
-    ) -> None:
-        self.reply_timeout = reply_timeout
+    def __init__(self, *, spare_timeout: float = SPARE_TIMEOUT, spares: int = SPARES) -> None:
+        self.spare_timeout = spare_timeout
         self.wanted = spares
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -277,7 +276,7 @@ class Zygote:
         """
         async with self._lock:
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.reply_timeout
+            deadline = loop.time() + self.spare_timeout
             while True:
                 if not self._pump():
                     raise ZygoteError("the zygote is not running")
