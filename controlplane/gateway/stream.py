@@ -66,42 +66,6 @@ _NO_IDS: frozenset[str] = frozenset()
 _NO_TASKS: frozenset[asyncio.Task[None]] = frozenset()
 
 
-class _Signal:
-    """A set/clear flag to wait on, like ``asyncio.Event`` without its eager waiter deque."""
-
-    __slots__ = ("_flag", "_waiters")
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._waiters: list[asyncio.Future[None]] | None = None
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        self._flag = True
-        waiters, self._waiters = self._waiters, None
-        for waiter in waiters or ():
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def clear(self) -> None:
-        self._flag = False
-
-    async def wait(self) -> None:
-        if self._flag:
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._waiters is None:
-            self._waiters = []
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if self._waiters is not None and waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-
 class StreamClosed(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -184,7 +148,9 @@ class DeviceStream:
         self._reading = False  # in the read loop, where close() interrupts it
         self._interrupted = False  # close() or a failed helper cancelled the reader
         self._helpers: set[asyncio.Task[None]] | frozenset[asyncio.Task[None]] = _NO_TASKS
-        self._outbox: list[pb.ServerMessage] = []
+        # None rather than empty: most streams of a replica are idle, and an empty list or
+        # dict is 56-64 bytes each (bench/RESULTS.md, idle fleet).
+        self._outbox: list[pb.ServerMessage] | None = None
         self._writing = False  # a write is in flight (the writer task's or the reader's)
         self._delivering = False
         self._wake_again = False
@@ -196,13 +162,13 @@ class DeviceStream:
         # Announced commands sent and not yet accepted (see offer()).
         self._unaccepted: set[str] | frozenset[str] = _NO_IDS
         self._device_holds: set[str] | frozenset[str] = _NO_IDS  # listed in the Hello
-        self._buffers: dict[str, _Buffer] = {}
+        self._buffers: dict[str, _Buffer] | None = None
         self._buffered = 0
         self._flush_lock: asyncio.Lock | None = None  # see _lock()
-        self._drained = _Signal()
-        self._drained.set()
+        # Set while the reader waits for buffered output to be stored (backpressure).
+        self._drained: asyncio.Future[None] | None = None
         self._marked: asyncio.Future[str] | None = None  # the handshake's "connected here"
-        self._pending_results: dict[str, _Result] = {}
+        self._pending_results: dict[str, _Result] | None = None
         self.last_received = time.monotonic()  # read by the hub's liveness sweep
         self.last_sent = self.last_received
         self._last_busy = 0.0  # when the device last sent anything but a heartbeat
@@ -252,7 +218,13 @@ class DeviceStream:
                     self._writing = True
                     self._spawn(self._write_outbox(), "write")
                 self.wake()  # anything queued while the device was away
-                await self._read_loop()
+                # The loop is here, not in a method of its own: one coroutine frame less
+                # for each of a replica's idle streams to hold.
+                while True:
+                    message = await self.context.read()
+                    if message is grpc.aio.EOF:
+                        raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream")
+                    await self._on_message(message)
             except asyncio.CancelledError:
                 task = self._task
                 if not self._interrupted or (task is not None and task.uncancel() > 0):
@@ -311,6 +283,8 @@ class DeviceStream:
 
     def _send(self, message: pb.ServerMessage) -> None:
         """Queue ``message``; a writer task runs while there is something to write."""
+        if self._outbox is None:
+            self._outbox = []
         self._outbox.append(message)
         if not self._writing and self._reading:
             # Outside the read loop nothing is written by a writer: before it, run() starts
@@ -322,7 +296,7 @@ class DeviceStream:
     async def _write_outbox(self) -> None:
         try:
             while self._outbox:
-                batch, self._outbox = self._outbox, []
+                batch, self._outbox = self._outbox, None
                 for message in batch:
                     self.last_sent = time.monotonic()
                     await self.context.write(message)
@@ -452,62 +426,58 @@ class DeviceStream:
 
     # -- reading and delivering ------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        while True:
-            message = await self.context.read()
-            if message is grpc.aio.EOF:
-                raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream")
-            self.last_received = now = time.monotonic()
-            self.hub.touch(self.device_id)
-            kind = message.WhichOneof("msg")
-            if kind == "heartbeat":
-                self._peer_heartbeat_seq = max(self._peer_heartbeat_seq, message.heartbeat.seq)
-                # Answered, so the device hears from us every interval without a timer per
-                # stream. An idle stream answers in the hub's next batch of writes, which
-                # holds up its reading for up to WRITE_BATCH_SECONDS; a busy stream (anything
-                # else received within an interval, output not yet stored) answers at once.
-                busy = now - self._last_busy < self.heartbeat_seconds
-                if not (busy or self._buffers or self._pending_results):
-                    await self._hold_for_write_slot()
-                await self._write_now(self._heartbeat())
-                continue
-            self._last_busy = now
-            if kind == "accepted":
-                if isinstance(self._unaccepted, set):
-                    self._unaccepted.discard(message.accepted.command_id)
-                # Not awaited: the command's output or result, often right behind, must not
-                # wait for it, and a late mark never undoes them (it only moves a command
-                # that is still queued or delivered to running).
-                self._spawn(
-                    self.queue.mark_accepted(self.device_id, message.accepted.command_id),
-                    "accepted",
-                )
-            elif kind == "output":
-                await self._buffer_output(message.output)
-            elif kind == "finished":
-                await self._on_finished(message.finished)
-            elif kind == "refused" and message.refused.reason == pb.Refused.REASON_DUPLICATE:
-                # Same id, different content: the original command is still the device's,
-                # and must not be closed by this refusal.
-                log.warning(
-                    "device %s refused a conflicting duplicate of %s",
-                    self.device_id,
-                    message.refused.command_id,
-                )
-            elif kind == "refused":
-                refused = message.refused
-                await self._complete(
-                    refused.command_id,
-                    _Result(
-                        state="refused",
-                        refusal_reason=wire.REFUSAL_REASONS.get(refused.reason, "unspecified"),
-                        error=refused.message or None,
-                    ),
-                )
-            else:
-                raise StreamClosed(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} after the handshake"
-                )
+    async def _on_message(self, message: pb.DeviceMessage) -> None:
+        self.last_received = now = time.monotonic()
+        self.hub.touch(self.device_id)
+        kind = message.WhichOneof("msg")
+        if kind == "heartbeat":
+            self._peer_heartbeat_seq = max(self._peer_heartbeat_seq, message.heartbeat.seq)
+            # Answered, so the device hears from us every interval without a timer per
+            # stream. An idle stream answers in the hub's next batch of writes, which
+            # holds up its reading for up to WRITE_BATCH_SECONDS; a busy stream (anything
+            # else received within an interval, output not yet stored) answers at once.
+            busy = now - self._last_busy < self.heartbeat_seconds
+            if not (busy or self._buffers or self._pending_results):
+                await self._hold_for_write_slot()
+            await self._write_now(self._heartbeat())
+            return
+        self._last_busy = now
+        if kind == "accepted":
+            if isinstance(self._unaccepted, set):
+                self._unaccepted.discard(message.accepted.command_id)
+            # Not awaited: the command's output or result, often right behind, must not
+            # wait for it, and a late mark never undoes them (it only moves a command
+            # that is still queued or delivered to running).
+            self._spawn(
+                self.queue.mark_accepted(self.device_id, message.accepted.command_id),
+                "accepted",
+            )
+        elif kind == "output":
+            await self._buffer_output(message.output)
+        elif kind == "finished":
+            await self._on_finished(message.finished)
+        elif kind == "refused" and message.refused.reason == pb.Refused.REASON_DUPLICATE:
+            # Same id, different content: the original command is still the device's,
+            # and must not be closed by this refusal.
+            log.warning(
+                "device %s refused a conflicting duplicate of %s",
+                self.device_id,
+                message.refused.command_id,
+            )
+        elif kind == "refused":
+            refused = message.refused
+            await self._complete(
+                refused.command_id,
+                _Result(
+                    state="refused",
+                    refusal_reason=wire.REFUSAL_REASONS.get(refused.reason, "unspecified"),
+                    error=refused.message or None,
+                ),
+            )
+        else:
+            raise StreamClosed(
+                grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} after the handshake"
+            )
 
     async def _hold_for_write_slot(self) -> None:
         """Until the hub's next batch of writes, or until a command is sent (see _send_command:
@@ -609,11 +579,13 @@ class DeviceStream:
     # -- output and results --------------------------------------------------------------
 
     async def _buffer_output(self, chunk: pb.OutputChunk) -> None:
-        buffer = self._buffers.get(chunk.command_id)
+        buffer = self._buffers.get(chunk.command_id) if self._buffers else None
         if buffer is not None and buffer.start + len(buffer.data) != chunk.offset:
             await self._flush()  # not contiguous: store what we have, then start afresh
             buffer = None
         if buffer is None:
+            if self._buffers is None:
+                self._buffers = {}
             buffer = self._buffers[chunk.command_id] = _Buffer(chunk.offset)
         buffer.data += chunk.data
         self._buffered += len(chunk.data)
@@ -621,8 +593,8 @@ class DeviceStream:
             self._flushing = True
             self._spawn(self._flush_soon(), "flush")
         if self._buffered >= MAX_BUFFERED:
-            self._drained.clear()
-            await self._drained.wait()
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
 
     async def _flush_soon(self) -> None:
         try:
@@ -644,7 +616,7 @@ class DeviceStream:
 
     async def _flush_locked(self) -> None:
         while self._buffers:
-            buffers, self._buffers = self._buffers, {}
+            buffers, self._buffers = self._buffers, None
             self._buffered = 0
             for command_id, buffer in buffers.items():
                 data = bytes(buffer.data)
@@ -656,12 +628,14 @@ class DeviceStream:
                         buffer.start + start,
                         data[start : start + _FLUSH_BYTES],
                     )
-                pending = self._pending_results.get(command_id)
+                pending = (self._pending_results or {}).get(command_id)
                 if pending is not None and size >= (pending.total_output_bytes or 0):
                     await self._complete(command_id, pending)
                 else:
                     self._ack(command_id, size, finished=False)
-        self._drained.set()
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
 
     async def _on_finished(self, finished: pb.Finished) -> None:
         error = finished.error or None
@@ -697,12 +671,15 @@ class DeviceStream:
             total_output_bytes=result.total_output_bytes,
         )
         if final:
-            self._pending_results.pop(command_id, None)
+            if self._pending_results is not None:
+                self._pending_results.pop(command_id, None)
             if isinstance(self._device_holds, set):
                 self._device_holds.discard(command_id)
             self._ack(command_id, result.total_output_bytes or 0, finished=True)
         else:
             # Output is missing (lost with an earlier stream): ask for it from what we have.
+            if self._pending_results is None:
+                self._pending_results = {}
             self._pending_results[command_id] = result
             progress = await self.queue.progress(self.device_id, [command_id])
             self._ack(command_id, progress.get(command_id, (0, False))[0], finished=False)
