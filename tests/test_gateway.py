@@ -493,6 +493,49 @@ async def test_cancel_queued_and_running_commands(gateway: Gateway) -> None:
         await device.close()
 
 
+async def test_a_command_cancelled_on_its_way_to_the_device_is_killed_there(
+    gateway: Gateway,
+) -> None:
+    """Sent from its submit's notification, it is still 'queued' until the device accepts
+    it: cancel must not close it as never run while the device may be starting it."""
+    device = await paired(gateway)
+    await device.connect()
+    try:
+        command_id = await gateway.queue.submit("laptop", specs.Exec(["sleep", "100"]))
+        assert (await device.next("command")).command.command_id == command_id
+        result = await gateway.queue.cancel(command_id)
+        assert not result.done, result
+        cancel = (await device.next("command")).command
+        assert cancel.cancel.target_command_id == command_id
+        await device.send(accepted=pb.Accepted(command_id=command_id))
+        await device.send(finished=pb.Finished(command_id=command_id, signal=15))
+        assert (await gateway.queue.wait(command_id, 10)).state == "cancelled"
+    finally:
+        await device.close()
+
+
+async def test_a_cancelled_command_that_never_reached_the_device_is_never_sent(
+    gateway: Gateway,
+) -> None:
+    device = await paired(gateway)
+    # Listed as held by another replica (online), so cancel cannot tell whether that
+    # replica has sent it already, and asks the device.
+    await gateway.queue.pool.execute(
+        "UPDATE devices SET connected_replica = 'elsewhere', last_seen_at = now()"
+    )
+    command_id = await gateway.queue.submit("laptop", specs.Exec(["sleep", "100"]))
+    assert not (await gateway.queue.cancel(command_id)).done
+    await gateway.queue.pool.execute("UPDATE devices SET connected_replica = NULL")
+    await device.connect()
+    try:
+        first = (await device.next("command")).command
+        assert first.cancel.target_command_id == command_id  # the cancel, never the command
+        result = await gateway.queue.wait(command_id, 10)
+        assert (result.state, result.error) == ("cancelled", "cancelled before delivery")
+    finally:
+        await device.close()
+
+
 async def _state(gateway: Gateway, command_id: str, state: str) -> bool:
     return (await gateway.queue.result(command_id)).state == state
 

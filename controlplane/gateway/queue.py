@@ -27,6 +27,7 @@ import asyncpg
 
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import specs
+from controlplane.gateway.devices import ONLINE_WINDOW
 from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,9 @@ WITH expired AS (
     WHERE device_id = $1 AND state = 'queued' AND not_after < now()
     RETURNING id, pg_notify('{DONE_CHANNEL}', id)
 )
-SELECT id, seq, kind, spec, not_after, origin, state FROM commands
+SELECT id, seq, kind, spec, not_after, origin, state,
+       cancel_requested_at IS NOT NULL AS cancel_requested
+FROM commands
 WHERE device_id = $1 AND state IN ('queued', 'delivered')
   AND id NOT IN (SELECT id FROM expired)
 ORDER BY seq
@@ -202,6 +205,7 @@ class PendingCommand:
     not_after: datetime
     origin: str
     state: str
+    cancel_requested: bool = False
 
 
 def announced_command(payload: str) -> tuple[str, PendingCommand | None]:
@@ -384,16 +388,28 @@ class CommandQueue:
         return bytes(out)
 
     async def cancel(self, command_id: str, *, grace_seconds: int = 0) -> CommandResult:
-        """Cancel: a queued command never runs; a running one is killed on the device."""
+        """Cancel: a queued command never runs; a running one is killed on the device.
+
+        A queued command of a device that is online may already be on its way to it (sent
+        from its submit's notification, recorded as delivered only once accepted), so it is
+        cancelled through the device like a delivered one: its stream cancels it unsent if
+        it was not sent, and the device kills it if it was. Only for an offline device is it
+        cancelled here and now. The device's row is locked for this, so a stream that comes
+        up meanwhile delivers either after the cancel or before the check, never between.
+        """
         async with self.pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                "SELECT device_id, state, cancel_requested_at FROM commands "
-                "WHERE id = $1 FOR UPDATE",
+                "SELECT c.device_id, c.state, c.cancel_requested_at, "
+                "       d.connected_replica IS NOT NULL "
+                "       AND d.last_seen_at > now() - $2::interval AS online "
+                "FROM commands c JOIN devices d ON d.id = c.device_id "
+                "WHERE c.id = $1 FOR UPDATE OF c FOR SHARE OF d",
                 command_id,
+                ONLINE_WINDOW,
             )
             if row is None:
                 raise NotFound(f"no command {command_id!r}")
-            if row["state"] == "queued":
+            if row["state"] == "queued" and not row["online"]:
                 await conn.execute(
                     "UPDATE commands SET state = 'cancelled', cancel_requested_at = now(), "
                     "finished_at = now(), error = 'cancelled before delivery' WHERE id = $1",
@@ -430,9 +446,23 @@ class CommandQueue:
                 not_after=row["not_after"],
                 origin=row["origin"],
                 state=row["state"],
+                cancel_requested=row["cancel_requested"],
             )
             for row in rows
         ]
+
+    async def cancel_unsent(self, device_id: str, command_ids: Sequence[str]) -> None:
+        """Close commands whose cancel was requested and that never reached the device."""
+        await self.pool.execute(
+            "WITH cancelled AS (UPDATE commands SET state = 'cancelled', "
+            "finished_at = now(), error = 'cancelled before delivery' "
+            "WHERE id = ANY($1::text[]) AND device_id = $2 "
+            "AND state IN ('queued', 'delivered') AND cancel_requested_at IS NOT NULL "
+            "RETURNING id) SELECT count(pg_notify($3, id)) FROM cancelled",
+            list(command_ids),
+            device_id,
+            DONE_CHANNEL,
+        )
 
     async def mark_delivered(self, command_ids: Sequence[str]) -> None:
         await self.pool.execute(

@@ -565,12 +565,18 @@ class DeviceStream:
             while self._wake_again:
                 self._wake_again = False
                 fresh = []
+                unsent = []
                 for command in await self.queue.pending(self.device_id):
                     self._next_seq = max(self._next_seq or 0, command.seq + 1)
                     if command.id in self._sent or command.id in self._device_holds:
+                        continue  # the device has it (a requested cancel reaches it too)
+                    if command.cancel_requested:
+                        unsent.append(command.id)  # cancelled while on no device's stream
                         continue
                     self._send_command(command)
                     fresh.append(command.id)
+                if unsent:
+                    await self.queue.cancel_unsent(self.device_id, unsent)
                 if fresh:
                     await self.queue.mark_delivered(fresh)
         finally:
