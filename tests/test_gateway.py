@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -262,12 +263,13 @@ async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
         # A short error fits in the done notification with the output's head and tail; a
         # 9,000-character one does not, and the waiter queries instead.
         for error, told in (("disk full", True), ("x" * 9000, False)):
+            await queue._ensure_listener()  # as after any earlier wait()
             command_id = await queue.submit("laptop", specs.Exec(["x"]))
             await device.next("command")
             monkeypatch.setattr(queue, "result", counting_result)
             fetched.clear()
             waiting = asyncio.create_task(queue.wait(command_id, 10))
-            await assert_eventually(lambda: fetched)  # its first look: not done yet
+            await assert_eventually(functools.partial(queue._waiters.__contains__, command_id))
             await device.send(output=pb.OutputChunk(command_id=command_id, offset=0, data=data))
             await device.send(
                 finished=pb.Finished(
@@ -276,8 +278,9 @@ async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
             )
             result = await asyncio.wait_for(waiting, 10)
             monkeypatch.undo()
-            # Told: no query after the notification; too big: one more query.
-            assert fetched == ([command_id] if told else [command_id, command_id])
+            # Submitted while listening, so not even a first look: told, no query at all;
+            # too big, the one query after the notification.
+            assert fetched == ([] if told else [command_id])
             # Exactly what a query returns, bytes and all.
             assert result == await queue.result(command_id)
             assert (result.state, result.exit_code, result.error) == ("failed", 3, error)
@@ -285,6 +288,44 @@ async def test_a_waiter_is_told_the_result_or_fetches_it_when_it_is_too_big(
             assert result.output_tail == data[-queue.inline :]
     finally:
         await device.close()
+
+
+async def test_wait_trusts_notifications_only_while_its_listen_connection_lives(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = gateway.queue
+    real_result = queue.result
+    fetched: list[str] = []
+
+    async def counting_result(command_id: str) -> CommandResult:
+        fetched.append(command_id)
+        return await real_result(command_id)
+
+    monkeypatch.setattr(queue, "result", counting_result)
+    async with connected(gateway) as device:
+        await queue._ensure_listener()
+        # Finished before anyone waits: the notification already told the result.
+        early = await queue.submit("laptop", specs.Exec(["x"]))
+        await device.next("command")
+        await device.send(finished=pb.Finished(command_id=early, exit_code=0))
+        await assert_eventually(lambda: isinstance(queue._watched.get(early), CommandResult))
+        assert (await queue.wait(early, 10)).state == "finished"
+        assert fetched == []
+
+        # The LISTEN connection dies with a command in flight: its notification may be
+        # lost, so wait() must ask Postgres, not trust that no news means not done.
+        lost = await queue.submit("laptop", specs.Exec(["x"]))
+        await device.next("command")
+        assert lost in queue._watched
+        await queue.pool.execute(
+            "SELECT pg_terminate_backend($1)", queue._listener.get_server_pid()
+        )
+        await assert_eventually(lambda: lost not in queue._watched)
+        await device.send(finished=pb.Finished(command_id=lost, exit_code=0))
+        await assert_eventually(lambda: _state(gateway, lost, "finished"))
+        fetched.clear()
+        assert (await queue.wait(lost, 10)).state == "finished"
+        assert fetched == [lost]  # one look, which found it final
 
 
 async def test_a_new_command_goes_out_from_its_notification_and_in_seq_order(

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,11 @@ COMMANDS_CHANNEL = "superagent_commands"
 DONE_CHANNEL = "superagent_command_done"
 TERMINAL = frozenset({"finished", "failed", "cancelled", "expired", "refused"})
 _LISTENER_IDLE = 1.0  # seconds without waiters before the LISTEN connection is returned
+# Commands submitted while the LISTEN connection was up, remembered for a later wait()
+# (see CommandQueue._watched); the oldest are forgotten beyond this many.
+_MAX_WATCHED = 10_000
+# In _watched: the command's done notification came without the result (too large).
+_TOLD_BY_ID = "told by id"
 
 
 @dataclass(frozen=True)
@@ -241,6 +247,14 @@ class CommandQueue:
         self._listener: Any = None  # a pool connection held for LISTEN
         self._listener_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        # Commands submitted here while the LISTEN connection was up: their done
+        # notification cannot be missed, so wait() needs no query to learn that one is not
+        # done yet (None), or what it ended as (the result). Emptied whenever that
+        # connection goes, since notifications may be lost then.
+        self._watched: OrderedDict[str, CommandResult | str | None] = OrderedDict()
+        self._last_used = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._listener_generation = 0  # bumped whenever the LISTEN connection changes
 
     # -- the worker's API ----------------------------------------------------------------
 
@@ -256,6 +270,9 @@ class CommandQueue:
         """Queue ``spec`` for ``device`` (id or name); returns the command id."""
         specs.validate(spec)
         names = [c.name for c in spec.credentials] if isinstance(spec, specs.Exec) else []
+        # LISTENing since before this statement: its done notification will reach us.
+        listening = self._listening()
+        generation = self._listener_generation
         # One statement, so one round trip and atomic without an explicit transaction.
         command_id = await self.pool.fetchval(
             _SUBMIT,
@@ -272,6 +289,11 @@ class CommandQueue:
         if command_id is None:
             raise NotFound(f"no paired device {device!r}")
         assert isinstance(command_id, str)
+        if listening and self._listening() and generation == self._listener_generation:
+            self._last_used = asyncio.get_running_loop().time()
+            self._watched[command_id] = None
+            if len(self._watched) > _MAX_WATCHED:
+                self._watched.popitem(last=False)
         return command_id
 
     async def result(self, command_id: str) -> CommandResult:
@@ -290,8 +312,14 @@ class CommandQueue:
             await self._ensure_listener()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
-            result = await self.result(command_id)
-            while not result.done:
+            # None: not done yet, known without a query (see _watched).
+            result: CommandResult | None
+            told_before = self._watched.pop(command_id, _TOLD_BY_ID)
+            if isinstance(told_before, CommandResult) or told_before is None:
+                result = told_before
+            else:
+                result = await self.result(command_id)
+            while result is None or not result.done:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -301,8 +329,11 @@ class CommandQueue:
                 waiter.event.clear()
                 told, waiter.result = waiter.result, None
                 result = told if told is not None else await self.result(command_id)
+            if result is None:  # the timeout passed before anything was read
+                result = await self.result(command_id)
             return result
         finally:
+            self._last_used = asyncio.get_running_loop().time()
             waiters = self._waiters.get(command_id)
             if waiters is not None:
                 waiters.discard(waiter)
@@ -311,7 +342,7 @@ class CommandQueue:
             if not self._waiters:
                 # Keep the LISTEN connection through bursts, give it back when idle, so
                 # closing the pool never waits on it for long.
-                asyncio.get_running_loop().call_later(_LISTENER_IDLE, self._release_if_idle)
+                self._release_when_idle()
 
     def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
         text = str(payload)
@@ -325,6 +356,8 @@ class CommandQueue:
             command_id = result.id
         else:
             command_id = text
+        if command_id in self._watched:
+            self._watched[command_id] = result if result is not None else _TOLD_BY_ID
         for waiter in self._waiters.get(command_id, ()):
             waiter.result = result
             waiter.event.set()
@@ -333,33 +366,69 @@ class CommandQueue:
         """One LISTEN connection per queue for every waiter, held from the pool on first use."""
         async with self._listener_lock:
             listener = self._listener
-            if listener is not None and not listener.is_closed():
+            if self._listening():
                 return
             if listener is not None:
+                self._forget_listener()  # it died: notifications may have been lost
                 with contextlib.suppress(Exception):
                     await self.pool.release(listener)
-                self._listener = None
             try:
                 listener = await self.pool.acquire()
                 await listener.add_listener(DONE_CHANNEL, self._on_done)
+                listener.add_termination_listener(self._on_listener_lost)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 return  # waiters fall back to polling until the next attempt
             self._listener = listener
+            self._listener_generation += 1
+
+    def _forget_listener(self) -> None:
+        self._listener = None
+        self._listener_generation += 1
+        self._watched.clear()
+
+    def _listening(self) -> bool:
+        listener = self._listener
+        if listener is None:
+            return False
+        try:
+            return not listener.is_closed()
+        except asyncpg.InterfaceError:  # the pool took it back when it died
+            return False
+
+    def _on_listener_lost(self, _conn: object) -> None:
+        self._listener_generation += 1
+        self._watched.clear()
+
+    def _release_when_idle(self) -> None:
+        """Give the LISTEN connection back once unused for _LISTENER_IDLE (one timer)."""
+        if self._idle_timer is None:
+            loop = asyncio.get_running_loop()
+            self._idle_timer = loop.call_later(_LISTENER_IDLE, self._release_if_idle)
 
     def _release_if_idle(self) -> None:
-        if not self._waiters and self._listener is not None:
-            task = asyncio.get_running_loop().create_task(self.close())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+        self._idle_timer = None
+        if self._waiters or self._listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self._last_used
+        if idle < _LISTENER_IDLE:  # used again since: look again when it may be idle
+            self._idle_timer = loop.call_later(_LISTENER_IDLE - idle, self._release_if_idle)
+            return
+        task = loop.create_task(self.close())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
         """Give back the LISTEN connection (also done by itself after a second idle)."""
         async with self._listener_lock:
-            if self._listener is not None:
+            listener = self._listener
+            if listener is not None:
+                self._forget_listener()
                 with contextlib.suppress(Exception):
-                    await self._listener.remove_listener(DONE_CHANNEL, self._on_done)
-                    await self.pool.release(self._listener)
-                self._listener = None
+                    await listener.remove_listener(DONE_CHANNEL, self._on_done)
+                    listener.remove_termination_listener(self._on_listener_lost)
+                with contextlib.suppress(Exception):
+                    await self.pool.release(listener)
 
     async def output(self, command_id: str, offset: int = 0, limit: int = 65536) -> bytes:
         """Bytes ``[offset, offset + limit)`` of the command's stored output."""
