@@ -66,6 +66,7 @@ COMMAND_KINDS = ("exec", "read_file", "write_file", "list_dir", "cancel")
 SESSION_KINDS = ("router", "worker", "watchdog")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MANDATE_KINDS = ("explicit", "inferred")
+TRIGGER_ROUTES = ("router", "subscribers", "dropped")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -166,6 +167,12 @@ class Trigger(Base):
         Index(None, "thread_id", "created_at"),
         # The router's inbox: unrouted triggers, kept small by a partial index.
         Index("ix_triggers_pending", "created_at", postgresql_where=text("routed_at IS NULL")),
+        Index(
+            "ix_triggers_undigested",
+            "created_at",
+            postgresql_where=text("route = 'subscribers' AND digested_at IS NULL"),
+        ),
+        CheckConstraint(_one_of("route", TRIGGER_ROUTES), name="route"),
     )
     id: Mapped[str] = _id("trg")
     source: Mapped[str] = mapped_column(String(50))
@@ -180,8 +187,12 @@ class Trigger(Base):
     verdict: Mapped[str | None] = mapped_column(String(50))
     verdict_reason: Mapped[str | None] = mapped_column(Text)
     policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
+    # Where ingest sent it: the router's inbox, the subscribed tickets' inboxes, or nowhere.
+    route: Mapped[str | None] = mapped_column(String(20))
     created_at: Mapped[datetime] = _created()
     routed_at: Mapped[datetime | None]
+    # Passed through to subscribed tickets and not yet in a router turn's digest.
+    digested_at: Mapped[datetime | None]
 
 
 class Device(Base):
@@ -290,6 +301,27 @@ class Subscription(Base):
     thread_id: Mapped[str] = mapped_column(ForeignKey("threads.id"))
     ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
     created_at: Mapped[datetime] = _created()
+
+
+class InboxItem(Base):
+    """A trigger delivered to a subscribed ticket's inbox (pass-through, no router turn)."""
+
+    __tablename__ = "ticket_inbox"
+    __table_args__ = (
+        PrimaryKeyConstraint("ticket_id", "trigger_id"),
+        Index(None, "trigger_id"),
+        Index(
+            "ix_ticket_inbox_unread",
+            "ticket_id",
+            "created_at",
+            postgresql_where=text("read_at IS NULL AND handed_back_at IS NULL"),
+        ),
+    )
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    trigger_id: Mapped[str] = mapped_column(ForeignKey("triggers.id"))
+    created_at: Mapped[datetime] = _created()
+    read_at: Mapped[datetime | None]  # taken by the ticket's worker
+    handed_back_at: Mapped[datetime | None]  # the worker said it is not its business
 
 
 class Link(Base):

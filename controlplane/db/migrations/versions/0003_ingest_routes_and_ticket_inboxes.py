@@ -1,0 +1,81 @@
+"""ingest routes and ticket inboxes
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-30 01:43:47.624294
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0003"
+down_revision: str | None = "0002"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "ticket_inbox",
+        sa.Column("ticket_id", sa.String(length=16), nullable=False),
+        sa.Column("trigger_id", sa.String(length=16), nullable=False),
+        sa.Column(
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
+        sa.Column("read_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("handed_back_at", sa.DateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["ticket_id"], ["tickets.id"], name=op.f("fk_ticket_inbox_ticket_id_tickets")
+        ),
+        sa.ForeignKeyConstraint(
+            ["trigger_id"], ["triggers.id"], name=op.f("fk_ticket_inbox_trigger_id_triggers")
+        ),
+        sa.PrimaryKeyConstraint("ticket_id", "trigger_id", name=op.f("pk_ticket_inbox")),
+    )
+    op.create_index(
+        op.f("ix_ticket_inbox_trigger_id"), "ticket_inbox", ["trigger_id"], unique=False
+    )
+    op.create_index(
+        "ix_ticket_inbox_unread",
+        "ticket_inbox",
+        ["ticket_id", "created_at"],
+        unique=False,
+        postgresql_where=sa.text("read_at IS NULL AND handed_back_at IS NULL"),
+    )
+    op.add_column("triggers", sa.Column("route", sa.String(length=20), nullable=True))
+    op.add_column("triggers", sa.Column("digested_at", sa.DateTime(timezone=True), nullable=True))
+    op.create_check_constraint(
+        op.f("ck_triggers_route"), "triggers", "route IN ('router', 'subscribers', 'dropped')"
+    )
+    op.create_index(
+        "ix_triggers_undigested",
+        "triggers",
+        ["created_at"],
+        unique=False,
+        postgresql_where=sa.text("route = 'subscribers' AND digested_at IS NULL"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_index(
+        "ix_triggers_undigested",
+        table_name="triggers",
+        postgresql_where=sa.text("route = 'subscribers' AND digested_at IS NULL"),
+    )
+    op.drop_constraint(op.f("ck_triggers_route"), "triggers", type_="check")
+    op.drop_column("triggers", "digested_at")
+    op.drop_column("triggers", "route")
+    op.drop_index(
+        "ix_ticket_inbox_unread",
+        table_name="ticket_inbox",
+        postgresql_where=sa.text("read_at IS NULL AND handed_back_at IS NULL"),
+    )
+    op.drop_index(op.f("ix_ticket_inbox_trigger_id"), table_name="ticket_inbox")
+    op.drop_table("ticket_inbox")

@@ -1,0 +1,1 @@
+"""Ingest: events become Triggers, judged by the programmatic policy, then routed."""

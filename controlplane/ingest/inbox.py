@@ -1,0 +1,103 @@
+"""Subscribed tickets' inboxes: what pass-through delivered, read by workers, handed back.
+
+A worker hands back an event that is not its business. The event goes to the router only
+once no other live ticket still holds it, and only if the router has something to decide
+(an explicit request or a candidate to assess); otherwise it is dropped, on record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from controlplane.errors import NotFound
+from controlplane.ingest.intake import CLOSED_TICKET_STATES, ROUTER_CHANNEL
+
+_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
+
+
+@dataclass(frozen=True)
+class InboxEvent:
+    trigger_id: str
+    thread_id: str
+    source: str
+    actor_name: str
+    actor_is_bot: bool
+    kind: str
+    text: str
+    created_at: datetime
+
+
+async def read(pool: asyncpg.Pool, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
+    """Take the ticket's unread events, oldest first (each is returned once)."""
+    rows = await pool.fetch(
+        """
+        WITH taken AS (
+            UPDATE ticket_inbox SET read_at = now()
+            WHERE (ticket_id, trigger_id) IN (
+                SELECT ticket_id, trigger_id FROM ticket_inbox
+                WHERE ticket_id = $1 AND read_at IS NULL AND handed_back_at IS NULL
+                ORDER BY created_at, trigger_id LIMIT $2 FOR UPDATE SKIP LOCKED)
+            RETURNING trigger_id
+        )
+        SELECT t.id, t.thread_id, t.source, t.actor_name, t.actor_is_bot, t.kind, t.text,
+               t.created_at
+        FROM triggers t JOIN taken ON taken.trigger_id = t.id
+        ORDER BY t.created_at, t.id
+        """,
+        ticket_id,
+        limit,
+    )
+    return [
+        InboxEvent(
+            trigger_id=row["id"],
+            thread_id=row["thread_id"],
+            source=row["source"],
+            actor_name=row["actor_name"],
+            actor_is_bot=row["actor_is_bot"],
+            kind=row["kind"],
+            text=row["text"],
+            created_at=row["created_at"],
+        )
+        for row in rows
+    ]
+
+
+async def hand_back(pool: asyncpg.Pool, ticket_id: str, trigger_id: str) -> str:
+    """The ticket gives the event up. Returns where it is now: ``held`` (another ticket
+    still has it), ``router`` or ``dropped``."""
+    async with pool.acquire() as conn, conn.transaction():
+        # The trigger row is locked first, so two tickets handing the same event back at
+        # once agree on which of them was the last holder.
+        trigger = await conn.fetchrow(
+            "SELECT verdict, route FROM triggers WHERE id = $1 FOR UPDATE", trigger_id
+        )
+        given = await conn.fetchval(
+            "UPDATE ticket_inbox SET handed_back_at = now() "
+            "WHERE ticket_id = $1 AND trigger_id = $2 AND handed_back_at IS NULL "
+            "RETURNING trigger_id",
+            ticket_id,
+            trigger_id,
+        )
+        if trigger is None or given is None:
+            raise NotFound(f"ticket {ticket_id} does not hold {trigger_id}")
+        holders = await conn.fetchval(
+            "SELECT count(*) FROM ticket_inbox i JOIN tickets t ON t.id = i.ticket_id "
+            f"WHERE i.trigger_id = $1 AND i.handed_back_at IS NULL AND t.state NOT IN ({_CLOSED})",
+            trigger_id,
+        )
+        if holders:
+            return "held"
+        routed = trigger["verdict"] in ("explicit", "candidate")
+        await conn.execute(
+            "UPDATE triggers SET route = $2::text, "
+            "routed_at = CASE WHEN $2::text = 'router' THEN NULL ELSE now() END, "
+            "digested_at = now() WHERE id = $1",
+            trigger_id,
+            "router" if routed else "dropped",
+        )
+        if routed:
+            await conn.execute("SELECT pg_notify($1, $2)", ROUTER_CHANNEL, trigger_id)
+        return "router" if routed else "dropped"

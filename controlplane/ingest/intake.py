@@ -1,0 +1,276 @@
+"""``ingest()``: store an event as a Trigger on its Thread, judge it, and route it.
+
+One short transaction per event, in this order:
+
+1. The thread is found or created (unique on source + external id).
+2. The trigger is inserted unless (source, external id) is already there: a redelivered
+   webhook returns the original, untouched.
+3. The programmatic policy's verdict (:mod:`controlplane.ingest.policy`) and the thread's
+   subscribers decide the route:
+
+   * ``subscribers``: the thread has live tickets subscribed, and the event is not noise.
+     It goes to each one's inbox (``ticket_inbox``) without a router turn. This adds no
+     authority: the tickets' mandates are what they were.
+   * ``router``: an explicit request, or an inferred candidate the router is to assess.
+     It waits in the router's inbox (``routed_at IS NULL``).
+   * ``dropped``: nothing to do; the trigger and its verdict stay on record.
+
+4. A NOTIFY wakes whoever it concerns once the transaction commits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from controlplane.errors import InvalidInput, NotFound
+from controlplane.ingest import policy as policies
+from controlplane.ingest.policy import Actor, Event, Policy, Verdict
+from superagent_shared.ids import new_id
+
+ROUTER_CHANNEL = "superagent_router"  # payload: a trigger id for the router's inbox
+INBOX_CHANNEL = "superagent_inbox"  # payload: ticket ids, comma-separated
+
+# Tickets in these states no longer receive their threads' events.
+CLOSED_TICKET_STATES = ("completed", "failed", "stopped")
+_POLICY_REFRESH_SECONDS = 1.0
+_MAX_TEXT = 1_000_000  # characters of an event's text kept on the trigger row
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    external_id: str
+    title: str | None = None
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class IncomingTrigger:
+    """What a channel adapter hands to ingest, after verifying the event's signature."""
+
+    source: str
+    external_id: str  # unique per source: redeliveries carry the same one
+    thread: ThreadRef
+    actor: Actor
+    kind: str
+    text: str = ""
+    direct: bool = False  # the channel itself addresses the agent (see policy.Event)
+    payload: bytes | None = None  # the raw event, kept as a blob
+    payload_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class Ingested:
+    trigger_id: str
+    thread_id: str
+    duplicate: bool
+    verdict: str
+    reason: str
+    route: str
+    tickets: tuple[str, ...] = ()  # the inboxes it went to
+
+
+class PolicySource:
+    """The current ingest policy, re-read at most once a second (saves apply within 1 s)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self._loaded_at = float("-inf")
+        self._current: tuple[str | None, Policy] = (None, Policy())
+
+    async def current(self) -> tuple[str | None, Policy]:
+        """(version id or None when never saved, policy)."""
+        if time.monotonic() - self._loaded_at < _POLICY_REFRESH_SECONDS:
+            return self._current
+        row = await self.pool.fetchrow(
+            "SELECT id, body FROM policy_versions WHERE name = $1 ORDER BY version DESC LIMIT 1",
+            policies.POLICY_NAME,
+        )
+        if row is None:
+            self._current = (None, Policy())
+        elif row["id"] != self._current[0]:
+            self._current = (row["id"], policies.parse(_json(row["body"])))
+        self._loaded_at = time.monotonic()
+        return self._current
+
+    def forget(self) -> None:
+        """Read the policy again on next use (after a save in this process)."""
+        self._loaded_at = float("-inf")
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _validate(trigger: IncomingTrigger) -> None:
+    for field, value, limit in (
+        ("source", trigger.source, 50),
+        ("external_id", trigger.external_id, 500),
+        ("thread.external_id", trigger.thread.external_id, 500),
+        ("actor.id", trigger.actor.id, 200),
+        ("actor.name", trigger.actor.name, 200),
+        ("kind", trigger.kind, 100),
+    ):
+        if not value or len(value) > limit:
+            raise InvalidInput(f"{field} must be 1 to {limit} characters")
+        if "\x00" in value:
+            raise InvalidInput(f"{field} must not contain NUL")
+    if "\x00" in trigger.text:
+        raise InvalidInput("text must not contain NUL")
+
+
+_UPSERT_THREAD = """
+INSERT INTO threads (id, source, external_id, title, url, last_event_at)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (source, external_id) DO UPDATE SET
+    last_event_at = now(),
+    title = coalesce(excluded.title, threads.title),
+    url = coalesce(excluded.url, threads.url)
+RETURNING id
+"""
+
+_SUBSCRIBERS = f"""
+SELECT s.ticket_id FROM subscriptions s JOIN tickets t ON t.id = s.ticket_id
+WHERE s.thread_id = $1
+  AND t.state NOT IN ({", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)})
+ORDER BY s.ticket_id
+"""
+
+# The blob goes in with the trigger, and only if the trigger does (a duplicate leaves no
+# orphan blob); the foreign key is checked at the end of the statement.
+_INSERT_TRIGGER = """
+WITH t AS (
+    INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name,
+                          actor_is_bot, kind, text, payload_blob_id, verdict, verdict_reason,
+                          policy_version_id, route, routed_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::text,
+            CASE WHEN $14::text = 'router' THEN NULL ELSE now() END)
+    ON CONFLICT (source, external_id) DO NOTHING
+    RETURNING id
+), b AS (
+    INSERT INTO blobs (id, content_type, size, data)
+    SELECT $10::text, $15::text, octet_length($16::bytea), $16::bytea
+    FROM t WHERE $10::text IS NOT NULL
+)
+SELECT id FROM t
+"""
+
+
+class Intake:
+    """The one way events enter the system (every channel adapter calls :meth:`ingest`)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.policy = PolicySource(pool)
+
+    async def ingest(self, trigger: IncomingTrigger) -> Ingested:
+        """Store, judge and route ``trigger``; for a redelivered event, the original."""
+        _validate(trigger)
+        try:
+            return await self._insert(trigger)
+        except _Duplicate:
+            return await self.original(trigger.source, trigger.external_id)
+
+    async def _insert(self, trigger: IncomingTrigger) -> Ingested:
+        policy_id, policy = await self.policy.current()
+        verdict = policies.evaluate(
+            policy,
+            Event(
+                source=trigger.source,
+                actor=trigger.actor,
+                text=trigger.text,
+                direct=trigger.direct,
+            ),
+        )
+        trigger_id = new_id("trg")
+        blob_id = new_id("blb") if trigger.payload is not None else None
+        async with self.pool.acquire() as conn, conn.transaction():
+            thread_id: str = await conn.fetchval(
+                _UPSERT_THREAD,
+                new_id("thr"),
+                trigger.source,
+                trigger.thread.external_id,
+                trigger.thread.title,
+                trigger.thread.url,
+            )
+            tickets = tuple(row["ticket_id"] for row in await conn.fetch(_SUBSCRIBERS, thread_id))
+            route = _route(verdict, tickets)
+            inserted = await conn.fetchval(
+                _INSERT_TRIGGER,
+                trigger_id,
+                trigger.source,
+                trigger.external_id,
+                thread_id,
+                trigger.actor.id,
+                trigger.actor.name,
+                trigger.actor.is_bot,
+                trigger.kind,
+                trigger.text[:_MAX_TEXT],
+                blob_id,
+                verdict.kind,
+                verdict.reason,
+                policy_id,
+                route,
+                trigger.payload_type,
+                trigger.payload,
+            )
+            if inserted is None:
+                # A redelivery: the thread's last_event_at bump is rolled back with the rest.
+                raise _Duplicate
+            delivered: tuple[str, ...] = ()
+            if route == "subscribers":
+                await conn.execute(
+                    "INSERT INTO ticket_inbox (ticket_id, trigger_id) "
+                    "SELECT unnest($1::text[]), $2",
+                    list(tickets),
+                    trigger_id,
+                )
+                await conn.execute("SELECT pg_notify($1, $2)", INBOX_CHANNEL, ",".join(tickets))
+                delivered = tickets
+            elif route == "router":
+                await conn.execute("SELECT pg_notify($1, $2)", ROUTER_CHANNEL, trigger_id)
+        return Ingested(
+            trigger_id=trigger_id,
+            thread_id=thread_id,
+            duplicate=False,
+            verdict=verdict.kind,
+            reason=verdict.reason,
+            route=route,
+            tickets=delivered,
+        )
+
+    async def original(self, source: str, external_id: str) -> Ingested:
+        row = await self.pool.fetchrow(
+            "SELECT t.id, t.thread_id, t.verdict, t.verdict_reason, t.route, "
+            "       array_remove(array_agg(i.ticket_id ORDER BY i.ticket_id), NULL) AS tickets "
+            "FROM triggers t LEFT JOIN ticket_inbox i ON i.trigger_id = t.id "
+            "WHERE t.source = $1 AND t.external_id = $2 GROUP BY t.id",
+            source,
+            external_id,
+        )
+        if row is None:
+            raise NotFound(f"no trigger {external_id!r} from {source}")
+        return Ingested(
+            trigger_id=row["id"],
+            thread_id=row["thread_id"],
+            duplicate=True,
+            verdict=row["verdict"] or "",
+            reason=row["verdict_reason"] or "",
+            route=row["route"] or "",
+            tickets=tuple(row["tickets"]),
+        )
+
+
+class _Duplicate(Exception):
+    """Raised inside the transaction to roll it back when the trigger already exists."""
+
+
+def _route(verdict: Verdict, subscribed: Sequence[str]) -> str:
+    if subscribed and not verdict.noise:
+        return "subscribers"
+    return "router" if verdict.needs_router else "dropped"

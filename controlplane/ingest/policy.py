@@ -1,0 +1,210 @@
+"""The programmatic policy: the fast, deterministic first judgement of every event.
+
+No model is involved. Who is authorized comes only from what the channel adapter verified
+about the event (its source and its actor's id, name, bot flag and groups); the event's
+text is read for one thing only, whether it addresses the agent, and can never make its
+author someone else.
+
+Verdicts:
+
+* ``explicit``: an allowlisted human addressing the agent. May become a ticket.
+* ``candidate``: anything else the source lets through. With ``inferred`` = ``observe``
+  the router records what it would have done and creates nothing; with ``auto`` a ticket
+  needs a complete assessment (:func:`assessment_accepts`); with ``off`` it is ignored.
+* ``ignored``: nothing to decide. ``noise`` marks what is dropped even on a thread a
+  ticket is subscribed to (an ignored source, a blocklisted bot, the agent's own messages);
+  other ignored events still reach subscribed tickets as information (pass-through adds no
+  authority).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from controlplane.errors import InvalidInput
+
+POLICY_NAME = "ingest"  # the name of the policy's versions in policy_versions
+
+SourceMode = Literal["explicit", "candidate", "ignore"]
+InferredMode = Literal["off", "observe", "auto"]
+VerdictKind = Literal["explicit", "candidate", "ignored"]
+
+
+class Rule(BaseModel):
+    """A condition under which an inferred candidate may become work (judged by the router)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    description: str = Field(min_length=1, max_length=2000)
+    enabled: bool = True
+
+
+class SourcePolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: SourceMode = "explicit"
+    # Actor ids or names (as the channel reports them) whose requests are explicit.
+    users: list[str] = Field(default_factory=list)
+    # Group ids (GitHub teams, Slack user groups, Matrix rooms...) whose members' are.
+    groups: list[str] = Field(default_factory=list)
+    # Bots whose events are dropped outright, even on subscribed threads.
+    bots: list[str] = Field(default_factory=list)
+    # How people address the agent in text, e.g. "@superagent". Case-insensitive, and only
+    # as a whole word: "@superagents" does not count.
+    mentions: list[str] = Field(default_factory=lambda: ["@superagent"])
+    inferred: InferredMode = "off"
+    rules: list[Rule] = Field(default_factory=list)
+
+    @field_validator("rules")
+    @classmethod
+    def _unique_rule_names(cls, rules: list[Rule]) -> list[Rule]:
+        names = [rule.name for rule in rules]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"rule names must be unique; repeated: {', '.join(duplicated)}")
+        return rules
+
+
+class Policy(BaseModel):
+    """The whole policy as stored (one JSON document per version)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # The agent's own identities on every channel: its messages are never triggers.
+    agent_ids: list[str] = Field(default_factory=list)
+    default: SourcePolicy = Field(default_factory=SourcePolicy)
+    sources: dict[str, SourcePolicy] = Field(default_factory=dict)
+
+    def for_source(self, source: str) -> SourcePolicy:
+        return self.sources.get(source, self.default)
+
+
+def parse(body: object) -> Policy:
+    """A stored or submitted policy document; InvalidInput naming what is wrong."""
+    try:
+        return Policy.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'policy'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise InvalidInput(f"invalid policy: {problems}") from None
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who sent an event, as verified by the channel adapter (never from the text)."""
+
+    id: str
+    name: str
+    is_bot: bool = False
+    groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: VerdictKind
+    reason: str
+    noise: bool = False  # dropped even where a ticket is subscribed
+    inferred: InferredMode | None = None  # for candidates: what the router may do with it
+
+    @property
+    def needs_router(self) -> bool:
+        return self.kind == "explicit" or (
+            self.kind == "candidate" and self.inferred in ("observe", "auto")
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    source: str
+    actor: Actor
+    text: str = ""
+    # The channel itself addresses the agent (a direct message, the web chat, an issue
+    # assigned to the agent), so no mention is needed.
+    direct: bool = False
+
+
+def _mentioned(text: str, mentions: list[str]) -> bool:
+    for mention in mentions:
+        if mention and re.search(rf"(?<![\w@]){re.escape(mention)}(?![\w-])", text, re.I):
+            return True
+    return False
+
+
+def _listed(actor: Actor, names: list[str]) -> bool:
+    wanted = {name.casefold() for name in names}
+    return actor.id.casefold() in wanted or actor.name.casefold() in wanted
+
+
+def evaluate(policy: Policy, event: Event) -> Verdict:
+    """Judge ``event`` under ``policy``. Pure: the same inputs always give the same verdict."""
+    source = policy.for_source(event.source)
+    actor = event.actor
+    if source.mode == "ignore":
+        return Verdict("ignored", f"source {event.source} is ignored", noise=True)
+    if _listed(actor, policy.agent_ids):
+        return Verdict("ignored", "the agent's own message", noise=True)
+    if actor.is_bot and _listed(actor, source.bots):
+        return Verdict("ignored", f"bot {actor.name} is blocklisted", noise=True)
+    allowlisted = _listed(actor, source.users) or bool(
+        {g.casefold() for g in actor.groups} & {g.casefold() for g in source.groups}
+    )
+    addressed = event.direct or _mentioned(event.text, source.mentions)
+    if allowlisted and addressed and not actor.is_bot:
+        return Verdict("explicit", f"{actor.name} is allowlisted and addressed the agent")
+    why = (
+        "bots never make explicit requests"
+        if actor.is_bot
+        else f"{actor.name} is not allowlisted"
+        if not allowlisted
+        else "the agent was not addressed"
+    )
+    if source.mode == "explicit":
+        return Verdict("ignored", f"not an explicit request ({why}); source takes only those")
+    if source.inferred == "off":
+        return Verdict("ignored", f"inferred candidate ({why}); inferred requests are off")
+    return Verdict("candidate", f"inferred candidate ({why})", inferred=source.inferred)
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    rule: str
+    matches: bool
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The router's structured judgement of an inferred candidate (its ``assess`` tool)."""
+
+    verdicts: tuple[RuleVerdict, ...]
+    intent: str
+    target: str
+
+
+def assessment_accepts(source: SourcePolicy, assessment: Assessment) -> tuple[bool, str]:
+    """Whether ``auto`` mode may act on a candidate: every enabled rule judged exactly once,
+    nothing else judged, at least one match, and both intent and target stated."""
+    enabled = [rule.name for rule in source.rules if rule.enabled]
+    if not enabled:
+        return False, "no rules are enabled for this source"
+    judged = [verdict.rule for verdict in assessment.verdicts]
+    missing = [name for name in enabled if name not in judged]
+    if missing:
+        return False, f"rules not judged: {', '.join(missing)}"
+    twice = sorted({name for name in judged if judged.count(name) > 1})
+    if twice:
+        return False, f"rules judged more than once: {', '.join(twice)}"
+    unknown = [name for name in judged if name not in enabled]
+    if unknown:
+        return False, f"not an enabled rule: {', '.join(unknown)}"
+    if not any(verdict.matches for verdict in assessment.verdicts):
+        return False, "no rule matches"
+    if not assessment.intent.strip() or not assessment.target.strip():
+        return False, "intent and target must both be stated"
+    return True, "every enabled rule judged, " + ", ".join(
+        verdict.rule for verdict in assessment.verdicts if verdict.matches
+    ) + " matched"
