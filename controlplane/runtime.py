@@ -27,6 +27,7 @@ from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import ServerTls, ensure_server_tls
+from controlplane.leadership import Leadership
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
@@ -127,8 +128,15 @@ async def replica(
                 server_name=settings.name,
             )
             state = AppState(settings=settings, engine=engine, replica_id=replica_id)
+            leadership = Leadership(
+                pool,
+                replica_id,
+                lease_seconds=settings.router.lease_seconds,
+                renew_seconds=settings.router.renew_seconds,
+            )
             services: list[Service] = [
                 EffectRunner(dsn, Handlers(), settings.effects, owner=replica_id),
+                leadership,
                 hub,
                 GatewayService(settings.grpc, gateway),
                 HttpService(state),

@@ -104,6 +104,29 @@ class LlmSettings(BaseModel):
     timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
 
 
+class RouterSettings(BaseModel):
+    lease_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="The router leader's lease: another replica takes over this long after "
+        "the leader stops renewing it.",
+    )
+    renew_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How often the leader renews its lease, and others try to take it.",
+    )
+
+    @model_validator(mode="after")
+    def _renew_well_within_the_lease(self) -> RouterSettings:
+        if self.renew_seconds * 2 > self.lease_seconds:
+            raise ValueError(
+                "router.renew_seconds must be at most half of router.lease_seconds, or the "
+                "leader loses its lease to a single slow renewal"
+            )
+        return self
+
+
 class Settings(BaseSettings):
     """Everything the control plane reads from its environment."""
 
@@ -156,6 +179,9 @@ class Settings(BaseSettings):
         default_factory=EffectsSettings, description="The outbox runner."
     )
     llm: LlmSettings = Field(default_factory=LlmSettings, description="Language models.")
+    router: RouterSettings = Field(
+        default_factory=RouterSettings, description="The router and its leader election."
+    )
 
     @model_validator(mode="after")
     def _refuse_placeholder_secrets(self) -> Settings:

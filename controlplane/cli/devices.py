@@ -2,50 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import UTC, datetime
 from typing import TypeVar
 
 import click
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
-from controlplane.db import migrate
-from controlplane.db.engine import create_engine, session_factory, transaction
+from controlplane.cli.dbsession import ago, run_in_session
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing
 from controlplane.gateway.server import default_public_url
-from controlplane.runtime import gateway_tls, open_database
-from controlplane.settings import Settings
+from controlplane.runtime import gateway_tls
 
 T = TypeVar("T")
-
-
-def _run(settings: Settings, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    async def main(url: str) -> T:
-        engine = create_engine(url, pool_size=1)
-        try:
-            await migrate.check_migrated(engine)
-            async with transaction(session_factory(engine)) as session:
-                return await work(session)
-        finally:
-            await engine.dispose()
-
-    with clear_errors(), open_database(settings) as database:
-        return asyncio.run(main(database.url))
-
-
-def _ago(when: datetime | None) -> str:
-    if when is None:
-        return "never"
-    seconds = int((datetime.now(UTC) - when).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
 
 
 @click.group()
@@ -74,7 +45,7 @@ def pair(name: str, owner: str | None, as_json: bool) -> None:
             created_by="cli",
         )
 
-    issued = _run(settings, work)
+    issued = run_in_session(settings, work)
     with clear_errors():
         tls = gateway_tls(settings)
     url = default_public_url(settings.grpc)
@@ -117,7 +88,7 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
             include_revoked=include_revoked,
         )
 
-    views = _run(settings, work)
+    views = run_in_session(settings, work)
     if as_json:
         click.echo(json.dumps([asdict(v) for v in views], default=str, indent=2))
         return
@@ -130,7 +101,7 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
         status = "revoked" if view.revoked else ("online" if view.online else "offline")
         policy = (view.policy_hash or "-")[:12]
         click.echo(
-            f"{view.name:<20} {view.id:<17} {status:<8} {_ago(view.last_seen_at):<10} "
+            f"{view.name:<20} {view.id:<17} {status:<8} {ago(view.last_seen_at):<10} "
             f"{view.queue_depth:>5}  {policy}"
         )
 
@@ -145,4 +116,4 @@ def revoke(device: str) -> None:
         revoked = await device_registry.revoke(session, device)
         return f"{revoked.name} ({revoked.id})"
 
-    click.echo(f"revoked {_run(settings, work)}")
+    click.echo(f"revoked {run_in_session(settings, work)}")

@@ -8,6 +8,7 @@ from controlplane import __version__
 from controlplane.cli.config import config
 from controlplane.cli.db import migrate
 from controlplane.cli.devices import devices
+from controlplane.cli.status import status
 from controlplane.cli.up import serve_command, up
 
 
@@ -29,6 +30,7 @@ cli.add_command(serve_command, name="serve")
 cli.add_command(migrate)
 cli.add_command(config)
 cli.add_command(devices)
+cli.add_command(status)
 
 
 def main() -> None:

@@ -324,6 +324,18 @@ class InboxItem(Base):
     handed_back_at: Mapped[datetime | None]  # the worker said it is not its business
 
 
+class Lease(Base):
+    """A named lease with a TTL (leader election): one holder at a time, taken over once it
+    expires. Only single statements touch it, so it works behind PgBouncer too."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    acquired_at: Mapped[datetime]
+    renewed_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+
+
 class Link(Base):
     """Thread ⇄ ticket "related to": context only, never delivery."""
 

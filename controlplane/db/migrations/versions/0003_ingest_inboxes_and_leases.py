@@ -1,4 +1,4 @@
-"""ingest routes and ticket inboxes
+"""ingest routes, ticket inboxes and leases
 
 Revision ID: 0003
 Revises: 0002
@@ -19,6 +19,15 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.create_table(
+        "leases",
+        sa.Column("name", sa.String(length=100), nullable=False),
+        sa.Column("holder", sa.String(length=200), nullable=False),
+        sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("renewed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_leases")),
+    )
     op.create_table(
         "ticket_inbox",
         sa.Column("ticket_id", sa.String(length=16), nullable=False),
@@ -64,6 +73,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("leases")
     op.drop_index(
         "ix_triggers_undigested",
         table_name="triggers",

@@ -1,0 +1,44 @@
+"""For commands that read or change the database once and exit (devices, status, policy)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane.cli.common import clear_errors
+from controlplane.db import migrate
+from controlplane.db.engine import create_engine, session_factory, transaction
+from controlplane.runtime import open_database
+from controlplane.settings import Settings
+
+T = TypeVar("T")
+
+
+def run_in_session(settings: Settings, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
+    """``work`` in one transaction on the configured (or embedded) database."""
+
+    async def main(url: str) -> T:
+        engine = create_engine(url, pool_size=1)
+        try:
+            await migrate.check_migrated(engine)
+            async with transaction(session_factory(engine)) as session:
+                return await work(session)
+        finally:
+            await engine.dispose()
+
+    with clear_errors(), open_database(settings) as database:
+        return asyncio.run(main(database.url))
+
+
+def ago(when: datetime | None) -> str:
+    if when is None:
+        return "never"
+    seconds = int((datetime.now(UTC) - when).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
