@@ -10,6 +10,7 @@ from controlplane.cli.db import migrate
 from controlplane.cli.devices import devices
 from controlplane.cli.status import status
 from controlplane.cli.up import serve_command, up
+from controlplane.cli.versioned import policy, prompts_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,6 +32,8 @@ cli.add_command(migrate)
 cli.add_command(config)
 cli.add_command(devices)
 cli.add_command(status)
+cli.add_command(policy)
+cli.add_command(prompts_group)
 
 
 def main() -> None:

@@ -1,0 +1,256 @@
+"""``superagent policy`` and ``superagent prompts``: show and edit immutable versions.
+
+Every edit is saved as a new version on top of the one it was based on; if someone else
+saved in between, the edit is refused and kept, so nothing is lost and nothing silently
+overwritten.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from controlplane import prompts, versions
+from controlplane.cli.common import fail, load_settings, setup_logging
+from controlplane.cli.dbsession import ago, run_in_session
+from controlplane.db.models import PolicyVersion, PromptVersion
+from controlplane.errors import InvalidInput
+from controlplane.ingest import policy as ingest_policy
+
+
+@dataclass(frozen=True)
+class Shown:
+    id: str | None
+    version: int | None
+    author: str | None
+    age: str | None
+    text: str
+
+
+def _default_author() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _read_edit(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+
+
+def _keep(text: str, suffix: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix="superagent-edit-", suffix=suffix)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return Path(name)
+
+
+def _policy_text(body: Any) -> str:
+    return json.dumps(body, indent=2, sort_keys=False) + "\n"
+
+
+def _policy_body(text: str) -> Any:
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    # Validated, then stored as written out by the model: defaults filled in, so every
+    # version is complete on its own.
+    return ingest_policy.parse(body).model_dump(mode="json")
+
+
+@click.group()
+def policy() -> None:
+    """Show and edit the ingest policy (who may ask the agent for what, per source).
+
+    Each edit is a new, immutable version based on the one you edited. See docs/ingest.md
+    for the format.
+    """
+    setup_logging("WARNING")
+
+
+@policy.command(name="show")
+@click.option("--version", "version_id", help="A version's id (default: the latest).")
+def policy_show(version_id: str | None) -> None:
+    """Print the policy as JSON (its version goes to stderr)."""
+    shown = _show(PolicyVersion, ingest_policy.POLICY_NAME, version_id, _policy_default)
+    _print(shown, "policy")
+
+
+def _policy_default() -> str:
+    return _policy_text(ingest_policy.Policy().model_dump(mode="json"))
+
+
+@policy.command(name="edit")
+@click.option(
+    "--file",
+    "path",
+    help="Save this file (or - for stdin) instead of opening $EDITOR.",
+)
+@click.option(
+    "--base",
+    "base_id",
+    help="The version the file was based on (required with --file once a version exists).",
+)
+@click.option("--author", default=_default_author, show_default="user@host")
+def policy_edit(path: str | None, base_id: str | None, author: str) -> None:
+    """Edit the policy in $EDITOR (or save a file) as a new version."""
+    _edit(
+        PolicyVersion,
+        ingest_policy.POLICY_NAME,
+        path=path,
+        base_id=base_id,
+        author=author,
+        default=_policy_default,
+        to_body=_policy_body,
+        to_text=_policy_text,
+        suffix=".json",
+    )
+
+
+@click.group(name="prompts")
+def prompts_group() -> None:
+    """Show and edit the system prompts (router, worker, watchdog).
+
+    Each edit is a new, immutable version based on the one you edited; every model call
+    records the version it used.
+    """
+    setup_logging("WARNING")
+
+
+_PROMPT_NAME = click.Choice(sorted(prompts.DEFAULTS))
+
+
+@prompts_group.command(name="show")
+@click.argument("name", type=_PROMPT_NAME)
+@click.option("--version", "version_id", help="A version's id (default: the latest).")
+def prompts_show(name: str, version_id: str | None) -> None:
+    """Print a prompt (its version goes to stderr)."""
+    shown = _show(PromptVersion, name, version_id, lambda: prompts.DEFAULTS[name] + "\n")
+    _print(shown, f"{name} prompt")
+
+
+@prompts_group.command(name="edit")
+@click.argument("name", type=_PROMPT_NAME)
+@click.option("--file", "path", help="Save this file (or - for stdin) instead of $EDITOR.")
+@click.option("--base", "base_id", help="The version the file was based on.")
+@click.option("--author", default=_default_author, show_default="user@host")
+def prompts_edit(name: str, path: str | None, base_id: str | None, author: str) -> None:
+    """Edit a prompt in $EDITOR (or save a file) as a new version."""
+
+    def to_body(text: str) -> str:
+        if not text.strip():
+            raise InvalidInput("a prompt cannot be empty")
+        return text.rstrip("\n")
+
+    _edit(
+        PromptVersion,
+        name,
+        path=path,
+        base_id=base_id,
+        author=author,
+        default=lambda: prompts.DEFAULTS[name] + "\n",
+        to_body=to_body,
+        to_text=lambda body: str(body) + "\n",
+        suffix=".md",
+    )
+
+
+def _text_of(row: PolicyVersion | PromptVersion) -> str:
+    return _policy_text(row.body) if isinstance(row, PolicyVersion) else row.body + "\n"
+
+
+def _show(
+    model: type[versions.Version],
+    name: str,
+    version_id: str | None,
+    default: Callable[[], str],
+) -> Shown:
+    async def work(session: AsyncSession) -> Shown:
+        row: versions.Version | None
+        if version_id is not None:
+            row = await versions.get(session, model, version_id)
+            if row.name != name:
+                raise InvalidInput(f"{version_id} is a version of {row.name}, not of {name}")
+        else:
+            row = await versions.latest(session, model, name)
+        if row is None:
+            return Shown(None, None, None, None, default())
+        return Shown(row.id, row.version, row.author, ago(row.created_at), _text_of(row))
+
+    return run_in_session(load_settings(), work)
+
+
+def _print(shown: Shown, what: str) -> None:
+    if shown.id is None:
+        click.echo(f"# {what}: built-in default (no version saved yet)", err=True)
+    else:
+        click.echo(
+            f"# {what} version {shown.version} ({shown.id}), by {shown.author}, {shown.age}",
+            err=True,
+        )
+    click.echo(shown.text, nl=False)
+
+
+def _edit(
+    model: type[versions.Version],
+    name: str,
+    *,
+    path: str | None,
+    base_id: str | None,
+    author: str,
+    default: Callable[[], str],
+    to_body: Callable[[str], Any],
+    to_text: Callable[[Any], str],
+    suffix: str,
+) -> None:
+    settings = load_settings()
+    if path is None:
+        if base_id is not None:
+            fail("--base goes with --file; in $EDITOR you edit the latest version")
+        current = _show(model, name, None, default)
+        base_id = current.id
+        edited = click.edit(current.text, extension=suffix, require_save=True)
+        if edited is None or edited == current.text:
+            click.echo("No changes; nothing saved.")
+            return
+        text = edited
+    else:
+        text = _read_edit(path)
+    try:
+        body = to_body(text)
+    except InvalidInput as exc:
+        kept = _keep(text, suffix) if path is None else Path(path)
+        fail(f"{exc.message}\nnothing saved; your text is in {kept}")
+
+    async def work(session: AsyncSession) -> versions.Version:
+        return await versions.save(
+            session, model, name=name, body=body, base_id=base_id, author=author
+        )
+
+    try:
+        saved = run_in_session(settings, work)
+    except SystemExit:
+        if path is None:
+            kept = _keep(to_text(body), suffix)
+            click.echo(f"your edit is kept in {kept}; apply it again with --file", err=True)
+        raise
+    based = f"based on {base_id}" if base_id else "the first version"
+    click.echo(f"saved {name} version {saved.version} ({saved.id}), {based}")
