@@ -324,6 +324,24 @@ class InboxItem(Base):
     handed_back_at: Mapped[datetime | None]  # the worker said it is not its business
 
 
+class RouterDecision(Base):
+    """One thing the router did (a tool call), with the triggers it concerned and the model
+    call that produced it: why every ticket, reply and dismissal exists."""
+
+    __tablename__ = "router_decisions"
+    __table_args__ = (Index(None, "created_at"), Index(None, "trigger_ids", postgresql_using="gin"))
+    id: Mapped[str] = _id("dec")
+    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"))
+    llm_call_id: Mapped[str | None] = mapped_column(ForeignKey("llm_calls.id"))
+    tool: Mapped[str] = mapped_column(String(50))
+    arguments: Mapped[dict[str, Any]]
+    trigger_ids: Mapped[list[str]] = mapped_column(ARRAY(String(16)), default=list)
+    # What came of it: "created tkt_…", "refused: …", "would accept", ...
+    outcome: Mapped[str] = mapped_column(Text)
+    ok: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = _created()
+
+
 class Lease(Base):
     """A named lease with a TTL (leader election): one holder at a time, taken over once it
     expires. Only single statements touch it, so it works behind PgBouncer too."""

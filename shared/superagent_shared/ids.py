@@ -31,6 +31,7 @@ PREFIXES = frozenset(
         "pol",
         "llm",
         "pcd",
+        "dec",
     }
 )
 

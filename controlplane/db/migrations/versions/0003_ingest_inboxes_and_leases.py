@@ -1,4 +1,4 @@
-"""ingest routes, ticket inboxes and leases
+"""ingest routes, ticket inboxes, leases and router decisions
 
 Revision ID: 0003
 Revises: 0002
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision: str = "0003"
 down_revision: str | None = "0002"
@@ -19,6 +20,42 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.create_table(
+        "router_decisions",
+        sa.Column("id", sa.String(length=16), nullable=False),
+        sa.Column("session_id", sa.String(length=16), nullable=True),
+        sa.Column("llm_call_id", sa.String(length=16), nullable=True),
+        sa.Column("tool", sa.String(length=50), nullable=False),
+        sa.Column("arguments", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+        sa.Column("trigger_ids", postgresql.ARRAY(sa.String(length=16)), nullable=False),
+        sa.Column("outcome", sa.Text(), nullable=False),
+        sa.Column("ok", sa.Boolean(), nullable=False),
+        sa.Column(
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
+        ),
+        sa.ForeignKeyConstraint(
+            ["llm_call_id"],
+            ["llm_calls.id"],
+            name=op.f("fk_router_decisions_llm_call_id_llm_calls"),
+        ),
+        sa.ForeignKeyConstraint(
+            ["session_id"], ["sessions.id"], name=op.f("fk_router_decisions_session_id_sessions")
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_router_decisions")),
+    )
+    op.create_index(
+        op.f("ix_router_decisions_created_at"), "router_decisions", ["created_at"], unique=False
+    )
+    op.create_index(
+        op.f("ix_router_decisions_trigger_ids"),
+        "router_decisions",
+        ["trigger_ids"],
+        unique=False,
+        postgresql_using="gin",
+    )
     op.create_table(
         "leases",
         sa.Column("name", sa.String(length=100), nullable=False),
@@ -73,6 +110,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("router_decisions")
     op.drop_table("leases")
     op.drop_index(
         "ix_triggers_undigested",

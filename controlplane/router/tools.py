@@ -1,0 +1,531 @@
+"""The router's tools: what the model may do, with authority enforced here, not in the prompt.
+
+The model proposes, this module disposes. A tool call the rules do not allow is refused
+with a reason the model can read and act on. Examples: a ticket whose mandate would rest
+on an event that is not an explicit request, or an unknown thread. Every call, allowed or
+refused, is recorded in ``router_decisions`` with the triggers it concerned and the model
+call that made it.
+
+Tools (OpenAI function-calling schemas in :data:`TOOL_SPECS`):
+
+* ``create_ticket(title, scope, threads, device, mandate_from)``: work, resting on one
+  trigger's authority. That trigger must be an explicit request, or a candidate that this
+  source's ``auto`` mode accepted through ``assess``.
+* ``reply(thread, text)``: a message to people, sent through the outbox.
+* ``subscribe(thread, ticket)`` / ``link(thread, ticket)``: "handled by" (its events go
+  to the ticket) versus "related to" (context only).
+* ``recall(id)``: an object with summaries and its neighbours' IDs (Chain of Recall).
+* ``ignore(trigger, reason)``.
+* ``assess(trigger, verdicts, intent, target)``: the structured judgement of an inferred
+  candidate against its source's rules.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from controlplane.effects.outbox import enqueue
+from controlplane.ingest import policy as policies
+from controlplane.ingest.intake import CLOSED_TICKET_STATES, PolicySource
+from superagent_shared.ids import id_prefix, new_id
+
+REPLY_EFFECT = "reply"  # outbox kind; the channel's adapter sends it (payload: thread, text)
+MAX_REPLY_CHARS = 20_000
+_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
+SNIPPET_CHARS = 200
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+_ID = {"type": "string"}
+TOOL_SPECS: list[Any] = [
+    _fn(
+        "create_ticket",
+        "Create a ticket for work. mandate_from is the trigger whose request it fulfils: an "
+        "explicit request, or a candidate accepted by assess. Its threads are subscribed.",
+        {
+            "title": {"type": "string"},
+            "scope": {"type": "string", "description": "What is and is not to be done."},
+            "threads": {"type": "array", "items": _ID},
+            "device": {"type": ["string", "null"], "description": "Device name or id."},
+            "mandate_from": _ID,
+        },
+        ["title", "scope", "threads", "device", "mandate_from"],
+    ),
+    _fn(
+        "reply",
+        "Send a message on a thread (chat: short; GitHub: structured and complete).",
+        {"thread": _ID, "text": {"type": "string"}},
+        ["thread", "text"],
+    ),
+    _fn(
+        "subscribe",
+        "Make a ticket handle a thread: the thread's events go to the ticket's worker.",
+        {"thread": _ID, "ticket": _ID},
+        ["thread", "ticket"],
+    ),
+    _fn(
+        "link",
+        "Note that a thread is related to a ticket (context only; no events delivered).",
+        {"thread": _ID, "ticket": _ID},
+        ["thread", "ticket"],
+    ),
+    _fn(
+        "recall",
+        "Fetch an object (trigger, thread, ticket) by ID, with its neighbours' IDs.",
+        {"id": _ID},
+        ["id"],
+    ),
+    _fn(
+        "ignore",
+        "Decide that a trigger needs nothing.",
+        {"trigger": _ID, "reason": {"type": "string"}},
+        ["trigger", "reason"],
+    ),
+    _fn(
+        "assess",
+        "Judge an inferred candidate against every enabled rule of its source.",
+        {
+            "trigger": _ID,
+            "verdicts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "rule": {"type": "string"},
+                        "matches": {"type": "boolean"},
+                        "why": {"type": "string"},
+                    },
+                    "required": ["rule", "matches", "why"],
+                    "additionalProperties": False,
+                },
+            },
+            "intent": {"type": "string", "description": "What would be done."},
+            "target": {"type": "string", "description": "Where (repository, service...)."},
+        },
+        ["trigger", "verdicts", "intent", "target"],
+    ),
+]
+TOOL_NAMES = frozenset(spec["function"]["name"] for spec in TOOL_SPECS)
+
+
+class Refused(Exception):
+    """A tool call the rules do not allow; the message goes back to the model."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Where a tool call comes from: the router session, its model call, and the batch."""
+
+    session_id: str | None
+    llm_call_id: str | None
+    batch: Sequence[str]  # the trigger ids of this turn's batch
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    ok: bool
+    content: dict[str, Any]  # what the model sees, as JSON
+    decision_id: str
+
+    def as_message(self) -> str:
+        return json.dumps(self.content, ensure_ascii=False, default=str)
+
+
+def _str(args: dict[str, Any], name: str, *, limit: int = 10_000, empty: bool = False) -> str:
+    value = args.get(name)
+    if not isinstance(value, str):
+        raise Refused(f"{name} must be a string")
+    if not empty and not value.strip():
+        raise Refused(f"{name} must not be empty")
+    if len(value) > limit:
+        raise Refused(f"{name} is longer than {limit} characters")
+    return value
+
+
+def _id(args: dict[str, Any], name: str, prefix: str) -> str:
+    value = _str(args, name, limit=100)
+    if id_prefix(value) != prefix:
+        raise Refused(f"{name} must be a {prefix}_ id, not {value!r}")
+    return value
+
+
+class Toolbox:
+    def __init__(self, pool: asyncpg.Pool, policy: PolicySource) -> None:
+        self.pool = pool
+        self.policy = policy
+
+    async def call(self, name: str, arguments: str | dict[str, Any], turn: Turn) -> ToolResult:
+        """Run one tool call and record it; never raises for the model's mistakes."""
+        args: dict[str, Any] = {}
+        triggers: list[str] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            try:
+                if isinstance(arguments, str):
+                    try:
+                        parsed = json.loads(arguments or "{}")
+                    except json.JSONDecodeError as exc:
+                        raise Refused(f"arguments are not valid JSON: {exc.msg}") from None
+                else:
+                    parsed = arguments
+                if not isinstance(parsed, dict):
+                    raise Refused("arguments must be a JSON object")
+                args = parsed
+                if name not in TOOL_NAMES:
+                    raise Refused(
+                        f"no tool {name!r}; the tools are {', '.join(sorted(TOOL_NAMES))}"
+                    )
+                handler = getattr(self, f"_{name}")
+                content, outcome, triggers = await handler(conn, args, turn)
+                ok = True
+            except Refused as refused:
+                content = {"error": str(refused)}
+                outcome = f"refused: {refused}"
+                ok = False
+            decision_id = new_id("dec")
+            await conn.execute(
+                "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
+                "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8)",
+                decision_id,
+                turn.session_id,
+                turn.llm_call_id,
+                name[:50],
+                json.dumps(args, default=str),
+                triggers,
+                outcome,
+                ok,
+            )
+        return ToolResult(ok, content, decision_id)
+
+    # -- the tools ---------------------------------------------------------------------
+
+    async def _trigger(self, conn: asyncpg.Connection, trigger_id: str) -> asyncpg.Record:
+        row = await conn.fetchrow(
+            "SELECT id, source, thread_id, actor_id, actor_name, verdict, policy_version_id "
+            "FROM triggers WHERE id = $1",
+            trigger_id,
+        )
+        if row is None:
+            raise Refused(f"no trigger {trigger_id}")
+        return row
+
+    async def _thread_ids(self, conn: asyncpg.Connection, ids: object) -> list[str]:
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise Refused("threads must be a list of thr_ ids")
+        wanted = list(dict.fromkeys(ids))
+        found = {
+            row["id"]
+            for row in await conn.fetch("SELECT id FROM threads WHERE id = ANY($1)", wanted)
+        }
+        missing = [i for i in wanted if i not in found]
+        if missing:
+            raise Refused(f"no such thread: {', '.join(missing)}")
+        return wanted
+
+    async def _live_ticket(self, conn: asyncpg.Connection, ticket_id: str) -> None:
+        state = await conn.fetchval("SELECT state FROM tickets WHERE id = $1", ticket_id)
+        if state is None:
+            raise Refused(f"no ticket {ticket_id}")
+        if state in CLOSED_TICKET_STATES:
+            raise Refused(f"ticket {ticket_id} is {state}")
+
+    async def _create_ticket(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        title = _str(args, "title", limit=300)
+        scope = _str(args, "scope")
+        source_id = _id(args, "mandate_from", "trg")
+        trigger = await self._trigger(conn, source_id)
+        if trigger["verdict"] == "explicit":
+            kind = "explicit"
+        elif trigger["verdict"] == "candidate":
+            accepted = await conn.fetchval(
+                "SELECT outcome FROM router_decisions WHERE tool = 'assess' AND ok "
+                "AND $1 = ANY(trigger_ids) ORDER BY created_at DESC LIMIT 1",
+                source_id,
+            )
+            if accepted != "accepted":
+                raise Refused(
+                    f"{source_id} is an inferred candidate; a ticket needs an assess of it "
+                    "that this source's auto mode accepts"
+                    + (f" (the last assess: {accepted})" if accepted else "")
+                )
+            kind = "inferred"
+        else:
+            raise Refused(
+                f"{source_id} is not a request anyone may act on ({trigger['verdict']}); "
+                "only explicit requests, or candidates accepted by assess, can start work"
+            )
+        threads = await self._thread_ids(conn, args.get("threads", []))
+        if trigger["thread_id"] not in threads:
+            threads.insert(0, trigger["thread_id"])  # the requester's thread hears back
+        device_id = None
+        device = args.get("device")
+        if device is not None:
+            if not isinstance(device, str) or not device.strip():
+                raise Refused("device must be a device name or id, or null")
+            device_id = await conn.fetchval(
+                "SELECT id FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
+                device,
+            )
+            if device_id is None:
+                raise Refused(f"no paired device {device!r}")
+        ticket_id = new_id("tkt")
+        await conn.execute(
+            "INSERT INTO tickets (id, title, device_id) VALUES ($1, $2, $3)",
+            ticket_id,
+            title,
+            device_id,
+        )
+        await conn.execute(
+            "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, "
+            "trigger_id, policy_version_id, scope) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            new_id("mnd"),
+            ticket_id,
+            kind,
+            trigger["actor_id"],
+            trigger["actor_name"],
+            source_id,
+            trigger["policy_version_id"],
+            scope,
+        )
+        await conn.execute(
+            "INSERT INTO subscriptions (thread_id, ticket_id) SELECT unnest($1::text[]), $2",
+            threads,
+            ticket_id,
+        )
+        content = {"ticket": ticket_id, "subscribed": threads, "mandate": kind}
+        return content, f"created {ticket_id} ({kind}, for {trigger['actor_name']})", [source_id]
+
+    async def _reply(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        thread_id = _id(args, "thread", "thr")
+        text = _str(args, "text", limit=MAX_REPLY_CHARS)
+        thread = await conn.fetchrow(
+            "SELECT source, external_id FROM threads WHERE id = $1", thread_id
+        )
+        if thread is None:
+            raise Refused(f"no thread {thread_id}")
+        reply_id = new_id("msg")
+        await enqueue(
+            conn,
+            REPLY_EFFECT,
+            reply_id,  # the outbound message's dedupe key: sent once however often retried
+            {
+                "reply_id": reply_id,
+                "thread_id": thread_id,
+                "source": thread["source"],
+                "thread_external_id": thread["external_id"],
+                "text": text,
+            },
+        )
+        concerned = [
+            row["id"]
+            for row in await conn.fetch(
+                "SELECT id FROM triggers WHERE id = ANY($1::text[]) AND thread_id = $2",
+                list(turn.batch),
+                thread_id,
+            )
+        ]
+        return {"queued": reply_id}, f"reply {reply_id} queued on {thread_id}", concerned
+
+    async def _subscribe(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        return await self._relate(conn, args, "subscriptions", "subscribed")
+
+    async def _link(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        return await self._relate(conn, args, "links", "linked")
+
+    async def _relate(
+        self, conn: asyncpg.Connection, args: dict[str, Any], table: str, done: str
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        thread_id = _id(args, "thread", "thr")
+        ticket_id = _id(args, "ticket", "tkt")
+        await self._thread_ids(conn, [thread_id])
+        await self._live_ticket(conn, ticket_id)
+        await conn.execute(
+            f"INSERT INTO {table} (thread_id, ticket_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            thread_id,
+            ticket_id,
+        )
+        return {done: True}, f"{thread_id} {done} to {ticket_id}", []
+
+    async def _ignore(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        trigger_id = _id(args, "trigger", "trg")
+        reason = _str(args, "reason", limit=2000)
+        await self._trigger(conn, trigger_id)
+        return {"ignored": trigger_id}, f"ignored: {reason}", [trigger_id]
+
+    async def _assess(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        trigger_id = _id(args, "trigger", "trg")
+        trigger = await self._trigger(conn, trigger_id)
+        if trigger["verdict"] != "candidate":
+            raise Refused(f"{trigger_id} is not an inferred candidate ({trigger['verdict']})")
+        raw = args.get("verdicts")
+        if not isinstance(raw, list):
+            raise Refused("verdicts must be a list of {rule, matches, why}")
+        verdicts = []
+        for item in raw:
+            if not isinstance(item, dict) or not isinstance(item.get("rule"), str):
+                raise Refused("each verdict needs a rule name, matches and why")
+            if not isinstance(item.get("matches"), bool):
+                raise Refused(f"verdict for {item['rule']}: matches must be true or false")
+            verdicts.append(
+                policies.RuleVerdict(item["rule"], item["matches"], str(item.get("why", "")))
+            )
+        assessment = policies.Assessment(
+            verdicts=tuple(verdicts),
+            intent=str(args.get("intent", "")),
+            target=str(args.get("target", "")),
+        )
+        _, current = await self.policy.current()
+        source = current.for_source(trigger["source"])
+        accepts, why = policies.assessment_accepts(source, assessment)
+        if source.inferred == "auto":
+            outcome = "accepted" if accepts else "rejected"
+            content = {"accepted": accepts, "why": why}
+        else:
+            # observe (or since turned off): on record, and nothing may come of it.
+            outcome = "would accept" if accepts else "would not accept"
+            content = {
+                "accepted": False,
+                "why": f"{why}; this source only observes inferred candidates",
+            }
+        return content, outcome, [trigger_id]
+
+    async def _recall(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        object_id = _str(args, "id", limit=100)
+        prefix = id_prefix(object_id)
+        if prefix == "trg":
+            found = await _recall_trigger(conn, object_id)
+        elif prefix == "thr":
+            found = await _recall_thread(conn, object_id)
+        elif prefix == "tkt":
+            found = await _recall_ticket(conn, object_id)
+        else:
+            raise Refused(f"recall takes a trg_, thr_ or tkt_ id, not {object_id!r}")
+        if found is None:
+            raise Refused(f"nothing with id {object_id}")
+        return found, f"recalled {object_id}", []
+
+
+def _snippet(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…"
+
+
+async def _recall_trigger(conn: asyncpg.Connection, trigger_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow(
+        "SELECT id, source, thread_id, actor_name, actor_is_bot, kind, text, verdict, "
+        "created_at FROM triggers WHERE id = $1",
+        trigger_id,
+    )
+    if row is None:
+        return None
+    tickets = await conn.fetch(
+        "SELECT DISTINCT ticket_id FROM ticket_inbox WHERE trigger_id = $1 "
+        "UNION SELECT ticket_id FROM mandates WHERE trigger_id = $1",
+        trigger_id,
+    )
+    return {
+        "id": row["id"],
+        "source": row["source"],
+        "thread": row["thread_id"],
+        "from": row["actor_name"] + (" (bot)" if row["actor_is_bot"] else ""),
+        "kind": row["kind"],
+        "verdict": row["verdict"],
+        "at": row["created_at"].isoformat(),
+        "text": row["text"][:4000],
+        "tickets": sorted(r["ticket_id"] for r in tickets),
+    }
+
+
+async def _recall_thread(conn: asyncpg.Connection, thread_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow(
+        "SELECT id, source, external_id, title, url FROM threads WHERE id = $1", thread_id
+    )
+    if row is None:
+        return None
+    recent = await conn.fetch(
+        "SELECT id, actor_name, text FROM triggers WHERE thread_id = $1 "
+        "ORDER BY created_at DESC, id DESC LIMIT 10",
+        thread_id,
+    )
+    related = await conn.fetch(
+        "SELECT ticket_id, 'handled by' AS how FROM subscriptions WHERE thread_id = $1 "
+        "UNION ALL SELECT ticket_id, 'related to' FROM links WHERE thread_id = $1",
+        thread_id,
+    )
+    return {
+        "id": row["id"],
+        "source": row["source"],
+        "title": row["title"],
+        "url": row["url"],
+        "recent_events": [
+            {"id": r["id"], "from": r["actor_name"], "text": _snippet(r["text"])}
+            for r in reversed(recent)
+        ],
+        "tickets": [{"id": r["ticket_id"], "how": r["how"]} for r in related],
+    }
+
+
+async def _recall_ticket(conn: asyncpg.Connection, ticket_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow(
+        "SELECT t.id, t.title, t.state, t.pr_url, d.name AS device, m.kind AS mandate, "
+        "m.scope, m.initiator_name, m.trigger_id, m.revoked_at "
+        "FROM tickets t LEFT JOIN devices d ON d.id = t.device_id "
+        "LEFT JOIN mandates m ON m.ticket_id = t.id WHERE t.id = $1 "
+        "ORDER BY m.created_at DESC LIMIT 1",
+        ticket_id,
+    )
+    if row is None:
+        return None
+    threads = await conn.fetch(
+        "SELECT thread_id, 'handled by' AS how FROM subscriptions WHERE ticket_id = $1 "
+        "UNION ALL SELECT thread_id, 'related to' FROM links WHERE ticket_id = $1",
+        ticket_id,
+    )
+    return {
+        "id": row["id"],
+        "title": row["title"],
+        "state": row["state"],
+        "device": row["device"],
+        "pull_request": row["pr_url"],
+        "mandate": {
+            "kind": row["mandate"],
+            "from": row["initiator_name"],
+            "trigger": row["trigger_id"],
+            "scope": row["scope"],
+            "revoked": row["revoked_at"] is not None,
+        },
+        "threads": [{"id": r["thread_id"], "how": r["how"]} for r in threads],
+    }
