@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
+import openai
 import uvicorn
 
 from controlplane.api.app import AppState, create_app
@@ -28,6 +29,7 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import ServerTls, ensure_server_tls
 from controlplane.leadership import Leadership
+from controlplane.router.router import Router, RouterService
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
@@ -141,12 +143,25 @@ async def replica(
                 GatewayService(settings.grpc, gateway),
                 HttpService(state),
             ]
+            if settings.model_configured:
+                router = Router(pool, model_client(settings), settings.llm.router_model)
+                services.append(RouterService(router, leadership, dsn))
+            else:
+                log.info("no model configured: the router does not run (rules-only mode)")
             yield services
             await queue.close()
         finally:
             await pool.close()
     finally:
         await engine.dispose()
+
+
+def model_client(settings: Settings) -> openai.AsyncOpenAI:
+    """The official client for the configured OpenAI-compatible endpoint."""
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "unset"
+    return openai.AsyncOpenAI(
+        base_url=settings.openai_base_url, api_key=key, timeout=settings.llm.timeout
+    )
 
 
 def gateway_tls(settings: Settings) -> ServerTls | None:

@@ -515,4 +515,7 @@ class LlmCall(Base):
     batch_size: Mapped[int] = mapped_column(Integer, default=1)
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(12, 6), default=Decimal(0))
     error: Mapped[str | None] = mapped_column(Text)
+    # The versions the call was made with (prompts and policies are immutable versions).
+    prompt_version_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
+    policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
     created_at: Mapped[datetime] = _created()

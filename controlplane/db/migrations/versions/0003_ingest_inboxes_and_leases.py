@@ -20,6 +20,22 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.add_column("llm_calls", sa.Column("prompt_version_id", sa.String(length=16), nullable=True))
+    op.add_column("llm_calls", sa.Column("policy_version_id", sa.String(length=16), nullable=True))
+    op.create_foreign_key(
+        op.f("fk_llm_calls_prompt_version_id_prompt_versions"),
+        "llm_calls",
+        "prompt_versions",
+        ["prompt_version_id"],
+        ["id"],
+    )
+    op.create_foreign_key(
+        op.f("fk_llm_calls_policy_version_id_policy_versions"),
+        "llm_calls",
+        "policy_versions",
+        ["policy_version_id"],
+        ["id"],
+    )
     op.create_table(
         "router_decisions",
         sa.Column("id", sa.String(length=16), nullable=False),
@@ -110,6 +126,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_constraint(
+        op.f("fk_llm_calls_policy_version_id_policy_versions"), "llm_calls", type_="foreignkey"
+    )
+    op.drop_constraint(
+        op.f("fk_llm_calls_prompt_version_id_prompt_versions"), "llm_calls", type_="foreignkey"
+    )
+    op.drop_column("llm_calls", "policy_version_id")
+    op.drop_column("llm_calls", "prompt_version_id")
     op.drop_table("router_decisions")
     op.drop_table("leases")
     op.drop_index(

@@ -1,0 +1,310 @@
+"""The router: one long-lived model session, run by the leader replica, one batch per turn.
+
+A turn takes everything in the router's inbox (:mod:`controlplane.router.batch`), shows
+it to the model, and runs the tool calls the model makes (:mod:`controlplane.router.tools`)
+until it stops calling tools. Then it marks the batch routed. Events that arrive during a
+slow model call wait and form the next turn's batch, together with everything else that
+arrived by then.
+
+Nothing is marked routed until its turn is over. If the model fails, or the leader dies
+mid-turn, the batch stays in the inbox and the next turn sees it again: at-least-once,
+with every decision on record (``router_decisions``, ``llm_calls``).
+
+Bounded context. The conversation is the system prompt, then one summary of compacted
+older turns, then the last turns in full. Compaction happens in steps of several turns, so
+the prefix (prompt, tools, summary) stays byte-identical across most calls, and providers'
+prefix caches hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import openai
+
+from controlplane import prompts
+from controlplane.ingest.intake import ROUTER_CHANNEL, PolicySource
+from controlplane.leadership import Leadership
+from controlplane.router import batch as batches
+from controlplane.router.tools import TOOL_SPECS, Toolbox, Turn
+from controlplane.services import Service, sleep_unless
+from superagent_shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+MAX_STEPS = 8  # model calls per turn: the model may call tools, read results, call again
+KEEP_TURNS = 6  # turns kept in full; older ones are compacted
+COMPACT_AT = 10  # compaction happens once this many turns are held
+POLL_SECONDS = 1.0  # the safety net under LISTEN
+MAX_BACKOFF = 30.0
+
+
+class LostLeadership(Exception):
+    """This replica's lease ran out during a turn."""
+
+
+@dataclass
+class _TurnRecord:
+    messages: list[dict[str, Any]]
+    summary: str  # one line per decision, for compaction
+
+
+@dataclass
+class Conversation:
+    """The router's bounded context (kept by the leader; rebuilt by a new one)."""
+
+    system: str
+    summary: list[str] = field(default_factory=list)
+    turns: list[_TurnRecord] = field(default_factory=list)
+
+    def messages(self, pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "system", "content": self.system}]
+        if self.summary:
+            out.append(
+                {
+                    "role": "user",
+                    "content": "Earlier turns, compacted (recall any ID for details):\n"
+                    + "\n".join(self.summary),
+                }
+            )
+            out.append({"role": "assistant", "content": "Noted."})
+        for turn in self.turns:
+            out.extend(turn.messages)
+        out.extend(pending)
+        return out
+
+    def add(self, record: _TurnRecord) -> None:
+        self.turns.append(record)
+        if len(self.turns) >= COMPACT_AT:
+            old, self.turns = self.turns[:-KEEP_TURNS], self.turns[-KEEP_TURNS:]
+            self.summary.extend(line for turn in old for line in turn.summary.splitlines())
+            self.summary = self.summary[-200:]
+
+
+class Router:
+    """Runs turns. Only the leader's RouterService calls :meth:`turn`."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        client: openai.AsyncOpenAI,
+        model: str,
+        *,
+        policy: PolicySource | None = None,
+    ) -> None:
+        self.pool = pool
+        self.client = client
+        self.model = model
+        self.policy = policy or PolicySource(pool)
+        self.tools = Toolbox(pool, self.policy)
+        self.conversation: Conversation | None = None
+        self.session_id: str | None = None
+        self._prompt_version: str | None = None
+
+    async def _prepare(self) -> Conversation:
+        """The system prompt's current version; a new one starts a fresh conversation."""
+        row = await self.pool.fetchrow(
+            "SELECT id, body FROM prompt_versions WHERE name = 'router' "
+            "ORDER BY version DESC LIMIT 1"
+        )
+        version, text = (row["id"], row["body"]) if row else (None, prompts.DEFAULTS["router"])
+        if self.conversation is None or version != self._prompt_version:
+            self._prompt_version = version
+            self.conversation = Conversation(system=text)
+            self.session_id = new_id("ses")
+            await self.pool.execute(
+                "INSERT INTO sessions (id, kind, model, prompt_version_id) "
+                "VALUES ($1, 'router', $2, $3)",
+                self.session_id,
+                self.model,
+                version,
+            )
+        return self.conversation
+
+    async def turn(self, leading: Callable[[], bool] = lambda: True) -> int:
+        """One turn over everything waiting; returns how many events it consumed.
+
+        ``leading`` is asked before anything is written: a replica that lost its lease
+        mid-turn stops (LostLeadership), leaving the batch to the new leader.
+        """
+        batch = await batches.take(self.pool)
+        if not batch:
+            if batch.digest:
+                await batches.mark_routed(self.pool, batch)
+            return 0
+        conversation = await self._prepare()
+        policy_version, _ = await self.policy.current()
+        pending: list[dict[str, Any]] = [{"role": "user", "content": batches.render(batch)}]
+        decisions: list[str] = []
+        for _step in range(MAX_STEPS):
+            started = time.monotonic()
+            llm_call_id = new_id("llm")
+            try:
+                response = await self.client.chat.completions.create(
+                    model=self.model,
+                    messages=conversation.messages(pending),  # type: ignore[arg-type]
+                    tools=TOOL_SPECS,
+                )
+            except openai.OpenAIError as exc:
+                await self._record_call(
+                    llm_call_id, None, started, len(batch.events), policy_version, str(exc)
+                )
+                raise
+            await self._record_call(
+                llm_call_id, response.usage, started, len(batch.events), policy_version, None
+            )
+            message = response.choices[0].message
+            calls = message.tool_calls or []
+            pending.append(
+                {
+                    "role": "assistant",
+                    "content": message.content,
+                    **(
+                        {
+                            "tool_calls": [
+                                {
+                                    "id": call.id,
+                                    "type": "function",
+                                    "function": {
+                                        "name": call.function.name,
+                                        "arguments": call.function.arguments,
+                                    },
+                                }
+                                for call in calls
+                                if call.type == "function"
+                            ]
+                        }
+                        if calls
+                        else {}
+                    ),
+                }
+            )
+            if not calls:
+                break
+            turn = Turn(self.session_id, llm_call_id, tuple(batch.trigger_ids))
+            for call in calls:
+                if call.type != "function":
+                    continue
+                if not leading():
+                    raise LostLeadership
+                result = await self.tools.call(call.function.name, call.function.arguments, turn)
+                decisions.append(f"{call.function.name}: {_short(result.content)}")
+                pending.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": result.as_message()}
+                )
+        if not leading():
+            raise LostLeadership
+        await batches.mark_routed(self.pool, batch)
+        summary = "\n".join(
+            [f"turn of {', '.join(batch.trigger_ids)}:"] + [f"  {d}" for d in decisions]
+        )
+        conversation.add(_TurnRecord(pending, summary))
+        return len(batch.events)
+
+    async def _record_call(
+        self,
+        llm_call_id: str,
+        usage: Any,
+        started: float,
+        batch_size: int,
+        policy_version: str | None,
+        error: str | None,
+    ) -> None:
+        cached = 0
+        if usage is not None and usage.prompt_tokens_details is not None:
+            cached = usage.prompt_tokens_details.cached_tokens or 0
+        await self.pool.execute(
+            "INSERT INTO llm_calls (id, session_id, model, prompt_tokens, completion_tokens, "
+            "cached_tokens, latency_ms, batch_size, cost_usd, error, prompt_version_id, "
+            "policy_version_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11)",
+            llm_call_id,
+            self.session_id,
+            self.model,
+            usage.prompt_tokens if usage is not None else 0,
+            usage.completion_tokens if usage is not None else 0,
+            cached,
+            int((time.monotonic() - started) * 1000),
+            batch_size,
+            error[:2000] if error else None,
+            self._prompt_version,
+            policy_version,
+        )
+        if usage is not None:
+            await self.pool.execute(
+                "UPDATE sessions SET prompt_tokens = prompt_tokens + $2, "
+                "completion_tokens = completion_tokens + $3, cached_tokens = cached_tokens + $4, "
+                "updated_at = now() WHERE id = $1",
+                self.session_id,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                cached,
+            )
+
+
+def _short(content: dict[str, Any]) -> str:
+    text = json.dumps(content, ensure_ascii=False, default=str)
+    return text if len(text) <= 160 else text[:159] + "…"
+
+
+class RouterService(Service):
+    """Runs router turns while this replica leads, woken by NOTIFY with a 1 s poll."""
+
+    name = "router"
+
+    def __init__(self, router: Router, leadership: Leadership, dsn: str) -> None:
+        super().__init__()
+        self.router = router
+        self.leadership = leadership
+        self.dsn = dsn
+        self._wake = asyncio.Event()
+
+    async def run(self) -> None:
+        listener: asyncpg.Connection | None = None
+        backoff = 1.0
+        try:
+            while not self.stopping.is_set():
+                if not self.leadership.is_leader:
+                    await sleep_unless(self.stopping, 0.2)
+                    continue
+                if listener is None or listener.is_closed():
+                    listener = await self._listen()
+                self._wake.clear()
+                try:
+                    consumed = await self.router.turn(lambda: self.leadership.is_leader)
+                except LostLeadership:
+                    log.warning("router: leadership lost mid-turn; the batch stays queued")
+                    continue
+                except (openai.OpenAIError, asyncpg.PostgresError, OSError) as exc:
+                    log.warning("router turn failed (%s); retrying in %.0fs", exc, backoff)
+                    await sleep_unless(self.stopping, backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+                    continue
+                backoff = 1.0
+                if consumed:
+                    continue  # more may have arrived during the model call
+                stop = asyncio.ensure_future(self.stopping.wait())
+                wake = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait(
+                    {stop, wake}, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                )
+                for waiter in (stop, wake):
+                    waiter.cancel()
+        finally:
+            if listener is not None:
+                await listener.close()
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        try:
+            conn = await asyncpg.connect(self.dsn)
+            await conn.add_listener(ROUTER_CHANNEL, lambda *_: self._wake.set())
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("router: no LISTEN connection (%s); polling", exc)
+            return None
+        return conn

@@ -1,0 +1,201 @@
+"""Router turns against the fake OpenAI server: batching, tools, records, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane.db.engine import transaction
+from controlplane.db.models import PolicyVersion
+from controlplane.db.pool import create_pool
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.ingest import policy
+from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
+from controlplane.ingest.policy import Actor, Policy, SourcePolicy
+from controlplane.leadership import Leadership
+from controlplane.router.router import Router, RouterService
+from controlplane.versions import save
+from tests.fakes.openai_server import (
+    FAKE_MODEL,
+    ChatRequest,
+    FakeOpenAIServer,
+    Reply,
+    ToolCall,
+)
+from tests.helpers import assert_eventually
+
+ALICE = Actor("u-1", "alice")
+POLICY = Policy(default=SourcePolicy(users=["alice"]))
+TRIGGER = re.compile(r"\[(trg_\w+)\]")
+
+
+@pytest.fixture
+async def pool(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> AsyncIterator[asyncpg.Pool]:
+    async with transaction(db) as session:
+        await save(
+            session,
+            PolicyVersion,
+            name=policy.POLICY_NAME,
+            body=POLICY.model_dump(),
+            base_id=None,
+            author="test",
+        )
+    pool = await create_pool(asyncpg_dsn(database_url))
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def intake(pool: asyncpg.Pool) -> Intake:
+    return Intake(pool)
+
+
+@pytest.fixture
+def router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Router:
+    return Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
+
+
+async def _ask(intake: Intake, n: int, text: str = "@superagent fix the flaky test") -> Ingested:
+    return await intake.ingest(
+        IncomingTrigger(
+            source="github",
+            external_id=f"c-{n}",
+            thread=ThreadRef(f"acme/app#{n}", title=f"issue {n}"),
+            actor=ALICE,
+            kind="issue_comment",
+            text=text,
+        )
+    )
+
+
+def _batch_of(request: ChatRequest) -> list[str]:
+    """The trigger ids of the batch this request shows (its last user message)."""
+    return TRIGGER.findall(request.last_user_message() or "")
+
+
+def _ticket_for_each(request: ChatRequest) -> Reply:
+    if request.tool_results():
+        return Reply(content="Done.")
+    return Reply(
+        tool_calls=[
+            ToolCall(
+                "create_ticket",
+                {
+                    "title": "fix it",
+                    "scope": "as asked",
+                    "threads": [],
+                    "device": None,
+                    "mandate_from": trigger,
+                },
+            )
+            for trigger in _batch_of(request)
+        ]
+    )
+
+
+async def test_a_turn_acts_on_its_batch_and_records_everything(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    asked = await _ask(intake, 1)
+    fake_llm.respond_with(_ticket_for_each)
+    assert await router.turn() == 1
+    assert await router.turn() == 0  # nothing left: no model call either
+    requests = fake_llm.chat_requests
+    assert len(requests) == 2  # the tool call, then the model's answer to its result
+    assert "create_ticket" in requests[0].tool_names()
+    mandate = await pool.fetchrow("SELECT ticket_id, trigger_id FROM mandates")
+    assert mandate is not None
+    assert mandate["trigger_id"] == asked.trigger_id
+    assert await pool.fetchval("SELECT count(*) FROM triggers WHERE routed_at IS NULL") == 0
+    calls = await pool.fetch("SELECT id, session_id, batch_size, policy_version_id FROM llm_calls")
+    assert len(calls) == 2
+    assert all(c["session_id"] == router.session_id and c["batch_size"] == 1 for c in calls)
+    assert all(c["policy_version_id"] for c in calls)
+    decision = await pool.fetchrow("SELECT llm_call_id, trigger_ids FROM router_decisions")
+    assert decision is not None
+    assert decision["llm_call_id"] in {c["id"] for c in calls}
+    assert decision["trigger_ids"] == [asked.trigger_id]
+
+
+async def test_events_arriving_during_a_slow_call_form_the_next_batch(
+    router: Router, intake: Intake, fake_llm: FakeOpenAIServer
+) -> None:
+    first = await _ask(intake, 1)
+    slow = asyncio.Event()
+
+    def respond(request: ChatRequest) -> Reply:
+        if request.tool_results() or not _batch_of(request):
+            return Reply(content="ok")
+        if request.index == 0:
+            slow.set()
+            return Reply(content="thinking", delay_ms=1500)
+        return Reply(content="ok")
+
+    fake_llm.respond_with(respond)
+    turn = asyncio.create_task(router.turn())
+    await asyncio.wait_for(slow.wait(), 10)
+    later = [await _ask(intake, n) for n in (2, 3, 4)]
+    assert await turn == 1
+    assert await router.turn() == 3
+    batches = [_batch_of(r) for r in fake_llm.chat_requests]
+    assert batches == [[first.trigger_id], [e.trigger_id for e in later]]
+
+
+async def test_a_failed_model_call_leaves_the_batch_queued(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    asked = await _ask(intake, 1)
+    fake_llm.script(Reply(error_status=500, should_retry=False))
+    with pytest.raises(Exception, match="500"):
+        await router.turn()
+    assert await pool.fetchval("SELECT count(*) FROM triggers WHERE routed_at IS NULL") == 1
+    error = await pool.fetchval("SELECT error FROM llm_calls")
+    assert error
+    fake_llm.respond_with(_ticket_for_each)
+    assert await router.turn() == 1
+    assert await pool.fetchval("SELECT trigger_id FROM mandates") == asked.trigger_id
+
+
+async def test_the_prefix_stays_the_same_between_turns(
+    router: Router, intake: Intake, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    for n in range(1, 4):
+        await _ask(intake, n)
+        assert await router.turn() == 1
+    first, second, third = fake_llm.chat_requests
+    assert second.messages[: len(first.messages)] == first.messages
+    assert third.messages[: len(second.messages)] == second.messages
+    assert third.body["tools"] == first.body["tools"]
+
+
+async def test_the_leader_routes_on_notification(
+    router: Router,
+    intake: Intake,
+    pool: asyncpg.Pool,
+    fake_llm: FakeOpenAIServer,
+    database_url: str,
+) -> None:
+    fake_llm.respond_with(_ticket_for_each)
+    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
+    service = RouterService(router, leadership, asyncpg_dsn(database_url))
+    await leadership.start()
+    await service.start()
+    try:
+        await asyncio.wait_for(leadership.gained.wait(), 10)
+        await _ask(intake, 1)
+
+        async def ticketed() -> bool:
+            return bool(await pool.fetchval("SELECT count(*) FROM tickets"))
+
+        await assert_eventually(ticketed, timeout=10)
+    finally:
+        await service.stop()
+        await leadership.stop()
