@@ -29,7 +29,8 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import ServerTls, ensure_server_tls
 from controlplane.leadership import Leadership
-from controlplane.router.router import Router, RouterService
+from controlplane.router.router import Router, RouterService, TurnTaker
+from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
@@ -136,18 +137,22 @@ async def replica(
                 lease_seconds=settings.router.lease_seconds,
                 renew_seconds=settings.router.renew_seconds,
             )
+            handlers = Handlers()
+            handlers.register(RUN_EFFECT, run_handler(pool, queue))
             services: list[Service] = [
-                EffectRunner(dsn, Handlers(), settings.effects, owner=replica_id),
+                EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
                 leadership,
                 hub,
                 GatewayService(settings.grpc, gateway),
                 HttpService(state),
             ]
+            router: TurnTaker
             if settings.model_configured:
                 router = Router(pool, model_client(settings), settings.llm.router_model)
-                services.append(RouterService(router, leadership, dsn))
             else:
-                log.info("no model configured: the router does not run (rules-only mode)")
+                log.info("no model configured: the router runs in rules-only mode")
+                router = RulesOnlyRouter(pool, queue)
+            services.append(RouterService(router, leadership, dsn))
             yield services
             await queue.close()
         finally:

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import openai
@@ -253,12 +253,20 @@ def _short(content: dict[str, Any]) -> str:
     return text if len(text) <= 160 else text[:159] + "…"
 
 
+class TurnTaker(Protocol):
+    async def turn(self, leading: Callable[[], bool] = ...) -> int: ...
+
+
 class RouterService(Service):
-    """Runs router turns while this replica leads, woken by NOTIFY with a 1 s poll."""
+    """Runs router turns while this replica leads, woken by NOTIFY with a 1 s poll.
+
+    The turns are the model's (:class:`Router`) or, without a model, rules-only mode's
+    (:class:`controlplane.router.rules_only.RulesOnlyRouter`).
+    """
 
     name = "router"
 
-    def __init__(self, router: Router, leadership: Leadership, dsn: str) -> None:
+    def __init__(self, router: TurnTaker, leadership: Leadership, dsn: str) -> None:
         super().__init__()
         self.router = router
         self.leadership = leadership

@@ -1,0 +1,247 @@
+"""Rules-only mode: the router's place when no model is configured.
+
+Explicit requests can still do four things, as slash commands (after a mention or not):
+
+* ``/run <device> <command>``: queue a command on a device; the result is posted back
+  when it is final.
+* ``/tickets``: the active tickets.
+* ``/devices``: paired devices, online or not.
+* ``/stop <ticket>``: stop a ticket. Its mandate is revoked, its subscriptions end, and its
+  unfinished commands are cancelled.
+
+Any other request gets a notice, once per thread, that no model is configured. Inferred
+candidates need a model to be assessed; they are set aside, on record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from controlplane.effects.handlers import ClaimedEffect, Postpone
+from controlplane.effects.outbox import enqueue
+from controlplane.errors import SuperagentError
+from controlplane.gateway import specs
+from controlplane.gateway.queue import TERMINAL, CommandQueue
+from controlplane.ingest.intake import CLOSED_TICKET_STATES, PolicySource
+from controlplane.router import batch as batches
+from controlplane.router.tools import Toolbox, Turn
+from superagent_shared.ids import id_prefix, new_id
+
+# Runs a /run command through the outbox: submits it (once), then posts its result when final.
+RUN_EFFECT = "run_command"
+NOTICE = (
+    "No model is configured, so I can only follow commands: /run <device> <command>, "
+    "/tickets, /devices, /stop <ticket>."
+)
+_COMMAND = re.compile(r"(?:^|\s)/(run|tickets|devices|stop)\b[ \t]*(.*)", re.S)
+_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
+_TAIL = 1500  # characters of a command's output in its report
+
+
+def parse(text: str) -> tuple[str, str] | None:
+    """The slash command and its argument text, if the message holds one."""
+    match = _COMMAND.search(text.strip())
+    if match is None:
+        return None
+    return match.group(1), match.group(2).strip()
+
+
+class RulesOnlyRouter:
+    def __init__(self, pool: asyncpg.Pool, queue: CommandQueue) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.tools = Toolbox(pool, PolicySource(pool))
+
+    async def turn(self, leading: Callable[[], bool] = lambda: True) -> int:
+        batch = await batches.take(self.pool)
+        for event in batch.events:
+            if not leading():
+                break
+            await self._handle(event)
+        await batches.mark_routed(self.pool, batch)
+        return len(batch.events)
+
+    async def _handle(self, event: batches.Event) -> None:
+        turn = Turn(None, None, (event.id,))
+        if event.verdict != "explicit":
+            await self._record(event, "ignore", {}, "rules-only mode cannot assess candidates")
+            return
+        command = parse(event.text)
+        if command is None:
+            if not await self._noticed(event.thread_id):
+                await self.tools.call("reply", {"thread": event.thread_id, "text": NOTICE}, turn)
+                await self._record(event, "notice", {}, "told that no model is configured")
+            return
+        name, argument = command
+        try:
+            text = await getattr(self, f"_{name}")(event, argument)
+            ok = True
+        except (SuperagentError, ValueError) as exc:
+            text = f"/{name} failed: {getattr(exc, 'message', None) or exc}"
+            ok = False
+        await self.tools.call("reply", {"thread": event.thread_id, "text": text}, turn)
+        await self._record(event, name, {"argument": argument}, text, ok=ok)
+
+    async def _noticed(self, thread_id: str) -> bool:
+        found = await self.pool.fetchval(
+            "SELECT 1 FROM router_decisions d JOIN triggers t ON t.id = ANY(d.trigger_ids) "
+            "WHERE d.tool = 'notice' AND t.thread_id = $1 LIMIT 1",
+            thread_id,
+        )
+        return found is not None
+
+    async def _record(
+        self, event: batches.Event, tool: str, args: dict[str, Any], outcome: str, ok: bool = True
+    ) -> None:
+        await self.pool.execute(
+            "INSERT INTO router_decisions (id, tool, arguments, trigger_ids, outcome, ok) "
+            "VALUES ($1, $2, $3::text::jsonb, $4, $5, $6)",
+            new_id("dec"),
+            tool,
+            json.dumps(args),
+            [event.id],
+            outcome[:2000],
+            ok,
+        )
+
+    # -- the commands ----------------------------------------------------------------------
+
+    async def _run(self, event: batches.Event, argument: str) -> str:
+        try:
+            words = shlex.split(argument)
+        except ValueError as exc:
+            raise ValueError(f"cannot parse the command ({exc})") from None
+        if len(words) < 2:
+            raise ValueError("usage: /run <device> <command>")
+        device, argv = words[0], words[1:]
+        specs.validate(specs.Exec(argv))
+        known = await self.pool.fetchval(
+            "SELECT name FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
+            device,
+        )
+        if known is None:
+            raise ValueError(f"no paired device {device!r} (/devices lists them)")
+        # Submitted by the outbox, keyed by this event: a turn that runs twice (a new leader
+        # after a crash) queues the command once.
+        async with self.pool.acquire() as conn:
+            await _enqueue(
+                conn,
+                RUN_EFFECT,
+                event.id,
+                {
+                    "trigger_id": event.id,
+                    "thread_id": event.thread_id,
+                    "device": device,
+                    "argv": argv,
+                    "actor": event.actor_name,
+                },
+            )
+        return f"Running on {known}: {shlex.join(argv)} (the result follows here)"
+
+    async def _tickets(self, event: batches.Event, argument: str) -> str:
+        rows = await self.pool.fetch(
+            f"SELECT id, title, state FROM tickets WHERE state NOT IN ({_CLOSED}) "
+            "ORDER BY created_at LIMIT 50"
+        )
+        if not rows:
+            return "No active tickets."
+        return "Active tickets:\n" + "\n".join(
+            f"- {r['id']} [{r['state']}] {r['title']}" for r in rows
+        )
+
+    async def _devices(self, event: batches.Event, argument: str) -> str:
+        rows = await self.pool.fetch(
+            "SELECT name, connected_replica IS NOT NULL "
+            "AND last_seen_at > now() - interval '45 seconds' AS online "
+            "FROM devices WHERE revoked_at IS NULL ORDER BY name"
+        )
+        if not rows:
+            return "No devices are paired (superagent devices pair --name NAME)."
+        return "Devices:\n" + "\n".join(
+            f"- {r['name']}: {'online' if r['online'] else 'offline'}" for r in rows
+        )
+
+    async def _stop(self, event: batches.Event, argument: str) -> str:
+        ticket_id = argument.split()[0] if argument else ""
+        if id_prefix(ticket_id) != "tkt":
+            raise ValueError("usage: /stop <ticket id>")
+        stopped, commands = await stop_ticket(self.pool, ticket_id)
+        for command_id in commands:
+            await self.queue.cancel(command_id)
+        if not stopped:
+            return f"{ticket_id} was already finished or stopped."
+        cancelled = f"; {len(commands)} command(s) cancelled" if commands else ""
+        return f"Stopped {ticket_id}: mandate revoked, subscriptions ended{cancelled}."
+
+
+async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[str]]:
+    """Stop a ticket: state, mandate, subscriptions. Returns (was it live, its unfinished
+    commands, which the caller cancels through the queue)."""
+    async with pool.acquire() as conn, conn.transaction():
+        state = await conn.fetchval("SELECT state FROM tickets WHERE id = $1 FOR UPDATE", ticket_id)
+        if state is None:
+            raise ValueError(f"no ticket {ticket_id}")
+        commands = [
+            r["id"]
+            for r in await conn.fetch(
+                "SELECT id FROM commands WHERE ticket_id = $1 AND kind <> 'cancel' "
+                "AND state <> ALL($2::text[])",
+                ticket_id,
+                list(TERMINAL),
+            )
+        ]
+        if state in CLOSED_TICKET_STATES:
+            return False, commands
+        await conn.execute(
+            "UPDATE tickets SET state = 'stopped', updated_at = now() WHERE id = $1", ticket_id
+        )
+        await conn.execute(
+            "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
+            ticket_id,
+        )
+        await conn.execute("DELETE FROM subscriptions WHERE ticket_id = $1", ticket_id)
+        return True, commands
+
+
+async def _enqueue(conn: Any, kind: str, key: str, payload: dict[str, Any]) -> None:
+    await enqueue(conn, kind, key, payload)
+
+
+def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
+    """The outbox handler of /run: submit the command once, then post its result when final."""
+
+    async def run(effect: ClaimedEffect) -> None:
+        origin = f"/run {effect.payload['trigger_id']} by {effect.payload['actor']}"
+        command_id = await pool.fetchval("SELECT id FROM commands WHERE origin = $1", origin)
+        tools = Toolbox(pool, PolicySource(pool))
+        thread = str(effect.payload["thread_id"])
+        if command_id is None:
+            try:
+                command_id = await queue.submit(
+                    str(effect.payload["device"]),
+                    specs.Exec([str(word) for word in effect.payload["argv"]]),
+                    origin=origin,
+                )
+            except SuperagentError as exc:  # revoked or unpaired since: say so, once
+                text = f"/run failed: {exc.message}"
+                await tools.call("reply", {"thread": thread, "text": text}, Turn(None, None, ()))
+                return
+        result = await queue.result(command_id)
+        if not result.done:
+            raise Postpone(5.0, f"{command_id} is {result.state}")
+        tail = result.output_tail.decode("utf-8", "replace")[-_TAIL:]
+        how = (
+            f"exit {result.exit_code}"
+            if result.state == "finished"
+            else f"{result.state}" + (f": {result.error}" if result.error else "")
+        )
+        text = f"{command_id} {how}." + (f"\n```\n{tail}\n```" if tail.strip() else "")
+        await tools.call("reply", {"thread": thread, "text": text}, Turn(None, None, ()))
+
+    return run
