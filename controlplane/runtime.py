@@ -152,7 +152,7 @@ async def replica(
             else:
                 log.info("no model configured: the router runs in rules-only mode")
                 router = RulesOnlyRouter(pool, queue)
-            services.append(RouterService(router, leadership, dsn))
+            services.append(RouterService(router, leadership, dsn, pool))
             yield services
             await queue.close()
         finally:

@@ -185,7 +185,7 @@ async def test_the_leader_routes_on_notification(
 ) -> None:
     fake_llm.respond_with(_ticket_for_each)
     leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
-    service = RouterService(router, leadership, asyncpg_dsn(database_url))
+    service = RouterService(router, leadership, asyncpg_dsn(database_url), pool)
     await leadership.start()
     await service.start()
     try:
@@ -199,3 +199,37 @@ async def test_the_leader_routes_on_notification(
     finally:
         await service.stop()
         await leadership.stop()
+
+
+async def test_pass_through_causes_no_turn_but_the_next_turn_digests_it(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    opened = await _ask(intake, 1)
+    assert await router.turn() == 1
+    ticket = "tkt_" + opened.trigger_id.removeprefix("trg_")
+    await pool.execute("INSERT INTO tickets (id, title, state) VALUES ($1, 'x', 'running')", ticket)
+    await pool.execute(
+        "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)", opened.thread_id, ticket
+    )
+    follow_up = await intake.ingest(
+        IncomingTrigger(
+            source="github",
+            external_id="c-ci",
+            thread=ThreadRef("acme/app#1"),
+            actor=Actor("b-1", "ci[bot]", is_bot=True),
+            kind="check_run",
+            text="build failed: 3 tests",
+        )
+    )
+    assert follow_up.tickets == (ticket,)
+    assert await router.turn() == 0
+    assert len(fake_llm.chat_requests) == 1  # no model call for it
+    await _ask(intake, 2)
+    assert await router.turn() == 1
+    digest = fake_llm.chat_requests[-1].last_user_message() or ""
+    assert "Delivered to subscribed tickets" in digest
+    assert follow_up.trigger_id in digest
+    await _ask(intake, 3)
+    await router.turn()
+    assert follow_up.trigger_id not in (fake_llm.chat_requests[-1].last_user_message() or "")

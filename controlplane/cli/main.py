@@ -8,6 +8,7 @@ from controlplane import __version__
 from controlplane.cli.config import config
 from controlplane.cli.db import migrate
 from controlplane.cli.devices import devices
+from controlplane.cli.pausing import pause, resume
 from controlplane.cli.status import status
 from controlplane.cli.up import serve_command, up
 from controlplane.cli.versioned import policy, prompts_group
@@ -32,6 +33,8 @@ cli.add_command(migrate)
 cli.add_command(config)
 cli.add_command(devices)
 cli.add_command(status)
+cli.add_command(pause)
+cli.add_command(resume)
 cli.add_command(policy)
 cli.add_command(prompts_group)
 

@@ -27,6 +27,9 @@ class Status:
     tickets_active: int
     devices_online: int
     devices_paired: int
+    paused_at: datetime | None
+    paused_by: str | None
+    paused_reason: str | None
 
 
 async def _status(session: AsyncSession, model: str) -> Status:
@@ -39,6 +42,7 @@ async def _status(session: AsyncSession, model: str) -> Status:
             {"name": ROUTER_LEASE},
         )
     ).first()
+    paused = (await session.execute(text("SELECT paused_at, paused_by, reason FROM pause"))).first()
     counts = (
         await session.execute(
             text(
@@ -65,6 +69,9 @@ async def _status(session: AsyncSession, model: str) -> Status:
         tickets_active=counts.tickets,
         devices_online=counts.online,
         devices_paired=counts.paired,
+        paused_at=paused.paused_at if paused else None,
+        paused_by=paused.paused_by if paused else None,
+        paused_reason=paused.reason if paused else None,
     )
 
 
@@ -100,6 +107,12 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(asdict(result), default=str, indent=2))
         return
+    if result.paused_at is not None:
+        why = f": {result.paused_reason}" if result.paused_reason else ""
+        click.echo(
+            f"PAUSED since {ago(result.paused_at)} by {result.paused_by}{why} "
+            "(events are recorded; `superagent resume` continues)"
+        )
     click.echo(f"router leader:  {_leader_line(result)}")
     click.echo(f"router inbox:   {result.router_inbox} event(s) waiting")
     click.echo(f"model:          {result.model}")

@@ -38,7 +38,7 @@ class Shown:
     text: str
 
 
-def _default_author() -> str:
+def default_author() -> str:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -109,7 +109,7 @@ def _policy_default() -> str:
     "base_id",
     help="The version the file was based on (required with --file once a version exists).",
 )
-@click.option("--author", default=_default_author, show_default="user@host")
+@click.option("--author", default=default_author, show_default="user@host")
 def policy_edit(path: str | None, base_id: str | None, author: str) -> None:
     """Edit the policy in $EDITOR (or save a file) as a new version."""
     _edit(
@@ -151,7 +151,7 @@ def prompts_show(name: str, version_id: str | None) -> None:
 @click.argument("name", type=_PROMPT_NAME)
 @click.option("--file", "path", help="Save this file (or - for stdin) instead of $EDITOR.")
 @click.option("--base", "base_id", help="The version the file was based on.")
-@click.option("--author", default=_default_author, show_default="user@host")
+@click.option("--author", default=default_author, show_default="user@host")
 def prompts_edit(name: str, path: str | None, base_id: str | None, author: str) -> None:
     """Edit a prompt in $EDITOR (or save a file) as a new version."""
 

@@ -342,6 +342,18 @@ class RouterDecision(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class Pause(Base):
+    """Present while the agent is paused (``superagent pause``): events are still recorded,
+    but nothing is evaluated, dispatched or said until ``superagent resume``."""
+
+    __tablename__ = "pause"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, default=1)
+    paused_at: Mapped[datetime] = _created()
+    paused_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
 class Lease(Base):
     """A named lease with a TTL (leader election): one holder at a time, taken over once it
     expires. Only single statements touch it, so it works behind PgBouncer too."""

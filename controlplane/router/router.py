@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import asyncpg
 import openai
 
-from controlplane import prompts
+from controlplane import pause, prompts
 from controlplane.ingest.intake import ROUTER_CHANNEL, PolicySource
 from controlplane.leadership import Leadership
 from controlplane.router import batch as batches
@@ -136,9 +136,7 @@ class Router:
         """
         batch = await batches.take(self.pool)
         if not batch:
-            if batch.digest:
-                await batches.mark_routed(self.pool, batch)
-            return 0
+            return 0  # a digest alone waits for the next turn that has events to decide
         conversation = await self._prepare()
         policy_version, _ = await self.policy.current()
         pending: list[dict[str, Any]] = [{"role": "user", "content": batches.render(batch)}]
@@ -266,9 +264,12 @@ class RouterService(Service):
 
     name = "router"
 
-    def __init__(self, router: TurnTaker, leadership: Leadership, dsn: str) -> None:
+    def __init__(
+        self, router: TurnTaker, leadership: Leadership, dsn: str, pool: asyncpg.Pool
+    ) -> None:
         super().__init__()
         self.router = router
+        self.pool = pool
         self.leadership = leadership
         self.dsn = dsn
         self._wake = asyncio.Event()
@@ -280,6 +281,14 @@ class RouterService(Service):
             while not self.stopping.is_set():
                 if not self.leadership.is_leader:
                     await sleep_unless(self.stopping, 0.2)
+                    continue
+                try:
+                    paused = await pause.current(self.pool)
+                except (asyncpg.PostgresError, OSError) as exc:
+                    log.warning("router: cannot read the pause flag (%s)", exc)
+                    paused = None
+                if paused is not None:
+                    await sleep_unless(self.stopping, POLL_SECONDS)  # events wait in the inbox
                     continue
                 if listener is None or listener.is_closed():
                     listener = await self._listen()

@@ -29,6 +29,7 @@ from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.queue import TERMINAL, CommandQueue
 from controlplane.ingest.intake import CLOSED_TICKET_STATES, PolicySource
+from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
 from controlplane.router.tools import Toolbox, Turn
 from superagent_shared.ids import id_prefix, new_id
@@ -60,6 +61,8 @@ class RulesOnlyRouter:
 
     async def turn(self, leading: Callable[[], bool] = lambda: True) -> int:
         batch = await batches.take(self.pool)
+        if not batch:
+            return 0
         for event in batch.events:
             if not leading():
                 break
@@ -217,6 +220,7 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
     """The outbox handler of /run: submit the command once, then post its result when final."""
 
     async def run(effect: ClaimedEffect) -> None:
+        await hold_while_paused(pool)
         origin = f"/run {effect.payload['trigger_id']} by {effect.payload['actor']}"
         command_id = await pool.fetchval("SELECT id FROM commands WHERE origin = $1", origin)
         tools = Toolbox(pool, PolicySource(pool))

@@ -20,6 +20,17 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.create_table(
+        "pause",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column(
+            "paused_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+        ),
+        sa.Column("paused_by", sa.String(length=200), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.CheckConstraint("id = 1", name=op.f("ck_pause_single_row")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_pause")),
+    )
     op.add_column("llm_calls", sa.Column("prompt_version_id", sa.String(length=16), nullable=True))
     op.add_column("llm_calls", sa.Column("policy_version_id", sa.String(length=16), nullable=True))
     op.create_foreign_key(
@@ -126,6 +137,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("pause")
     op.drop_constraint(
         op.f("fk_llm_calls_policy_version_id_policy_versions"), "llm_calls", type_="foreignkey"
     )

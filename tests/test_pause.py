@@ -1,0 +1,139 @@
+"""Pause and resume: events are recorded while paused, and handled after resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane import pause
+from controlplane.db.engine import transaction
+from controlplane.db.models import PolicyVersion
+from controlplane.db.pool import create_pool
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.effects.handlers import ClaimedEffect, Postpone
+from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest import policy
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.ingest.policy import Actor, Policy, SourcePolicy
+from controlplane.leadership import Leadership
+from controlplane.router.router import RouterService
+from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
+from controlplane.versions import save
+from tests.helpers import assert_eventually
+
+
+def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DATABASE_URL": database_url},
+    )
+
+
+@pytest.fixture
+async def pool(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> AsyncIterator[asyncpg.Pool]:
+    async with transaction(db) as session:
+        await save(
+            session,
+            PolicyVersion,
+            name=policy.POLICY_NAME,
+            body=Policy(default=SourcePolicy(users=["alice"])).model_dump(),
+            base_id=None,
+            author="test",
+        )
+    pool = await create_pool(asyncpg_dsn(database_url))
+    yield pool
+    await pool.close()
+
+
+def test_pause_and_resume_from_the_command_line(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    paused = _cli(database_url, "pause", "--reason", "deploying", "--by", "ops")
+    assert paused.returncode == 0, paused.stderr
+    assert "paused" in paused.stdout
+    again = _cli(database_url, "pause", "--by", "someone-else")
+    assert "by ops" in again.stdout  # the first pause's record stands
+    status = json.loads(_cli(database_url, "status", "--json").stdout)
+    assert (status["paused_by"], status["paused_reason"]) == ("ops", "deploying")
+    assert "PAUSED" in _cli(database_url, "status").stdout
+    assert "resumed" in _cli(database_url, "resume").stdout
+    assert "was not paused" in _cli(database_url, "resume").stdout
+    assert json.loads(_cli(database_url, "status", "--json").stdout)["paused_at"] is None
+
+
+async def test_events_wait_while_paused_and_are_handled_after_resume(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    queue = CommandQueue(pool)
+    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
+    service = RouterService(
+        RulesOnlyRouter(pool, queue), leadership, asyncpg_dsn(database_url), pool
+    )
+    await pause.pause(pool, "test")
+    await leadership.start()
+    await service.start()
+    try:
+        await asyncio.wait_for(leadership.gained.wait(), 10)
+        asked = await Intake(pool).ingest(
+            IncomingTrigger(
+                source="github",
+                external_id="c-1",
+                thread=ThreadRef("t"),
+                actor=Actor("u-1", "alice"),
+                kind="comment",
+                text="@superagent /tickets",
+            )
+        )
+        await asyncio.sleep(2.5)  # more than two of the router's polls
+        assert await pool.fetchval(
+            "SELECT routed_at IS NULL FROM triggers WHERE id = $1", asked.trigger_id
+        )
+        assert await pool.fetchval("SELECT count(*) FROM effects") == 0
+        await pause.resume(pool)
+
+        async def answered() -> bool:
+            return bool(await pool.fetchval("SELECT count(*) FROM effects"))
+
+        await assert_eventually(answered, timeout=10)
+    finally:
+        await service.stop()
+        await leadership.stop()
+        await queue.close()
+
+
+async def test_commands_are_not_started_while_paused(pool: asyncpg.Pool) -> None:
+    queue = CommandQueue(pool)
+    try:
+        await pause.pause(pool, "test")
+        effect = ClaimedEffect(
+            "eff_x",
+            RUN_EFFECT,
+            "trg_x",
+            {
+                "trigger_id": "trg_x",
+                "thread_id": "thr_x",
+                "device": "d",
+                "argv": ["true"],
+                "actor": "a",
+            },
+            1,
+            1,
+        )
+        with pytest.raises(Postpone, match="paused"):
+            await run_handler(pool, queue)(effect)
+        assert await pool.fetchval("SELECT count(*) FROM commands") == 0
+    finally:
+        await queue.close()
