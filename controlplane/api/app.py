@@ -9,11 +9,13 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane import __version__
 from controlplane.api import console, errors
 from controlplane.settings import Settings
+from controlplane.status import Status
+from controlplane.status import read as read_status
 
 
 @dataclass
@@ -60,6 +62,13 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     async def index(state: State) -> HTMLResponse:
-        return HTMLResponse(console.placeholder_page(state.settings))
+        settings = state.settings
+        model = settings.llm.router_model if settings.model_configured else "rules-only"
+        try:
+            async with asyncio.timeout(2), AsyncSession(state.engine) as session:
+                current: Status | None = await read_status(session, model)
+        except Exception:  # the page still says what it can, and points at /readyz
+            current = None
+        return HTMLResponse(console.page(settings, current))
 
     return app

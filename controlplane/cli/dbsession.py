@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import TypeVar
 
 import asyncpg
@@ -54,13 +53,3 @@ def run_with_pool(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[T
 
     with clear_errors(), open_database(settings) as database:
         return asyncio.run(main(database.url))
-
-
-def ago(when: datetime | None) -> str:
-    if when is None:
-        return "never"
-    seconds = int((datetime.now(UTC) - when).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"

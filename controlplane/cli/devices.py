@@ -10,11 +10,12 @@ import click
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
-from controlplane.cli.dbsession import ago, run_in_session
+from controlplane.cli.dbsession import run_in_session
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing
 from controlplane.gateway.server import default_public_url
 from controlplane.runtime import gateway_tls
+from controlplane.status import ago
 
 T = TypeVar("T")
 

@@ -6,8 +6,9 @@ import click
 
 from controlplane import pause as pausing
 from controlplane.cli.common import load_settings, setup_logging
-from controlplane.cli.dbsession import ago, run_with_pool
+from controlplane.cli.dbsession import run_with_pool
 from controlplane.cli.versioned import default_author
+from controlplane.status import ago
 
 
 @click.command()

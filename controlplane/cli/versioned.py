@@ -23,10 +23,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane import prompts, versions
 from controlplane.cli.common import fail, load_settings, setup_logging
-from controlplane.cli.dbsession import ago, run_in_session
+from controlplane.cli.dbsession import run_in_session
 from controlplane.db.models import PolicyVersion, PromptVersion
 from controlplane.errors import InvalidInput
 from controlplane.ingest import policy as ingest_policy
+from controlplane.status import ago
 
 
 @dataclass(frozen=True)
