@@ -108,14 +108,15 @@ async def test_a_turn_acts_on_its_batch_and_records_everything(
     assert await router.turn() == 1
     assert await router.turn() == 0  # nothing left: no model call either
     requests = fake_llm.chat_requests
-    assert len(requests) == 2  # the tool call, then the model's answer to its result
+    # One call: the ticket was made, and there is nothing in the result to act on.
+    assert len(requests) == 1
     assert "create_ticket" in requests[0].tool_names()
     mandate = await pool.fetchrow("SELECT ticket_id, trigger_id FROM mandates")
     assert mandate is not None
     assert mandate["trigger_id"] == asked.trigger_id
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE routed_at IS NULL") == 0
     calls = await pool.fetch("SELECT id, session_id, batch_size, policy_version_id FROM llm_calls")
-    assert len(calls) == 2
+    assert len(calls) == 1
     assert all(c["session_id"] == router.session_id and c["batch_size"] == 1 for c in calls)
     assert all(c["policy_version_id"] for c in calls)
     decision = await pool.fetchrow("SELECT llm_call_id, trigger_ids FROM router_decisions")
@@ -233,3 +234,25 @@ async def test_pass_through_causes_no_turn_but_the_next_turn_digests_it(
     await _ask(intake, 3)
     await router.turn()
     assert follow_up.trigger_id not in (fake_llm.chat_requests[-1].last_user_message() or "")
+
+
+async def test_the_model_sees_what_it_must_act_on_and_nothing_more(
+    router: Router, intake: Intake, fake_llm: FakeOpenAIServer
+) -> None:
+    asked = await _ask(intake, 1)
+    fake_llm.script(
+        # A recall, and a refused call: both results go back to the model.
+        Reply(
+            tool_calls=[
+                ToolCall("recall", {"id": asked.thread_id}),
+                ToolCall("reply", {"thread": "thr_nope", "text": "hi"}),
+            ]
+        ),
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "seen"})]),
+    )
+    assert await router.turn() == 1
+    _, second = fake_llm.chat_requests
+    results = [m["content"] for m in second.tool_results()]
+    assert any(asked.trigger_id in r for r in results)  # the recalled thread's events
+    assert any("must be a thr_ id" in r for r in results)
+    fake_llm.assert_all_consumed()  # and no third call after the settled ignore

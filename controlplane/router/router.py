@@ -40,6 +40,7 @@ from superagent_shared.ids import new_id
 log = logging.getLogger(__name__)
 
 MAX_STEPS = 8  # model calls per turn: the model may call tools, read results, call again
+READ_RESULTS = frozenset({"recall", "assess"})  # tools whose results the model acts on
 KEEP_TURNS = 6  # turns kept in full; older ones are compacted
 COMPACT_AT = 10  # compaction happens once this many turns are held
 POLL_SECONDS = 1.0  # the safety net under LISTEN
@@ -187,16 +188,22 @@ class Router:
             if not calls:
                 break
             turn = Turn(self.session_id, llm_call_id, tuple(batch.trigger_ids))
+            settled = True  # every call done and nothing in its result to read
             for call in calls:
                 if call.type != "function":
                     continue
                 if not leading():
                     raise LostLeadership
                 result = await self.tools.call(call.function.name, call.function.arguments, turn)
+                settled = settled and result.ok and call.function.name not in READ_RESULTS
                 decisions.append(f"{call.function.name}: {_short(result.content)}")
                 pending.append(
                     {"role": "tool", "tool_call_id": call.id, "content": result.as_message()}
                 )
+            if settled:
+                # No model call just to acknowledge: the results are in the history, and
+                # a refusal or a recall/assess result is what the model would act on.
+                break
         if not leading():
             raise LostLeadership
         await batches.mark_routed(self.pool, batch)
