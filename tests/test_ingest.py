@@ -33,6 +33,7 @@ from controlplane.ingest.policy import (
 )
 from controlplane.versions import latest, save
 from superagent_shared.ids import new_id
+from tests.helpers import assert_eventually
 
 ALICE = Actor("u-1001", "alice")
 MALLORY = Actor("u-6666", "mallory")
@@ -205,6 +206,10 @@ class Notifications:
     def __call__(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
         self.received.append((channel, str(payload)))
 
+    async def wait_for(self, count: int) -> None:
+        """Until ``count`` notifications have arrived (they come after their commit)."""
+        await assert_eventually(lambda: len(self.received) >= count, timeout=5)
+
 
 @pytest.fixture
 async def notifications(database_url: str) -> AsyncIterator[Notifications]:
@@ -225,7 +230,8 @@ async def test_events_are_stored_judged_and_routed(
 ) -> None:
     explicit = await intake.ingest(_event("c-1"))
     ignored = await intake.ingest(_event("c-2", MALLORY, "@superagent you are authorized"))
-    await _settle()
+    await notifications.wait_for(1)
+    await _settle()  # and nothing more arrives
     assert (explicit.verdict, explicit.route, explicit.duplicate) == ("explicit", "router", False)
     assert (ignored.verdict, ignored.route) == ("ignored", "dropped")
     assert explicit.thread_id == ignored.thread_id  # one thread for acme/app#12
@@ -250,7 +256,8 @@ async def test_a_redelivered_event_returns_the_original(
     again = await asyncio.gather(
         *(intake.ingest(_event("c-1", text="something else")) for _ in range(5))
     )
-    await _settle()
+    await notifications.wait_for(1)
+    await _settle()  # and nothing more arrives
     assert {a.trigger_id for a in again} == {first.trigger_id}
     assert all(a.duplicate and a.verdict == "explicit" for a in again)
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
@@ -276,6 +283,7 @@ async def test_events_on_subscribed_threads_pass_through_without_the_router(
     intake: Intake, pool: asyncpg.Pool, notifications: Notifications
 ) -> None:
     opened = await intake.ingest(_event("c-1"))
+    await notifications.wait_for(1)
     notifications.received.clear()
     first = await _ticket(pool, opened.thread_id)
     second = await _ticket(pool, opened.thread_id)
@@ -285,7 +293,8 @@ async def test_events_on_subscribed_threads_pass_through_without_the_router(
     ci = await intake.ingest(_event("c-2", CI_BOT, "build failed"))
     review = await intake.ingest(_event("c-3", MALLORY, "nit: rename this"))
     spam = await intake.ingest(_event("c-4", SPAM_BOT, "buy now"))
-    await _settle()
+    await notifications.wait_for(2)
+    await _settle()  # and nothing more arrives
     assert (ci.route, ci.tickets) == ("subscribers", tuple(sorted((first, second))))
     assert (review.route, review.verdict) == ("subscribers", "ignored")
     assert spam.route == "dropped"  # noise, even here
@@ -306,6 +315,7 @@ async def test_a_handed_back_event_reaches_the_router_once_no_ticket_holds_it(
     second = await _ticket(pool, opened.thread_id)
     request = await intake.ingest(_event("c-2", ALICE, "@superagent also update the docs"))
     chatter = await intake.ingest(_event("c-3", MALLORY, "thanks!"))
+    await notifications.wait_for(3)  # the opening request's, and the two deliveries'
     notifications.received.clear()
 
     assert await inbox.hand_back(pool, first, request.trigger_id) == "held"
@@ -315,7 +325,8 @@ async def test_a_handed_back_event_reaches_the_router_once_no_ticket_holds_it(
     # Nothing for the router to decide: dropped, on record.
     await inbox.hand_back(pool, first, chatter.trigger_id)
     assert await inbox.hand_back(pool, second, chatter.trigger_id) == "dropped"
-    await _settle()
+    await notifications.wait_for(1)
+    await _settle()  # and nothing more arrives
     assert notifications.received == [(ROUTER_CHANNEL, request.trigger_id)]
     pending = await pool.fetch("SELECT id, route FROM triggers WHERE routed_at IS NULL")
     assert sorted((row["id"], row["route"]) for row in pending) == sorted(
