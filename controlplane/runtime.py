@@ -28,6 +28,7 @@ from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import ServerTls, ensure_server_tls
+from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership
 from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
@@ -130,7 +131,9 @@ async def replica(
                 gateway_tls(settings),
                 server_name=settings.name,
             )
-            state = AppState(settings=settings, engine=engine, replica_id=replica_id)
+            state = AppState(
+                settings=settings, engine=engine, replica_id=replica_id, intake=Intake(pool)
+            )
             leadership = Leadership(
                 pool,
                 replica_id,

@@ -98,6 +98,18 @@ class EffectsSettings(BaseModel):
     backoff_max: float = Field(300.0, gt=0, description="Upper bound of the retry delay.")
 
 
+class GithubSettings(BaseModel):
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="The GitHub webhook's secret; unset, POST /webhooks/github answers 404.",
+    )
+    agent_login: str | None = Field(
+        None,
+        description="The agent's GitHub login (e.g. my-app[bot]): assigning it an issue or "
+        "requesting its review addresses it.",
+    )
+
+
 class LlmSettings(BaseModel):
     router_model: str = Field("gpt-4o-mini", description="Model of the long-lived router session.")
     worker_model: str = Field("gpt-4o", description="Model of the per-ticket worker sessions.")
@@ -179,6 +191,7 @@ class Settings(BaseSettings):
         default_factory=EffectsSettings, description="The outbox runner."
     )
     llm: LlmSettings = Field(default_factory=LlmSettings, description="Language models.")
+    github: GithubSettings = Field(default_factory=GithubSettings, description="GitHub.")
     router: RouterSettings = Field(
         default_factory=RouterSettings, description="The router and its leader election."
     )

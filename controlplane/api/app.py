@@ -12,7 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane import __version__
-from controlplane.api import console, errors
+from controlplane.api import console, errors, webhooks
+from controlplane.ingest.intake import Intake
 from controlplane.settings import Settings
 from controlplane.status import Status
 from controlplane.status import read as read_status
@@ -23,6 +24,7 @@ class AppState:
     settings: Settings
     engine: AsyncEngine
     replica_id: str
+    intake: Intake | None = None  # None: no channel can deliver events (tests of probes)
 
 
 def _state(request: Request) -> AppState:
@@ -59,6 +61,15 @@ def create_app(state: AppState) -> FastAPI:
                 content={"status": "unavailable", "database": type(exc).__name__},
             )
         return JSONResponse({"status": "ready", "replica": state.replica_id})
+
+    @app.post(
+        "/webhooks/github",
+        tags=["channels"],
+        summary="GitHub webhook deliveries (signed with the webhook secret)",
+        status_code=202,
+    )
+    async def github_webhook(request: Request, state: State) -> JSONResponse:
+        return await webhooks.receive_github(request, state.settings, state.intake)
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     async def index(state: State) -> HTMLResponse:

@@ -1,0 +1,1 @@
+"""Channel adapters: each turns its inbound events into Triggers (and sends replies)."""

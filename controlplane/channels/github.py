@@ -1,0 +1,157 @@
+"""GitHub webhooks: verified deliveries become Triggers on the issue's or PR's thread.
+
+* The signature (``X-Hub-Signature-256``: HMAC-SHA256 of the raw body with the webhook
+  secret) is checked in constant time before anything is parsed.
+* ``X-GitHub-Delivery`` is the dedupe key: GitHub's redelivery of the same delivery
+  returns the trigger already recorded.
+* One issue or PR is one thread (``owner/repo#number``). Review comments and reviews land
+  on their PR's thread; CI results (``check_run``, ``check_suite``, ``workflow_run``) land
+  on the thread of each PR they ran for.
+* Everything else (pushes, installations, pings...) is ignored deliberately, with the reason
+  in the answer and a log line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.errors import InvalidInput
+from controlplane.ingest.intake import IncomingTrigger, ThreadRef
+from controlplane.ingest.policy import Actor
+
+log = logging.getLogger(__name__)
+
+SOURCE = "github"
+MAX_BODY = 25 << 20  # GitHub caps webhook payloads at 25 MB
+
+
+@dataclass(frozen=True)
+class Ignored:
+    reason: str
+
+
+def signature_valid(secret: bytes, body: bytes, header: str | None) -> bool:
+    """``X-Hub-Signature-256`` against the raw body, compared in constant time."""
+    if not header or not header.startswith("sha256="):
+        return False
+    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), header.encode())
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    """What GitHub puts in ``X-Hub-Signature-256`` (for tests and benchmarks)."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def _actor(user: Any) -> Actor:
+    if not isinstance(user, dict) or "login" not in user:
+        raise InvalidInput("the payload names no user")
+    return Actor(
+        id=str(user.get("id", user["login"])),
+        name=str(user["login"]),
+        is_bot=user.get("type") == "Bot" or str(user["login"]).endswith("[bot]"),
+    )
+
+
+def _thread(repo: str, number: Any, title: Any = None, url: Any = None) -> ThreadRef:
+    return ThreadRef(
+        f"{repo}#{number}",
+        title=str(title) if title else None,
+        url=str(url) if url else None,
+    )
+
+
+def _assigned_to(payload: dict[str, Any], agent: str | None) -> bool:
+    if agent is None:
+        return False
+    people = [payload.get("assignee"), payload.get("requested_reviewer")]
+    return any(isinstance(p, dict) and p.get("login") == agent for p in people)
+
+
+def to_triggers(
+    event: str,
+    delivery: str,
+    payload: Any,
+    body: bytes,
+    *,
+    agent_login: str | None = None,
+) -> list[IncomingTrigger] | Ignored:
+    """The Triggers a delivery makes, or why it makes none. InvalidInput if malformed."""
+    if not isinstance(payload, dict):
+        raise InvalidInput("the payload is not a JSON object")
+    action = str(payload.get("action", ""))
+    repository = payload.get("repository")
+    if not isinstance(repository, dict) or "full_name" not in repository:
+        return Ignored(f"{event} is not about a repository")
+    repo = str(repository["full_name"])
+    name = f"{event}.{action}" if action else event
+
+    def one(thread: ThreadRef, actor: Any, text: str, *, direct: bool = False) -> IncomingTrigger:
+        return IncomingTrigger(
+            source=SOURCE,
+            external_id=delivery,
+            thread=thread,
+            actor=_actor(actor),
+            kind=name,
+            text=text,
+            direct=direct,
+            payload=body,
+        )
+
+    if event == "issue_comment" and action == "created":
+        issue, comment = payload["issue"], payload["comment"]
+        thread = _thread(repo, issue["number"], issue.get("title"), issue.get("html_url"))
+        return [one(thread, comment["user"], str(comment.get("body") or ""))]
+    if event in ("issues", "pull_request") and action in (
+        "opened",
+        "reopened",
+        "assigned",
+        "review_requested",
+        "closed",
+        "synchronize",
+        "ready_for_review",
+    ):
+        item = payload["issue" if event == "issues" else "pull_request"]
+        thread = _thread(repo, item["number"], item.get("title"), item.get("html_url"))
+        if action in ("opened", "reopened"):
+            text = f"{item.get('title') or ''}\n\n{item.get('body') or ''}".strip()
+        else:
+            text = f"{name}: {item.get('title') or ''}"
+        return [one(thread, payload["sender"], text, direct=_assigned_to(payload, agent_login))]
+    if event == "pull_request_review_comment" and action == "created":
+        pr, comment = payload["pull_request"], payload["comment"]
+        thread = _thread(repo, pr["number"], pr.get("title"), pr.get("html_url"))
+        where = f"{comment.get('path', '')}:{comment.get('line') or comment.get('position') or ''}"
+        return [one(thread, comment["user"], f"on {where}: {comment.get('body') or ''}")]
+    if event == "pull_request_review" and action == "submitted":
+        pr, review = payload["pull_request"], payload["review"]
+        thread = _thread(repo, pr["number"], pr.get("title"), pr.get("html_url"))
+        text = f"review {review.get('state', '')}: {review.get('body') or ''}".strip()
+        return [one(thread, review["user"], text)]
+    if event in ("check_run", "check_suite", "workflow_run") and action == "completed":
+        run = payload[event]
+        prs = run.get("pull_requests") or []
+        if not prs:
+            return Ignored(f"{name} ran for no pull request")
+        label = run.get("name") or (run.get("app") or {}).get("name") or event
+        text = f"{label}: {run.get('conclusion') or run.get('status')}"
+        if run.get("html_url"):
+            text += f" ({run['html_url']})"
+        return [
+            IncomingTrigger(
+                source=SOURCE,
+                # One delivery, one trigger per PR: each on its own thread.
+                external_id=f"{delivery}:{pr['number']}" if len(prs) > 1 else delivery,
+                thread=_thread(repo, pr["number"]),
+                actor=_actor(payload["sender"]),
+                kind=name,
+                text=text,
+                payload=body,
+            )
+            for pr in prs
+        ]
+    return Ignored(f"{name} is not an event the agent acts on")

@@ -1,0 +1,203 @@
+"""GitHub webhooks: signed deliveries become Triggers; bad ones get a clear 4xx, never a 500."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from controlplane.api.app import AppState, create_app
+from controlplane.channels.github import sign
+from controlplane.db.pool import create_pool
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.ingest.intake import Intake
+from controlplane.settings import GithubSettings, Settings
+
+SECRET = "whsec-test-4411"
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(
+    os.environ.get("SUPERAGENT_GITHUB_FIXTURES", ROOT.parent / "shared/fixtures/github-webhooks")
+)
+REPO = {"full_name": "acme/app", "id": 1}
+ALICE = {"login": "alice", "id": 101, "type": "User"}
+
+
+@pytest.fixture
+async def pool(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(asyncpg_dsn(database_url))
+    yield pool
+    await pool.close()
+
+
+def _client(
+    engine: AsyncEngine, pool: asyncpg.Pool, secret: str | None = SECRET
+) -> httpx.AsyncClient:
+    github = GithubSettings(
+        webhook_secret=SecretStr(secret) if secret else None, agent_login="agent[bot]"
+    )
+    settings = Settings(github=github)
+    state = AppState(settings=settings, engine=engine, replica_id="test", intake=Intake(pool))
+    transport = httpx.ASGITransport(app=create_app(state), raise_app_exceptions=False)
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
+
+
+async def _deliver(
+    client: httpx.AsyncClient,
+    event: str,
+    payload: Any,
+    *,
+    delivery: str = "d-1",
+    secret: str = SECRET,
+    raw: bytes | None = None,
+) -> httpx.Response:
+    body = raw if raw is not None else json.dumps(payload).encode()
+    return await client.post(
+        "/webhooks/github",
+        content=body,
+        headers={
+            "X-GitHub-Event": event,
+            "X-GitHub-Delivery": delivery,
+            "X-Hub-Signature-256": sign(secret.encode(), body),
+            "Content-Type": "application/json",
+        },
+    )
+
+
+def _comment(number: int = 7, body: str = "@superagent please fix", pr: bool = False) -> Any:
+    issue: dict[str, Any] = {"number": number, "title": "Flaky test", "html_url": "https://x"}
+    if pr:
+        issue["pull_request"] = {"url": "https://x"}
+    return {
+        "action": "created",
+        "issue": issue,
+        "comment": {"id": 1, "body": body, "user": ALICE},
+        "repository": REPO,
+        "sender": ALICE,
+    }
+
+
+async def test_a_comment_becomes_a_trigger_once(engine: AsyncEngine, pool: asyncpg.Pool) -> None:
+    async with _client(engine, pool) as client:
+        first = await _deliver(client, "issue_comment", _comment())
+        again = await _deliver(client, "issue_comment", _comment())  # GitHub's redelivery
+    assert first.status_code == 202, first.text
+    assert again.status_code == 202
+    made = first.json()["triggers"]
+    assert len(made) == 1
+    assert again.json()["triggers"][0]["id"] == made[0]["id"]
+    assert again.json()["triggers"][0]["duplicate"] is True
+    row = await pool.fetchrow(
+        "SELECT t.actor_name, t.text, t.kind, th.external_id FROM triggers t "
+        "JOIN threads th ON th.id = t.thread_id"
+    )
+    assert row is not None
+    assert (row["actor_name"], row["kind"], row["external_id"]) == (
+        "alice",
+        "issue_comment.created",
+        "acme/app#7",
+    )
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
+
+
+async def test_ci_results_and_reviews_land_on_the_pull_requests_thread(
+    engine: AsyncEngine, pool: asyncpg.Pool
+) -> None:
+    check = {
+        "action": "completed",
+        "check_run": {
+            "name": "tests",
+            "conclusion": "failure",
+            "pull_requests": [{"number": 7}, {"number": 9}],
+        },
+        "repository": REPO,
+        "sender": {"login": "github-actions[bot]", "id": 5, "type": "Bot"},
+    }
+    review = {
+        "action": "created",
+        "pull_request": {"number": 7, "title": "Fix", "html_url": "https://x"},
+        "comment": {"body": "rename this", "path": "a.py", "line": 3, "user": ALICE},
+        "repository": REPO,
+        "sender": ALICE,
+    }
+    async with _client(engine, pool) as client:
+        ci = await _deliver(client, "check_run", check, delivery="d-ci")
+        commented = await _deliver(client, "pull_request_review_comment", review, delivery="d-r")
+        opened = await _deliver(client, "issue_comment", _comment(7, pr=True), delivery="d-c")
+    assert ci.status_code == commented.status_code == opened.status_code == 202
+    threads = {t["thread"] for t in ci.json()["triggers"]}
+    assert len(threads) == 2  # one trigger per pull request it ran for
+    assert commented.json()["triggers"][0]["thread"] in threads
+    assert opened.json()["triggers"][0]["thread"] == commented.json()["triggers"][0]["thread"]
+    bot = await pool.fetchval(
+        "SELECT actor_is_bot FROM triggers WHERE kind = 'check_run.completed' LIMIT 1"
+    )
+    assert bot is True
+
+
+async def test_bad_deliveries_get_clear_errors_and_store_nothing(
+    engine: AsyncEngine, pool: asyncpg.Pool
+) -> None:
+    async with _client(engine, pool) as client:
+        forged = await _deliver(client, "issue_comment", _comment(), secret="not-the-secret")
+        assert forged.status_code == 401
+        assert "X-Hub-Signature-256" in forged.json()["error"]["message"]
+        unsigned = await client.post("/webhooks/github", content=b"{}")
+        assert unsigned.status_code == 401
+        no_event = await client.post(
+            "/webhooks/github",
+            content=b"{}",
+            headers={"X-Hub-Signature-256": sign(SECRET.encode(), b"{}")},
+        )
+        assert no_event.status_code == 400
+        not_json = await _deliver(client, "issue_comment", None, raw=b"<xml/>")
+        assert not_json.status_code == 400
+        broken = await _deliver(client, "issue_comment", {"action": "created", "repository": REPO})
+        assert broken.status_code == 400
+        assert "malformed issue_comment" in broken.json()["error"]["message"]
+        ignored = await _deliver(client, "push", {"ref": "main", "repository": REPO})
+        assert ignored.status_code == 200
+        assert "push" in ignored.json()["ignored"]
+    async with _client(engine, pool, secret=None) as unconfigured:
+        off = await _deliver(unconfigured, "issue_comment", _comment())
+        assert off.status_code == 404
+        assert "SUPERAGENT_GITHUB__WEBHOOK_SECRET" in off.json()["error"]["message"]
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+def _fixtures() -> list[tuple[str, bytes]]:
+    return [(path.name, path.read_bytes()) for path in sorted(FIXTURES.glob("*.json"))]
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no GitHub fixtures at {FIXTURES}")
+async def test_every_real_github_payload_is_a_trigger_or_a_deliberate_ignore(
+    engine: AsyncEngine, pool: asyncpg.Pool
+) -> None:
+    files = _fixtures()
+    assert files
+    outcomes: dict[str, int] = {}
+    async with _client(engine, pool) as client:
+        for n, (name, body) in enumerate(files):
+            event = name.split(".")[0]
+            response = await _deliver(client, event, None, raw=body, delivery=f"fixture-{n}")
+            assert response.status_code in (200, 202), (name, response.text)
+            outcomes[name] = response.status_code
+            if response.status_code == 202:
+                assert response.json()["triggers"], name
+    made = sum(1 for status in outcomes.values() if status == 202)
+    # The comment, issue, PR, review and CI events among them are recorded.
+    assert made >= 40, outcomes
+    assert all(
+        outcomes[name] == 202
+        for name in outcomes
+        if name.startswith(("issue_comment.created", "pull_request_review_comment.created"))
+    )
