@@ -22,19 +22,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from controlplane.errors import InvalidInput, NotFound
+from controlplane.errors import InvalidInput, NotFound, TransientError
 from controlplane.ingest import policy as policies
-from controlplane.ingest.policy import Actor, Event, Policy, Verdict
+from controlplane.ingest.policy import Actor, Event, Policy
 from superagent_shared.ids import new_id
 
 ROUTER_CHANNEL = "superagent_router"  # payload: a trigger id for the router's inbox
-INBOX_CHANNEL = "superagent_inbox"  # payload: ticket ids, comma-separated
+INBOX_CHANNEL = "superagent_inbox"  # payload: "trg_…:tkt_…,tkt_…" (the trigger, its tickets)
 
 # Tickets in these states no longer receive their threads' events.
 CLOSED_TICKET_STATES = ("completed", "failed", "stopped")
@@ -124,40 +123,70 @@ def _validate(trigger: IncomingTrigger) -> None:
         raise InvalidInput("text must not contain NUL")
 
 
-_UPSERT_THREAD = """
-INSERT INTO threads (id, source, external_id, title, url, last_event_at)
-VALUES ($1, $2, $3, $4, $5, now())
-ON CONFLICT (source, external_id) DO UPDATE SET
-    last_event_at = now(),
-    title = coalesce(excluded.title, threads.title),
-    url = coalesce(excluded.url, threads.url)
-RETURNING id
-"""
+_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
 
-_SUBSCRIBERS = f"""
-SELECT s.ticket_id FROM subscriptions s JOIN tickets t ON t.id = s.ticket_id
-WHERE s.thread_id = $1
-  AND t.state NOT IN ({", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)})
-ORDER BY s.ticket_id
-"""
-
-# The blob goes in with the trigger, and only if the trigger does (a duplicate leaves no
-# orphan blob); the foreign key is checked at the end of the statement.
-_INSERT_TRIGGER = """
-WITH t AS (
+# Everything in one statement (one round trip, its own transaction):
+# * the thread is found or created. Its last_event_at is refreshed at most every 10 s, so
+#   that a busy thread's row is not locked by every event;
+# * the route follows from the policy's verdict (computed before, passed in) and the
+#   thread's live subscribers;
+# * the trigger is inserted unless (source, external id) exists: a duplicate inserts
+#   nothing at all, not even its blob, and returns no row;
+# * the blob, the inbox rows and the NOTIFY follow the trigger (foreign keys are checked at
+#   the end of the statement; the notification goes out at commit).
+# A brand-new thread inserted concurrently by another event is invisible to this
+# statement's snapshot: then no row either, and the caller tells that from a duplicate.
+_INGEST = f"""
+WITH new_thread AS (
+    INSERT INTO threads (id, source, external_id, title, url, last_event_at)
+    VALUES ($1, $2, $3, $4, $5, now())
+    ON CONFLICT (source, external_id) DO NOTHING
+    RETURNING id
+), thread AS (
+    SELECT id FROM new_thread
+    UNION ALL
+    SELECT id FROM threads WHERE source = $2 AND external_id = $3
+    LIMIT 1
+), touched AS (
+    UPDATE threads th SET last_event_at = now(),
+        title = coalesce($4, th.title), url = coalesce($5, th.url)
+    FROM thread
+    WHERE th.id = thread.id AND NOT EXISTS (SELECT 1 FROM new_thread)
+      AND (th.last_event_at IS NULL OR th.last_event_at < now() - interval '10 seconds')
+), decided AS (
+    SELECT thread.id AS thread_id, coalesce(subs.tickets, '{{}}') AS tickets,
+           CASE WHEN subs.tickets IS NOT NULL AND NOT $19::boolean THEN 'subscribers'
+                WHEN $20::boolean THEN 'router'
+                ELSE 'dropped' END AS route
+    FROM thread LEFT JOIN LATERAL (
+        SELECT array_agg(s.ticket_id ORDER BY s.ticket_id) AS tickets
+        FROM subscriptions s JOIN tickets k ON k.id = s.ticket_id
+        WHERE s.thread_id = thread.id AND k.state NOT IN ({_CLOSED})
+    ) subs ON true
+), t AS (
     INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name,
                           actor_is_bot, kind, text, payload_blob_id, verdict, verdict_reason,
                           policy_version_id, route, routed_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::text,
-            CASE WHEN $14::text = 'router' THEN NULL ELSE now() END)
+    SELECT $6, $2, $7, decided.thread_id, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+           decided.route, CASE WHEN decided.route = 'router' THEN NULL ELSE now() END
+    FROM decided
     ON CONFLICT (source, external_id) DO NOTHING
-    RETURNING id
+    RETURNING id, thread_id, route
 ), b AS (
     INSERT INTO blobs (id, content_type, size, data)
-    SELECT $10::text, $15::text, octet_length($16::bytea), $16::bytea
-    FROM t WHERE $10::text IS NOT NULL
+    SELECT $13::text, $17::text, octet_length($18::bytea), $18::bytea
+    FROM t WHERE $13::text IS NOT NULL
+), inbox AS (
+    INSERT INTO ticket_inbox (ticket_id, trigger_id)
+    SELECT unnest(decided.tickets), t.id FROM t, decided WHERE t.route = 'subscribers'
 )
-SELECT id FROM t
+SELECT t.id, t.thread_id, t.route, decided.tickets,
+       CASE t.route
+           WHEN 'subscribers' THEN
+               pg_notify('{INBOX_CHANNEL}', t.id || ':' || array_to_string(decided.tickets, ','))
+           WHEN 'router' THEN pg_notify('{ROUTER_CHANNEL}', t.id)
+       END AS notified
+FROM t, decided
 """
 
 
@@ -171,12 +200,6 @@ class Intake:
     async def ingest(self, trigger: IncomingTrigger) -> Ingested:
         """Store, judge and route ``trigger``; for a redelivered event, the original."""
         _validate(trigger)
-        try:
-            return await self._insert(trigger)
-        except _Duplicate:
-            return await self.original(trigger.source, trigger.external_id)
-
-    async def _insert(self, trigger: IncomingTrigger) -> Ingested:
         policy_id, policy = await self.policy.current()
         verdict = policies.evaluate(
             policy,
@@ -187,62 +210,45 @@ class Intake:
                 direct=trigger.direct,
             ),
         )
-        trigger_id = new_id("trg")
-        blob_id = new_id("blb") if trigger.payload is not None else None
-        async with self.pool.acquire() as conn, conn.transaction():
-            thread_id: str = await conn.fetchval(
-                _UPSERT_THREAD,
+        for _attempt in range(3):
+            row = await self.pool.fetchrow(
+                _INGEST,
                 new_id("thr"),
                 trigger.source,
                 trigger.thread.external_id,
                 trigger.thread.title,
                 trigger.thread.url,
-            )
-            tickets = tuple(row["ticket_id"] for row in await conn.fetch(_SUBSCRIBERS, thread_id))
-            route = _route(verdict, tickets)
-            inserted = await conn.fetchval(
-                _INSERT_TRIGGER,
-                trigger_id,
-                trigger.source,
+                new_id("trg"),
                 trigger.external_id,
-                thread_id,
                 trigger.actor.id,
                 trigger.actor.name,
                 trigger.actor.is_bot,
                 trigger.kind,
                 trigger.text[:_MAX_TEXT],
-                blob_id,
+                new_id("blb") if trigger.payload is not None else None,
                 verdict.kind,
                 verdict.reason,
                 policy_id,
-                route,
                 trigger.payload_type,
                 trigger.payload,
+                verdict.noise,
+                verdict.needs_router,
             )
-            if inserted is None:
-                # A redelivery: the thread's last_event_at bump is rolled back with the rest.
-                raise _Duplicate
-            delivered: tuple[str, ...] = ()
-            if route == "subscribers":
-                await conn.execute(
-                    "INSERT INTO ticket_inbox (ticket_id, trigger_id) "
-                    "SELECT unnest($1::text[]), $2",
-                    list(tickets),
-                    trigger_id,
+            if row is not None:
+                return Ingested(
+                    trigger_id=row["id"],
+                    thread_id=row["thread_id"],
+                    duplicate=False,
+                    verdict=verdict.kind,
+                    reason=verdict.reason,
+                    route=row["route"],
+                    tickets=tuple(row["tickets"]) if row["route"] == "subscribers" else (),
                 )
-                await conn.execute("SELECT pg_notify($1, $2)", INBOX_CHANNEL, ",".join(tickets))
-                delivered = tickets
-            elif route == "router":
-                await conn.execute("SELECT pg_notify($1, $2)", ROUTER_CHANNEL, trigger_id)
-        return Ingested(
-            trigger_id=trigger_id,
-            thread_id=thread_id,
-            duplicate=False,
-            verdict=verdict.kind,
-            reason=verdict.reason,
-            route=route,
-            tickets=delivered,
-        )
+            try:
+                return await self.original(trigger.source, trigger.external_id)
+            except NotFound:
+                continue  # its thread was new and not yet visible: now it is
+        raise TransientError(f"could not record {trigger.source} event {trigger.external_id}")
 
     async def original(self, source: str, external_id: str) -> Ingested:
         row = await self.pool.fetchrow(
@@ -264,13 +270,3 @@ class Intake:
             route=row["route"] or "",
             tickets=tuple(row["tickets"]),
         )
-
-
-class _Duplicate(Exception):
-    """Raised inside the transaction to roll it back when the trigger already exists."""
-
-
-def _route(verdict: Verdict, subscribed: Sequence[str]) -> str:
-    if subscribed and not verdict.noise:
-        return "subscribers"
-    return "router" if verdict.needs_router else "dropped"
