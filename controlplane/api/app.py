@@ -27,7 +27,9 @@ class AppState:
     intake: Intake | None = None  # None: no channel can deliver events (tests of probes)
 
 
-def _state(request: Request) -> AppState:
+async def _state(request: Request) -> AppState:
+    # async: FastAPI runs a plain-function dependency in its thread pool, a thread hand-off
+    # on every request for what is an attribute read.
     state = request.app.state.superagent
     assert isinstance(state, AppState)
     return state
