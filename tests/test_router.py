@@ -256,3 +256,26 @@ async def test_the_model_sees_what_it_must_act_on_and_nothing_more(
     assert any(asked.trigger_id in r for r in results)  # the recalled thread's events
     assert any("must be a thr_ id" in r for r in results)
     fake_llm.assert_all_consumed()  # and no third call after the settled ignore
+
+
+async def test_a_new_leader_resumes_the_conversation_where_the_last_one_left_it(
+    pool: asyncpg.Pool, intake: Intake, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    first = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
+    for n in (1, 2):
+        await _ask(intake, n)
+        assert await first.turn() == 1
+    # The leader dies; another replica's router takes over the same session.
+    second = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
+    await _ask(intake, 3)
+    assert await second.turn() == 1
+    assert second.session_id == first.session_id
+    before, after = fake_llm.chat_requests[1], fake_llm.chat_requests[2]
+    # Everything the last leader showed the model, and its answer, then the new batch.
+    assert after.messages[: len(before.messages)] == before.messages
+    assert after.messages[len(before.messages)] == {"role": "assistant", "content": "noted"}
+    stored = await pool.fetchval(
+        "SELECT count(*) FROM session_messages WHERE session_id = $1", first.session_id
+    )
+    assert stored == 6  # three turns: the batch and the answer each

@@ -124,3 +124,20 @@ def test_prompts_have_defaults_and_versions(
     assert "router" in unknown.stderr  # the choices are named
     empty = _cli(database_url, "prompts", "edit", "worker", "--file", "-", stdin="  \n")
     assert "cannot be empty" in empty.stderr
+
+
+def test_a_conflicting_prompt_save_is_refused(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> None:
+    first = _cli(database_url, "prompts", "edit", "router", "--file", "-", stdin="Version one.\n")
+    base = _version_id(first.stdout)
+    mine = _cli(
+        database_url, "prompts", "edit", "router", "--file", "-", "--base", base, stdin="Mine.\n"
+    )
+    assert mine.returncode == 0, mine.stderr
+    theirs = _cli(
+        database_url, "prompts", "edit", "router", "--file", "-", "--base", base, stdin="Theirs.\n"
+    )
+    assert theirs.returncode == 1
+    assert "latest is version 2" in theirs.stderr
+    assert _cli(database_url, "prompts", "show", "router").stdout == "Mine.\n"

@@ -35,7 +35,7 @@ from controlplane.leadership import Leadership
 from controlplane.router import batch as batches
 from controlplane.router.tools import TOOL_SPECS, Toolbox, Turn
 from controlplane.services import Service, sleep_unless
-from superagent_shared.ids import new_id
+from superagent_shared.ids import new_id, new_ids
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ READ_RESULTS = frozenset({"recall", "assess"})  # tools whose results the model 
 KEEP_TURNS = 6  # turns kept in full; older ones are compacted
 COMPACT_AT = 10  # compaction happens once this many turns are held
 POLL_SECONDS = 1.0  # the safety net under LISTEN
+RESUME_TURNS = 300  # turns a new leader replays from the session (the rest is summarised)
 MAX_BACKOFF = 30.0
 
 
@@ -108,6 +109,8 @@ class Router:
         self.conversation: Conversation | None = None
         self.session_id: str | None = None
         self._prompt_version: str | None = None
+        self._turns = 0  # turns in this session so far (persisted with each message)
+        self._seq = 0  # the session's last message seq
 
     async def _prepare(self) -> Conversation:
         """The system prompt's current version; a new one starts a fresh conversation."""
@@ -116,18 +119,86 @@ class Router:
             "ORDER BY version DESC LIMIT 1"
         )
         version, text = (row["id"], row["body"]) if row else (None, prompts.DEFAULTS["router"])
-        if self.conversation is None or version != self._prompt_version:
-            self._prompt_version = version
-            self.conversation = Conversation(system=text)
-            self.session_id = new_id("ses")
-            await self.pool.execute(
-                "INSERT INTO sessions (id, kind, model, prompt_version_id) "
-                "VALUES ($1, 'router', $2, $3)",
-                self.session_id,
-                self.model,
-                version,
-            )
+        if self.conversation is not None and version == self._prompt_version:
+            return self.conversation
+        self._prompt_version = version
+        self.conversation = Conversation(system=text)
+        if await self._resume(version):
+            return self.conversation
+        self.session_id = new_id("ses")
+        self._turns = self._seq = 0
+        await self.pool.execute(
+            "INSERT INTO sessions (id, kind, model, prompt_version_id) "
+            "VALUES ($1, 'router', $2, $3)",
+            self.session_id,
+            self.model,
+            version,
+        )
         return self.conversation
+
+    async def _resume(self, version: str | None) -> bool:
+        """Take over the latest router session of this model and prompt (a new leader, a
+        restart): its turns are replayed, compaction included, so the context, and with it
+        the provider's cached prefix, is what the last leader had."""
+        assert self.conversation is not None
+        session_id = await self.pool.fetchval(
+            "SELECT id FROM sessions WHERE kind = 'router' AND model = $1 "
+            "AND prompt_version_id IS NOT DISTINCT FROM $2 "
+            "ORDER BY updated_at DESC, created_at DESC LIMIT 1",
+            self.model,
+            version,
+        )
+        if session_id is None:
+            return False
+        rows = await self.pool.fetch(
+            "SELECT seq, content FROM session_messages WHERE session_id = $1 "
+            "AND (content->>'turn')::int > (SELECT coalesce(max((content->>'turn')::int), 0) "
+            "  FROM session_messages WHERE session_id = $1) - $2 "
+            "ORDER BY seq",
+            session_id,
+            RESUME_TURNS,
+        )
+        turns: dict[int, _TurnRecord] = {}
+        for row in rows:
+            content = row["content"]
+            if isinstance(content, str):
+                content = json.loads(content)
+            record = turns.setdefault(int(content["turn"]), _TurnRecord([], ""))
+            record.messages.append(content["message"])
+            if "summary" in content:
+                record.summary = content["summary"]
+        for number in sorted(turns):
+            self.conversation.add(turns[number])
+        self.session_id = session_id
+        self._turns = max(turns, default=0)
+        self._seq = rows[-1]["seq"] if rows else 0
+        log.info("router: resumed session %s at turn %d", session_id, self._turns)
+        return True
+
+    async def _persist(self, messages: list[dict[str, Any]], summary: str) -> None:
+        """The turn's messages, in order, before its batch counts as routed: a leader that
+        dies in between leaves a successor that sees the turn and the batch again."""
+        self._turns += 1
+        contents = []
+        for index, message in enumerate(messages):
+            content: dict[str, Any] = {"turn": self._turns, "message": message}
+            if index == len(messages) - 1:
+                content["summary"] = summary
+            contents.append(json.dumps(content, default=str))
+        first = self._seq + 1
+        self._seq += len(messages)
+        await self.pool.execute(
+            "INSERT INTO session_messages (id, session_id, seq, role, content, "
+            "prompt_version_id) "
+            "SELECT i, $1, s, r, c::jsonb, $6 "
+            "FROM unnest($2::text[], $3::int[], $4::text[], $5::text[]) AS m(i, s, r, c)",
+            self.session_id,
+            new_ids("msg", len(messages)),
+            list(range(first, self._seq + 1)),
+            [str(m.get("role", "user")) for m in messages],
+            contents,
+            self._prompt_version,
+        )
 
     async def turn(self, leading: Callable[[], bool] = lambda: True) -> int:
         """One turn over everything waiting; returns how many events it consumed.
@@ -206,10 +277,11 @@ class Router:
                 break
         if not leading():
             raise LostLeadership
-        await batches.mark_routed(self.pool, batch)
         summary = "\n".join(
             [f"turn of {', '.join(batch.trigger_ids)}:"] + [f"  {d}" for d in decisions]
         )
+        await self._persist(pending, summary)
+        await batches.mark_routed(self.pool, batch)
         conversation.add(_TurnRecord(pending, summary))
         return len(batch.events)
 
