@@ -9,6 +9,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane import versions
+from controlplane.db.engine import transaction
+from controlplane.db.models import PolicyVersion
+from controlplane.ingest import policy as ingest_policy
+from controlplane.ingest.policy import Policy
+
 
 async def assert_eventually(
     check: Callable[[], Any],
@@ -47,3 +55,18 @@ def free_port() -> int:
         port = sock.getsockname()[1]
         assert isinstance(port, int)
         return port
+
+
+async def save_policy(db: async_sessionmaker[AsyncSession], policy: Policy) -> str:
+    """Save ``policy`` as the ingest policy's next version (the first, in a fresh database)."""
+    async with transaction(db) as session:
+        latest = await versions.latest(session, PolicyVersion, ingest_policy.POLICY_NAME)
+        saved = await versions.save(
+            session,
+            PolicyVersion,
+            name=ingest_policy.POLICY_NAME,
+            body=policy.model_dump(mode="json"),
+            base_id=latest.id if latest else None,
+            author="test",
+        )
+        return saved.id

@@ -33,7 +33,7 @@ from controlplane.ingest.policy import (
 )
 from controlplane.versions import latest, save
 from superagent_shared.ids import new_id
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, save_policy
 
 ALICE = Actor("u-1001", "alice")
 MALLORY = Actor("u-6666", "mallory")
@@ -156,15 +156,7 @@ async def pool(
 
 @pytest.fixture
 async def intake(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> Intake:
-    async with transaction(db) as session:
-        await save(
-            session,
-            PolicyVersion,
-            name=policy.POLICY_NAME,
-            body=POLICY.model_dump(),
-            base_id=None,
-            author="test",
-        )
+    await save_policy(db, POLICY)
     return Intake(pool)
 
 

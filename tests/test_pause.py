@@ -14,20 +14,16 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import pause
-from controlplane.db.engine import transaction
-from controlplane.db.models import PolicyVersion
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway.queue import CommandQueue
-from controlplane.ingest import policy
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.leadership import Leadership
 from controlplane.router.router import RouterService
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
-from controlplane.versions import save
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, save_policy
 
 
 def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,15 +40,7 @@ def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 async def pool(
     db: async_sessionmaker[AsyncSession], database_url: str
 ) -> AsyncIterator[asyncpg.Pool]:
-    async with transaction(db) as session:
-        await save(
-            session,
-            PolicyVersion,
-            name=policy.POLICY_NAME,
-            body=Policy(default=SourcePolicy(users=["alice"])).model_dump(),
-            base_id=None,
-            author="test",
-        )
+    await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
     pool = await create_pool(asyncpg_dsn(database_url))
     yield pool
     await pool.close()

@@ -10,16 +10,12 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
-from controlplane.db.models import PolicyVersion
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest import policy
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.leadership import Leadership
 from controlplane.router.router import Router, RouterService
-from controlplane.versions import save
 from tests.fakes.openai_server import (
     FAKE_MODEL,
     ChatRequest,
@@ -27,7 +23,7 @@ from tests.fakes.openai_server import (
     Reply,
     ToolCall,
 )
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, save_policy
 
 ALICE = Actor("u-1", "alice")
 POLICY = Policy(default=SourcePolicy(users=["alice"]))
@@ -38,15 +34,7 @@ TRIGGER = re.compile(r"\[(trg_\w+)\]")
 async def pool(
     db: async_sessionmaker[AsyncSession], database_url: str
 ) -> AsyncIterator[asyncpg.Pool]:
-    async with transaction(db) as session:
-        await save(
-            session,
-            PolicyVersion,
-            name=policy.POLICY_NAME,
-            body=POLICY.model_dump(),
-            base_id=None,
-            author="test",
-        )
+    await save_policy(db, POLICY)
     pool = await create_pool(asyncpg_dsn(database_url))
     yield pool
     await pool.close()

@@ -9,16 +9,13 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
-from controlplane.db.models import PolicyVersion
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest import policy
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, Rule, SourcePolicy
 from controlplane.router.tools import REPLY_EFFECT, Toolbox, Turn
-from controlplane.versions import save
 from superagent_shared.ids import new_id
+from tests.helpers import save_policy
 
 ALICE = Actor("u-1", "alice")
 MALLORY = Actor("u-6", "mallory")
@@ -40,15 +37,7 @@ TURN = Turn(session_id=None, llm_call_id=None, batch=())
 async def pool(
     db: async_sessionmaker[AsyncSession], database_url: str
 ) -> AsyncIterator[asyncpg.Pool]:
-    async with transaction(db) as session:
-        await save(
-            session,
-            PolicyVersion,
-            name=policy.POLICY_NAME,
-            body=POLICY.model_dump(),
-            base_id=None,
-            author="test",
-        )
+    await save_policy(db, POLICY)
     pool = await create_pool(asyncpg_dsn(database_url))
     yield pool
     await pool.close()

@@ -9,14 +9,11 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
-from controlplane.db.models import PolicyVersion
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
-from controlplane.ingest import policy
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.rules_only import (
@@ -27,8 +24,8 @@ from controlplane.router.rules_only import (
     run_handler,
 )
 from controlplane.router.tools import REPLY_EFFECT
-from controlplane.versions import save
 from superagent_shared.ids import new_id
+from tests.helpers import save_policy
 
 ALICE = Actor("u-1", "alice")
 MALLORY = Actor("u-6", "mallory")
@@ -38,15 +35,7 @@ MALLORY = Actor("u-6", "mallory")
 async def pool(
     db: async_sessionmaker[AsyncSession], database_url: str
 ) -> AsyncIterator[asyncpg.Pool]:
-    async with transaction(db) as session:
-        await save(
-            session,
-            PolicyVersion,
-            name=policy.POLICY_NAME,
-            body=Policy(default=SourcePolicy(users=["alice"])).model_dump(),
-            base_id=None,
-            author="test",
-        )
+    await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
     pool = await create_pool(asyncpg_dsn(database_url))
     await pool.execute(
         "INSERT INTO devices (id, name, owner, public_key, version) "

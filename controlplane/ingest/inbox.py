@@ -13,9 +13,7 @@ from datetime import datetime
 import asyncpg
 
 from controlplane.errors import NotFound
-from controlplane.ingest.intake import CLOSED_TICKET_STATES, ROUTER_CHANNEL
-
-_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
+from controlplane.ingest.intake import CLOSED_SQL, ROUTER_CHANNEL
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,8 @@ async def hand_back(pool: asyncpg.Pool, ticket_id: str, trigger_id: str) -> str:
             raise NotFound(f"ticket {ticket_id} does not hold {trigger_id}")
         holders = await conn.fetchval(
             "SELECT count(*) FROM ticket_inbox i JOIN tickets t ON t.id = i.ticket_id "
-            f"WHERE i.trigger_id = $1 AND i.handed_back_at IS NULL AND t.state NOT IN ({_CLOSED})",
+            "WHERE i.trigger_id = $1 AND i.handed_back_at IS NULL "
+            f"AND t.state NOT IN ({CLOSED_SQL})",
             trigger_id,
         )
         if holders:

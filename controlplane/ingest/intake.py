@@ -37,6 +37,8 @@ INBOX_CHANNEL = "superagent_inbox"  # payload: "trg_…:tkt_…,tkt_…" (the tr
 
 # Tickets in these states no longer receive their threads' events.
 CLOSED_TICKET_STATES = ("completed", "failed", "stopped")
+# The same, as a SQL list: ``state NOT IN ({CLOSED_SQL})``.
+CLOSED_SQL = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
 _POLICY_REFRESH_SECONDS = 1.0
 _MAX_TEXT = 1_000_000  # characters of an event's text kept on the trigger row
 
@@ -123,8 +125,6 @@ def _validate(trigger: IncomingTrigger) -> None:
         raise InvalidInput("text must not contain NUL")
 
 
-_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
-
 # Everything in one statement (one round trip, its own transaction):
 # * the thread is found or created. Its last_event_at is refreshed at most every 10 s, so
 #   that a busy thread's row is not locked by every event;
@@ -161,7 +161,7 @@ WITH new_thread AS (
     FROM thread LEFT JOIN LATERAL (
         SELECT array_agg(s.ticket_id ORDER BY s.ticket_id) AS tickets
         FROM subscriptions s JOIN tickets k ON k.id = s.ticket_id
-        WHERE s.thread_id = thread.id AND k.state NOT IN ({_CLOSED})
+        WHERE s.thread_id = thread.id AND k.state NOT IN ({CLOSED_SQL})
     ) subs ON true
 ), t AS (
     INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name,

@@ -28,7 +28,7 @@ from controlplane.effects.outbox import enqueue
 from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.queue import TERMINAL, CommandQueue
-from controlplane.ingest.intake import CLOSED_TICKET_STATES, PolicySource
+from controlplane.ingest.intake import CLOSED_SQL, CLOSED_TICKET_STATES, PolicySource
 from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
 from controlplane.router.tools import Toolbox, Turn
@@ -41,7 +41,6 @@ NOTICE = (
     "/tickets, /devices, /stop <ticket>."
 )
 _COMMAND = re.compile(r"(?:^|\s)/(run|tickets|devices|stop)\b[ \t]*(.*)", re.S)
-_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
 _TAIL = 1500  # characters of a command's output in its report
 
 
@@ -149,7 +148,7 @@ class RulesOnlyRouter:
 
     async def _tickets(self, event: batches.Event, argument: str) -> str:
         rows = await self.pool.fetch(
-            f"SELECT id, title, state FROM tickets WHERE state NOT IN ({_CLOSED}) "
+            f"SELECT id, title, state FROM tickets WHERE state NOT IN ({CLOSED_SQL}) "
             "ORDER BY created_at LIMIT 50"
         )
         if not rows:

@@ -36,7 +36,6 @@ from superagent_shared.ids import id_prefix, new_id
 
 REPLY_EFFECT = "reply"  # outbox kind; the channel's adapter sends it (payload: thread, text)
 MAX_REPLY_CHARS = 20_000
-_CLOSED = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
 SNIPPET_CHARS = 200
 
 
