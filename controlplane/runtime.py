@@ -17,6 +17,7 @@ import openai
 import uvicorn
 
 from controlplane.api.app import AppState, create_app
+from controlplane.channels.replies import reply_handler
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import create_engine, session_factory
@@ -32,6 +33,7 @@ from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership
 from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
+from controlplane.router.tools import REPLY_EFFECT
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
@@ -142,6 +144,7 @@ async def replica(
             )
             handlers = Handlers()
             handlers.register(RUN_EFFECT, run_handler(pool, queue))
+            handlers.register(REPLY_EFFECT, reply_handler(pool))
             services: list[Service] = [
                 EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
                 leadership,

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import pause
+from controlplane.channels.replies import reply_handler
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects.handlers import ClaimedEffect, Postpone
@@ -23,6 +24,7 @@ from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.leadership import Leadership
 from controlplane.router.router import RouterService
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
+from controlplane.router.tools import REPLY_EFFECT
 from tests.helpers import assert_eventually, save_policy
 
 
@@ -125,3 +127,16 @@ async def test_commands_are_not_started_while_paused(pool: asyncpg.Pool) -> None
         assert await pool.fetchval("SELECT count(*) FROM commands") == 0
     finally:
         await queue.close()
+
+
+async def test_replies_wait_in_the_outbox_for_their_channel_and_for_resume(
+    pool: asyncpg.Pool,
+) -> None:
+    send = reply_handler(pool)
+    effect = ClaimedEffect("eff_x", REPLY_EFFECT, "msg_x", {"source": "github", "text": "hi"}, 1, 1)
+    with pytest.raises(Postpone, match="no adapter sends github replies") as waiting:
+        await send(effect)
+    assert waiting.value.seconds >= 60  # kept, not retried into a dead letter
+    await pause.pause(pool, "test")
+    with pytest.raises(Postpone, match="paused"):
+        await send(effect)
