@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.db import migrate
 from controlplane.db.engine import create_engine, session_factory
+from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, with_database
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
 
@@ -86,3 +87,13 @@ async def db(engine: AsyncEngine, database_url: str) -> async_sessionmaker[Async
     finally:
         await conn.close()
     return session_factory(engine)
+
+
+@pytest.fixture
+async def pool(
+    db: async_sessionmaker[AsyncSession], database_url: str
+) -> AsyncIterator[asyncpg.Pool]:
+    """A raw asyncpg pool (as the hot paths use) over the emptied database of ``db``."""
+    pool = await create_pool(asyncpg_dsn(database_url))
+    yield pool
+    await pool.close()

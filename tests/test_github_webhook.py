@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +11,10 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.api.app import AppState, create_app
 from controlplane.channels.github import sign
-from controlplane.db.pool import create_pool
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.intake import Intake
 from controlplane.settings import GithubSettings, Settings
 
@@ -28,15 +25,6 @@ FIXTURES = Path(
 )
 REPO = {"full_name": "acme/app", "id": 1}
 ALICE = {"login": "alice", "id": 101, "type": "User"}
-
-
-@pytest.fixture
-async def pool(
-    db: async_sessionmaker[AsyncSession], database_url: str
-) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(asyncpg_dsn(database_url))
-    yield pool
-    await pool.close()
 
 
 def _client(

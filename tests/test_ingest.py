@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.engine import transaction
 from controlplane.db.models import PolicyVersion
-from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.errors import Conflict, InvalidInput, NotFound
 from controlplane.ingest import inbox, policy
@@ -143,15 +142,6 @@ def test_a_malformed_policy_is_refused_with_the_field_named() -> None:
 
 
 # -- storage ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def pool(
-    db: async_sessionmaker[AsyncSession], database_url: str
-) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(asyncpg_dsn(database_url))
-    yield pool
-    await pool.close()
 
 
 @pytest.fixture

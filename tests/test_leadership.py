@@ -9,26 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
-import pytest
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.pool import create_pool
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.leadership import ROUTER_LEASE, Leadership, claim, current
 from tests.helpers import assert_eventually
-
-
-@pytest.fixture
-async def pool(
-    db: async_sessionmaker[AsyncSession], database_url: str
-) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(asyncpg_dsn(database_url))
-    yield pool
-    await pool.close()
 
 
 async def test_one_holder_at_a_time_until_the_lease_expires(pool: asyncpg.Pool) -> None:

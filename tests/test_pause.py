@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -15,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import pause
 from controlplane.channels.replies import reply_handler
-from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway.queue import CommandQueue
@@ -39,13 +37,10 @@ def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-async def pool(
-    db: async_sessionmaker[AsyncSession], database_url: str
-) -> AsyncIterator[asyncpg.Pool]:
+async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
+    """The shared pool, with this module's policy saved."""
     await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
-    pool = await create_pool(asyncpg_dsn(database_url))
-    yield pool
-    await pool.close()
+    return pool
 
 
 def test_pause_and_resume_from_the_command_line(

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.pool import create_pool
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, Rule, SourcePolicy
 from controlplane.router.tools import REPLY_EFFECT, Toolbox, Turn
@@ -34,13 +31,10 @@ TURN = Turn(session_id=None, llm_call_id=None, batch=())
 
 
 @pytest.fixture
-async def pool(
-    db: async_sessionmaker[AsyncSession], database_url: str
-) -> AsyncIterator[asyncpg.Pool]:
+async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
+    """The shared pool, with this module's policy saved."""
     await save_policy(db, POLICY)
-    pool = await create_pool(asyncpg_dsn(database_url))
-    yield pool
-    await pool.close()
+    return pool
 
 
 @pytest.fixture

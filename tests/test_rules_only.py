@@ -9,8 +9,6 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.pool import create_pool
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
@@ -32,19 +30,16 @@ MALLORY = Actor("u-6", "mallory")
 
 
 @pytest.fixture
-async def pool(
-    db: async_sessionmaker[AsyncSession], database_url: str
-) -> AsyncIterator[asyncpg.Pool]:
+async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
+    """The shared pool, with this module's policy saved and a device paired."""
     await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
-    pool = await create_pool(asyncpg_dsn(database_url))
     await pool.execute(
         "INSERT INTO devices (id, name, owner, public_key, version) "
         "VALUES ($1, 'laptop', 'alice', $2, '1')",
         new_id("dev"),
         b"k" * 32,
     )
-    yield pool
-    await pool.close()
+    return pool
 
 
 @pytest.fixture
