@@ -27,6 +27,7 @@ from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
+from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import TERMINAL, CommandQueue
 from controlplane.ingest.intake import CLOSED_SQL, CLOSED_TICKET_STATES, PolicySource
 from controlplane.pause import hold_while_paused
@@ -160,8 +161,9 @@ class RulesOnlyRouter:
     async def _devices(self, event: batches.Event, argument: str) -> str:
         rows = await self.pool.fetch(
             "SELECT name, connected_replica IS NOT NULL "
-            "AND last_seen_at > now() - interval '45 seconds' AS online "
-            "FROM devices WHERE revoked_at IS NULL ORDER BY name"
+            "AND last_seen_at > now() - $1::interval AS online "
+            "FROM devices WHERE revoked_at IS NULL ORDER BY name",
+            ONLINE_WINDOW,  # what `superagent devices list` calls online
         )
         if not rows:
             return "No devices are paired (superagent devices pair --name NAME)."
