@@ -47,6 +47,13 @@ class InvalidInput(SuperagentError):
     code = "invalid_input"
 
 
+class PayloadTooLarge(InvalidInput):
+    """The body is over the size this endpoint accepts."""
+
+    http_status = 413
+    code = "too_large"
+
+
 class NotFound(SuperagentError):
     http_status = 404
     code = "not_found"

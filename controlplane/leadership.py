@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -144,3 +145,30 @@ class Leadership(Service):
             log.warning("this replica (%s) no longer leads %s", self.holder, self.lease)
             self.gained.clear()
             self.lost.set()
+
+
+class WhileLeading(Service):
+    """Runs a fresh service from ``make`` while this replica leads, and stops it when the
+    lease is lost: loops that must run once per deployment (polling, sync)."""
+
+    def __init__(self, make: Callable[[], Service], leadership: Leadership) -> None:
+        super().__init__()
+        self.make = make
+        self.leadership = leadership
+        self.name = f"while-leading:{make().name}"
+
+    async def run(self) -> None:
+        while not self.stopping.is_set():
+            if not self.leadership.is_leader:
+                await sleep_unless(self.stopping, 0.2)
+                continue
+            inner = self.make()
+            await inner.start()
+            try:
+                while self.leadership.is_leader and not self.stopping.is_set():
+                    if inner.task.done():
+                        inner.task.result()  # a failure stops the replica, loudly
+                        raise RuntimeError(f"{inner.name} stopped unexpectedly")
+                    await sleep_unless(self.stopping, 0.2)
+            finally:
+                await inner.stop()

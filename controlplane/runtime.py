@@ -16,8 +16,16 @@ from datetime import timedelta
 import openai
 import uvicorn
 
-from controlplane.api.app import AppState, create_app
-from controlplane.channels.replies import reply_handler
+from controlplane.api.app import create_app
+from controlplane.api.state import AppState
+from controlplane.channels import registry as channel_registry
+from controlplane.channels.context import ChannelContext
+from controlplane.channels.outbound import (
+    ACK_EFFECT,
+    REPLY_EFFECT,
+    acknowledge_handler,
+    reply_handler,
+)
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import create_engine, session_factory
@@ -30,10 +38,9 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import ServerTls, ensure_server_tls
 from controlplane.ingest.intake import Intake
-from controlplane.leadership import Leadership
+from controlplane.leadership import Leadership, WhileLeading
 from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
-from controlplane.router.tools import REPLY_EFFECT
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
@@ -133,8 +140,17 @@ async def replica(
                 gateway_tls(settings),
                 server_name=settings.name,
             )
+            intake = Intake(pool)
+            channels = channel_registry.build(
+                ChannelContext(settings, pool, intake, dsn, replica_id)
+            )
             state = AppState(
-                settings=settings, engine=engine, replica_id=replica_id, intake=Intake(pool)
+                settings=settings,
+                engine=engine,
+                replica_id=replica_id,
+                intake=intake,
+                pool=pool,
+                channels=channels,
             )
             leadership = Leadership(
                 pool,
@@ -144,7 +160,8 @@ async def replica(
             )
             handlers = Handlers()
             handlers.register(RUN_EFFECT, run_handler(pool, queue))
-            handlers.register(REPLY_EFFECT, reply_handler(pool))
+            handlers.register(REPLY_EFFECT, reply_handler(pool, channels))
+            handlers.register(ACK_EFFECT, acknowledge_handler(pool, channels))
             services: list[Service] = [
                 EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
                 leadership,
@@ -152,6 +169,9 @@ async def replica(
                 GatewayService(settings.grpc, gateway),
                 HttpService(state),
             ]
+            for adapter in channels:
+                services.extend(adapter.services())
+                services.extend(WhileLeading(s, leadership) for s in adapter.leader_services())
             router: TurnTaker
             if settings.model_configured:
                 router = Router(pool, model_client(settings), settings.llm.router_model)
@@ -159,7 +179,10 @@ async def replica(
                 log.info("no model configured: the router runs in rules-only mode")
                 router = RulesOnlyRouter(pool, queue)
             services.append(RouterService(router, leadership, dsn, pool))
-            yield services
+            try:
+                yield services
+            finally:
+                await channels.close()
             await queue.close()
         finally:
             await pool.close()

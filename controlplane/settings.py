@@ -108,6 +108,92 @@ class GithubSettings(BaseModel):
         description="The agent's GitHub login (e.g. my-app[bot]): assigning it an issue or "
         "requesting its review addresses it.",
     )
+    token: SecretStr | None = Field(
+        None,
+        description="A personal access token (classic or fine-grained) the agent acts with. "
+        "Use this or a GitHub App (app_id + private_key).",
+    )
+    app_id: str | None = Field(None, description="GitHub App id, for App authentication.")
+    private_key: SecretStr | None = Field(
+        None,
+        description="The GitHub App's private key (PEM text), to sign its JWTs (RS256).",
+    )
+    private_key_file: Path | None = Field(
+        None, description="Or: a file holding the GitHub App's private key (PEM)."
+    )
+    installation_id: str | None = Field(
+        None,
+        description="The App installation to act as (unset: looked up per repository).",
+    )
+    api_url: str = Field(
+        "https://api.github.com",
+        description="GitHub's REST API (GitHub Enterprise: https://HOST/api/v3).",
+    )
+    poll_repos: str = Field(
+        "",
+        description="Comma-separated owner/repo list to poll instead of receiving webhooks "
+        "(for deployments with no public ingress).",
+    )
+    poll_seconds: float = Field(
+        60.0,
+        ge=1.0,
+        description="Seconds between polls (GitHub's X-Poll-Interval wins when longer).",
+    )
+
+
+class SlackSettings(BaseModel):
+    bot_token: SecretStr | None = Field(
+        None, description="The Slack app's bot token (xoxb-...); unset, Slack is off."
+    )
+    app_token: SecretStr | None = Field(
+        None,
+        description="An app-level token (xapp-..., connections:write) to use Socket Mode, "
+        "which needs no public ingress.",
+    )
+    signing_secret: SecretStr | None = Field(
+        None,
+        description="The app's signing secret, for the Events API at POST /webhooks/slack.",
+    )
+    api_url: str = Field("https://slack.com/api", description="Slack's Web API base URL.")
+
+
+class MatrixSettings(BaseModel):
+    homeserver: str | None = Field(
+        None, description="The bot's homeserver URL (https://matrix.example.org)."
+    )
+    user_id: str | None = Field(None, description="The bot's Matrix id (@agent:example.org).")
+    access_token: SecretStr | None = Field(None, description="The bot's access token.")
+    password: SecretStr | None = Field(
+        None, description="Or: the bot's password, to log in on start."
+    )
+    device_id: str = Field("SUPERAGENT", description="The bot's Matrix device id.")
+
+
+class LarkSettings(BaseModel):
+    app_id: str | None = Field(None, description="Feishu/Lark app id (cli_...); unset: off.")
+    app_secret: SecretStr | None = Field(None, description="Feishu/Lark app secret.")
+    verification_token: SecretStr | None = Field(
+        None, description="The event subscription's verification token."
+    )
+    encrypt_key: SecretStr | None = Field(
+        None,
+        description="The event subscription's encrypt key (events arrive AES-encrypted and "
+        "signed when set).",
+    )
+    domain: str = Field(
+        "https://open.feishu.cn",
+        description="Open platform base URL: https://open.feishu.cn (Feishu) or "
+        "https://open.larksuite.com (Lark).",
+    )
+    long_connection: bool = Field(
+        False,
+        description="Receive events over the long connection (no public ingress) instead "
+        "of POST /webhooks/lark.",
+    )
+
+
+class WebChatSettings(BaseModel):
+    enabled: bool = Field(True, description="The console's chat page (/chat) and `superagent say`.")
 
 
 class LlmSettings(BaseModel):
@@ -192,6 +278,12 @@ class Settings(BaseSettings):
     )
     llm: LlmSettings = Field(default_factory=LlmSettings, description="Language models.")
     github: GithubSettings = Field(default_factory=GithubSettings, description="GitHub.")
+    slack: SlackSettings = Field(default_factory=SlackSettings, description="Slack.")
+    matrix: MatrixSettings = Field(default_factory=MatrixSettings, description="Matrix.")
+    lark: LarkSettings = Field(default_factory=LarkSettings, description="Feishu/Lark.")
+    webchat: WebChatSettings = Field(
+        default_factory=WebChatSettings, description="The built-in web chat."
+    )
     router: RouterSettings = Field(
         default_factory=RouterSettings, description="The router and its leader election."
     )

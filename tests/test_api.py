@@ -6,7 +6,8 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from controlplane.api.app import AppState, create_app
+from controlplane.api.app import create_app
+from controlplane.api.state import AppState
 from controlplane.db.engine import create_engine, transaction
 from controlplane.errors import NotFound
 from controlplane.settings import Settings

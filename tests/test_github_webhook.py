@@ -13,8 +13,9 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.api.app import AppState, create_app
-from controlplane.channels.github import sign
+from controlplane.api.app import create_app
+from controlplane.api.state import AppState
+from controlplane.channels.github.webhooks import sign
 from controlplane.ingest.intake import Intake
 from controlplane.settings import GithubSettings, Settings
 

@@ -8,9 +8,10 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, Rule, SourcePolicy
-from controlplane.router.tools import REPLY_EFFECT, Toolbox, Turn
+from controlplane.router.tools import Toolbox, Turn
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
 

@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
@@ -21,7 +22,6 @@ from controlplane.router.rules_only import (
     parse,
     run_handler,
 )
-from controlplane.router.tools import REPLY_EFFECT
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
 

@@ -3,39 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane import __version__
 from controlplane.api import console, errors, webhooks
-from controlplane.ingest.intake import Intake
-from controlplane.settings import Settings
+from controlplane.api.state import AppState, app_state
+from controlplane.channels import registry as channel_registry
 from controlplane.status import Status
 from controlplane.status import read as read_status
 
-
-@dataclass
-class AppState:
-    settings: Settings
-    engine: AsyncEngine
-    replica_id: str
-    intake: Intake | None = None  # None: no channel can deliver events (tests of probes)
-
-
-async def _state(request: Request) -> AppState:
-    # async: FastAPI runs a plain-function dependency in its thread pool, a thread hand-off
-    # on every request for what is an attribute read.
-    state = request.app.state.superagent
-    assert isinstance(state, AppState)
-    return state
-
-
-State = Annotated[AppState, Depends(_state)]
+State = Annotated[AppState, Depends(app_state)]
 
 
 def create_app(state: AppState) -> FastAPI:
@@ -72,6 +54,9 @@ def create_app(state: AppState) -> FastAPI:
     )
     async def github_webhook(request: Request, state: State) -> JSONResponse:
         return await webhooks.receive_github(request, state.settings, state.intake)
+
+    for routes in channel_registry.ROUTES:
+        app.include_router(routes, tags=["channels"])
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)
     async def index(state: State) -> HTMLResponse:

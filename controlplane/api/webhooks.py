@@ -8,7 +8,7 @@ import logging
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from controlplane.channels import github
+from controlplane.channels.github import webhooks as github
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
 from controlplane.ingest.intake import Intake
 from controlplane.settings import Settings

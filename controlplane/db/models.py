@@ -286,6 +286,8 @@ class Mandate(Base):
     kind: Mapped[str] = mapped_column(String(20))
     initiator_id: Mapped[str] = mapped_column(String(200))
     initiator_name: Mapped[str] = mapped_column(String(200))
+    # The person behind the initiator's account, when linked (``superagent users link``).
+    person_id: Mapped[str | None] = mapped_column(ForeignKey("people.id"))
     trigger_id: Mapped[str | None] = mapped_column(ForeignKey("triggers.id"))
     policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
     scope: Mapped[str] = mapped_column(Text)
@@ -364,6 +366,52 @@ class Lease(Base):
     acquired_at: Mapped[datetime]
     renewed_at: Mapped[datetime]
     expires_at: Mapped[datetime]
+
+
+class Person(Base):
+    """Someone who talks to the agent, on any channel (``superagent users``)."""
+
+    __tablename__ = "people"
+    id: Mapped[str] = _id("prs")
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = _created()
+
+
+class Account(Base):
+    """One of a person's channel accounts. ``handle`` is matched against an event's actor
+    id or name (GitHub login or numeric id, Slack user id, Matrix user id, Lark open_id)."""
+
+    __tablename__ = "accounts"
+    __table_args__ = (PrimaryKeyConstraint("source", "handle"), Index(None, "person_id"))
+    source: Mapped[str] = mapped_column(String(50))
+    handle: Mapped[str] = mapped_column(String(200))
+    person_id: Mapped[str] = mapped_column(ForeignKey("people.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = _created()
+
+
+class SentMessage(Base):
+    """A reply a channel adapter posted: one per reply id, whatever the retries."""
+
+    __tablename__ = "sent_messages"
+    __table_args__ = (Index(None, "thread_id", "sent_at"),)
+    reply_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    source: Mapped[str] = mapped_column(String(50))
+    thread_id: Mapped[str] = mapped_column(ForeignKey("threads.id"))
+    external_id: Mapped[str] = mapped_column(String(500))  # the channel's message id
+    text: Mapped[str] = mapped_column(Text)
+    sent_at: Mapped[datetime] = _created()
+
+
+class ChannelState(Base):
+    """Small durable state of a channel's inbound loop: polling cursors, ETags, sync
+    tokens. Written in the transaction that ingests what the state covers."""
+
+    __tablename__ = "channel_state"
+    __table_args__ = (PrimaryKeyConstraint("source", "key"),)
+    source: Mapped[str] = mapped_column(String(50))
+    key: Mapped[str] = mapped_column(String(300))
+    value: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime] = _created()
 
 
 class Link(Base):

@@ -29,6 +29,12 @@ class Postpone(Exception):
         self.reason = reason
 
 
+class Permanent(Exception):
+    """Raised by a handler whose effect can never succeed as it stands (bad credentials,
+    a deleted target): it is parked as dead at once, with this message, instead of retried.
+    """
+
+
 Handler = Callable[[ClaimedEffect], Awaitable[None]]
 
 

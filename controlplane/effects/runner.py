@@ -31,7 +31,7 @@ import asyncpg
 
 from controlplane import backoff
 from controlplane.db import pool as db_pool
-from controlplane.effects.handlers import ClaimedEffect, Handlers, Postpone
+from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
 from controlplane.effects.outbox import NOTIFY_CHANNEL
 from controlplane.services import Service, critical_loop, sleep_unless
 from controlplane.settings import EffectsSettings
@@ -273,7 +273,9 @@ class EffectRunner(Service):
             effect.attempt, base=self.settings.backoff_base, cap=self.settings.backoff_max
         )
         summary = "".join(traceback.format_exception_only(exc)).strip()
-        dead = effect.attempt >= self.settings.max_attempts
+        # A permanent failure is parked now: retrying it would only repeat the error.
+        limit = 0 if isinstance(exc, Permanent) else self.settings.max_attempts
+        dead = effect.attempt >= limit
         log.warning(
             "effect %s (%s) attempt %d failed: %s; %s",
             effect.id,
@@ -288,7 +290,7 @@ class EffectRunner(Service):
             effect.generation,
             summary[:_LAST_ERROR_LIMIT],
             timedelta(seconds=wait),
-            self.settings.max_attempts,
+            limit,
             self.owner,
         )
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.channels.outbound import ACK_EFFECT
+from controlplane.effects.outbox import NOTIFY_CHANNEL as EFFECTS_CHANNEL
 from controlplane.errors import InvalidInput, NotFound, TransientError
 from controlplane.ingest import policy as policies
 from controlplane.ingest.policy import Actor, Event, Policy
@@ -63,6 +65,8 @@ class IncomingTrigger:
     direct: bool = False  # the channel itself addresses the agent (see policy.Event)
     payload: bytes | None = None  # the raw event, kept as a blob
     payload_type: str = "application/json"
+    # The channel's id of the message to mark as seen (👀) if this is an explicit request.
+    ack_ref: str | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,15 @@ WITH new_thread AS (
 ), inbox AS (
     INSERT INTO ticket_inbox (ticket_id, trigger_id)
     SELECT unnest(decided.tickets), t.id FROM t, decided WHERE t.route = 'subscribers'
+), ack AS (
+    INSERT INTO effects (id, kind, key, payload, next_attempt_at)
+    SELECT $21::text, '{ACK_EFFECT}', t.id,
+           jsonb_build_object('trigger_id', t.id, 'source', $2::text,
+                              'thread_external_id', $3::text, 'message_ref', $22::text),
+           now()
+    FROM t WHERE $22::text IS NOT NULL
+    ON CONFLICT (kind, key) DO NOTHING
+    RETURNING pg_notify('{EFFECTS_CHANNEL}', '')
 )
 SELECT t.id, t.thread_id, t.route, decided.tickets,
        CASE t.route
@@ -233,6 +246,8 @@ class Intake:
                 trigger.payload,
                 verdict.noise,
                 verdict.needs_router,
+                new_id("eff"),
+                trigger.ack_ref if verdict.kind == "explicit" else None,
             )
             if row is not None:
                 return Ingested(

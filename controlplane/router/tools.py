@@ -29,12 +29,12 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.effects.outbox import enqueue
 from controlplane.ingest import policy as policies
 from controlplane.ingest.intake import CLOSED_TICKET_STATES, PolicySource
 from superagent_shared.ids import id_prefix, new_id
 
-REPLY_EFFECT = "reply"  # outbox kind; the channel's adapter sends it (payload: thread, text)
 MAX_REPLY_CHARS = 20_000
 SNIPPET_CHARS = 200
 

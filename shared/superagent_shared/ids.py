@@ -32,6 +32,7 @@ PREFIXES = frozenset(
         "llm",
         "pcd",
         "dec",
+        "prs",
     }
 )
 

@@ -1,0 +1,138 @@
+"""The one small interface every channel adapter implements.
+
+Inbound, an adapter verifies what the channel sends (signatures, tokens) and hands each
+event to :meth:`controlplane.ingest.intake.Intake.ingest` as an ``IncomingTrigger``: from an
+HTTP route (webhooks, event callbacks) or from a background :class:`Service` (Slack Socket
+Mode, Matrix sync, Lark's long connection, GitHub polling).
+
+Outbound, the outbox calls the adapter of a thread's source:
+
+* :meth:`ChannelAdapter.send` posts a reply on the thread. It runs at least once: a retry
+  (``attempt > 1``) may follow a send that happened but was not recorded, so an adapter
+  either uses the channel's own idempotency key (Matrix transaction ids, Lark's ``uuid``)
+  or looks for its message before posting again (GitHub, Slack: the ``reply_id`` marker).
+* :meth:`ChannelAdapter.acknowledge` marks an accepted request as seen (👀), at once.
+
+Adapters raise :class:`ChannelError` for failures that will not pass by themselves (bad
+credentials, a deleted thread): the effect is parked with the message instead of retried.
+Anything else (timeouts, 5xx, rate limits) is retried with backoff by the outbox.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+from controlplane.services import Service
+
+
+class Style(StrEnum):
+    """How replies on a channel are written (DESIGN §3.5)."""
+
+    im = "im"  # chat: at most IM_MAX_WORDS words, decisions, questions and results only
+    structured = "structured"  # GitHub: background, change, validation; complete
+
+
+IM_MAX_WORDS = 100
+
+
+@dataclass(frozen=True)
+class OutboundMessage:
+    reply_id: str  # the dedupe key: one message per reply_id, however often retried
+    thread_id: str
+    thread_external_id: str
+    text: str
+    attempt: int = 1  # > 1: an earlier attempt may have posted it already
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    trigger_id: str
+    thread_external_id: str
+    message_ref: str  # the channel's id of the message to mark as seen
+
+
+class ChannelError(Exception):
+    """A failure retrying will not fix; the message says what to change."""
+
+
+class RateLimited(Exception):
+    """The channel asked us to wait ``seconds`` before calling again."""
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        super().__init__(message or f"rate limited for {seconds:.0f}s")
+        self.seconds = seconds
+
+
+class ChannelAdapter(ABC):
+    """One channel: ``source`` names it on threads and triggers."""
+
+    source: ClassVar[str]
+    style: ClassVar[Style] = Style.im
+
+    @abstractmethod
+    async def send(self, message: OutboundMessage) -> str:
+        """Post ``message`` on its thread; return the channel's id of the posted message."""
+
+    async def acknowledge(self, ack: Acknowledgement) -> None:
+        """Mark an accepted request as seen. Channels without reactions do nothing."""
+        return None
+
+    def services(self) -> list[Service]:
+        """Background loops run on every replica (socket connections)."""
+        return []
+
+    def leader_services(self) -> list[Callable[[], Service]]:
+        """Makers of background loops run only on the replica that leads (polling, sync);
+        a fresh one starts each time this replica gains the lead."""
+        return []
+
+    async def close(self) -> None:
+        """Release clients and connections."""
+        return None
+
+
+_WORD = re.compile(r"\S+")
+
+
+def word_count(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
+def clip_words(text: str, limit: int = IM_MAX_WORDS) -> str:
+    """``text`` cut to ``limit`` words (whitespace kept), with an ellipsis when cut."""
+    matches = list(_WORD.finditer(text))
+    if len(matches) <= limit:
+        return text
+    return text[: matches[limit - 1].end()] + " …"
+
+
+class Channels:
+    """The configured adapters, by source."""
+
+    def __init__(self, adapters: list[ChannelAdapter] | None = None) -> None:
+        self._by_source: dict[str, ChannelAdapter] = {}
+        for adapter in adapters or []:
+            self.add(adapter)
+
+    def add(self, adapter: ChannelAdapter) -> None:
+        if adapter.source in self._by_source:
+            raise ValueError(f"two adapters for {adapter.source}")
+        self._by_source[adapter.source] = adapter
+
+    def get(self, source: str) -> ChannelAdapter | None:
+        return self._by_source.get(source)
+
+    def __iter__(self) -> Iterator[ChannelAdapter]:
+        return iter(self._by_source.values())
+
+    def sources(self) -> list[str]:
+        return sorted(self._by_source)
+
+    async def close(self) -> None:
+        for adapter in self._by_source.values():
+            await adapter.close()
