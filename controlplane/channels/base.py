@@ -38,6 +38,12 @@ class Style(StrEnum):
 
 
 IM_MAX_WORDS = 100
+STRUCTURED_SOURCES = frozenset({"github"})
+
+
+def style_of(source: str) -> Style:
+    """GitHub threads get structured replies; every chat channel gets IM style."""
+    return Style.structured if source in STRUCTURED_SOURCES else Style.im
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,6 @@ class ChannelAdapter(ABC):
     """One channel: ``source`` names it on threads and triggers."""
 
     source: ClassVar[str]
-    style: ClassVar[Style] = Style.im
 
     @abstractmethod
     async def send(self, message: OutboundMessage) -> str:

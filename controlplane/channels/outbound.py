@@ -30,6 +30,7 @@ from controlplane.channels.base import (
     RateLimited,
     Style,
     clip_words,
+    style_of,
 )
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
 from controlplane.pause import hold_while_paused
@@ -53,7 +54,7 @@ def reply_handler(pool: asyncpg.Pool, channels: Channels) -> Any:
         if await pool.fetchval("SELECT 1 FROM sent_messages WHERE reply_id = $1", reply_id):
             return
         text = str(payload["text"])
-        if adapter.style is Style.im:
+        if style_of(source) is Style.im:
             text = clip_words(text)
         message = OutboundMessage(
             reply_id=reply_id,

@@ -181,6 +181,8 @@ class Trigger(Base):
     actor_id: Mapped[str] = mapped_column(String(200))
     actor_name: Mapped[str] = mapped_column(String(200))
     actor_is_bot: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The person behind the actor's account, when linked (``superagent users link``).
+    person_id: Mapped[str | None] = mapped_column(ForeignKey("people.id"))
     kind: Mapped[str] = mapped_column(String(100))
     text: Mapped[str] = mapped_column(Text, default="")
     payload_blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))

@@ -20,6 +20,7 @@ One short transaction per event, in this order:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from controlplane.effects.outbox import NOTIFY_CHANNEL as EFFECTS_CHANNEL
 from controlplane.errors import InvalidInput, NotFound, TransientError
 from controlplane.ingest import policy as policies
 from controlplane.ingest.policy import Actor, Event, Policy
+from controlplane.people import Directory
 from superagent_shared.ids import new_id
 
 ROUTER_CHANNEL = "superagent_router"  # payload: a trigger id for the router's inbox
@@ -170,9 +172,9 @@ WITH new_thread AS (
 ), t AS (
     INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name,
                           actor_is_bot, kind, text, payload_blob_id, verdict, verdict_reason,
-                          policy_version_id, route, routed_at)
+                          policy_version_id, route, routed_at, person_id)
     SELECT $6, $2, $7, decided.thread_id, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-           decided.route, CASE WHEN decided.route = 'router' THEN NULL ELSE now() END
+           decided.route, CASE WHEN decided.route = 'router' THEN NULL ELSE now() END, $23
     FROM decided
     ON CONFLICT (source, external_id) DO NOTHING
     RETURNING id, thread_id, route
@@ -209,16 +211,21 @@ class Intake:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
         self.policy = PolicySource(pool)
+        self.people = Directory(pool)
 
     async def ingest(self, trigger: IncomingTrigger) -> Ingested:
         """Store, judge and route ``trigger``; for a redelivered event, the original."""
         _validate(trigger)
         policy_id, policy = await self.policy.current()
+        actor = trigger.actor
+        person = await self.people.resolve(trigger.source, actor.id, actor.name)
+        if person is not None:
+            actor = dataclasses.replace(actor, person=person.name)
         verdict = policies.evaluate(
             policy,
             Event(
                 source=trigger.source,
-                actor=trigger.actor,
+                actor=actor,
                 text=trigger.text,
                 direct=trigger.direct,
             ),
@@ -248,6 +255,7 @@ class Intake:
                 verdict.needs_router,
                 new_id("eff"),
                 trigger.ack_ref if verdict.kind == "explicit" else None,
+                person.id if person is not None else None,
             )
             if row is not None:
                 return Ingested(

@@ -34,6 +34,9 @@ InferredMode = Literal["off", "observe", "auto"]
 VerdictKind = Literal["explicit", "candidate", "ignored"]
 
 
+WEB_CONSOLE_GROUP = "console"  # the group of every web chat user (authenticated by the console)
+
+
 class Rule(BaseModel):
     """A condition under which an inferred candidate may become work (judged by the router)."""
 
@@ -75,7 +78,12 @@ class Policy(BaseModel):
     # The agent's own identities on every channel: its messages are never triggers.
     agent_ids: list[str] = Field(default_factory=list)
     default: SourcePolicy = Field(default_factory=SourcePolicy)
-    sources: dict[str, SourcePolicy] = Field(default_factory=dict)
+    # The built-in web chat is reached only by console users (the admin token, or loopback
+    # in development), whose messages carry the group "console": they are explicit
+    # requests out of the box. Other channels allowlist nobody until configured.
+    sources: dict[str, SourcePolicy] = Field(
+        default_factory=lambda: {"web": SourcePolicy(groups=[WEB_CONSOLE_GROUP])}
+    )
 
     def for_source(self, source: str) -> SourcePolicy:
         return self.sources.get(source, self.default)
@@ -101,6 +109,9 @@ class Actor:
     name: str
     is_bot: bool = False
     groups: tuple[str, ...] = ()
+    # The person linked to this account (``superagent users link``): allowlists may name
+    # people, so one entry covers someone's accounts on every channel.
+    person: str | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,11 @@ def _mentioned(text: str, mentions: list[str]) -> bool:
 
 def _listed(actor: Actor, names: list[str]) -> bool:
     wanted = {name.casefold() for name in names}
-    return actor.id.casefold() in wanted or actor.name.casefold() in wanted
+    return (
+        actor.id.casefold() in wanted
+        or actor.name.casefold() in wanted
+        or (actor.person is not None and actor.person.casefold() in wanted)
+    )
 
 
 def evaluate(policy: Policy, event: Event) -> Verdict:

@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.channels.base import IM_MAX_WORDS, Style, clip_words, style_of
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import SuperagentError
@@ -53,6 +54,15 @@ def parse(text: str) -> tuple[str, str] | None:
     return match.group(1), match.group(2).strip()
 
 
+async def reply(tools: Toolbox, thread_id: str, text: str, turn: Turn) -> None:
+    """A reply cut to the channel's limit: rules-only texts (a command's output, a list of
+    tickets) are not written for it, and the reply tool refuses a chat reply over it."""
+    source = await tools.pool.fetchval("SELECT source FROM threads WHERE id = $1", thread_id)
+    if source is not None and style_of(source) is Style.im:
+        text = clip_words(text, IM_MAX_WORDS)
+    await tools.call("reply", {"thread": thread_id, "text": text}, turn)
+
+
 class RulesOnlyRouter:
     def __init__(self, pool: asyncpg.Pool, queue: CommandQueue) -> None:
         self.pool = pool
@@ -78,7 +88,7 @@ class RulesOnlyRouter:
         command = parse(event.text)
         if command is None:
             if not await self._noticed(event.thread_id):
-                await self.tools.call("reply", {"thread": event.thread_id, "text": NOTICE}, turn)
+                await reply(self.tools, event.thread_id, NOTICE, turn)
                 await self._record(event, "notice", {}, "told that no model is configured")
             return
         name, argument = command
@@ -88,7 +98,7 @@ class RulesOnlyRouter:
         except (SuperagentError, ValueError) as exc:
             text = f"/{name} failed: {getattr(exc, 'message', None) or exc}"
             ok = False
-        await self.tools.call("reply", {"thread": event.thread_id, "text": text}, turn)
+        await reply(self.tools, event.thread_id, text, turn)
         await self._record(event, name, {"argument": argument}, text, ok=ok)
 
     async def _noticed(self, thread_id: str) -> bool:
@@ -235,7 +245,7 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
                 )
             except SuperagentError as exc:  # revoked or unpaired since: say so, once
                 text = f"/run failed: {exc.message}"
-                await tools.call("reply", {"thread": thread, "text": text}, Turn(None, None, ()))
+                await reply(tools, thread, text, Turn(None, None, ()))
                 return
         result = await queue.result(command_id)
         if not result.done:
@@ -247,6 +257,6 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
             else f"{result.state}" + (f": {result.error}" if result.error else "")
         )
         text = f"{command_id} {how}." + (f"\n```\n{tail}\n```" if tail.strip() else "")
-        await tools.call("reply", {"thread": thread, "text": text}, Turn(None, None, ()))
+        await reply(tools, thread, text, Turn(None, None, ()))
 
     return run

@@ -29,6 +29,7 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.channels.base import IM_MAX_WORDS, Style, style_of, word_count
 from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.effects.outbox import enqueue
 from controlplane.ingest import policy as policies
@@ -65,7 +66,10 @@ TOOL_SPECS: list[Any] = [
             "title": {"type": "string"},
             "scope": {"type": "string", "description": "What is and is not to be done."},
             "threads": {"type": "array", "items": _ID},
-            "device": {"type": ["string", "null"], "description": "Device name or id."},
+            "device": {
+                "type": ["string", "null"],
+                "description": "Device name or id, or 'my laptop' for one the requester owns.",
+            },
             "mandate_from": _ID,
         },
         ["title", "scope", "threads", "device", "mandate_from"],
@@ -125,6 +129,25 @@ TOOL_SPECS: list[Any] = [
     ),
 ]
 TOOL_NAMES = frozenset(spec["function"]["name"] for spec in TOOL_SPECS)
+
+
+async def devices_of(conn: asyncpg.Connection, trigger: asyncpg.Record) -> list[tuple[str, str]]:
+    """(id, lowercased name + labels) of the active devices the trigger's initiator owns:
+    a device's owner is the person's name, or one of their account handles, or (unlinked)
+    the actor's own name or id."""
+    rows = await conn.fetch(
+        "WITH who AS ("
+        "  SELECT lower(name) AS handle FROM people WHERE id = $1"
+        "  UNION SELECT lower(handle) FROM accounts WHERE person_id = $1"
+        "  UNION SELECT lower($2::text) UNION SELECT lower($3::text)"
+        ") SELECT d.id, lower(d.name || ' ' || d.labels::text) AS about FROM devices d "
+        "WHERE d.revoked_at IS NULL AND lower(d.owner) IN (SELECT handle FROM who) "
+        "ORDER BY d.last_seen_at DESC NULLS LAST, d.name",
+        trigger["person_id"],
+        trigger["actor_name"],
+        trigger["actor_id"],
+    )
+    return [(row["id"], row["about"]) for row in rows]
 
 
 class Refused(Exception):
@@ -219,13 +242,46 @@ class Toolbox:
 
     async def _trigger(self, conn: asyncpg.Connection, trigger_id: str) -> asyncpg.Record:
         row = await conn.fetchrow(
-            "SELECT id, source, thread_id, actor_id, actor_name, verdict, policy_version_id "
-            "FROM triggers WHERE id = $1",
+            "SELECT id, source, thread_id, actor_id, actor_name, verdict, policy_version_id, "
+            "person_id FROM triggers WHERE id = $1",
             trigger_id,
         )
         if row is None:
             raise Refused(f"no trigger {trigger_id}")
         return row
+
+    async def _device(
+        self, conn: asyncpg.Connection, device: object, trigger: asyncpg.Record
+    ) -> str | None:
+        """A device by name or id; "my laptop" (any "my …") is one the initiator owns."""
+        if device is None:
+            return None
+        if not isinstance(device, str) or not device.strip():
+            raise Refused("device must be a device name or id, or null")
+        found = await conn.fetchval(
+            "SELECT id FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
+            device,
+        )
+        if found is not None:
+            return str(found)
+        words = device.strip().casefold().split()
+        if words[0] not in ("my", "mine"):
+            raise Refused(f"no paired device {device!r}")
+        owned = await devices_of(conn, trigger)
+        who = trigger["actor_name"]
+        if not owned:
+            raise Refused(
+                f"{who} owns no paired device (pair one with `superagent devices pair NAME "
+                f"--owner {who}`, or link their accounts with `superagent users link`)"
+            )
+        kind = words[1:]  # "my laptop" → prefer a device called or labelled laptop
+        fitting = [d for d in owned if not kind or any(k in d[1] for k in kind)]
+        if len(fitting) == 1:
+            return fitting[0][0]
+        if len(owned) == 1:
+            return owned[0][0]
+        names = ", ".join(name for _, name in owned)
+        raise Refused(f"{who} owns several devices ({names}); name one of them")
 
     async def _thread_ids(self, conn: asyncpg.Connection, ids: object) -> list[str]:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
@@ -277,17 +333,7 @@ class Toolbox:
         threads = await self._thread_ids(conn, args.get("threads", []))
         if trigger["thread_id"] not in threads:
             threads.insert(0, trigger["thread_id"])  # the requester's thread hears back
-        device_id = None
-        device = args.get("device")
-        if device is not None:
-            if not isinstance(device, str) or not device.strip():
-                raise Refused("device must be a device name or id, or null")
-            device_id = await conn.fetchval(
-                "SELECT id FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
-                device,
-            )
-            if device_id is None:
-                raise Refused(f"no paired device {device!r}")
+        device_id = await self._device(conn, args.get("device"), trigger)
         ticket_id = new_id("tkt")
         await conn.execute(
             "INSERT INTO tickets (id, title, device_id) VALUES ($1, $2, $3)",
@@ -297,7 +343,8 @@ class Toolbox:
         )
         await conn.execute(
             "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, "
-            "trigger_id, policy_version_id, scope) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "trigger_id, policy_version_id, scope, person_id) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             new_id("mnd"),
             ticket_id,
             kind,
@@ -306,6 +353,7 @@ class Toolbox:
             source_id,
             trigger["policy_version_id"],
             scope,
+            trigger["person_id"],
         )
         await conn.execute(
             "INSERT INTO subscriptions (thread_id, ticket_id) SELECT unnest($1::text[]), $2",
@@ -325,6 +373,13 @@ class Toolbox:
         )
         if thread is None:
             raise Refused(f"no thread {thread_id}")
+        words = word_count(text)
+        if style_of(thread["source"]) is Style.im and words > IM_MAX_WORDS:
+            raise Refused(
+                f"{thread['source']} is a chat channel: at most {IM_MAX_WORDS} words, this "
+                f"reply has {words}. Keep decisions, questions and results; put details in a "
+                "GitHub comment or behind a link"
+            )
         reply_id = new_id("msg")
         await enqueue(
             conn,

@@ -1,0 +1,87 @@
+"""``superagent users``: one person's accounts across channels."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from controlplane import people
+from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.dbsession import run_with_pool
+from controlplane.errors import InvalidInput
+
+
+@click.group()
+def users() -> None:
+    """Link a person's accounts across channels.
+
+    Linked accounts are one initiator: a request on Slack and a comment on GitHub from
+    the same person count as the same person's, a policy allowlist may name the person
+    instead of each account, and "my laptop" means a device that person owns (a device
+    paired with `superagent devices pair NAME --owner PERSON`).
+
+    \b
+    Examples:
+      superagent users link alice github:alice-gh slack:U024BE7LH matrix:@alice:example.org
+      superagent users list
+      superagent users unlink slack:U024BE7LH
+    """
+
+
+def _accounts(texts: tuple[str, ...]) -> list[people.AccountRef]:
+    try:
+        return [people.parse_account(text) for text in texts]
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+@users.command()
+@click.argument("person")
+@click.argument("accounts", nargs=-1, required=True)
+def link(person: str, accounts: tuple[str, ...]) -> None:
+    """Link ACCOUNTS (SOURCE:HANDLE) to PERSON, creating PERSON if new.
+
+    SOURCE is github, slack, matrix, lark or web. HANDLE is the account's id or name as
+    the channel reports it: a GitHub login, a Slack user id (U…), a Matrix id
+    (@name:server), a Lark open_id (ou_…), a web chat name. Takes effect within a second.
+    """
+    setup_logging("WARNING")
+    refs = _accounts(accounts)
+    linked = run_with_pool(load_settings(), lambda pool: people.link(pool, person, refs))
+    click.echo(f"{linked.name}: linked {', '.join(str(ref) for ref in refs)}")
+
+
+@users.command()
+@click.argument("account")
+def unlink(account: str) -> None:
+    """Unlink one ACCOUNT (SOURCE:HANDLE) from its person."""
+    setup_logging("WARNING")
+    ref = _accounts((account,))[0]
+    owner = run_with_pool(load_settings(), lambda pool: people.unlink(pool, ref))
+    click.echo(f"{ref} is no longer linked to {owner}")
+
+
+@users.command()
+@click.argument("person")
+def remove(person: str) -> None:
+    """Forget PERSON and all their links (their past events keep their accounts)."""
+    setup_logging("WARNING")
+    run_with_pool(load_settings(), lambda pool: people.remove(pool, person))
+    click.echo(f"removed {person}")
+
+
+@users.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_(as_json: bool) -> None:
+    """Show every person and their linked accounts."""
+    setup_logging("WARNING")
+    everyone = run_with_pool(load_settings(), people.everyone)
+    if as_json:
+        click.echo(json.dumps(everyone, indent=2))
+        return
+    if not everyone:
+        click.echo("nobody linked yet: superagent users link PERSON SOURCE:HANDLE ...")
+        return
+    for name, accounts in everyone.items():
+        click.echo(f"{name}: {', '.join(accounts) or '(no accounts)'}")
