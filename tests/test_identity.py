@@ -24,6 +24,7 @@ from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import Conflict
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor, Policy, SourcePolicy
+from controlplane.router import batch as batches
 from controlplane.router.tools import Toolbox, Turn
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
@@ -97,6 +98,12 @@ async def test_linked_accounts_on_two_channels_are_one_initiator(
         from_slack.trigger_id: person,
         stranger.trigger_id: None,
     }
+    # The router sees who is behind each account.
+    pending = await batches.take(pool, limit=10_000)
+    shown = batches.render(
+        batches.Batch([e for e in pending.events if e.id == from_slack.trigger_id], {}, [])
+    )
+    assert f"from Dana D. (person {person})" in shown
 
 
 async def test_an_account_belongs_to_one_person_until_unlinked(

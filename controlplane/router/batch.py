@@ -34,6 +34,7 @@ class Event:
     text: str
     verdict: str
     created_at: datetime
+    person: str | None = None  # the linked person behind the account, if any
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Batch:
 
 _EVENT_COLUMNS = (
     "t.id, t.source, t.thread_id, th.title AS thread_title, t.actor_name, t.actor_is_bot, "
-    "t.kind, t.text, t.verdict, t.created_at"
+    "t.kind, t.text, t.verdict, t.created_at, "
+    "(SELECT name FROM people p WHERE p.id = t.person_id) AS person"
 )
 
 
@@ -138,6 +140,8 @@ def render(batch: Batch) -> str:
         text, more = _snippet(event.text)
         tail = f" …(+{more} chars: recall {event.id})" if more else ""
         bot = " (bot)" if event.actor_is_bot else ""
+        if event.person is not None and event.person != event.actor_name:
+            bot += f" (person {event.person})"
         lines.append(
             f"  [{event.id}] {event.verdict} {event.kind} from {event.actor_name}{bot} "
             f"at {event.created_at:%Y-%m-%d %H:%M:%S}Z: {text}{tail}"
