@@ -140,6 +140,45 @@ class GithubSettings(BaseModel):
         description="Seconds between polls (GitHub's X-Poll-Interval wins when longer).",
     )
 
+    @property
+    def repos(self) -> list[str]:
+        """``poll_repos`` as a list of owner/repo names."""
+        return [name.strip() for name in self.poll_repos.split(",") if name.strip()]
+
+    @property
+    def uses_app(self) -> bool:
+        return self.app_id is not None
+
+    @property
+    def has_credentials(self) -> bool:
+        return self.token is not None or self.app_id is not None
+
+    @model_validator(mode="after")
+    def _one_coherent_identity(self) -> GithubSettings:
+        if self.token is not None and self.app_id is not None:
+            raise ValueError(
+                "github: set either token (a personal access token) or app_id with a private "
+                "key (a GitHub App), not both"
+            )
+        if self.private_key is not None and self.private_key_file is not None:
+            raise ValueError("github: set private_key or private_key_file, not both")
+        has_key = self.private_key is not None or self.private_key_file is not None
+        if self.app_id is not None and not has_key:
+            raise ValueError("github: app_id needs the App's private_key or private_key_file")
+        if has_key and self.app_id is None:
+            raise ValueError("github: a private key needs the App's app_id")
+        if self.installation_id is not None and self.app_id is None:
+            raise ValueError("github: installation_id needs app_id (GitHub App authentication)")
+        for name in self.repos:
+            owner, _, repo = name.partition("/")
+            if not owner or not repo or "/" in repo or any(c.isspace() for c in name):
+                raise ValueError(f"github: poll_repos entry {name!r} is not owner/repo")
+        if self.repos and not self.has_credentials:
+            raise ValueError(
+                "github: poll_repos needs credentials: set token, or app_id and private_key"
+            )
+        return self
+
 
 class SlackSettings(BaseModel):
     bot_token: SecretStr | None = Field(
@@ -155,18 +194,68 @@ class SlackSettings(BaseModel):
         description="The app's signing secret, for the Events API at POST /webhooks/slack.",
     )
     api_url: str = Field("https://slack.com/api", description="Slack's Web API base URL.")
+    timeout: float = Field(
+        10.0, gt=0, description="Seconds before one Slack Web API call gives up."
+    )
+
+    @model_validator(mode="after")
+    def _tokens_in_their_places(self) -> SlackSettings:
+        # Swapping the two tokens is the commonest setup mistake; say so at startup rather
+        # than with an opaque `not_allowed_token_type` from Slack later.
+        bot = self.bot_token.get_secret_value() if self.bot_token else None
+        app = self.app_token.get_secret_value() if self.app_token else None
+        if bot is not None and not bot.startswith("xoxb-"):
+            raise ValueError(
+                "slack.bot_token must be the Bot User OAuth Token (xoxb-...), from the app's "
+                "OAuth & Permissions page"
+            )
+        if app is not None and not app.startswith("xapp-"):
+            raise ValueError(
+                "slack.app_token must be an app-level token (xapp-...) with connections:write, "
+                "from the app's Basic Information page"
+            )
+        return self
 
 
 class MatrixSettings(BaseModel):
     homeserver: str | None = Field(
-        None, description="The bot's homeserver URL (https://matrix.example.org)."
+        None, description="The bot's homeserver URL (https://matrix.example.org); unset: off."
     )
     user_id: str | None = Field(None, description="The bot's Matrix id (@agent:example.org).")
     access_token: SecretStr | None = Field(None, description="The bot's access token.")
     password: SecretStr | None = Field(
         None, description="Or: the bot's password, to log in on start."
     )
-    device_id: str = Field("SUPERAGENT", description="The bot's Matrix device id.")
+    device_id: str = Field(
+        "SUPERAGENT",
+        min_length=1,
+        max_length=100,
+        description="The bot's device id for password login; kept stable so that retried "
+        "sends are deduplicated by the homeserver.",
+    )
+    sync_timeout: float = Field(
+        30.0, gt=0, le=300, description="Seconds one /sync long poll waits for new events."
+    )
+    timeout: float = Field(
+        30.0, gt=0, description="Seconds before one other Matrix API call gives up."
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> MatrixSettings:
+        if self.homeserver is None:
+            if self.user_id or self.access_token or self.password:
+                raise ValueError("matrix: set homeserver too (the bot's homeserver URL)")
+            return self
+        if not self.homeserver.startswith(("https://", "http://")):
+            raise ValueError(f"matrix: homeserver {self.homeserver!r} is not an http(s) URL")
+        localpart, colon, server = (self.user_id or "").partition(":")
+        if not localpart.startswith("@") or len(localpart) < 2 or not colon or not server:
+            raise ValueError(
+                "matrix: user_id must be the bot's full Matrix id, like @agent:example.org"
+            )
+        if self.access_token is None and self.password is None:
+            raise ValueError("matrix: set access_token, or password to log in on start")
+        return self
 
 
 class LarkSettings(BaseModel):
@@ -190,10 +279,35 @@ class LarkSettings(BaseModel):
         description="Receive events over the long connection (no public ingress) instead "
         "of POST /webhooks/lark.",
     )
+    ack_emoji: str = Field(
+        "OnIt",
+        min_length=1,
+        max_length=50,
+        description="The reaction (a Lark emoji_type) that marks an accepted request as seen.",
+    )
+    timeout: float = Field(10.0, gt=0, description="Seconds before one Lark API call gives up.")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> LarkSettings:
+        if (self.app_id is None) != (self.app_secret is None):
+            raise ValueError("lark: set app_id and app_secret together (the app's credentials)")
+        receives = (self.verification_token, self.encrypt_key, self.long_connection or None)
+        if self.app_id is None and any(value is not None for value in receives):
+            raise ValueError(
+                "lark: verification_token, encrypt_key and long_connection need the app's "
+                "app_id and app_secret"
+            )
+        if not self.domain.startswith(("https://", "http://")):
+            raise ValueError(f"lark: domain {self.domain!r} is not an http(s) URL")
+        return self
 
 
 class WebChatSettings(BaseModel):
-    enabled: bool = Field(True, description="The console's chat page (/chat) and `superagent say`.")
+    enabled: bool = Field(
+        True,
+        description="The chat page (/chat), its websocket and `superagent say`; off, they "
+        "answer 404.",
+    )
 
 
 class LlmSettings(BaseModel):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane import __version__
-from controlplane.api import console, errors, webhooks
+from controlplane.api import console, errors
 from controlplane.api.state import AppState, app_state
 from controlplane.channels import registry as channel_registry
 from controlplane.status import Status
@@ -46,15 +46,6 @@ def create_app(state: AppState) -> FastAPI:
             )
         return JSONResponse({"status": "ready", "replica": state.replica_id})
 
-    @app.post(
-        "/webhooks/github",
-        tags=["channels"],
-        summary="GitHub webhook deliveries (signed with the webhook secret)",
-        status_code=202,
-    )
-    async def github_webhook(request: Request, state: State) -> JSONResponse:
-        return await webhooks.receive_github(request, state.settings, state.intake)
-
     for routes in channel_registry.ROUTES:
         app.include_router(routes, tags=["channels"])
 
@@ -67,6 +58,6 @@ def create_app(state: AppState) -> FastAPI:
                 current: Status | None = await read_status(session, model)
         except Exception:  # the page still says what it can, and points at /readyz
             current = None
-        return HTMLResponse(console.page(settings, current))
+        return HTMLResponse(console.page(settings, current, state.channels.sources()))
 
     return app

@@ -21,14 +21,19 @@ _PAGE = """<!doctype html>
 {paused}<p>Router leader: {leader}</p>
 <p>Waiting for the router: {inbox} event(s) · active tickets: {tickets} ·
 devices online: {online} of {paired}</p>
-<p>Health: <a href="/healthz">/healthz</a> · readiness: <a href="/readyz">/readyz</a> ·
+{chat}<p>Health: <a href="/healthz">/healthz</a> · readiness: <a href="/readyz">/readyz</a> ·
 API: <a href="/docs">/docs</a></p>
 </body></html>
 """
 
 
-def page(settings: Settings, status: Status | None) -> str:
+def page(settings: Settings, status: Status | None, channels: list[str] | None = None) -> str:
     """The page; ``status`` is None when the database could not be read just now."""
+    connected = ", ".join(channels or []) or "none"
+    chat = f"<p>Channels: {escape(connected)}"
+    if settings.webchat.enabled:
+        chat += ' · talk to the agent in the <a href="/chat">web chat</a>'
+    chat += "</p>\n"
     if settings.model_configured:
         # Only the host: a URL may carry credentials in its user-info part.
         host = urlsplit(settings.openai_base_url or "https://api.openai.com").hostname
@@ -42,6 +47,7 @@ def page(settings: Settings, status: Status | None) -> str:
         return _PAGE.format(
             version=escape(__version__),
             model=model,
+            chat=chat,
             paused='<p class="note">The database is not answering; see /readyz.</p>\n',
             leader="unknown",
             inbox="?",
@@ -60,6 +66,7 @@ def page(settings: Settings, status: Status | None) -> str:
     return _PAGE.format(
         version=escape(__version__),
         model=model,
+        chat=chat,
         paused=paused,
         leader=escape(leader_line(status)),
         inbox=status.router_inbox,
