@@ -20,6 +20,10 @@ from controlplane.api.app import create_app
 from controlplane.api.state import AppState
 from controlplane.channels import registry as channel_registry
 from controlplane.channels.context import ChannelContext
+from controlplane.channels.github.pull_requests import (
+    OPEN_PULL_REQUEST_EFFECT,
+    open_pull_request_handler,
+)
 from controlplane.channels.outbound import (
     ACK_EFFECT,
     REPLY_EFFECT,
@@ -162,6 +166,7 @@ async def replica(
             handlers.register(RUN_EFFECT, run_handler(pool, queue))
             handlers.register(REPLY_EFFECT, reply_handler(pool, channels))
             handlers.register(ACK_EFFECT, acknowledge_handler(pool, channels))
+            handlers.register(OPEN_PULL_REQUEST_EFFECT, open_pull_request_handler(pool, channels))
             services: list[Service] = [
                 EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
                 leadership,

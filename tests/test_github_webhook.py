@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +13,16 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
 from controlplane.api.state import AppState
+from controlplane.channels.github import endpoint, webhooks
 from controlplane.channels.github.webhooks import sign
-from controlplane.ingest.intake import Intake
+from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
+from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, Settings
+from tests.helpers import save_policy
 
 SECRET = "whsec-test-4411"
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,13 +34,18 @@ ALICE = {"login": "alice", "id": 101, "type": "User"}
 
 
 def _client(
-    engine: AsyncEngine, pool: asyncpg.Pool, secret: str | None = SECRET
+    engine: AsyncEngine,
+    pool: asyncpg.Pool,
+    secret: str | None = SECRET,
+    intake: Intake | None = None,
 ) -> httpx.AsyncClient:
     github = GithubSettings(
         webhook_secret=SecretStr(secret) if secret else None, agent_login="agent[bot]"
     )
     settings = Settings(github=github)
-    state = AppState(settings=settings, engine=engine, replica_id="test", intake=Intake(pool))
+    state = AppState(
+        settings=settings, engine=engine, replica_id="test", intake=intake or Intake(pool)
+    )
     transport = httpx.ASGITransport(app=create_app(state), raise_app_exceptions=False)
     return httpx.AsyncClient(transport=transport, base_url="http://test")
 
@@ -160,6 +170,106 @@ async def test_bad_deliveries_get_clear_errors_and_store_nothing(
         off = await _deliver(unconfigured, "issue_comment", _comment())
         assert off.status_code == 404
         assert "SUPERAGENT_GITHUB__WEBHOOK_SECRET" in off.json()["error"]["message"]
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+async def test_oversized_bodies_are_refused_with_413_and_store_nothing(
+    engine: AsyncEngine, pool: asyncpg.Pool
+) -> None:
+    big = b'{"pad": "' + b"x" * webhooks.MAX_BODY + b'"}'
+
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        for start in range(0, len(big), 1 << 20):
+            yield big[start : start + (1 << 20)]
+
+    async with _client(engine, pool) as client:
+        sized = await _deliver(client, "issue_comment", None, raw=big)
+        streamed = await client.post(
+            "/webhooks/github",
+            content=chunked(),
+            headers={
+                "X-GitHub-Event": "issue_comment",
+                "X-GitHub-Delivery": "d-big",
+                "X-Hub-Signature-256": sign(SECRET.encode(), big),
+            },
+        )
+    for response in (sized, streamed):
+        assert response.status_code == 413, response.text
+        assert "25 MB" in response.json()["error"]["message"]
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+class StuckIntake(Intake):
+    """A database that does not answer in time."""
+
+    async def ingest(self, trigger: IncomingTrigger) -> Ingested:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_an_ingest_too_slow_for_github_answers_503_in_time(
+    engine: AsyncEngine, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(endpoint, "INGEST_BUDGET", 0.2)
+    async with _client(engine, pool, intake=StuckIntake(pool)) as client:
+        response = await _deliver(client, "issue_comment", _comment(), delivery="d-slow")
+    assert response.status_code == 503
+    message = response.json()["error"]["message"]
+    assert "d-slow" in message
+    assert "redeliver" in message
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+async def test_explicit_requests_get_an_acknowledge_effect_on_what_asked(
+    engine: AsyncEngine, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+) -> None:
+    await save_policy(db, Policy(sources={"github": SourcePolicy(users=["alice"])}))
+    opened = {
+        "action": "opened",
+        "issue": {"number": 8, "title": "@superagent add a flag", "body": "", "html_url": "x"},
+        "repository": REPO,
+        "sender": ALICE,
+    }
+    review = {
+        "action": "created",
+        "pull_request": {"number": 9, "title": "Fix", "html_url": "https://x"},
+        "comment": {"id": 55, "body": "@superagent rename", "path": "a.py", "user": ALICE},
+        "repository": REPO,
+        "sender": ALICE,
+    }
+    bob = {"login": "bob", "id": 102, "type": "User"}
+    not_allowed = _comment(body="@superagent do it")
+    not_allowed["comment"] = {"id": 2, "body": "@superagent do it", "user": bob}
+    async with _client(engine, pool) as client:
+        for event, payload, delivery in (
+            ("issue_comment", _comment(), "d-1"),
+            ("issues", opened, "d-2"),
+            ("pull_request_review_comment", review, "d-3"),
+            ("issue_comment", not_allowed, "d-4"),
+        ):
+            response = await _deliver(client, event, payload, delivery=delivery)
+            assert response.status_code == 202, response.text
+    rows = await pool.fetch("SELECT payload FROM effects WHERE kind = 'acknowledge'")
+    assert sorted(
+        (r["payload"]["message_ref"], r["payload"]["thread_external_id"]) for r in rows
+    ) == [
+        ("issue:8", "acme/app#8"),
+        ("issue_comment:1", "acme/app#7"),
+        ("pull_request_review_comment:55", "acme/app#9"),
+    ]  # bob is not allowlisted: recorded, not acknowledged
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 4
+
+
+async def test_the_agents_own_comments_are_not_triggers(
+    engine: AsyncEngine, pool: asyncpg.Pool
+) -> None:
+    own = _comment(body="Done: see the PR.\n\n<!-- superagent:rpl_1 -->")
+    agent = {"login": "agent[bot]", "id": 9, "type": "Bot"}
+    own["comment"]["user"] = own["sender"] = agent
+    async with _client(engine, pool) as client:
+        response = await _deliver(client, "issue_comment", own)
+    assert response.status_code == 200
+    assert "own comment" in response.json()["ignored"]
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
 
 

@@ -1,15 +1,24 @@
-"""The GitHub channel (webhooks, polling, comments, reactions, pull requests)."""
+"""The GitHub channel: webhooks or polling in, comments, 👀 and pull requests out.
+
+* :mod:`.webhooks`: a delivery (or a polled object) → Triggers; :mod:`.endpoint` serves
+  ``POST /webhooks/github``.
+* :mod:`.polling`: the leader's poller, for deployments GitHub cannot reach.
+* :mod:`.auth`, :mod:`.client`, :mod:`.errors`: credentials (token or App), the REST calls,
+  and what each answer means.
+* :mod:`.adapter`: replies and reactions; :mod:`.pull_requests`: the ``open_pull_request``
+  effect.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
+from controlplane.channels.github.adapter import build
+from controlplane.channels.github.endpoint import routes
 
-routes = APIRouter()  # HTTP endpoints of this channel, mounted by the app
+__all__ = ["adapter", "routes"]
 
 
 def adapter(ctx: ChannelContext) -> ChannelAdapter | None:
-    """The adapter for these settings, or None when the channel is not configured."""
-    return None
+    """The adapter for these settings, or None when the channel has no credentials."""
+    return build(ctx)

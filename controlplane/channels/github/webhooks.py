@@ -2,8 +2,14 @@
 
 * The signature (``X-Hub-Signature-256``: HMAC-SHA256 of the raw body with the webhook
   secret) is checked in constant time before anything is parsed.
-* ``X-GitHub-Delivery`` is the dedupe key: GitHub's redelivery of the same delivery
-  returns the trigger already recorded.
+* Dedupe: a comment, a review comment and an issue's or PR's opening have a stable
+  external id of their own (``issue_comment:<id>``, ``pull_request_review_comment:<id>``,
+  ``opened:owner/repo#7``), shared with polling (:mod:`.polling`), so a redelivery, or the
+  same comment seen by both webhook and poller, is one trigger. Other events dedupe on
+  ``X-GitHub-Delivery``.
+* ``ack_ref`` names what gets the 👀 when the event is an explicit request: the comment,
+  the review comment, or the issue/PR itself (``issue:<number>``).
+* The agent's own comments, issues and PRs (``agent_login``) are not triggers.
 * One issue or PR is one thread (``owner/repo#number``). Review comments and reviews land
   on their PR's thread; CI results (``check_run``, ``check_suite``, ``workflow_run``) land
   on the thread of each PR they ran for.
@@ -65,6 +71,10 @@ def _thread(repo: str, number: Any, title: Any = None, url: Any = None) -> Threa
     )
 
 
+def by_agent(user: Any, agent: str | None) -> bool:
+    return agent is not None and isinstance(user, dict) and user.get("login") == agent
+
+
 def _assigned_to(payload: dict[str, Any], agent: str | None) -> bool:
     if agent is None:
         return False
@@ -90,22 +100,34 @@ def to_triggers(
     repo = str(repository["full_name"])
     name = f"{event}.{action}" if action else event
 
-    def one(thread: ThreadRef, actor: Any, text: str, *, direct: bool = False) -> IncomingTrigger:
+    def one(
+        thread: ThreadRef,
+        actor: Any,
+        text: str,
+        *,
+        direct: bool = False,
+        key: str | None = None,
+        ack: str | None = None,
+    ) -> IncomingTrigger:
         return IncomingTrigger(
             source=SOURCE,
-            external_id=delivery,
+            external_id=key or delivery,
             thread=thread,
             actor=_actor(actor),
             kind=name,
             text=text,
             direct=direct,
             payload=body,
+            ack_ref=ack,
         )
 
     if event == "issue_comment" and action == "created":
         issue, comment = payload["issue"], payload["comment"]
+        if by_agent(comment["user"], agent_login):
+            return Ignored("the agent's own comment")
         thread = _thread(repo, issue["number"], issue.get("title"), issue.get("html_url"))
-        return [one(thread, comment["user"], str(comment.get("body") or ""))]
+        ref = f"issue_comment:{comment['id']}" if comment.get("id") else None
+        return [one(thread, comment["user"], str(comment.get("body") or ""), key=ref, ack=ref)]
     if event in ("issues", "pull_request") and action in (
         "opened",
         "reopened",
@@ -116,19 +138,39 @@ def to_triggers(
         "ready_for_review",
     ):
         item = payload["issue" if event == "issues" else "pull_request"]
-        thread = _thread(repo, item["number"], item.get("title"), item.get("html_url"))
+        if by_agent(payload["sender"], agent_login):
+            return Ignored(f"{name} by the agent itself")
+        number = item["number"]
+        thread = _thread(repo, number, item.get("title"), item.get("html_url"))
         if action in ("opened", "reopened"):
             text = f"{item.get('title') or ''}\n\n{item.get('body') or ''}".strip()
         else:
             text = f"{name}: {item.get('title') or ''}"
-        return [one(thread, payload["sender"], text, direct=_assigned_to(payload, agent_login))]
+        requests = ("opened", "reopened", "assigned", "review_requested")
+        return [
+            one(
+                thread,
+                payload["sender"],
+                text,
+                direct=_assigned_to(payload, agent_login),
+                # Opened once per number: a stable id; the others may repeat, per delivery.
+                key=f"opened:{repo}#{number}" if action == "opened" else None,
+                ack=f"issue:{number}" if action in requests else None,
+            )
+        ]
     if event == "pull_request_review_comment" and action == "created":
         pr, comment = payload["pull_request"], payload["comment"]
+        if by_agent(comment["user"], agent_login):
+            return Ignored("the agent's own review comment")
         thread = _thread(repo, pr["number"], pr.get("title"), pr.get("html_url"))
         where = f"{comment.get('path', '')}:{comment.get('line') or comment.get('position') or ''}"
-        return [one(thread, comment["user"], f"on {where}: {comment.get('body') or ''}")]
+        ref = f"pull_request_review_comment:{comment['id']}" if comment.get("id") else None
+        text = f"on {where}: {comment.get('body') or ''}"
+        return [one(thread, comment["user"], text, key=ref, ack=ref)]
     if event == "pull_request_review" and action == "submitted":
         pr, review = payload["pull_request"], payload["review"]
+        if by_agent(review["user"], agent_login):
+            return Ignored("the agent's own review")
         thread = _thread(repo, pr["number"], pr.get("title"), pr.get("html_url"))
         text = f"review {review.get('state', '')}: {review.get('body') or ''}".strip()
         return [one(thread, review["user"], text)]

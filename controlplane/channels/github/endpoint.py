@@ -1,0 +1,107 @@
+"""``POST /webhooks/github``: verify, map to Triggers, ingest, answer. Never a 500 for bad input.
+
+GitHub gives a delivery 10 seconds. The only work before the answer is the ingest (one short
+statement per trigger), bounded a little under that: when the database is too slow, the
+answer is a 503 saying so, and the delivery can be redelivered from GitHub (redeliveries
+dedupe). Everything else (routing, replies, the 👀) happens after the answer, in the router
+and the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from controlplane.api.state import app_state
+from controlplane.channels.github import webhooks
+from controlplane.errors import (
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    TransientError,
+    Unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+INGEST_BUDGET = 8.0  # seconds; GitHub gives up on a delivery after 10
+
+routes = APIRouter()
+
+
+async def _body(request: Request) -> bytes:
+    """The raw body, refused as soon as it is over GitHub's own 25 MB cap."""
+    limit = webhooks.MAX_BODY
+    too_large = f"the body is over {limit >> 20} MB, GitHub's limit for webhook payloads"
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise PayloadTooLarge(too_large)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():  # chunked bodies carry no length: count as we go
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(too_large)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@routes.post(
+    "/webhooks/github",
+    summary="GitHub webhook deliveries (signed with the webhook secret)",
+    status_code=202,
+)
+async def receive_github(request: Request) -> JSONResponse:
+    state = await app_state(request)
+    settings = state.settings.github
+    secret, intake = settings.webhook_secret, state.intake
+    if secret is None or intake is None:
+        raise NotFound("GitHub webhooks are not configured: set SUPERAGENT_GITHUB__WEBHOOK_SECRET")
+    body = await _body(request)
+    signature = request.headers.get("x-hub-signature-256")
+    if not webhooks.signature_valid(secret.get_secret_value().encode(), body, signature):
+        raise Unauthorized("X-Hub-Signature-256 does not match this body and the webhook secret")
+    event = request.headers.get("x-github-event")
+    delivery = request.headers.get("x-github-delivery")
+    if not event or not delivery:
+        raise InvalidInput("X-GitHub-Event and X-GitHub-Delivery are required")
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the body is not JSON ({exc})") from None
+    try:
+        made = webhooks.to_triggers(
+            event, delivery, payload, body, agent_login=settings.agent_login
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InvalidInput(f"malformed {event} payload (missing or wrong {exc})") from None
+    if isinstance(made, webhooks.Ignored):
+        log.info("github delivery %s ignored: %s", delivery, made.reason)
+        return JSONResponse({"ignored": made.reason}, status_code=200)
+    try:
+        async with asyncio.timeout(INGEST_BUDGET):
+            results = [await intake.ingest(trigger) for trigger in made]
+    except TimeoutError:
+        raise TransientError(
+            f"recording delivery {delivery} took over {INGEST_BUDGET:.0f}s (the database is "
+            "slow or unreachable); redeliver it from the webhook's Recent Deliveries page"
+        ) from None
+    return JSONResponse(
+        {
+            "triggers": [
+                {
+                    "id": r.trigger_id,
+                    "thread": r.thread_id,
+                    "verdict": r.verdict,
+                    "route": r.route,
+                    "duplicate": r.duplicate,
+                }
+                for r in results
+            ]
+        },
+        status_code=202,
+    )

@@ -1,0 +1,270 @@
+"""Outbound GitHub: replies as comments (once, however often retried), 👀 on requests,
+pull requests opened idempotently, and answers mapped to what the outbox should do."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import SecretStr
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from controlplane.api.app import create_app
+from controlplane.api.state import AppState
+from controlplane.channels.base import (
+    Acknowledgement,
+    ChannelError,
+    Channels,
+    OutboundMessage,
+    RateLimited,
+)
+from controlplane.channels.github.adapter import GithubAdapter, marker
+from controlplane.channels.github.auth import TokenAuth
+from controlplane.channels.github.client import GithubClient
+from controlplane.channels.github.pull_requests import (
+    OPEN_PULL_REQUEST_EFFECT,
+    open_pull_request_handler,
+)
+from controlplane.channels.github.webhooks import sign
+from controlplane.channels.outbound import ACK_EFFECT, acknowledge_handler
+from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
+from controlplane.errors import TransientError
+from controlplane.ingest.intake import Intake
+from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.settings import GithubSettings, Settings
+from tests.fakes.github_server import FakeClock, FakeGitHub
+from tests.helpers import save_policy
+
+REPO = "acme/app"
+SECRET = "whsec-outbound-test"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def github(clock: FakeClock) -> Iterator[FakeGitHub]:
+    with FakeGitHub(clock=clock) as fake:
+        fake.add_repo(REPO)
+        fake.open_issue(REPO, "Flaky test", "It fails on Tuesdays")
+        yield fake
+
+
+@pytest.fixture
+async def adapter(
+    github: FakeGitHub, clock: FakeClock, pool: asyncpg.Pool
+) -> AsyncIterator[GithubAdapter]:
+    settings = GithubSettings(token=SecretStr(github.pat), api_url=github.url)
+    client = GithubClient(github.url, TokenAuth(github.pat), clock=clock)
+    adapter = GithubAdapter(client, Intake(pool), pool, settings)
+    yield adapter
+    await adapter.close()
+
+
+def _reply(reply_id: str, attempt: int = 1, thread: str = f"{REPO}#1") -> OutboundMessage:
+    return OutboundMessage(
+        reply_id=reply_id,
+        thread_id="thr_1",
+        thread_external_id=thread,
+        text="## Background\nThe test depends on the weekday.\n\n## Change\nPinned the clock.",
+        attempt=attempt,
+    )
+
+
+async def test_a_reply_is_one_comment_with_its_marker_however_often_retried(
+    github: FakeGitHub, adapter: GithubAdapter
+) -> None:
+    first = await adapter.send(_reply("rpl_a"))
+    [comment] = github.comments(REPO, 1)
+    assert first == f"issue_comment:{comment['id']}"
+    assert comment["body"].startswith("## Background")
+    assert comment["body"].endswith(marker("rpl_a"))
+    assert marker("rpl_a") == "<!-- superagent:rpl_a -->"
+
+    # A retry after a send that happened but was not recorded finds it instead.
+    again = await adapter.send(_reply("rpl_a", attempt=2))
+    assert again == first
+    assert len(github.comments(REPO, 1)) == 1
+    # A retry of a send that never happened posts it.
+    await adapter.send(_reply("rpl_b", attempt=3))
+    assert [c["body"].endswith(marker("rpl_b")) for c in github.comments(REPO, 1)] == [
+        False,
+        True,
+    ]
+    # Only retries look (the first attempt spends no listing on it).
+    assert len(github.calls("GET", "/issues/1/comments")) == 2
+    assert len(github.calls("POST", "/issues/1/comments")) == 2
+
+
+async def test_the_marker_is_found_beyond_the_first_page(
+    github: FakeGitHub, adapter: GithubAdapter
+) -> None:
+    for n in range(130):
+        github.comment(REPO, 1, f"chatter {n}")
+    await adapter.send(_reply("rpl_late"))
+    await adapter.send(_reply("rpl_late", attempt=2))
+    assert len(github.comments(REPO, 1)) == 131
+    listed = [r.query.get("page", "1") for r in github.calls("GET", "/issues/1/comments")]
+    assert listed == ["1", "2"]
+
+
+async def test_acknowledging_reacts_with_eyes_once(
+    github: FakeGitHub, adapter: GithubAdapter
+) -> None:
+    comment = github.comment(REPO, 1, "@superagent please fix")
+    pr = github.open_issue(REPO, "Fix", pull=True)
+    review = github.review_comment(REPO, pr["number"], "@superagent rename this")
+    refs = [
+        (f"issue_comment:{comment['id']}", ("issue_comment", comment["id"])),
+        ("issue:1", ("issue", 1)),
+        (
+            f"pull_request_review_comment:{review['id']}",
+            ("pull_request_review_comment", review["id"]),
+        ),
+    ]
+    for ref, (kind, ident) in refs:
+        for _ in range(2):  # a retried acknowledgement is harmless
+            await adapter.acknowledge(Acknowledgement("trg_1", f"{REPO}#1", ref))
+        reactions = github.reactions(kind, ident)
+        assert [r["content"] for r in reactions] == ["eyes"], ref
+    with pytest.raises(ChannelError, match="not a GitHub message reference"):
+        await adapter.acknowledge(Acknowledgement("trg_1", f"{REPO}#1", "commit:abc"))
+
+
+async def test_opening_a_pull_request_twice_gives_the_same_one(
+    github: FakeGitHub, adapter: GithubAdapter
+) -> None:
+    client = adapter.client
+    url = await client.open_pull_request(
+        REPO, head="agent/fix-flaky", base="main", title="Fix the flaky test", body="Closes #1"
+    )
+    again = await client.open_pull_request(
+        REPO, head="agent/fix-flaky", base="main", title="Fix the flaky test", body="Closes #1"
+    )
+    assert url == again
+    [pull] = github.pulls(REPO)
+    assert pull["html_url"] == url
+    assert (pull["head"]["ref"], pull["base"]["ref"], pull["title"]) == (
+        "agent/fix-flaky",
+        "main",
+        "Fix the flaky test",
+    )
+    assert len(github.calls("POST", "/pulls")) == 1
+    # Someone (an earlier attempt) opened it meanwhile: that one is returned, none added.
+    other = github.open_issue(REPO, "By hand", pull=True, head="agent/other")
+    found = await client.open_pull_request(
+        REPO, head="agent/other", base="main", title="x", body=""
+    )
+    assert found == other["html_url"]
+    assert len(github.pulls(REPO)) == 2
+
+
+def _effect(kind: str, payload: dict[str, object], attempt: int = 1) -> ClaimedEffect:
+    return ClaimedEffect("eff_1", kind, "k", payload, generation=1, attempt=attempt)
+
+
+async def test_the_open_pull_request_effect_records_the_url_on_the_ticket(
+    github: FakeGitHub, adapter: GithubAdapter, pool: asyncpg.Pool
+) -> None:
+    await pool.execute("INSERT INTO tickets (id, title) VALUES ('tkt_pr', 'Fix the flaky test')")
+    handler = open_pull_request_handler(pool, Channels([adapter]))
+    payload: dict[str, object] = {
+        "repo": REPO,
+        "head": "agent/tkt_pr",
+        "base": "main",
+        "title": "Fix the flaky test",
+        "body": "Background: ...",
+        "ticket_id": "tkt_pr",
+    }
+    await handler(_effect(OPEN_PULL_REQUEST_EFFECT, payload))
+    await handler(_effect(OPEN_PULL_REQUEST_EFFECT, payload, attempt=2))  # a retry
+    [pull] = github.pulls(REPO)
+    assert await pool.fetchval("SELECT pr_url FROM tickets WHERE id = 'tkt_pr'") == pull["html_url"]
+
+    with pytest.raises(Permanent, match="needs head"):
+        await handler(_effect(OPEN_PULL_REQUEST_EFFECT, {**payload, "head": ""}))
+    with pytest.raises(Permanent, match="404"):
+        await handler(_effect(OPEN_PULL_REQUEST_EFFECT, {**payload, "repo": "acme/gone"}))
+    unconfigured = open_pull_request_handler(pool, Channels())
+    with pytest.raises(Postpone, match="not configured"):
+        await unconfigured(_effect(OPEN_PULL_REQUEST_EFFECT, payload))
+
+
+async def test_githubs_answers_become_what_the_outbox_does(
+    github: FakeGitHub, clock: FakeClock, adapter: GithubAdapter
+) -> None:
+    # Gone or never there: park it, saying what to check.
+    with pytest.raises(ChannelError, match="404") as gone:
+        await adapter.send(_reply("rpl_x", thread=f"{REPO}#99"))
+    assert "install the App" in str(gone.value)
+    with pytest.raises(ChannelError, match="not a GitHub thread"):
+        await adapter.send(_reply("rpl_x", thread="acme/app/issues/1"))
+    # GitHub's 5xx: a plain failure, retried by the outbox.
+    github.fail(502)
+    with pytest.raises(TransientError):
+        await adapter.send(_reply("rpl_x"))
+    # Rate limited: wait until the reset GitHub names, without asking again before it.
+    github.limit_rate(90)
+    with pytest.raises(RateLimited) as limited:
+        await adapter.send(_reply("rpl_x"))
+    assert 89 <= limited.value.seconds <= 91
+    asked = len(github.requests)
+    with pytest.raises(RateLimited):
+        await adapter.send(_reply("rpl_x"))
+    assert len(github.requests) == asked
+    clock.advance(91)
+    await adapter.send(_reply("rpl_x"))
+    # A secondary limit: 429 with Retry-After.
+    github.limit_rate(30, status=429)
+    with pytest.raises(RateLimited) as secondary:
+        await adapter.send(_reply("rpl_y"))
+    assert secondary.value.seconds == 30
+    assert len(github.comments(REPO, 1)) == 1
+
+
+async def test_an_explicit_request_is_acknowledged_end_to_end(
+    github: FakeGitHub,
+    adapter: GithubAdapter,
+    engine: AsyncEngine,
+    pool: asyncpg.Pool,
+    db: async_sessionmaker[AsyncSession],
+) -> None:
+    await save_policy(db, Policy(sources={"github": SourcePolicy(users=["alice"])}))
+    comment = github.comment(REPO, 1, "@superagent please fix")
+    issue = {"number": 1, "title": "Flaky test", "html_url": "https://github.com/acme/app/issues/1"}
+    body = json.dumps(
+        {
+            "action": "created",
+            "issue": issue,
+            "comment": comment,
+            "repository": {"full_name": REPO},
+            "sender": comment["user"],
+        }
+    ).encode()
+    settings = Settings(github=GithubSettings(webhook_secret=SecretStr(SECRET)))
+    state = AppState(settings=settings, engine=engine, replica_id="t", intake=Intake(pool))
+    transport = httpx.ASGITransport(app=create_app(state))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        response = await http.post(
+            "/webhooks/github",
+            content=body,
+            headers={
+                "X-GitHub-Event": "issue_comment",
+                "X-GitHub-Delivery": "d-ack",
+                "X-Hub-Signature-256": sign(SECRET.encode(), body),
+            },
+        )
+    assert response.status_code == 202, response.text
+    assert response.json()["triggers"][0]["verdict"] == "explicit"
+    row = await pool.fetchrow("SELECT id, key, payload FROM effects WHERE kind = $1", ACK_EFFECT)
+    assert row is not None
+    assert row["payload"]["message_ref"] == f"issue_comment:{comment['id']}"
+
+    acknowledge = acknowledge_handler(pool, Channels([adapter]))
+    await acknowledge(_effect(ACK_EFFECT, row["payload"]))
+    assert [r["content"] for r in github.reactions("issue_comment", comment["id"])] == ["eyes"]
