@@ -1,4 +1,12 @@
-"""The matrix channel (not built yet)."""
+"""The Matrix channel: a bot account (matrix-nio) in rooms, replying in ``m.thread`` threads.
+
+* :mod:`.events`: room events to Triggers (threads, mentions, direct chats), pure.
+* :mod:`.sync`: the sync loop (a leader service): invitations joined, messages ingested.
+* :mod:`.adapter`: replies and 👀 reactions.
+* :mod:`.client`: login and the one place nio's results become this project's errors.
+
+Setup for users: docs/channels/matrix.md.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,15 @@ from fastapi import APIRouter
 
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
+from controlplane.channels.matrix.adapter import MatrixAdapter
 
-routes = APIRouter()  # HTTP endpoints of this channel, mounted by the app
+# Matrix needs no inbound HTTP endpoint: the bot syncs from its homeserver.
+routes = APIRouter()
 
 
 def adapter(ctx: ChannelContext) -> ChannelAdapter | None:
     """The adapter for these settings, or None when the channel is not configured."""
-    return None
+    settings = ctx.settings.matrix
+    if settings.homeserver is None:
+        return None
+    return MatrixAdapter(settings, ctx.intake, ctx.pool)
