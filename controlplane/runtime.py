@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 
 import openai
@@ -31,7 +30,6 @@ from controlplane.channels.outbound import (
     reply_handler,
 )
 from controlplane.db import migrate
-from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, redacted
@@ -40,7 +38,7 @@ from controlplane.effects.runner import EffectRunner, runner_id
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
-from controlplane.gateway.tls import ServerTls, ensure_server_tls
+from controlplane.gateway.tls import gateway_tls
 from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership, WhileLeading
 from controlplane.router.router import Router, RouterService, TurnTaker
@@ -49,26 +47,6 @@ from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Database:
-    url: str
-    embedded: EmbeddedPostgres | None
-
-
-@contextlib.contextmanager
-def open_database(settings: Settings) -> Iterator[Database]:
-    """The configured Postgres, or the embedded one started from the state directory."""
-    if settings.database_url:
-        yield Database(settings.database_url, None)
-        return
-    embedded = EmbeddedPostgres(settings.state_dir)
-    url = embedded.start()
-    try:
-        yield Database(url, embedded)
-    finally:
-        embedded.stop()
 
 
 class _Uvicorn(uvicorn.Server):
@@ -201,14 +179,6 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url=settings.openai_base_url, api_key=key, timeout=settings.llm.timeout
     )
-
-
-def gateway_tls(settings: Settings) -> ServerTls | None:
-    """The gateway's certificate material, created on first start (None: TLS is off)."""
-    if settings.grpc.tls == "off":
-        return None
-    names = [n.strip() for n in settings.grpc.tls_hostnames.split(",") if n.strip()]
-    return ensure_server_tls(settings.state_dir / "tls", names)
 
 
 async def serve(

@@ -10,8 +10,8 @@ import click
 
 from controlplane.cli.common import clear_errors, fail, load_settings, setup_logging
 from controlplane.db import migrate as migrations
+from controlplane.db.database import open_database
 from controlplane.db.engine import create_engine
-from controlplane.runtime import open_database
 
 
 @click.command()

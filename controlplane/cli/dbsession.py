@@ -11,10 +11,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.cli.common import clear_errors
 from controlplane.db import migrate
+from controlplane.db.database import open_database
 from controlplane.db.engine import create_engine, session_factory, transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.runtime import open_database
 from controlplane.settings import Settings
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from controlplane.cli.dbsession import run_in_session
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing
 from controlplane.gateway.server import default_public_url
-from controlplane.runtime import gateway_tls
+from controlplane.gateway.tls import gateway_tls
 from controlplane.status import ago
 
 T = TypeVar("T")

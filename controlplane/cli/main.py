@@ -9,8 +9,10 @@ from controlplane.cli.config import config
 from controlplane.cli.db import migrate
 from controlplane.cli.devices import devices
 from controlplane.cli.pausing import pause, resume
+from controlplane.cli.say import say
 from controlplane.cli.status import status
 from controlplane.cli.up import serve_command, up
+from controlplane.cli.users import users
 from controlplane.cli.versioned import policy, prompts_group
 
 
@@ -37,6 +39,8 @@ cli.add_command(pause)
 cli.add_command(resume)
 cli.add_command(policy)
 cli.add_command(prompts_group)
+cli.add_command(users)
+cli.add_command(say)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from controlplane.cli.common import clear_errors, load_settings, run_until_signalled, setup_logging
-from controlplane.runtime import open_database, serve
+from controlplane.db.database import open_database
 from controlplane.settings import GrpcSettings, HttpSettings, Settings
 
 
@@ -32,6 +32,9 @@ _grpc_port = click.option("--grpc-port", type=int, help="gRPC port. [env SUPERAG
 
 def _run(settings: Settings, *, apply_migrations: bool) -> None:
     setup_logging(settings.log_level)
+    # Imported here: the runtime pulls in uvicorn, grpc and openai, which every other
+    # command (`superagent say`, `status`, ...) would otherwise pay for at start.
+    from controlplane.runtime import serve
 
     async def main(stop: asyncio.Event) -> None:
         with clear_errors(), open_database(settings) as database:
@@ -39,7 +42,12 @@ def _run(settings: Settings, *, apply_migrations: bool) -> None:
             click.echo(
                 f"Super-agent on http://{settings.http.host}:{settings.http.port} "
                 f"(devices: {settings.grpc.host}:{settings.grpc.port}, database: {where}). "
-                "Ctrl-C stops.",
+                + (
+                    f"Chat: http://{settings.http.host}:{settings.http.port}/chat. "
+                    if settings.webchat.enabled
+                    else ""
+                )
+                + "Ctrl-C stops.",
                 err=True,
             )
             await serve(settings, database.url, stop, apply_migrations=apply_migrations)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cryptography import x509
 
+from controlplane.settings import Settings
 from superagent_shared.gateway_tls import (
     GATEWAY_TLS_SERVER_NAME,
     certificate_sha256,
@@ -98,3 +99,11 @@ def ensure_server_tls(directory: Path, extra_names: list[str] | None = None) -> 
         key_pem=key.read_bytes(),
         leaf_sha256=certificate_sha256(leaf_pem),
     )
+
+
+def gateway_tls(settings: Settings) -> ServerTls | None:
+    """The gateway's certificate material, created on first start (None: TLS is off)."""
+    if settings.grpc.tls == "off":
+        return None
+    names = [n.strip() for n in settings.grpc.tls_hostnames.split(",") if n.strip()]
+    return ensure_server_tls(settings.state_dir / "tls", names)

@@ -1,15 +1,19 @@
-"""The webchat channel (not built yet)."""
+"""The web chat: a chat page in the console (/chat), its websocket, and ``superagent say``.
+
+It is the embedded default IM of ``superagent up``: a full channel (source ``web``) whose
+messages become Triggers like any other, and whose replies come back through the outbox.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
+from controlplane.channels.webchat.adapter import WebChatAdapter
+from controlplane.channels.webchat.routes import routes
 
-routes = APIRouter()  # HTTP endpoints of this channel, mounted by the app
+__all__ = ["WebChatAdapter", "adapter", "routes"]
 
 
 def adapter(ctx: ChannelContext) -> ChannelAdapter | None:
-    """The adapter for these settings, or None when the channel is not configured."""
-    return None
+    """The adapter for these settings, or None when the chat is turned off."""
+    return WebChatAdapter(ctx) if ctx.settings.webchat.enabled else None
