@@ -160,6 +160,8 @@ async def test_bad_deliveries_get_clear_errors_and_store_nothing(
         assert no_event.status_code == 400
         not_json = await _deliver(client, "issue_comment", None, raw=b"<xml/>")
         assert not_json.status_code == 400
+        too_deep = await _deliver(client, "issue_comment", None, raw=b"[" * 100_000)
+        assert too_deep.status_code == 400  # the parser's recursion limit, not a 500
         broken = await _deliver(client, "issue_comment", {"action": "created", "repository": REPO})
         assert broken.status_code == 400
         assert "malformed issue_comment" in broken.json()["error"]["message"]

@@ -10,7 +10,6 @@ and the outbox.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from fastapi import APIRouter, Request
@@ -18,10 +17,10 @@ from fastapi.responses import JSONResponse
 
 from controlplane.api.state import app_state
 from controlplane.channels.github import webhooks
+from controlplane.channels.webhook_body import parse_json, read_body
 from controlplane.errors import (
     InvalidInput,
     NotFound,
-    PayloadTooLarge,
     TransientError,
     Unauthorized,
 )
@@ -31,23 +30,6 @@ log = logging.getLogger(__name__)
 INGEST_BUDGET = 8.0  # seconds; GitHub gives up on a delivery after 10
 
 routes = APIRouter()
-
-
-async def _body(request: Request) -> bytes:
-    """The raw body, refused as soon as it is over GitHub's own 25 MB cap."""
-    limit = webhooks.MAX_BODY
-    too_large = f"the body is over {limit >> 20} MB, GitHub's limit for webhook payloads"
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise PayloadTooLarge(too_large)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():  # chunked bodies carry no length: count as we go
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(too_large)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @routes.post(
@@ -61,7 +43,7 @@ async def receive_github(request: Request) -> JSONResponse:
     secret, intake = settings.webhook_secret, state.intake
     if secret is None or intake is None:
         raise NotFound("GitHub webhooks are not configured: set SUPERAGENT_GITHUB__WEBHOOK_SECRET")
-    body = await _body(request)
+    body = await read_body(request, webhooks.MAX_BODY, "GitHub's limit for webhook payloads")
     signature = request.headers.get("x-hub-signature-256")
     if not webhooks.signature_valid(secret.get_secret_value().encode(), body, signature):
         raise Unauthorized("X-Hub-Signature-256 does not match this body and the webhook secret")
@@ -69,10 +51,7 @@ async def receive_github(request: Request) -> JSONResponse:
     delivery = request.headers.get("x-github-delivery")
     if not event or not delivery:
         raise InvalidInput("X-GitHub-Event and X-GitHub-Delivery are required")
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"the body is not JSON ({exc})") from None
+    payload = parse_json(body)
     try:
         made = webhooks.to_triggers(
             event, delivery, payload, body, agent_login=settings.agent_login

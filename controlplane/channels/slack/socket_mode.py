@@ -77,7 +77,7 @@ class SocketModeService(Service):
                 return  # stopping
             try:
                 frame = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 log.warning("slack socket mode: a frame that is not JSON; skipped")
                 continue
             if not isinstance(frame, dict):

@@ -10,7 +10,6 @@ recorded is answered from the record, without calling Slack or judging it again.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Annotated
 
@@ -21,7 +20,8 @@ from controlplane.api.state import AppState, app_state
 from controlplane.channels.slack import signing
 from controlplane.channels.slack.adapter import SOURCE, SlackAdapter
 from controlplane.channels.slack.events import Ignored
-from controlplane.errors import InvalidInput, NotFound, PayloadTooLarge, Unauthorized
+from controlplane.channels.webhook_body import json_object, read_body
+from controlplane.errors import InvalidInput, NotFound, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ async def slack_events(
     adapter = state.channels.get(SOURCE)
     if not isinstance(adapter, SlackAdapter):
         raise NotFound("Slack is not configured: set SUPERAGENT_SLACK__BOT_TOKEN")
-    body = await _body(request)
+    body = await read_body(request, MAX_BODY)
     problem = signing.problem(
         secret.get_secret_value().encode(),
         body,
@@ -55,12 +55,7 @@ async def slack_events(
     )
     if problem is not None:
         raise Unauthorized(problem)
-    try:
-        callback = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"the body is not JSON ({exc})") from None
-    if not isinstance(callback, dict):
-        raise InvalidInput("the body is not a JSON object")
+    callback = json_object(body)
     kind = callback.get("type")
     if kind == "url_verification":
         challenge = callback.get("challenge")
@@ -91,19 +86,3 @@ async def slack_events(
             }
         }
     )
-
-
-async def _body(request: Request) -> bytes:
-    """The raw body, refused past MAX_BODY even when no Content-Length announces it."""
-    too_large = PayloadTooLarge(f"the body is over {MAX_BODY >> 10} kB")
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)

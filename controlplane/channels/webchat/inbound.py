@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.channels.webhook_body import parse_json
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor
@@ -55,7 +56,7 @@ def client_id_in(raw: str) -> str | None:
     """The client id of a frame, if one can be read: error frames carry it back."""
     try:
         value = json.loads(raw).get("client_id")
-    except (ValueError, AttributeError):
+    except (ValueError, RecursionError, AttributeError):
         return None
     return value if isinstance(value, str) and _CLIENT_ID.match(value) else None
 
@@ -74,10 +75,7 @@ def parse(raw: str | None) -> Frame:
         raise InvalidInput("frames must be JSON text, not binary")
     if len(raw) > MAX_FRAME_CHARS:
         raise InvalidInput(f"the frame is over {MAX_FRAME_CHARS // 1024} KiB")
-    try:
-        frame = json.loads(raw)
-    except ValueError:
-        raise InvalidInput("the frame is not JSON") from None
+    frame = parse_json(raw, "the frame")
     if not isinstance(frame, dict):
         raise InvalidInput('the frame must be a JSON object with a "type"')
     kind = frame.get("type")
