@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,21 +21,14 @@ from controlplane.channels.github.client import GithubClient
 from controlplane.errors import ConfigError
 from controlplane.settings import GithubSettings
 from tests.fakes.github_server import FakeClock, FakeGitHub
+from tests.github_fixtures import (  # noqa: F401 - fixtures
+    REPO,
+    clock_fixture,
+    flaky_issue_fixture,
+    github_fixture,
+)
 
-REPO = "acme/app"
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def github(clock: FakeClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(clock=clock) as fake:
-        fake.add_repo(REPO)
-        fake.open_issue(REPO, "Flaky test")
-        yield fake
+pytestmark = pytest.mark.usefixtures("flaky_issue")
 
 
 def _app(github: FakeGitHub, clock: FakeClock, installation: str | None = "77") -> AppAuth:

@@ -4,7 +4,7 @@ pull requests opened idempotently, and answers mapped to what the outbox should 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import asyncpg
 import httpx
@@ -36,23 +36,16 @@ from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, Settings
 from tests.fakes.github_server import FakeClock, FakeGitHub
+from tests.github_fixtures import (  # noqa: F401 - fixtures
+    REPO,
+    clock_fixture,
+    flaky_issue_fixture,
+    github_fixture,
+)
 from tests.helpers import save_policy
 
-REPO = "acme/app"
 SECRET = "whsec-outbound-test"
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def github(clock: FakeClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(clock=clock) as fake:
-        fake.add_repo(REPO)
-        fake.open_issue(REPO, "Flaky test", "It fails on Tuesdays")
-        yield fake
+pytestmark = pytest.mark.usefixtures("flaky_issue")
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ across pages, restarts and rate limits, at the pace GitHub asks for."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import asyncpg
@@ -21,9 +21,9 @@ from controlplane.errors import TransientError
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
 from controlplane.settings import GithubSettings, Settings
 from tests.fakes.github_server import FakeClock, FakeGitHub
+from tests.github_fixtures import REPO, clock_fixture, github_fixture  # noqa: F401 - fixtures
 from tests.helpers import assert_eventually
 
-REPO = "acme/app"
 INTERVAL = 5.0
 
 
@@ -44,18 +44,6 @@ class CountingIntake(Intake):
         result = await super().ingest(trigger)
         self.fresh += not result.duplicate
         return result
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def github(clock: FakeClock) -> Iterator[FakeGitHub]:
-    with FakeGitHub(clock=clock) as fake:
-        fake.add_repo(REPO)
-        yield fake
 
 
 Make = Callable[..., GithubPoller]
@@ -95,6 +83,19 @@ async def _triggers(pool: asyncpg.Pool) -> set[tuple[str, str, str]]:
         "FROM triggers t JOIN threads th ON th.id = t.thread_id"
     )
     return {(r["external_id"], r["kind"], r["thread"]) for r in rows}
+
+
+async def _polled_then_commented(
+    github: FakeGitHub, clock: FakeClock, pool: asyncpg.Pool, make_poller: Make
+) -> tuple[GithubPoller, CountingIntake]:
+    """A poller that began after issue #1 was opened, then a comment on it (news)."""
+    github.open_issue(REPO, "Flaky test")
+    clock.advance(120)
+    intake = CountingIntake(pool)
+    poller = make_poller(intake)
+    await poller.poll_once()
+    github.comment(REPO, 1, "@superagent please look")
+    return poller, intake
 
 
 async def test_new_comments_issues_and_review_comments_become_triggers(
@@ -154,12 +155,7 @@ def test_a_polled_comment_is_the_trigger_its_webhook_makes(github: FakeGitHub) -
 async def test_an_unchanged_listing_costs_a_304_and_no_ingest(
     github: FakeGitHub, clock: FakeClock, pool: asyncpg.Pool, make_poller: Make
 ) -> None:
-    github.open_issue(REPO, "Flaky test")
-    clock.advance(120)
-    intake = CountingIntake(pool)
-    poller = make_poller(intake)
-    await poller.poll_once()
-    github.comment(REPO, 1, "@superagent please look")
+    poller, intake = await _polled_then_commented(github, clock, pool, make_poller)
     clock.advance(1)
     await poller.poll_once()  # the comment
     await poller.poll_once()  # the cursor moved: new requests, what they list dedupes
@@ -217,12 +213,7 @@ async def test_x_poll_interval_is_honoured(
 async def test_a_rate_limit_pauses_polling_until_it_resets(
     github: FakeGitHub, clock: FakeClock, pool: asyncpg.Pool, make_poller: Make
 ) -> None:
-    github.open_issue(REPO, "Flaky test")
-    clock.advance(120)
-    intake = CountingIntake(pool)
-    poller = make_poller(intake)
-    await poller.poll_once()
-    github.comment(REPO, 1, "@superagent please look")
+    poller, intake = await _polled_then_commented(github, clock, pool, make_poller)
 
     github.limit_rate(300)  # 403, X-RateLimit-Remaining: 0, X-RateLimit-Reset: now + 300
     assert 299 <= await poller.poll_once() <= 301

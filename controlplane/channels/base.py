@@ -62,6 +62,13 @@ class Acknowledgement:
     message_ref: str  # the channel's id of the message to mark as seen
 
 
+@dataclass(frozen=True)
+class Ignored:
+    """An event a channel delivered that is deliberately not a Trigger, and why."""
+
+    reason: str
+
+
 class ChannelError(Exception):
     """A failure retrying will not fix; the message says what to change."""
 

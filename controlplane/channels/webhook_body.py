@@ -1,4 +1,4 @@
-"""Reading a webhook's raw body and its JSON, the same way on every channel.
+"""Reading a webhook's raw body and its JSON, and answering it, the same way on every channel.
 
 The body is refused (413) as soon as it passes the channel's limit, whether or not a
 Content-Length announced it (a chunked body carries none). Its JSON is parsed only after
@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from controlplane.errors import InvalidInput, PayloadTooLarge
+from controlplane.ingest.intake import Ingested
 
 
 def _size(limit: int) -> str:
@@ -49,3 +50,14 @@ def json_object(raw: bytes | str, what: str = "the body") -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInput(f"{what} is not a JSON object")
     return value
+
+
+def recorded(result: Ingested) -> dict[str, Any]:
+    """What a webhook's answer says about the trigger it recorded (or found recorded)."""
+    return {
+        "id": result.trigger_id,
+        "thread": result.thread_id,
+        "verdict": result.verdict,
+        "route": result.route,
+        "duplicate": result.duplicate,
+    }

@@ -43,7 +43,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Self
 
 import grpc
@@ -65,6 +64,7 @@ from superagent_shared.protocol import (
     PROTOCOL_VERSION_NUMBER,
     hello_signing_payload,
 )
+from tests.fakes.loopback import Lifecycle
 
 __all__ = [
     "FakeGateway",
@@ -135,7 +135,7 @@ def exec_command(
     return command
 
 
-class FakeGateway:
+class FakeGateway(Lifecycle):
     def __init__(
         self,
         *,
@@ -246,17 +246,6 @@ class FakeGateway:
         self._loop.call_soon_threadsafe(self._loop.stop)
         assert self._thread is not None
         self._thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ scripting
 

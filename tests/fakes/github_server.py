@@ -42,18 +42,15 @@ import itertools
 import json
 import re
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-import uvicorn
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -61,6 +58,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.fakes.loopback import LoopbackFake, LoopbackServer
 
 __all__ = ["FakeClock", "FakeGitHub", "GitHubRequest", "fake_github"]
 
@@ -136,7 +135,7 @@ def _b64url_decode(part: str) -> bytes:
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
 
 
-class FakeGitHub:
+class FakeGitHub(LoopbackFake):
     """See the module docstring. Thread-safe: the test and the server thread share it."""
 
     def __init__(
@@ -178,78 +177,14 @@ class FakeGitHub:
         self._failures: list[_Failure] = []
         self._requests: list[GitHubRequest] = []
         self._app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=_METHODS)])
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
-        self._port: int | None = None
+        self._http = LoopbackServer(self._app, name="FakeGitHub", host=host)
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def url(self) -> str:
         """The API base URL (what ``api.github.com`` is to the real thing)."""
-        if self._port is None:
-            raise RuntimeError("FakeGitHub is not started")
-        return f"http://{self.host}:{self._port}"
-
-    def start(self, timeout: float = 10.0) -> Self:
-        if self._thread is not None:
-            raise RuntimeError("FakeGitHub already started")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
-        self._socket = sock
-        self._port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            self._app,
-            host=self.host,
-            port=self._port,
-            loop="asyncio",
-            http="h11",
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
-        server = uvicorn.Server(config)
-        self._server = server
-        thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name="fake-github", daemon=True
-        )
-        self._thread = thread
-        thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("FakeGitHub did not start")
-            time.sleep(0.005)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        server, thread = self._server, self._thread
-        if server is not None and thread is not None:
-            server.should_exit = True
-            thread.join(timeout)
-            if thread.is_alive():
-                server.force_exit = True
-                thread.join(timeout)
-        if self._socket is not None:
-            self._socket.close()
-        self._socket = self._server = self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return self._http.url
 
     # ------------------------------------------------------------------ the world
 

@@ -32,14 +32,10 @@ import hashlib
 import itertools
 import json
 import os
-import socket
 import threading
-import time
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-import uvicorn
 from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
@@ -48,6 +44,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tests.fakes.loopback import LoopbackFake, LoopbackServer
 
 APP_ID = "cli_fake_app"
 APP_SECRET = "fake-app-secret-3141"
@@ -96,7 +94,7 @@ class Failure:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class FakeLark:
+class FakeLark(LoopbackFake):
     """See the module docstring. Use as ``with FakeLark() as lark: ...``."""
 
     def __init__(self, *, token_expire: int = 7200) -> None:
@@ -116,11 +114,6 @@ class FakeLark:
         self._ws: WebSocket | None = None
         self._ws_ready = threading.Event()
         self._answers: dict[str, concurrent.futures.Future[dict[str, Any]]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
-        self._port: int | None = None
         self._app = Starlette(
             routes=[
                 Route(
@@ -140,70 +133,15 @@ class FakeLark:
                 WebSocketRoute("/ws", self._ws_session),
             ]
         )
+        self._http = LoopbackServer(
+            self._app, name="FakeLark", host=self.host, websockets=True, graceful_shutdown=1
+        )
 
     # ---------------------------------------------------------------- lifecycle
 
     @property
     def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("FakeLark is not started")
-        return f"http://{self.host}:{self._port}"
-
-    def start(self, timeout: float = 10.0) -> Self:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
-        self._socket = sock
-        self._port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            self._app,
-            host=self.host,
-            port=self._port,
-            loop="asyncio",
-            http="h11",
-            ws="websockets-sansio",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        server = uvicorn.Server(config)
-        self._server = server
-        thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name="fake-lark", daemon=True
-        )
-        self._thread = thread
-        thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("FakeLark did not start")
-            time.sleep(0.005)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                self._server.force_exit = True
-                self._thread.join(timeout)
-        if self._socket is not None:
-            self._socket.close()
-        self._server = self._thread = self._socket = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return self._http.url
 
     # ---------------------------------------------------------------- scripting
 
@@ -235,7 +173,7 @@ class FakeLark:
 
     def push_event(self, event: dict[str, Any]) -> concurrent.futures.Future[dict[str, Any]]:
         """Send ``event`` over the long connection; the future is the client's answer."""
-        if self._loop is None or self._ws is None:
+        if self._ws is None:
             raise RuntimeError("no long connection is open")
         message_id = f"ws-msg-{next(self._ids)}"
         answer: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
@@ -256,19 +194,21 @@ class FakeLark:
             header = frame.headers.add()
             header.key, header.value = key, value
         frame.payload = json.dumps(event).encode()
-        asyncio.run_coroutine_threadsafe(self._ws.send_bytes(frame.SerializeToString()), self._loop)
+        asyncio.run_coroutine_threadsafe(
+            self._ws.send_bytes(frame.SerializeToString()), self._http.loop
+        )
         return answer
 
     def drop_connection(self) -> None:
         """Close the long connection from the server's side."""
-        if self._loop is not None and self._ws is not None:
-            asyncio.run_coroutine_threadsafe(self._ws.close(), self._loop).result(5)
+        if self._ws is not None:
+            asyncio.run_coroutine_threadsafe(self._ws.close(), self._http.loop).result(5)
 
     async def _ws_endpoint(self, request: Request) -> JSONResponse:
         body = await request.json()
         if body.get("AppID") != APP_ID or body.get("AppSecret") != APP_SECRET:
             return JSONResponse({"code": 1000040343, "msg": "app id or secret is wrong"})
-        url = f"ws://{self.host}:{self._port}/ws?device_id=fake-device&service_id={SERVICE_ID}"
+        url = f"ws://{self.host}:{self._http.port}/ws?device_id=fake-device&service_id={SERVICE_ID}"
         config = {
             "ReconnectCount": -1,
             "ReconnectInterval": 1,
@@ -279,7 +219,6 @@ class FakeLark:
 
     async def _ws_session(self, websocket: WebSocket) -> None:
         await websocket.accept()
-        self._loop = asyncio.get_running_loop()
         self._ws = websocket
         with self._lock:
             self.ws_connections += 1

@@ -44,22 +44,21 @@ import asyncio
 import inspect
 import json
 import math
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Literal, Self, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import openai
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.fakes.loopback import LoopbackFake, LoopbackServer
 
 __all__ = [
     "FAKE_API_KEY",
@@ -354,7 +353,7 @@ class _Planned:
 # --------------------------------------------------------------------------------------------
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopbackFake):
     """Fake OpenAI-compatible server; see the module docstring for behaviour.
 
     Use as ``with FakeOpenAIServer() as fake: ...`` or ``start()`` / ``stop()``.  All public
@@ -397,23 +396,18 @@ class FakeOpenAIServer:
         self._tool_call_counter = 0
 
         self._app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=_HTTP_METHODS)])
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
-        self._port: int | None = None
+        self._http = LoopbackServer(self._app, name="FakeOpenAIServer", host=host)
 
     # ---------------------------------------------------------------- lifecycle
 
     @property
     def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("FakeOpenAIServer is not started")
-        return self._port
+        return self._http.port
 
     @property
     def url(self) -> str:
         """Base URL for the openai client, e.g. ``http://127.0.0.1:PORT/v1``."""
-        return f"http://{self.host}:{self.port}/v1"
+        return f"{self._http.url}/v1"
 
     @property
     def base_url(self) -> str:
@@ -421,77 +415,7 @@ class FakeOpenAIServer:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self, timeout: float = 10.0) -> Self:
-        if self._thread is not None:
-            raise RuntimeError("FakeOpenAIServer already started")
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
-        self._socket = sock
-        self._port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            self._app,
-            host=self.host,
-            port=self._port,
-            loop="asyncio",
-            http="h11",
-            ws="none",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=2,
-        )
-        server = uvicorn.Server(config)
-        self._server = server
-        thread = threading.Thread(
-            target=server.run,
-            kwargs={"sockets": [sock]},
-            name=f"fake-openai-{self._port}",
-            daemon=True,
-        )
-        self._thread = thread
-        thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not thread.is_alive():
-                self._cleanup()
-                raise RuntimeError("FakeOpenAIServer thread exited during startup")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"FakeOpenAIServer did not start within {timeout}s")
-            time.sleep(0.005)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        server, thread = self._server, self._thread
-        if server is not None and thread is not None:
-            server.should_exit = True
-            thread.join(timeout)
-            if thread.is_alive():
-                server.force_exit = True
-                thread.join(timeout)
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-        self._socket = None
-        self._server = None
-        self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return self._http.running
 
     # ---------------------------------------------------------------- scripting
 

@@ -27,22 +27,22 @@ import asyncio
 import base64
 import itertools
 import json
-import socket
 import threading
 import time
 import urllib.parse
 import uuid
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tests.fakes.loopback import LoopbackFake, LoopbackServer
 
 BOT_TOKEN = "xoxb-fake-bot-token-4411"
 APP_TOKEN = "xapp-1-fake-app-token-4411"
@@ -77,7 +77,7 @@ class Channel:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-class FakeSlack:
+class FakeSlack(LoopbackFake):
     def __init__(self, *, host: str = "127.0.0.1") -> None:
         self.host = host
         self.users: dict[str, dict[str, Any]] = {}
@@ -93,16 +93,15 @@ class FakeSlack:
         self._ts = itertools.count(1)
         self._events = itertools.count(1)
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._app = Starlette(
             routes=[
                 Route("/api/{method}", self._api, methods=["GET", "POST"]),
                 WebSocketRoute("/link/", self._socket),
             ]
         )
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._port: int | None = None
+        self._http = LoopbackServer(
+            self._app, name="FakeSlack", host=host, websockets=True, graceful_shutdown=1
+        )
         self.add_user(BOT_USER, "superagent", is_bot=True)
 
     # ---------------------------------------------------------------- lifecycle
@@ -110,64 +109,14 @@ class FakeSlack:
     @property
     def url(self) -> str:
         """Give ``{url}/api`` to the adapter as ``SUPERAGENT_SLACK__API_URL``."""
-        if self._port is None:
-            raise RuntimeError("FakeSlack is not started")
-        return f"http://{self.host}:{self._port}"
+        return self._http.url
 
     @property
     def api_url(self) -> str:
         return f"{self.url}/api"
 
-    def start(self, timeout: float = 10.0) -> Self:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, 0))
-        self._port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            self._app,
-            host=self.host,
-            port=self._port,
-            loop="asyncio",
-            http="h11",
-            ws="websockets-sansio",
-            lifespan="off",
-            log_config=None,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=1,
-        )
-        server = uvicorn.Server(config)
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.run, kwargs={"sockets": [sock]}, name="fake-slack", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("FakeSlack did not start")
-            time.sleep(0.005)
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(5)
-            if self._thread.is_alive():
-                self._server.force_exit = True
-                self._thread.join(5)
-        self._server = self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def stop(self, timeout: float = 5.0) -> None:
+        self._http.stop(timeout)
 
     # ---------------------------------------------------------------- scripting
 
@@ -276,10 +225,8 @@ class FakeSlack:
 
     # ---------------------------------------------------------------- Socket Mode
 
-    def _on_server_loop(self, coro: Any) -> None:
-        if self._loop is None:
-            raise RuntimeError("no Socket Mode connection was ever opened")
-        asyncio.run_coroutine_threadsafe(coro, self._loop).result(5)
+    def _on_server_loop(self, coro: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self._http.loop).result(5)
 
     async def _send_newest(self, frame: dict[str, Any]) -> None:
         with self._lock:
@@ -334,7 +281,6 @@ class FakeSlack:
     # ---------------------------------------------------------------- Web API
 
     async def _api(self, request: Request) -> Response:
-        self._loop = asyncio.get_running_loop()
         method = request.path_params["method"]
         args: dict[str, Any] = dict(request.query_params)
         content_type = request.headers.get("content-type", "")
@@ -503,7 +449,7 @@ class FakeSlack:
         ticket = str(uuid.uuid4())
         self._tickets.add(ticket)
         self.connections_opened += 1
-        return {"ok": True, "url": f"ws://{self.host}:{self._port}/link/?ticket={ticket}"}
+        return {"ok": True, "url": f"ws://{self.host}:{self._http.port}/link/?ticket={ticket}"}
 
     def _next_ts(self) -> str:
         return f"{int(time.time())}.{next(self._ts):06d}"

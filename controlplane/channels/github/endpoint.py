@@ -16,8 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from controlplane.api.state import app_state
+from controlplane.channels.base import Ignored
 from controlplane.channels.github import webhooks
-from controlplane.channels.webhook_body import parse_json, read_body
+from controlplane.channels.webhook_body import parse_json, read_body, recorded
 from controlplane.errors import (
     InvalidInput,
     NotFound,
@@ -58,7 +59,7 @@ async def receive_github(request: Request) -> JSONResponse:
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise InvalidInput(f"malformed {event} payload (missing or wrong {exc})") from None
-    if isinstance(made, webhooks.Ignored):
+    if isinstance(made, Ignored):
         log.info("github delivery %s ignored: %s", delivery, made.reason)
         return JSONResponse({"ignored": made.reason}, status_code=200)
     try:
@@ -70,17 +71,6 @@ async def receive_github(request: Request) -> JSONResponse:
             "slow or unreachable); redeliver it from the webhook's Recent Deliveries page"
         ) from None
     return JSONResponse(
-        {
-            "triggers": [
-                {
-                    "id": r.trigger_id,
-                    "thread": r.thread_id,
-                    "verdict": r.verdict,
-                    "route": r.route,
-                    "duplicate": r.duplicate,
-                }
-                for r in results
-            ]
-        },
+        {"triggers": [recorded(r) for r in results]},
         status_code=202,
     )

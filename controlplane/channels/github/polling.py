@@ -35,7 +35,7 @@ from urllib.parse import urlencode
 
 import asyncpg
 
-from controlplane.channels.base import ChannelError, RateLimited
+from controlplane.channels.base import ChannelError, Ignored, RateLimited
 from controlplane.channels.github import webhooks
 from controlplane.channels.github.client import GithubClient
 from controlplane.errors import InvalidInput
@@ -104,17 +104,26 @@ def _number(api_url: Any) -> int:
     return int(str(api_url).rstrip("/").rsplit("/", 1)[1])
 
 
+# A listed comment is delivered as this webhook event would be: (event, parent key, the
+# field holding the parent's API URL).
+_COMMENT_LISTINGS = {
+    "issue_comments": ("issue_comment", "issue", "issue_url"),
+    "review_comments": ("pull_request_review_comment", "pull_request", "pull_request_url"),
+}
+
+
 def triggers_for(
     listing: str, repo: str, item: dict[str, Any], began: datetime, agent_login: str | None
 ) -> list[IncomingTrigger]:
     """The triggers a listed object makes: what its webhook delivery would have made."""
     body = json.dumps(item).encode()
     repository = {"full_name": repo}
-    if listing == "issue_comments":
+    if listing in _COMMENT_LISTINGS:
+        event, parent, url_field = _COMMENT_LISTINGS[listing]
         payload: dict[str, Any] = {
             "action": "created",
-            "issue": {
-                "number": _number(item["issue_url"]),
+            parent: {
+                "number": _number(item[url_field]),
                 "html_url": str(item.get("html_url", "")).split("#")[0] or None,
             },
             "comment": item,
@@ -122,25 +131,7 @@ def triggers_for(
             "sender": item.get("user"),
         }
         made = webhooks.to_triggers(
-            "issue_comment", f"issue_comment:{item['id']}", payload, body, agent_login=agent_login
-        )
-    elif listing == "review_comments":
-        payload = {
-            "action": "created",
-            "pull_request": {
-                "number": _number(item["pull_request_url"]),
-                "html_url": str(item.get("html_url", "")).split("#")[0] or None,
-            },
-            "comment": item,
-            "repository": repository,
-            "sender": item.get("user"),
-        }
-        made = webhooks.to_triggers(
-            "pull_request_review_comment",
-            f"pull_request_review_comment:{item['id']}",
-            payload,
-            body,
-            agent_login=agent_login,
+            event, f"{event}:{item['id']}", payload, body, agent_login=agent_login
         )
     else:
         if _time(item["created_at"]) < began:
@@ -160,7 +151,7 @@ def triggers_for(
         made = webhooks.to_triggers(
             event, f"opened:{repo}#{item['number']}", payload, body, agent_login=agent_login
         )
-    return [] if isinstance(made, webhooks.Ignored) else made
+    return [] if isinstance(made, Ignored) else made
 
 
 class CursorStore:

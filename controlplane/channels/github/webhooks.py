@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from dataclasses import dataclass
 from typing import Any
 
+from controlplane.channels.base import Ignored
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
 from controlplane.ingest.policy import Actor
@@ -33,11 +33,6 @@ log = logging.getLogger(__name__)
 
 SOURCE = "github"
 MAX_BODY = 25 << 20  # GitHub caps webhook payloads at 25 MB
-
-
-@dataclass(frozen=True)
-class Ignored:
-    reason: str
 
 
 def signature_valid(secret: bytes, body: bytes, header: str | None) -> bool:

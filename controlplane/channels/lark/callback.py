@@ -34,8 +34,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from lark_oapi.core.utils import AESCipher
 
-from controlplane.channels.lark.events import Ignored
-from controlplane.channels.webhook_body import json_object, read_body
+from controlplane.channels.base import Ignored
+from controlplane.channels.webhook_body import json_object, read_body, recorded
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
 
 if TYPE_CHECKING:
@@ -147,14 +147,4 @@ async def receive(request: Request, adapter: LarkAdapter) -> JSONResponse:
         log.info("lark event ignored: %s", result.reason)
         return JSONResponse({"ignored": result.reason})
     # Lark wants a 200 within 3 s; anything else counts as a failed delivery.
-    return JSONResponse(
-        {
-            "trigger": {
-                "id": result.trigger_id,
-                "thread": result.thread_id,
-                "verdict": result.verdict,
-                "route": result.route,
-                "duplicate": result.duplicate,
-            }
-        }
-    )
+    return JSONResponse({"trigger": recorded(result)})

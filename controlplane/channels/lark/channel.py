@@ -18,6 +18,7 @@ from controlplane.channels.base import (
     Acknowledgement,
     ChannelAdapter,
     ChannelError,
+    Ignored,
     OutboundMessage,
     RateLimited,
 )
@@ -57,14 +58,14 @@ class LarkAdapter(ChannelAdapter):
 
     # ------------------------------------------------------------------ inbound
 
-    async def handle(self, payload: dict[str, object]) -> Ingested | events.Ignored:
+    async def handle(self, payload: dict[str, object]) -> Ingested | Ignored:
         """Ingest one verified schema 2.0 event (InvalidInput if malformed)."""
         message = events.parse(payload)
-        if isinstance(message, events.Ignored):
+        if isinstance(message, Ignored):
             return message
         bot = await self.bot() if message.needs_bot else None
         if bot is not None and message.sender_open_id == bot.open_id:
-            return events.Ignored("the bot's own message")
+            return Ignored("the bot's own message")
         trigger = events.to_trigger(
             message,
             direct=events.addresses_bot(message, bot),

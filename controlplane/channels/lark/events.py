@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.channels.base import Ignored
 from controlplane.channels.lark.api import BotInfo
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
@@ -26,11 +27,6 @@ MESSAGE_EVENT = "im.message.receive_v1"
 KIND = "message"
 _PLACEHOLDER = re.compile(r"@_user_\d+|@_all")
 _TITLE_CHARS = 100
-
-
-@dataclass(frozen=True)
-class Ignored:
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,13 @@ from controlplane.channels.base import (
     Acknowledgement,
     ChannelAdapter,
     ChannelError,
+    Ignored,
     OutboundMessage,
     RateLimited,
 )
 from controlplane.channels.slack import events
 from controlplane.channels.slack.directory import Directory
-from controlplane.channels.slack.events import Identity, Ignored
+from controlplane.channels.slack.events import Identity
 from controlplane.channels.slack.socket_mode import SocketModeService
 from controlplane.channels.slack.web_api import SlackError, WebApi
 from controlplane.errors import InvalidInput, NotFound, TransientError

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.channels.base import Ignored
 from controlplane.errors import InvalidInput
 
 # Subtypes that are someone saying something; every other subtype (message_changed,
@@ -49,11 +50,6 @@ class Identity:
 
     user_id: str
     bot_id: str | None = None
-
-
-@dataclass(frozen=True)
-class Ignored:
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
-from controlplane.channels.base import ChannelError, RateLimited
-from controlplane.channels.slack.events import Ignored
+from controlplane.channels.base import ChannelError, Ignored, RateLimited
 from controlplane.channels.slack.web_api import WebApi
 from controlplane.errors import InvalidInput, TransientError
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless

@@ -17,10 +17,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from controlplane.api.state import AppState, app_state
+from controlplane.channels.base import Ignored
 from controlplane.channels.slack import signing
 from controlplane.channels.slack.adapter import SOURCE, SlackAdapter
-from controlplane.channels.slack.events import Ignored
-from controlplane.channels.webhook_body import json_object, read_body
+from controlplane.channels.webhook_body import json_object, read_body, recorded
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
 
 log = logging.getLogger(__name__)
@@ -75,14 +75,4 @@ async def slack_events(
     if isinstance(result, Ignored):
         log.info("slack event %s ignored: %s", callback.get("event_id"), result.reason)
         return JSONResponse({"ignored": result.reason})
-    return JSONResponse(
-        {
-            "trigger": {
-                "id": result.trigger_id,
-                "thread": result.thread_id,
-                "verdict": result.verdict,
-                "route": result.route,
-                "duplicate": result.duplicate,
-            }
-        }
-    )
+    return JSONResponse({"trigger": recorded(result)})
