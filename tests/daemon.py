@@ -43,7 +43,16 @@ class Daemon:
     async def pair(self, url: str, code: str, *extra: str) -> subprocess.CompletedProcess[str]:
         # In a thread: the gateway under test may share this event loop and must answer.
         return await asyncio.to_thread(
-            self.cli, "pair", url, code, "--key-file", str(self.home / "device.key"), *extra
+            self.cli,
+            "pair",
+            url,
+            code,
+            "--key-file",
+            str(self.home / "device.key"),
+            # The tests' files live under the pytest tmp dir, so that is the allowed root.
+            "--allow-root",
+            str(self.home.parent),
+            *extra,
         )
 
     def start(self) -> subprocess.Popen[bytes]:

@@ -25,7 +25,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DAEMON_DEPENDENCIES = {"grpcio", "protobuf", "keyring", "cryptography", "click"}
+# hyperscan: the secret redactor's matcher (every byte that leaves the device passes it).
+DAEMON_DEPENDENCIES = {"grpcio", "protobuf", "keyring", "cryptography", "click", "hyperscan"}
 # Control-plane dependencies named explicitly, so a failure says exactly what leaked in.
 CONTROL_PLANE_ONLY = {"fastapi", "sqlalchemy", "asyncpg", "openai", "uvicorn", "pgserver"}
 TOP_LEVEL_PACKAGES = {"endpointd", "superagent_shared", "superagent_proto"}

@@ -55,6 +55,12 @@ def test_help_lists_commands_and_explains_the_daemon() -> None:
         "status",
         "unpair",
         "service",
+        "creds",
+        "policy",
+        "approvals",
+        "approve",
+        "deny",
+        "audit",
     }
     # The security property a user most needs to know before installing it.
     assert "never listens for or accepts inbound" in " ".join(proc.stdout.split())
@@ -195,7 +201,13 @@ def test_state_dir_follows_platform_conventions(
     assert result.source == source
 
 
-@pytest.mark.parametrize("command", ["pair", "run", "status", "unpair", "service"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        *("pair", "run", "status", "unpair", "service"),
+        *("creds", "policy", "approvals", "approve", "deny", "audit"),
+    ],
+)
 def test_every_command_explains_itself(command: str) -> None:
     proc = _endpointd(command, "--help")
     assert proc.returncode == 0, proc.stderr

@@ -150,7 +150,9 @@ def test_malformed_urls_are_refused(endpointd: Endpointd) -> None:
 def test_without_a_keyring_or_key_file_pairing_explains_the_fix(
     gw: FakeGateway, endpointd: Endpointd
 ) -> None:
-    proc = endpointd.cli("pair", gw.url, gw.add_pairing_code("NOKEYRING"))
+    proc = endpointd.cli(
+        "pair", gw.url, gw.add_pairing_code("NOKEYRING"), "--allow-root", str(endpointd.root)
+    )
     error = _one_line_error(proc)
     assert "no OS keyring backend is available" in error
     assert "--key-file PATH" in error

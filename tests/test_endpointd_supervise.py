@@ -142,11 +142,16 @@ def _daemon(tmp_path: Path, journal: Journal) -> Daemon:
         paired_at="2026-01-01T00:00:00+00:00",
     )
     (tmp_path / "spool").mkdir(exist_ok=True)
+    policy_file = tmp_path / "config" / "policy.toml"
+    policy_file.parent.mkdir(exist_ok=True)
+    policy_file.write_text(f"allowed_roots = [{json.dumps(str(tmp_path))}]\n")
+    policy_file.chmod(0o600)
     return Daemon(
         config,
         state_directory=tmp_path,
         journal=journal,
-        policy=Policy(tmp_path / "policy"),
+        # Its state dir is elsewhere: the daemon's own state dir (tmp_path) is a denied path.
+        policy=Policy(policy_file, state_dir=tmp_path / "elsewhere"),
         status=StatusReporter(tmp_path, state="connected"),
         limits=ExecLimits(max_timeout_seconds=60),
         default_cwd=tmp_path,

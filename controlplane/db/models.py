@@ -55,6 +55,8 @@ TICKET_STATES = (
 COMMAND_STATES = (
     "queued",
     "delivered",
+    # Accepted by the device, whose local policy holds it until a human there decides.
+    "awaiting_approval",
     "running",
     "finished",
     "failed",
@@ -529,6 +531,10 @@ class Command(Base):
         Boolean, default=False, server_default=text("false")
     )
     refusal_reason: Mapped[str | None] = mapped_column(String(50))
+    # From the device's AwaitingApproval: the local policy rule that asked for a human, and
+    # when the device gives up waiting (REASON_APPROVAL_TIMEOUT). Kept after the decision.
+    approval_rule: Mapped[str | None] = mapped_column(Text)
+    approval_deadline: Mapped[datetime | None]
     origin: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[datetime] = _created()
     delivered_at: Mapped[datetime | None]

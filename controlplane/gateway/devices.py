@@ -32,7 +32,7 @@ class DeviceView:
 async def list_devices(session: AsyncSession, *, include_revoked: bool = False) -> list[DeviceView]:
     depth = (
         select(Command.device_id, func.count().label("depth"))
-        .where(Command.state.in_(("queued", "delivered", "running")))
+        .where(Command.state.in_(("queued", "delivered", "awaiting_approval", "running")))
         .group_by(Command.device_id)
         .subquery()
     )

@@ -63,6 +63,10 @@ class CommandResult:
     output_head: bytes
     output_tail: bytes
     output_blob_id: str | None
+    # Set once the device said it waits for local approval (state ``awaiting_approval``);
+    # kept after the decision.
+    approval_rule: str | None = None
+    approval_deadline: datetime | None = None
 
     @property
     def done(self) -> bool:
@@ -84,9 +88,12 @@ class CommandResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CommandResult:
         """From the JSON a done notification carries (``_FINISH``)."""
-        fields = {name: data[name] for name in cls.__dataclass_fields__}
+        # .get: a replica of the previous release does not send the newer fields.
+        fields: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
         for name in _BYTES_FIELDS:
             fields[name] = base64.b64decode(fields[name] or "")
+        if fields["approval_deadline"] is not None:
+            fields["approval_deadline"] = datetime.fromisoformat(fields["approval_deadline"])
         return cls(**fields)
 
 
@@ -541,12 +548,59 @@ class CommandQueue:
         )
 
     async def mark_accepted(self, device_id: str, command_id: str) -> None:
+        """The device's Accepted: on receipt, or again once a local approval let it start.
+
+        The stream records an Accepted before a later AwaitingApproval of the same command
+        (see ``DeviceStream._on_awaiting_approval``), so the first Accepted cannot land
+        after, and undo, the wait.
+        """
         await self.pool.execute(
             "UPDATE commands SET state = 'running', accepted_at = coalesce(accepted_at, now()), "
             "delivered_at = coalesce(delivered_at, now()) "
-            "WHERE id = $1 AND device_id = $2 AND state IN ('queued', 'delivered')",
+            "WHERE id = $1 AND device_id = $2 "
+            "AND state IN ('queued', 'delivered', 'awaiting_approval')",
             command_id,
             device_id,
+        )
+
+    async def mark_awaiting_approval(
+        self, device_id: str, command_id: str, *, rule: str | None, deadline: datetime | None
+    ) -> None:
+        """The device's AwaitingApproval: its local policy holds the command for a human.
+
+        A command already final or producing output is left alone (a late or repeated
+        message); the next Accepted, output or result moves it on.
+        """
+        await self.pool.execute(
+            "UPDATE commands SET state = 'awaiting_approval', approval_rule = $3, "
+            "approval_deadline = $4, accepted_at = coalesce(accepted_at, now()), "
+            "delivered_at = coalesce(delivered_at, now()) "
+            "WHERE id = $1 AND device_id = $2 "
+            "AND state IN ('queued', 'delivered', 'running', 'awaiting_approval') "
+            "AND output_size = 0",
+            command_id,
+            device_id,
+            rule,
+            deadline,
+        )
+
+    async def resume_approvals(
+        self, device_id: str, *, running: Sequence[str], awaiting: Sequence[str]
+    ) -> None:
+        """Align with a Hello's in-flight states: what the device runs is no longer waiting
+        for approval (the Accepted that said so may have been lost with the last stream),
+        and what it holds for approval is shown so (its AwaitingApproval, likewise)."""
+        await self.pool.execute(
+            "UPDATE commands SET state = CASE WHEN state = 'awaiting_approval' THEN 'running' "
+            "ELSE 'awaiting_approval' END, accepted_at = coalesce(accepted_at, now()), "
+            "delivered_at = coalesce(delivered_at, now()) "
+            "WHERE device_id = $1 AND ("
+            "(id = ANY($2::text[]) AND state = 'awaiting_approval') OR "
+            "(id = ANY($3::text[]) AND state IN ('queued', 'delivered', 'running') "
+            "AND output_size = 0))",
+            device_id,
+            list(running),
+            list(awaiting),
         )
 
     async def progress(
@@ -595,8 +649,8 @@ class CommandQueue:
                     output_head = output_head || $3,
                     output_tail = substring(output_tail || $4 from
                         greatest(length(output_tail || $4) - $5 + 1, 1)),
-                    state = CASE WHEN state IN ('queued', 'delivered') THEN 'running'
-                                 ELSE state END
+                    state = CASE WHEN state IN ('queued', 'delivered', 'awaiting_approval')
+                                 THEN 'running' ELSE state END
                 WHERE id = $1
                 """,
                 command_id,

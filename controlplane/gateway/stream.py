@@ -60,6 +60,10 @@ SILENCE_FACTOR = 3  # heartbeats that may be missed before the stream counts as 
 FALLBACK_FACTOR = 2
 
 
+# A device's AwaitingApproval.rule is stored up to this many characters.
+MAX_APPROVAL_RULE = 500
+
+
 # Shared empty sets, replaced by a stream's own on the first add: most streams of a replica
 # never hold a command, and an empty set is 216 bytes.
 _NO_IDS: frozenset[str] = frozenset()
@@ -416,6 +420,12 @@ class DeviceStream:
         if held:
             self._device_holds = set(held)
         progress = await self.queue.progress(self.device_id, held)
+        running = [i.command_id for i in hello.in_flight if i.state == pb.InFlight.STATE_RUNNING]
+        awaiting = [
+            i.command_id for i in hello.in_flight if i.state == pb.InFlight.STATE_AWAITING_APPROVAL
+        ]
+        if running or awaiting:
+            await self.queue.resume_approvals(self.device_id, running=running, awaiting=awaiting)
         for item in hello.in_flight:
             size, final = progress.get(item.command_id, (0, True))
             self._send(
@@ -448,14 +458,16 @@ class DeviceStream:
             # Not awaited: the command's output or result, often right behind, must not
             # wait for it, and a late mark never undoes them (it only moves a command
             # that is still queued or delivered to running).
+            command_id = message.accepted.command_id
             self._spawn(
-                self.queue.mark_accepted(self.device_id, message.accepted.command_id),
-                "accepted",
+                self.queue.mark_accepted(self.device_id, command_id), f"accepted:{command_id}"
             )
         elif kind == "output":
             await self._buffer_output(message.output)
         elif kind == "finished":
             await self._on_finished(message.finished)
+        elif kind == "awaiting_approval":
+            await self._on_awaiting_approval(message.awaiting_approval)
         elif kind == "refused" and message.refused.reason == pb.Refused.REASON_DUPLICATE:
             # Same id, different content: the original command is still the device's,
             # and must not be closed by this refusal.
@@ -643,6 +655,21 @@ class DeviceStream:
         if drained is not None and not drained.done():
             drained.set_result(None)
 
+    async def _on_awaiting_approval(self, waiting: pb.AwaitingApproval) -> None:
+        """The device's local policy holds the command until a human there decides."""
+        # Its Accepted came just before and is recorded by a task of its own (see above);
+        # landing after this, it would move the command back to running.
+        accepted = f"{self.device_id}:accepted:{waiting.command_id}"
+        earlier = [task for task in self._helpers if task.get_name() == accepted]
+        if earlier:
+            await asyncio.wait(earlier)
+        await self.queue.mark_awaiting_approval(
+            self.device_id,
+            waiting.command_id,
+            rule=waiting.rule[:MAX_APPROVAL_RULE] or None,
+            deadline=_deadline(waiting),
+        )
+
     async def _on_finished(self, finished: pb.Finished) -> None:
         error = finished.error or None
         if finished.timed_out and not error:
@@ -696,3 +723,13 @@ class DeviceStream:
                 ack=pb.Ack(command_id=command_id, acked_output_offset=offset, finished=finished)
             )
         )
+
+
+def _deadline(waiting: pb.AwaitingApproval) -> datetime | None:
+    """The device's deadline, or None if unset or not a representable time."""
+    if not waiting.HasField("deadline") or waiting.deadline.seconds <= 0:
+        return None
+    try:
+        return waiting.deadline.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError, OSError):
+        return None

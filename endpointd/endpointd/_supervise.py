@@ -22,12 +22,17 @@ daemon is alive:
   instead of lingering as zombies of PID 1.
 
 The spec carries the child's full environment and is passed on stdin, never on disk or in
-argv, because later releases put brokered credentials there. Standard library only: this
-starts once per command and must start fast: the daemon runs it as ``python -I -S`` (no
-site-packages, no ``.pth`` processing, no environment variables) with only the directory
-holding the ``endpointd`` package appended to ``sys.path`` (see ``executor.start_exec``), so
-it imports nothing but the standard library, :mod:`endpointd.spoolformat` and
-:mod:`endpointd.fsutil`. ``python -m endpointd._supervise SPOOL_DIR`` works the same.
+argv, because brokered credentials are in it (:mod:`endpointd.delivery`). Its
+``remove_after`` lists the credential files (and the git helper's socket) to delete once
+the command has ended, which the supervisor does before it writes ``status.json``, daemon
+or no daemon.
+
+Standard library only: this starts once per command and must start fast: the daemon runs it
+as ``python -I -S`` (no site-packages, no ``.pth`` processing, no environment variables)
+with only the directory holding the ``endpointd`` package appended to ``sys.path`` (see
+``executor.start_exec``), so it imports nothing but the standard library,
+:mod:`endpointd.spoolformat` and :mod:`endpointd.fsutil`. ``python -m endpointd._supervise
+SPOOL_DIR`` works the same.
 """
 
 from __future__ import annotations
@@ -414,6 +419,25 @@ def _reap_group(pgid: int) -> None:
         time.sleep(0.01)
 
 
+def remove_paths(paths: list[str]) -> None:
+    """Delete what the spec's ``remove_after`` lists (files, then the emptied directories):
+    the credential files and git helper socket of :mod:`endpointd.delivery`."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            try:
+                os.rmdir(path)  # a directory: unlink says EISDIR (Linux) or EPERM (macOS)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                print(
+                    f"endpointd supervisor: cannot remove {path}: {exc.strerror}", file=sys.stderr
+                )
+
+
 def run_spec(directory: str, spec: dict[str, Any], gate: Callable[[], bool] | None = None) -> None:
     """Supervise ``spec`` and record the outcome; shared by both ways a supervisor starts."""
     try:
@@ -425,6 +449,10 @@ def run_spec(directory: str, spec: dict[str, Any], gate: Callable[[], bool] | No
         error = f"endpointd supervisor failed: {type(exc).__name__}: {exc}"
         status = exit_status(-1, error=error, started_at=now, finished_at=now)
         print(error, file=sys.stderr)
+    finally:
+        # The command and its process group are gone (or it never started): its delivered
+        # credentials go now, before the outcome is recorded, and even if no daemon runs.
+        remove_paths(list(spec.get("remove_after") or ()))
     # The last thing before exiting: the daemon learns of the end from this process's exit
     # (pidfd) or from this file (polling), and reads this file either way.
     write_status(directory, status)

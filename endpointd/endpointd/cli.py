@@ -126,8 +126,21 @@ def info(as_json: bool) -> None:
     "--fingerprint",
     help="Expected SHA-256 of the server certificate (hex; colons and a sha256: prefix are fine).",
 )
+@click.option(
+    "--allow-root",
+    "allow_roots",
+    multiple=True,
+    metavar="DIR",
+    help="A directory commands and file operations may use (repeatable). Asked for"
+    " interactively when omitted; required when stdin is not a terminal.",
+)
 def pair(
-    url: str, code: str, name: str | None, key_file: Path | None, fingerprint: str | None
+    url: str,
+    code: str,
+    name: str | None,
+    key_file: Path | None,
+    fingerprint: str | None,
+    allow_roots: tuple[str, ...],
 ) -> None:
     """Pair this machine with a control plane, using a one-time CODE.
 
@@ -138,7 +151,18 @@ def pair(
     pins the server's certificate: if the server uses its own CA, that CA becomes the only
     one trusted for it, so pass --fingerprint (shown to the admin) to rule out interception
     on this first connection.
+
+    endpointd only works inside directories you allow: pairing asks for at least one (or
+    takes --allow-root DIR, repeatable) and writes them into the local policy file
+    (policy.toml in the config dir, see `endpointd policy show`), unless that file already
+    lists some.
+
+    \b
+    Example:
+      endpointd pair https://gw.example.com:8443 K7QM2XPA --fingerprint sha256:AB:… \\
+          --allow-root ~/src
     """
+    from endpointd.pairing import check_not_paired
     from endpointd.pairing import pair as do_pair
     from superagent_shared.gateway_tls import format_fingerprint, parse_fingerprint
 
@@ -148,13 +172,17 @@ def pair(
             expected = parse_fingerprint(fingerprint)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--fingerprint") from None
+    cfg = config_dir().path
+    check_not_paired(cfg)
+    roots = _roots_for_pairing(cfg, allow_roots)
     config = do_pair(
         url=url,
         code=code,
         device_name=name,
         key_file=key_file,
         fingerprint=expected,
-        config_directory=config_dir().path,
+        config_directory=cfg,
+        allowed_roots=roots,
     )
     where = "OS keyring" if config.key.storage == "keyring" else config.key.path
     click.echo(
@@ -165,7 +193,59 @@ def pair(
         leaf = format_fingerprint(bytes.fromhex(config.trust.leaf_sha256))
         click.echo(f"server certificate pinned: {leaf}")
     click.echo(f"device key: {where}")
+    if roots:
+        listed = ", ".join(str(r) for r in roots)
+        click.echo(f"policy: {cfg / 'policy.toml'} (allowed roots: {listed})")
+    else:
+        click.echo(f"policy: {cfg / 'policy.toml'} (kept as it is; `endpointd policy show`)")
     click.echo("next: `endpointd run`, or `endpointd service install --now` to start at login")
+
+
+def _roots_for_pairing(cfg: Path, given: tuple[str, ...]) -> list[Path] | None:
+    """The roots pairing must write into the policy, or None when it already has some.
+
+    Settled before the pairing code is spent, so a typo or a refusal costs nothing.
+    """
+    import os
+
+    from endpointd.policy import POLICY_FILE, allowed_root, roots_state
+
+    state, current = roots_state(cfg)
+    roots = [allowed_root(raw) for raw in given]
+    if state == "set":
+        known = {os.path.realpath(p) for p in current}
+        extra = [str(r) for r in roots if os.path.realpath(r) not in known]
+        if extra:
+            raise EndpointdError(
+                f"{cfg / POLICY_FILE} already lists allowed roots"
+                f" ({', '.join(str(p) for p in current)}); add {', '.join(extra)} to"
+                " allowed_roots there, or pair without --allow-root"
+            )
+        return None
+    if roots:
+        return roots
+    if not sys.stdin.isatty():
+        raise EndpointdError(
+            "endpointd needs at least one directory it may work in: pass --allow-root DIR"
+            " (repeatable), e.g. `endpointd pair URL CODE --allow-root ~/src`"
+        )
+    click.echo(
+        "endpointd runs commands and reads or writes files only inside directories you"
+        " allow (kept in policy.toml; `endpointd policy show` explains it).",
+        err=True,
+    )
+    while True:
+        prompt = "Directory to allow" if not roots else "Another directory (empty to finish)"
+        raw = click.prompt(prompt, default="", show_default=False, err=True)
+        if not raw.strip():
+            if roots:
+                return roots
+            click.echo("  at least one directory is needed", err=True)
+            continue
+        try:
+            roots.append(allowed_root(raw))
+        except EndpointdError as exc:
+            click.echo(f"  {exc}", err=True)
 
 
 @cli.command()
@@ -307,6 +387,463 @@ def service_uninstall(now: bool) -> None:
     click.echo(f"removed {removed.path}")
     if not now:
         click.echo("if it is running, stop it with: " + " ".join(removed.disable))
+
+
+# ---------------------------------------------------------------------------- credentials
+
+
+@cli.group()
+def creds() -> None:
+    """Store credentials the agent may use without ever seeing them.
+
+    Values live in your OS keyring (service superagent-endpointd); endpointd hands a value
+    to a command only when the command's line matches the credential's scope in the local
+    policy ([credentials.NAME] allow = [...] in policy.toml), and masks it, with its common
+    encodings, in everything that leaves this machine. The control plane only ever knows
+    the names.
+
+    \b
+    Examples:
+      endpointd creds add github-token          # asks for the value, twice, hidden
+      gh auth token | endpointd creds add github-token
+      endpointd creds list
+      endpointd creds rm github-token
+    """
+
+
+@creds.command("add")
+@click.argument("name")
+@click.option("--replace", is_flag=True, help="Overwrite an existing credential of this name.")
+def creds_add(name: str, replace: bool) -> None:
+    """Store a credential; its value is read from a hidden prompt or from stdin.
+
+    In a terminal you are asked for the value twice, without echo; otherwise the value is
+    read from stdin (one trailing newline removed). It is never taken from the command
+    line, where other local users and shell history could see it. NAME is 1-64 lowercase
+    letters, digits, '.', '_' or '-'. Values shorter than 8 characters and structured
+    values (JSON, YAML) are refused: store each secret field as its own credential. Then
+    allow commands to receive it in policy.toml, e.g. [credentials.github-token] allow =
+    ["git *", "gh *"].
+    """
+    import getpass
+
+    from endpointd.credentials import CredentialError, CredentialStore, check_name
+
+    check_name(name)
+    store = CredentialStore(config_dir().path)
+    store.require_keyring()
+    if sys.stdin.isatty():
+        try:
+            first = getpass.getpass(f"Value for {name} (hidden): ", stream=sys.stderr)
+            second = getpass.getpass("Again, to confirm: ", stream=sys.stderr)
+        except EOFError:
+            raise CredentialError("no value entered; nothing stored") from None
+        if first != second:
+            raise CredentialError("the two values differ; nothing stored")
+        value = first.encode("utf-8")
+    else:
+        value = sys.stdin.buffer.read()
+        if value.endswith(b"\r\n"):
+            value = value[:-2]
+        elif value.endswith(b"\n"):
+            value = value[:-1]
+        if not value:
+            raise CredentialError(
+                "no value on stdin: pipe it in (e.g. `gh auth token | endpointd creds add"
+                f" {name}`) or run this in a terminal to be asked; values are never taken"
+                " from the command line"
+            )
+    store.add(name, value, replace=replace)
+    click.echo(f"stored credential {name} in the OS keyring")
+    scopes = _scopes()
+    if scopes is not None and name not in scopes:
+        click.echo(
+            f"no command may receive it yet: add [credentials.{name}] with"
+            f' allow = ["<command glob>"] to {config_dir().path / "policy.toml"}'
+        )
+
+
+def _scopes() -> dict[str, tuple[str, ...]] | None:
+    """The policy's credential scopes, or None (with a warning) when it is unusable."""
+    from endpointd.policy import load_policy
+
+    policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    if policy.rules is None:
+        click.echo(f"warning: {policy.error}", err=True)
+        return None
+    return dict(policy.rules.credentials)
+
+
+@creds.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def creds_list(as_json: bool) -> None:
+    """Show stored credentials: names, scopes and last use, never values.
+
+    The scope is the list of command globs that may receive the credential, from the
+    policy file's [credentials.NAME] table; a credential without one cannot be delivered
+    to any command. Names with a scope but no stored value are listed too, as not stored.
+    This reads only endpointd's own files, never the keyring.
+    """
+    from endpointd.credentials import CredentialStore
+
+    infos = {i.name: i for i in CredentialStore(config_dir().path).info()}
+    scopes = _scopes()
+    names = sorted(set(infos) | set(scopes or {}))
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        info = infos.get(name)
+        rows.append(
+            {
+                "name": name,
+                "stored": info is not None,
+                "scope": list(scopes[name]) if scopes is not None and name in scopes else None,
+                "added_at": info.added_at if info else None,
+                "last_used_at": info.last_used_at if info else None,
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no credentials stored; add one with `endpointd creds add NAME`")
+        return
+    for row in rows:
+        if scopes is None:
+            scope = "? (the policy file is unusable)"
+        elif row["scope"] is None:
+            scope = "none: not delivered to any command"
+        else:
+            scope = ", ".join(row["scope"]) or "none (empty allow list)"
+        if not row["stored"]:
+            used = "NOT STORED (`endpointd creds add` it)"
+        else:
+            used = f"added {row['added_at']}, last used {row['last_used_at'] or 'never'}"
+        click.echo(f"{row['name']}\n  scope: {scope}\n  {used}")
+
+
+@creds.command("rm")
+@click.argument("name")
+def creds_rm(name: str) -> None:
+    """Delete a credential from the OS keyring and from endpointd's list.
+
+    Commands already running keep what they were given; new commands naming it are
+    refused. Its [credentials.NAME] scope in policy.toml, if any, stays until you remove
+    it, so adding the credential again restores the same access.
+    """
+    from endpointd.credentials import CredentialStore
+
+    CredentialStore(config_dir().path).remove(name)
+    click.echo(f"removed credential {name}")
+
+
+# ---------------------------------------------------------------------------- policy
+
+
+@cli.group("policy")
+def policy_group() -> None:
+    """Inspect the local policy: where the agent may work and what it may run.
+
+    The policy file is policy.toml in the config dir (`endpointd info` shows where). It is
+    yours: the control plane cannot change it, it only sees its hash. It lists allowed
+    roots, denied paths, allow/deny/ask command rules, which commands may receive each
+    credential, and limits; the shipped example documents every key. Edits apply at once.
+
+    \b
+    Examples:
+      endpointd policy check "git push --force origin main"
+      endpointd policy check --cwd ~/src/app --credential github-token git fetch
+      endpointd policy check --path ~/.ssh/id_ed25519
+      endpointd policy show
+      endpointd policy init --allow-root ~/src
+    """
+
+
+_EXIT_CODES = {"allow": 0, "ask": 3, "deny": 4}
+
+
+@policy_group.command("check")
+@click.argument("command", nargs=-1)
+@click.option("--cwd", metavar="DIR", help="Working directory (default: the first allowed root).")
+@click.option(
+    "--credential",
+    "credentials",
+    multiple=True,
+    metavar="NAME",
+    help="A credential the command asks for (repeatable).",
+)
+@click.option("--path", metavar="PATH", help="Check a file read, write or listing of PATH instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.pass_context
+def policy_check(
+    ctx: click.Context,
+    command: tuple[str, ...],
+    cwd: str | None,
+    credentials: tuple[str, ...],
+    path: str | None,
+    as_json: bool,
+) -> None:
+    """Explain which rule applies to a command and what it decides.
+
+    COMMAND is one quoted command line (split like a shell would) or the argv words
+    themselves (put `--` before words that start with a dash). Every step is shown: the
+    working directory against the allowed roots and denied paths, the first matching
+    command rule (or default_action), then each credential's scope. The exit status is the
+    decision, for scripts: 0 allow, 3 ask (held for `endpointd approve`), 4 deny; 1 and 2
+    are errors as for every command.
+    """
+    import os
+    import shlex
+
+    from endpointd.policy import expand_path, load_policy
+    from superagent_proto.v1 import endpoint_pb2 as pb
+
+    if bool(path) == bool(command):
+        raise click.UsageError("give either a COMMAND or --path PATH")
+    policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    if path is not None:
+        target = os.path.abspath(expand_path(path))
+        decision = policy.check_path(target)
+        explanation = policy.explain_path(target)
+    else:
+        try:
+            argv = shlex.split(command[0]) if len(command) == 1 else list(command)
+        except ValueError as exc:
+            raise click.BadParameter(f"cannot split the command: {exc}") from None
+        if not argv:
+            raise click.BadParameter("the command is empty")
+        where = os.path.abspath(expand_path(cwd)) if cwd else ""
+        decision = policy.check(
+            pb.Command(
+                exec=pb.ExecCommand(argv=argv, cwd=where),
+                credentials=[pb.CredentialRef(name=n) for n in credentials],
+            )
+        )
+        explanation = policy.explain(argv, where or None, list(credentials))
+    if as_json:
+        report = {
+            "action": decision.action,
+            "rule": decision.rule,
+            "message": decision.message,
+            "explanation": explanation.splitlines(),
+        }
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(explanation)
+    ctx.exit(_EXIT_CODES[decision.action])
+
+
+@policy_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def policy_show(as_json: bool) -> None:
+    """Print the policy file's path, its hash and the rules in effect.
+
+    The hash is what this device reports to the control plane, so an admin can match it.
+    Defaults are included: denied paths built into endpointd are marked (default) and
+    apply whatever the file says. If the file is missing or broken, that is said (and the
+    exit status is 1): endpointd then refuses every command until it is fixed.
+    """
+    from endpointd.policy import load_policy
+
+    policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    rules = policy.rules
+    report: dict[str, Any] = {
+        "path": str(policy.path),
+        "sha256": policy.hash().hex(),
+        "error": policy.error,
+        "allowed_roots": [str(p) for p in policy.allowed_roots],
+        "default_root": str(policy.default_root) if policy.allowed_roots else None,
+        "denied_paths": [
+            {"path": str(d.path), "label": d.label, "default": d.default}
+            for d in policy.denied_paths
+        ],
+        "commands": [
+            {"rule": c.rule, "action": c.action, "match": c.match, "name": c.name}
+            for c in (rules.commands if rules else ())
+        ],
+        "default_action": rules.default_action if rules else None,
+        "credentials": {k: list(v) for k, v in (rules.credentials if rules else {}).items()},
+        "limits": {
+            "max_runtime_seconds": policy.limits.max_runtime_seconds,
+            "max_output_bytes": policy.limits.max_output_bytes,
+            "ask_timeout_seconds": policy.limits.ask_timeout_seconds,
+        },
+    }
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_policy(report)
+    if policy.error is not None:
+        raise EndpointdError(f"{policy.error} (every command is refused until this is fixed)")
+
+
+def _print_policy(report: dict[str, Any]) -> None:
+    click.echo(f"policy file: {report['path']}")
+    click.echo(f"sha256:      {report['sha256']}")
+    if report["error"] is not None:
+        return
+    click.echo("allowed roots:")
+    for root in report["allowed_roots"] or ["(none: every command is refused)"]:
+        click.echo(f"  {root}")
+    if report["default_root"]:
+        click.echo(f"  (commands without a working directory run in {report['default_root']})")
+    click.echo("denied paths:")
+    for denied in report["denied_paths"]:
+        note = "  (default)" if denied["default"] else ""
+        shown = (
+            denied["label"]
+            if denied["label"] == denied["path"]
+            else (f"{denied['label']} = {denied['path']}")
+        )
+        click.echo(f"  {shown}{note}")
+    click.echo("commands (first match wins):")
+    for rule in report["commands"]:
+        click.echo(f"  {rule['action']:<5}  {rule['rule']}")
+    click.echo(f"  {report['default_action']:<5}  default_action (when no rule matches)")
+    click.echo("credential scopes:")
+    if not report["credentials"]:
+        click.echo("  (none: no credential can be delivered)")
+    for name, globs in report["credentials"].items():
+        click.echo(f"  {name}: {', '.join(globs) or '(empty: never delivered)'}")
+    limits = report["limits"]
+    click.echo(
+        f"limits: max_runtime_seconds={limits['max_runtime_seconds']}"
+        f" max_output_bytes={limits['max_output_bytes']}"
+        f" ask_timeout_seconds={limits['ask_timeout_seconds']}"
+    )
+
+
+@policy_group.command("init")
+@click.option(
+    "--allow-root",
+    "allow_roots",
+    multiple=True,
+    metavar="DIR",
+    help="A directory to list in allowed_roots (repeatable).",
+)
+def policy_init(allow_roots: tuple[str, ...]) -> None:
+    """Write the documented example policy, if there is no policy file yet.
+
+    The example explains every key and starts with default_action = "allow", a few deny
+    and ask rules, and no credential scopes. Without --allow-root its allowed_roots list is
+    empty, which refuses every command until you add a directory; `endpointd pair` writes
+    the file the same way with the directories you give it.
+    """
+    from endpointd.policy import allowed_root, write_policy
+
+    roots = [allowed_root(raw) for raw in allow_roots]
+    path = write_policy(config_dir().path, roots)
+    click.echo(f"wrote {path}")
+    if not roots:
+        click.echo("allowed_roots is empty: every command is refused until you add a directory")
+
+
+# ---------------------------------------------------------------------------- approvals
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def approvals(as_json: bool) -> None:
+    """List commands waiting for your approval on this machine.
+
+    A command matching an "ask" rule of the local policy is held, and the control plane
+    shows it as waiting for local approval, until you run `endpointd approve ID` or
+    `endpointd deny ID`; nobody answering before limits.ask_timeout_seconds (default 5
+    minutes) denies it. Each entry shows what would run, who asked, the rule, and the time
+    left. A desktop notification is shown where notify-send or osascript exists.
+    """
+    from endpointd.approvals import Approvals, format_duration, printable
+
+    pending = Approvals(state_dir().path).pending()
+    if as_json:
+        rows = [
+            {
+                "command_id": r.command_id,
+                "summary": r.summary,
+                "origin": r.origin,
+                "rule": r.rule,
+                "age_seconds": round(r.age_seconds, 1),
+                "seconds_left": round(r.seconds_left, 1),
+            }
+            for r in pending
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not pending:
+        click.echo("no commands are waiting for approval")
+        return
+    for r in pending:
+        click.echo(
+            f"{printable(r.command_id)}  waiting {format_duration(r.age_seconds)},"
+            f" {format_duration(r.seconds_left)} left"
+        )
+        click.echo(f"  command: {printable(r.summary)}")
+        click.echo(f"  origin:  {printable(r.origin) or '(not given)'}")
+        click.echo(f"  rule:    {printable(r.rule)}")
+    click.echo("answer with `endpointd approve ID` or `endpointd deny ID`")
+
+
+@cli.command()
+@click.argument("command_id", metavar="ID")
+def approve(command_id: str) -> None:
+    """Let a command held by an "ask" rule run.
+
+    ID is the command id shown by `endpointd approvals` (a unique prefix is enough). The
+    daemon starts the command within a moment. An id that is unknown, already answered or
+    timed out is an error and changes nothing; approving never changes the policy itself.
+    """
+    from endpointd.approvals import Approvals, printable
+
+    request = Approvals(state_dir().path).decide(command_id, approve=True)
+    click.echo(f"approved {printable(request.command_id)}: {printable(request.summary)}")
+
+
+@cli.command()
+@click.argument("command_id", metavar="ID")
+def deny(command_id: str) -> None:
+    """Refuse a command held by an "ask" rule.
+
+    ID is the command id shown by `endpointd approvals` (a unique prefix is enough). The
+    control plane is told the user denied it on the device, and the refusal is written to
+    the audit log. An id that is unknown, already answered or timed out is an error and
+    changes nothing.
+    """
+    from endpointd.approvals import Approvals, printable
+
+    request = Approvals(state_dir().path).decide(command_id, approve=False)
+    click.echo(f"denied {printable(request.command_id)}: {printable(request.summary)}")
+
+
+# ---------------------------------------------------------------------------- audit
+
+
+@cli.command()
+@click.option("--tail", type=click.IntRange(min=1), metavar="N", help="Only the last N entries.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON lines.")
+def audit(tail: int | None, as_json: bool) -> None:
+    """Show the local audit log: every refused command and every approval outcome.
+
+    The log is audit.log in the state dir, one JSON object per line (time, event,
+    command_id, rule, detail), readable only by you and never sent anywhere. Events include
+    refused, approved, denied and approval_timeout; the rule is named as in policy.toml,
+    so `endpointd policy check` can tell you why.
+    """
+    from endpointd.approvals import printable
+    from endpointd.audit import AuditLog
+
+    entries = AuditLog(state_dir().path).tail(tail)
+    if as_json:
+        for entry in entries:
+            click.echo(json.dumps(entry, ensure_ascii=False))
+        return
+    if not entries:
+        click.echo("the audit log is empty")
+        return
+    for e in entries:
+        line = (
+            f"{e.get('time', '?')}  {e.get('event', '?')}  {e.get('command_id', '')}"
+            f"  {e.get('rule', '')}: {e.get('detail', '')}"
+        )
+        click.echo(printable(line, limit=2000))
 
 
 def main() -> None:

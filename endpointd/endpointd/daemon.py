@@ -25,6 +25,7 @@ server acknowledges them; nothing is ever started twice.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import heapq
@@ -33,12 +34,17 @@ import os
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
 
+from endpointd import delivery
+from endpointd.approvals import Approvals, summarize
+from endpointd.audit import AuditLog
 from endpointd.config import DeviceConfig
+from endpointd.credentials import CredentialError, CredentialStore
 from endpointd.executor import (
     ExecLimits,
     Zygote,
@@ -52,7 +58,8 @@ from endpointd.executor import (
 )
 from endpointd.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.journal import Entry, Journal, State
-from endpointd.policy import Policy, Refusal
+from endpointd.policy import Decision, Policy, Refusal
+from endpointd.redact import Redactor, StreamRedactor
 from endpointd.spool import (
     SUPERVISOR_PID_FILE,
     ExitStatus,
@@ -79,6 +86,8 @@ ACK_FLUSH_INTERVAL = 1.0
 # status.json (for `endpointd status`) trails the daemon's state by at most this much.
 PUBLISH_DELAY = 0.1
 PRUNE_INTERVAL = 3600.0
+# How often the credential store is checked for changes (a new credential is masked from then).
+REDACTOR_RECHECK = 0.5
 # Clock offsets beyond this are worth a warning: not_after decisions are made in server time.
 SKEW_WARNING_SECONDS = 30.0
 
@@ -87,6 +96,22 @@ _STATE_TO_WIRE: dict[State, pb.InFlight.State.ValueType] = {
     "running": pb.InFlight.STATE_RUNNING,
     "finished": pb.InFlight.STATE_FINISHED,
 }
+
+
+@dataclass(eq=False)
+class Redacting:
+    """A command's output on its way out: read from the spool, masked, queued to send.
+
+    Masking is same-length, so the offsets of what is sent are the spool's. Only the bytes
+    that might begin a secret are held back, until more output (or the end) decides.
+    """
+
+    redactor: StreamRedactor
+    raw_pos: int = 0  # spool offset read so far
+    stream: int | None = None  # the stream the redactor is inside
+    # Masked bytes ready to send, in order: (stream, offset, data).
+    ready: collections.deque[tuple[int, int, bytes]] = field(default_factory=collections.deque)
+    released: int = 0  # offset just past the last byte put in `ready`
 
 
 @dataclass(eq=False)
@@ -119,6 +144,14 @@ class Active:
     # The fsync that makes the journal row durable, running in a thread; Accepted is sent,
     # and the command started, only once it is done (see _make_durable).
     durable: asyncio.Future[None] | None = None
+    # The local policy said `ask`: the rule, and whether the human approved (see _approve).
+    approval_rule: str | None = None
+    approval_deadline: float | None = None  # server time; set while waiting
+    approved: bool = False
+    # Brokered credentials of a running exec (files, git helper), closed when it ends.
+    delivery: delivery.Prepared | None = None
+    # Its output as it leaves the device: redacted (see Daemon._redacted_output).
+    redacting: Redacting | None = None
 
     @property
     def kind(self) -> str | None:
@@ -179,8 +212,9 @@ class Daemon:
         policy: Policy,
         status: StatusReporter,
         limits: ExecLimits,
-        default_cwd: Path,
+        default_cwd: Path | None = None,
         use_zygote: bool | None = None,
+        credentials: CredentialStore | None = None,
     ) -> None:
         self.config = config
         self.state_directory = state_directory
@@ -188,7 +222,14 @@ class Daemon:
         self.policy = policy
         self.status = status
         self.limits = limits
+        # None: the policy's default root (its first allowed root), read at each start.
         self.default_cwd = default_cwd
+        self.credentials = credentials
+        self._redactor = Redactor.empty()
+        self._redactor_stamp: tuple[int, int] | None = None
+        self._redactor_checked = float("-inf")
+        self.approvals = Approvals(state_directory)
+        self.audit = AuditLog(state_directory, redact=self.redact_text)
         self.commands: dict[str, Active] = {}
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         # Supervisors that recorded their status but had not exited when we looked; polled
@@ -289,15 +330,27 @@ class Daemon:
             self._redelivered(command, existing, digest)
             return
 
-        refusal = validate(command)
+        refusal, rule = validate(command), "validation"
         if refusal is None and self._expired(command):
-            refusal = Refusal(
-                pb.Refused.REASON_EXPIRED, "not_after passed before the command arrived"
+            refusal, rule = (
+                Refusal(pb.Refused.REASON_EXPIRED, "not_after passed before the command arrived"),
+                "not_after",
             )
+        decision: Decision | None = None
         if refusal is None:
-            refusal = self.policy.check(command)
+            decision = self.policy.check(command)
+            if decision.action == "deny":
+                refusal, rule = decision.refusal, decision.rule
+        if refusal is None and command.credentials:
+            try:
+                delivery.check(command.credentials)
+            except delivery.DeliveryError as exc:
+                refusal = Refusal(pb.Refused.REASON_CREDENTIAL_UNAVAILABLE, str(exc))
+                rule = "credentials"
         if refusal is not None:
+            refusal = Refusal(refusal.reason, self.redact_text(refusal.message))
             log.info("refusing %s: %s", command_id or "(no id)", refusal.message)
+            self.audit.record("refused", command_id, rule, refusal.message)
             result = _refused(command_id, refusal)
             if not command_id:
                 self._send(result)  # nothing to journal it under
@@ -329,7 +382,13 @@ class Daemon:
         # that fsync runs in a thread while a spare gets ready for it (_launch_exec). A
         # crash before it is started is then reported as an unknown outcome, as one between
         # `running` and the start always was; never as a second run.
-        start_next = self.clock_offset is not None and not self._start_heap and not self._starting
+        asks = decision is not None and decision.action == "ask"
+        start_next = (
+            self.clock_offset is not None
+            and not self._start_heap
+            and not self._starting
+            and not asks  # it waits for a human: journaled as accepted, never "running"
+        )
         self.journal.insert(
             command_id=command_id,
             seq=command.seq,
@@ -499,6 +558,8 @@ class Daemon:
                 total=0,
             )
             return
+        if not active.journaled_running and not await self._allowed_now(active, command):
+            return
         if not active.journaled_running:
             self.journal.mark_running(active.command_id)
         active.state = "running"
@@ -513,6 +574,73 @@ class Daemon:
         else:
             await self._run_file_op(active, command)
 
+    async def _allowed_now(self, active: Active, command: pb.Command) -> bool:
+        """The policy again, at start: it may have changed since the command arrived (or the
+        daemon restarted). An `ask` starts the wait for a human and returns False; the
+        command is started later, once approved (:meth:`_await_approval`)."""
+        decision = self.policy.check(command)
+        if decision.action == "deny":
+            assert decision.refusal is not None
+            self._refuse_started(active, decision.refusal, decision.rule)
+            return False
+        if decision.action == "ask" and not active.approved:
+            if active.approval_rule is None:
+                active.approval_rule = decision.rule
+                asyncio.get_running_loop().create_task(
+                    self._await_approval(active, command, decision),
+                    name=f"approval:{active.command_id}",
+                )
+            return False
+        return True
+
+    async def _await_approval(
+        self, active: Active, command: pb.Command, decision: Decision
+    ) -> None:
+        timeout = self.policy.limits.ask_timeout_seconds
+        self.approvals.request(
+            active.command_id,
+            self.redact_text(summarize(command)),
+            self.redact_text(command.origin),
+            decision.rule,
+            timeout,
+        )
+        deadline = self.server_now() + timeout
+        self._send_awaiting(active, deadline)
+        active.approval_deadline = deadline
+        log.info("%s waits for local approval (%s)", active.command_id, decision.rule)
+        outcome = await self.approvals.wait(active.command_id, timeout)
+        self.approvals.forget(active.command_id)
+        active.approval_deadline = None
+        if active.state != "accepted" or self.commands.get(active.command_id) is not active:
+            return  # cancelled meanwhile
+        if outcome == "approved":
+            self.audit.record("approved", active.command_id, decision.rule, "approved locally")
+            active.approved = True
+            self._send(pb.DeviceMessage(accepted=pb.Accepted(command_id=active.command_id)))
+            self._queue_start(active)
+            return
+        event = "denied" if outcome == "denied" else "approval_timeout"
+        refusal = decision.approval_refusal("denied" if outcome == "denied" else "timeout")
+        self.audit.record(event, active.command_id, decision.rule, refusal.message)
+        self._finish_result(active, _refused(active.command_id, refusal), total=0)
+
+    def _send_awaiting(self, active: Active, deadline: float) -> None:
+        when = Timestamp()
+        when.FromNanoseconds(int(deadline * 1e9))
+        self._send(
+            pb.DeviceMessage(
+                awaiting_approval=pb.AwaitingApproval(
+                    command_id=active.command_id, rule=active.approval_rule or "", deadline=when
+                )
+            )
+        )
+
+    def _refuse_started(self, active: Active, refusal: Refusal, rule: str) -> None:
+        refusal = Refusal(refusal.reason, self.redact_text(refusal.message))
+        log.info("refusing %s: %s", active.command_id, refusal.message)
+        self.audit.record("refused", active.command_id, rule, refusal.message)
+        self._finish_result(active, _refused(active.command_id, refusal), total=0)
+
     async def _start_exec(self, active: Active, ex: pb.ExecCommand) -> None:
         active.launching = True
         try:
@@ -520,8 +648,62 @@ class Daemon:
         finally:
             active.launching = False
 
+    async def _deliver(self, active: Active) -> bool:
+        """Resolve and prepare the command's brokered credentials; False if refused."""
+        command = active.command
+        assert command is not None
+        if not command.credentials:
+            return True
+        prepared: delivery.Prepared | None = None
+        try:
+            if self.credentials is None:
+                raise delivery.DeliveryError("this endpointd has no credential store")
+            store = self.credentials
+            values: dict[str, bytes] = {}
+            for ref in command.credentials:
+                value = await asyncio.to_thread(store.get, ref.name)
+                if value is None:
+                    raise delivery.DeliveryError(
+                        f"credential {ref.name!r} is not stored on this device "
+                        f"(`endpointd creds add {ref.name}`)"
+                    )
+                values[ref.name] = value
+            prepared = delivery.prepare(active.spool, command.credentials, values)
+            await prepared.start()
+        except (delivery.DeliveryError, CredentialError) as exc:
+            if prepared is not None:
+                prepared.close()
+            await self._make_durable(active)
+            self._refuse_started(
+                active,
+                Refusal(pb.Refused.REASON_CREDENTIAL_UNAVAILABLE, str(exc)),
+                "credentials",
+            )
+            return False
+        active.delivery = prepared
+        for name in prepared.names:
+            with contextlib.suppress(CredentialError, OSError):
+                store.touch(name)
+        return True
+
+    def _exec_limits(self) -> ExecLimits:
+        """The daemon's limits, capped by the local policy's (which follow edits)."""
+        cap = self.policy.limits.max_runtime_seconds
+        return ExecLimits(
+            max_timeout_seconds=min(self.limits.max_timeout_seconds, cap),
+            kill_grace_seconds=self.limits.kill_grace_seconds,
+        )
+
     async def _launch_exec(self, active: Active, ex: pb.ExecCommand) -> None:
-        spec = exec_spec(active.spool, ex, limits=self.limits, default_cwd=self.default_cwd)
+        if not await self._deliver(active):
+            return
+        spec = exec_spec(
+            active.spool,
+            ex,
+            limits=self._exec_limits(),
+            default_cwd=self.default_cwd or self.policy.default_root,
+            delivery=active.delivery,
+        )
         pid: int | None = None
         how = "fresh interpreter"
         zygote = self.zygote
@@ -586,6 +768,22 @@ class Daemon:
             if known is None:
                 return OpResult(1, f"unknown command {target_id}")
             return OpResult(1, f"command {target_id} is not running (already finished)")
+        if target.approval_deadline is not None:
+            # Still waiting for a local human: the wait ends, and the command never runs.
+            self.approvals.forget(target_id)
+            target.approval_deadline = None
+            self._finish_result(
+                target,
+                _refused(
+                    target_id,
+                    Refusal(
+                        pb.Refused.REASON_APPROVAL_DENIED,
+                        "cancelled by the control plane while waiting for local approval",
+                    ),
+                ),
+                total=0,
+            )
+            return OpResult()
         if target.state != "running" or target.kind != "exec" or target.pid is None:
             return OpResult(1, f"command {target_id} is not a running exec ({target.state})")
         if not request_cancel(target.spool, target.pid, cancel.grace_seconds):
@@ -596,6 +794,17 @@ class Daemon:
     # ------------------------------------------------------------------ finishing
 
     def _finish_result(self, active: Active, result: pb.DeviceMessage, *, total: int) -> None:
+        if active.delivery is not None:
+            active.delivery.close()
+            active.delivery = None
+        if active.kind == "exec":
+            # The supervisor removes the files it was given; this catches one that was killed
+            # (or a daemon restarted meanwhile, which has no Prepared to close).
+            delivery.remove(active.spool)
+        if result.HasField("finished") and result.finished.error:
+            result.finished.error = self.redact_text(result.finished.error)
+        elif result.HasField("refused"):
+            result.refused.message = self.redact_text(result.refused.message)
         # Committed at once, made durable just after the writer has been woken to send it.
         self.journal.finish(active.command_id, result.SerializeToString(), durable=False)
         active.state = "finished"
@@ -834,7 +1043,9 @@ class Daemon:
             pb.InFlight(
                 command_id=a.command_id,
                 acked_output_offset=a.acked,
-                state=_STATE_TO_WIRE[a.state],
+                state=pb.InFlight.STATE_AWAITING_APPROVAL
+                if a.approval_deadline is not None
+                else _STATE_TO_WIRE[a.state],
             )
             for a in sorted(self.commands.values(), key=lambda a: a.seq)
         ]
@@ -845,6 +1056,8 @@ class Daemon:
         for active in self.commands.values():
             active.sent = active.acked
             active.result_sent = False
+            if active.approval_deadline is not None:
+                self._send_awaiting(active, active.approval_deadline)
         self.wake.set()
 
     def on_disconnected(self) -> None:
@@ -854,7 +1067,7 @@ class Daemon:
         """The next OutputChunk or result to send on the current stream, if any."""
         for active in sorted(self.commands.values(), key=lambda a: a.seq):
             if active.has_output and (active.total is None or active.sent < active.total):
-                got = self._reader(active).read(active.sent, MAX_OUTPUT_CHUNK_BYTES)
+                got = self._redacted_output(active)
                 if got is not None:
                     stream, data = got
                     if active.total is not None:
@@ -867,7 +1080,7 @@ class Daemon:
                     )
                     active.sent += len(data)
                     return pb.DeviceMessage(output=chunk)
-                if active.total is not None:
+                if active.total is not None and self._spool_exhausted(active):
                     log.error(
                         "%s: spool has no output at %d of %d; skipping to the result",
                         active.command_id,
@@ -883,6 +1096,92 @@ class Daemon:
                 active.result_sent = True
                 return active.result
         return None
+
+    def _spool_exhausted(self, active: Active) -> bool:
+        red = active.redacting
+        return red is not None and red.raw_pos >= active.sent and not red.ready
+
+    def _redacted_output(self, active: Active) -> tuple[int, bytes] | None:
+        """Masked output of one stream from ``active.sent`` on, or None if none is ready.
+
+        Reads the spool until a full chunk is ready (or nothing more is there), so chunks are
+        as large as before redaction. A resend from an earlier offset (a reconnect) re-reads
+        the spool from the start, so a secret straddling the resend point is still found.
+        """
+        red = active.redacting
+        if red is None or active.sent < (red.ready[0][1] if red.ready else red.released):
+            red = active.redacting = Redacting(self.redactor().stream())
+        reader = self._reader(active)
+        while True:
+            while red.ready and red.ready[0][1] + len(red.ready[0][2]) <= active.sent:
+                red.ready.popleft()
+            stream, data = self._take(red, active.sent)
+            if len(data) >= MAX_OUTPUT_CHUNK_BYTES or (data and red.ready[-1][0] != stream):
+                return stream, data
+            got = reader.read(red.raw_pos, MAX_OUTPUT_CHUNK_BYTES)
+            if got is None:
+                done = active.total is not None and red.raw_pos >= active.total
+                if done and red.stream is not None:
+                    self._release(red, red.stream, red.redactor.flush())
+                    red.stream = None
+                    continue
+                return (stream, data) if data else None
+            raw_stream, raw = got
+            if red.stream is not None and raw_stream != red.stream:
+                # Another stream's bytes follow: what was held of this one ends here.
+                self._release(red, red.stream, red.redactor.flush())
+            red.stream = raw_stream
+            red.raw_pos += len(raw)
+            self._release(red, raw_stream, red.redactor.feed(raw))
+
+    @staticmethod
+    def _take(red: Redacting, sent: int) -> tuple[int, bytes]:
+        """Up to a chunk of ready bytes of one stream from ``sent`` (not removed)."""
+        if not red.ready:
+            return 0, b""
+        stream = red.ready[0][0]
+        parts: list[bytes] = []
+        size = 0
+        for seg_stream, offset, data in red.ready:
+            if seg_stream != stream or size >= MAX_OUTPUT_CHUNK_BYTES:
+                break
+            part = data[max(sent - offset, 0) :]
+            parts.append(part[: MAX_OUTPUT_CHUNK_BYTES - size])
+            size += len(parts[-1])
+        return stream, b"".join(parts)
+
+    @staticmethod
+    def _release(red: Redacting, stream: int, data: bytes) -> None:
+        if data:
+            red.ready.append((stream, red.released, data))
+            red.released += len(data)
+
+    # ------------------------------------------------------------------ redaction
+
+    def redactor(self) -> Redactor:
+        """The redactor for every registered credential, rebuilt when the store changes."""
+        now = time.monotonic()
+        if self.credentials is None or now - self._redactor_checked < REDACTOR_RECHECK:
+            return self._redactor
+        self._redactor_checked = now
+        try:
+            info = self.credentials.path.stat()
+            stamp: tuple[int, int] | None = (info.st_mtime_ns, info.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self._redactor_stamp:
+            try:
+                values = self.credentials.values()
+            except (CredentialError, OSError) as exc:
+                # Keep masking what we knew rather than nothing.
+                log.error("cannot read the stored credentials for redaction: %s", exc)
+                return self._redactor
+            self._redactor = Redactor(values)
+            self._redactor_stamp = stamp
+        return self._redactor
+
+    def redact_text(self, text: str) -> str:
+        return self.redactor().text(text) if text else text
 
     # ------------------------------------------------------------------ status
 

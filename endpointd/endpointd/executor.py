@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from endpointd import _zygote
+from endpointd.delivery import Prepared
 from endpointd.fsutil import atomic_write
 from endpointd.spool import CANCEL_FILE, STDIN_FILE, SUPERVISOR_LOG, SUPERVISOR_PID_FILE, read_pid
 from superagent_proto.v1 import endpoint_pb2
@@ -75,19 +76,33 @@ def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def exec_spec(
-    spool: Path, ex: endpoint_pb2.ExecCommand, *, limits: ExecLimits, default_cwd: Path
+    spool: Path,
+    ex: endpoint_pb2.ExecCommand,
+    *,
+    limits: ExecLimits,
+    default_cwd: Path,
+    delivery: Prepared | None = None,
 ) -> dict[str, Any]:
-    """Prepare ``spool`` (and its stdin file) for ``ex``; returns the supervisor's spec."""
+    """Prepare ``spool`` (and its stdin file) for ``ex``; returns the supervisor's spec.
+
+    ``delivery``: the command's brokered credentials (:func:`endpointd.delivery.prepare`).
+    Their values end up in the spec's ``env``, which is why the spec only ever travels in
+    memory (a pipe or the zygote's socket); ``remove_after`` lists the files the supervisor
+    deletes once the command has ended.
+    """
     spool.mkdir(parents=True, exist_ok=True, mode=0o700)
     timeout = ex.timeout_seconds or limits.max_timeout_seconds
+    env = child_environment(dict(ex.env))
     spec = {
         "argv": list(ex.argv),
         "cwd": ex.cwd or str(default_cwd),
-        "env": child_environment(dict(ex.env)),
+        "env": delivery.apply(env) if delivery is not None else env,
         "timeout_seconds": min(timeout, limits.max_timeout_seconds),
         "kill_grace_seconds": limits.kill_grace_seconds,
         "stdin": ex.HasField("stdin"),
     }
+    if delivery is not None and delivery.remove_after:
+        spec["remove_after"] = list(delivery.remove_after)
     if ex.HasField("stdin"):
         atomic_write(spool / STDIN_FILE, ex.stdin, mode=0o600, fsync=False)
     return spec
@@ -125,9 +140,11 @@ def start_exec(
     *,
     limits: ExecLimits,
     default_cwd: Path,
+    delivery: Prepared | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the supervisor for ``ex`` as a fresh interpreter (no zygote)."""
-    return start_supervisor(spool, exec_spec(spool, ex, limits=limits, default_cwd=default_cwd))
+    spec = exec_spec(spool, ex, limits=limits, default_cwd=default_cwd, delivery=delivery)
+    return start_supervisor(spool, spec)
 
 
 def revoke_or_adopt(spool: Path) -> int | None:

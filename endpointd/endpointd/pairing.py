@@ -6,16 +6,21 @@ Order matters for safety and for not wasting the single-use code:
 2. probe TLS and settle trust (and the admin's fingerprint) before the code is sent;
 3. create and store the key (so a keyring failure aborts before the code is spent);
 4. call Pair over a channel that trusts only what step 2 accepted;
-5. check the response describes the same certificate, then write ``config.json``.
+5. check the response describes the same certificate, then write the local policy's
+   allowed roots (asked for by the CLI before anything else) and ``config.json``.
 
-A failure after step 3 removes the new key again, leaving nothing half-paired behind.
+A failure after step 3 removes the new key (and a policy file it created) again, leaving
+nothing half-paired behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from endpointd import __version__
@@ -35,6 +40,14 @@ from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
 PAIR_TIMEOUT_SECONDS = 30.0
 
 
+def check_not_paired(config_directory: Path) -> None:
+    existing = config_path(config_directory)
+    if existing.exists():
+        raise ConfigError(
+            f"already paired ({existing}); run `endpointd unpair` first to pair again"
+        )
+
+
 def pair(
     *,
     url: str,
@@ -43,17 +56,15 @@ def pair(
     key_file: Path | None,
     fingerprint: bytes | None,
     config_directory: Path,
+    allowed_roots: Sequence[Path] | None = None,
 ) -> DeviceConfig:
+    """Pair; ``allowed_roots`` (when given) are written into the local policy on success."""
     import grpc
 
     from superagent_proto.v1 import endpoint_pb2, endpoint_pb2_grpc
 
     addr = parse_server_url(url)
-    existing = config_path(config_directory)
-    if existing.exists():
-        raise ConfigError(
-            f"already paired ({existing}); run `endpointd unpair` first to pair again"
-        )
+    check_not_paired(config_directory)
     if not code.strip():
         raise PairingError("the pairing code is empty")
 
@@ -70,6 +81,7 @@ def pair(
         trust = TrustConfig(mode="plaintext")
 
     key, where, created = create_key(key_file)
+    created_policy: Path | None = None
     hostname = socket.gethostname()
     request = endpoint_pb2.PairRequest(
         pairing_code=code.strip(),
@@ -126,9 +138,17 @@ def pair(
             public_key=key.public_raw.hex(),
             paired_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         )
+        if allowed_roots:
+            from endpointd.policy import set_allowed_roots
+
+            policy_path, new_file = set_allowed_roots(config_directory, allowed_roots)
+            created_policy = policy_path if new_file else None
         save_config(config, config_directory)
         return config
     except BaseException:
         if created:
             discard_new_key(key, where)
+        if created_policy is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(created_policy)
         raise

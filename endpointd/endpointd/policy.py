@@ -1,24 +1,72 @@
-"""The local policy hook: the one place every command passes before it may run.
+"""The local policy: the one place every command passes before it may run.
 
-The policy file (``<config dir>/policy.toml``: allowed roots, denied paths, command rules,
-credential scopes) is the machine owner's and no RPC can change it. Its rules arrive with a
-later release; today every well-formed command is allowed, but the daemon already:
+The policy file, ``<config dir>/policy.toml``, is the machine owner's: no RPC can change
+it. It says where commands may run and files may be touched (``allowed_roots``, minus
+``denied_paths``), which commands are allowed, denied or held for a local approval
+(``[[commands]]``, first match wins, else ``default_action``), which commands may receive
+each credential (``[credentials.NAME] allow``), and the limits (``[limits]``). The shipped
+``policy.example.toml`` documents every key.
 
-* calls :meth:`Policy.check` for every command after validation and before journaling it
-  as accepted, so adding rules changes this module only;
-* reports ``policy_hash`` (SHA-256 of the file's bytes, or of b"" when there is none) in
-  every Hello, so admins can see when a device's rules change.
+How it is enforced:
+
+* :meth:`Policy.check` judges a command: paths first (allowed roots, denied paths), then
+  the command rules, then the credential scopes; deny beats ask beats allow. Every
+  :class:`Decision` names the rule that decided, as the policy file names it.
+* A missing, unreadable, malformed or loosely-permissioned file refuses every command
+  (except cancel, which only ever stops work) with a message naming the file and line:
+  a broken policy must never mean "allow everything".
+* The file is re-read whenever it changes (one ``stat`` per check), so edits apply without
+  a restart and :meth:`Policy.hash` (reported in every Hello) always describes the rules
+  being enforced.
+
+It is a policy on what the control plane may ask for, not a sandbox: an allowed command
+runs with the user's permissions. The argv check against denied paths is best effort.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
-from dataclasses import dataclass
+import json
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
+from typing import Any, Literal, cast
 
+from endpointd.credentials import NAME_RULE, valid_name
+from endpointd.errors import ConfigError
+from endpointd.fsutil import atomic_write
+from endpointd.paths import ensure_private_dir, state_dir
 from superagent_proto.v1 import endpoint_pb2
 
 POLICY_FILE = "policy.toml"
+EXAMPLE_FILE = "policy.example.toml"
+
+Action = Literal["allow", "deny", "ask"]
+ACTIONS: tuple[Action, ...] = ("allow", "deny", "ask")
+
+# Always denied, whatever the file says (user entries add to these).
+DEFAULT_DENIED_PATHS = (
+    "~/.ssh",
+    "~/.gnupg",
+    "~/.aws",
+    "~/.config/gcloud",
+    "~/Library/Keychains",
+    "~/.local/share/keyrings",
+    # keyrings.alt's file-based keyrings, should that be the backend in use.
+    "~/.local/share/python_keyring",
+)
+
+_R = endpoint_pb2.Refused
+_CASE_INSENSITIVE = sys.platform in ("darwin", "win32")
+# How much of a command line a message quotes: enough to recognise it, not a wall of text.
+_QUOTE_LIMIT = 200
+_MAX_ARG_TOKENS = 2000
 
 
 @dataclass(frozen=True)
@@ -27,23 +75,763 @@ class Refusal:
     message: str
 
 
-class Policy:
-    """Allow-all until the policy file format exists; subclass or replace, keep ``check``."""
+@dataclass(frozen=True)
+class Decision:
+    """What the policy says about one command, and which rule said it.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    ``rule`` is the rule's name as the policy file spells it (``allowed_roots``,
+    ``denied_paths: ~/.ssh``, ``commands[2] "git push*"``, ``credentials.NAME.allow``,
+    ``default_action``, ``policy.toml`` when the file itself is broken); ``message`` is one
+    line for the control plane and the audit log that names the rule. Neither ever contains
+    a secret value.
+    """
 
-    def check(self, command: endpoint_pb2.Command) -> Refusal | None:
-        if len(command.credentials):
-            # Nothing may pretend a secret was delivered when it was not.
+    action: Action
+    rule: str
+    message: str
+    # The Refused reason when action is "deny".
+    reason: endpoint_pb2.Refused.Reason.ValueType = _R.REASON_POLICY_DENIED
+
+    @property
+    def refusal(self) -> Refusal | None:
+        """None only for ``allow``.
+
+        ``deny`` gives the refusal to send. ``ask`` gives the refusal for a human's "no"
+        (REASON_APPROVAL_DENIED), so code that does not handle ``ask`` fails closed; a
+        daemon that holds the command uses :meth:`approval_refusal` once it knows the
+        outcome.
+        """
+        if self.action == "allow":
+            return None
+        if self.action == "ask":
+            return self.approval_refusal("denied")
+        return Refusal(self.reason, self.message)
+
+    def approval_refusal(self, outcome: Literal["denied", "timeout"]) -> Refusal:
+        """The refusal for an ``ask`` that a human denied or nobody answered in time."""
+        if outcome == "timeout":
             return Refusal(
-                endpoint_pb2.Refused.REASON_CREDENTIAL_UNAVAILABLE,
-                "credential brokering is not supported by this endpointd version",
+                _R.REASON_APPROVAL_TIMEOUT,
+                f"nobody approved it on the device in time ({self.rule} asks for approval)",
             )
+        return Refusal(
+            _R.REASON_APPROVAL_DENIED,
+            f"denied by the user on the device ({self.rule} asks for approval)",
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_runtime_seconds: int = 3600
+    max_output_bytes: int = 64 * 1024 * 1024
+    ask_timeout_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class CommandRule:
+    index: int  # 1-based position among the [[commands]] tables
+    action: Action
+    match: str
+    name: str | None = None
+
+    @property
+    def rule(self) -> str:
+        label = self.name or f"commands[{self.index}]"
+        return f"{label} {json.dumps(self.match)}"
+
+
+@dataclass(frozen=True)
+class DeniedPath:
+    label: str  # as shown in rule names: "~/.ssh", "endpointd config dir", or as written
+    path: Path  # absolute, normalised
+    default: bool
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The policy file's content, validated; paths expanded but not resolved."""
+
+    allowed_roots: tuple[Path, ...] = ()
+    denied_paths: tuple[DeniedPath, ...] = ()
+    default_action: Action = "allow"
+    commands: tuple[CommandRule, ...] = ()
+    credentials: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+
+
+class PolicyError(ConfigError):
+    """The policy file cannot be used; the message names the file, line and key."""
+
+    def __init__(self, path: Path, message: str, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {message}")
+
+
+# --------------------------------------------------------------------------- parsing
+
+_TOP_KEYS = ("allowed_roots", "denied_paths", "default_action", "commands", "credentials", "limits")
+_RULE_KEYS = ("action", "match", "name")
+_SCOPE_KEYS = ("allow",)
+_LIMIT_KEYS = ("max_runtime_seconds", "max_output_bytes", "ask_timeout_seconds")
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+
+
+def _table_name(raw: str) -> str:
+    return ".".join(part.strip().strip("\"'") for part in raw.split("."))
+
+
+def _locate(text: str, table: str | None, key: str | None, nth: int = 1) -> int | None:
+    """Best-effort line number of ``key`` in ``table`` (the nth array-of-tables entry)."""
+    lines = text.splitlines()
+    start, seen = 0, 0
+    if table is not None:
+        for i, line in enumerate(lines):
+            m = _HEADER.match(line)
+            if m and _table_name(m.group(2)) == table:
+                seen += 1
+                if seen == nth:
+                    start = i + 1
+                    break
+        else:
+            return None
+        if key is None:
+            return start
+    if key is None:
         return None
+    pattern = re.compile(rf"""^\s*["']?{re.escape(key)}["']?\s*=""")
+    for i in range(start, len(lines)):
+        if _HEADER.match(lines[i]):
+            if table is not None:
+                return None
+            continue
+        if pattern.match(lines[i]):
+            return i + 1
+    return None
+
+
+class _Parser:
+    def __init__(self, path: Path, text: str, home: Path) -> None:
+        self.path = path
+        self.text = text
+        self.home = home
+
+    def fail(
+        self, message: str, table: str | None = None, key: str | None = None, nth: int = 1
+    ) -> PolicyError:
+        return PolicyError(self.path, message, _locate(self.text, table, key, nth))
+
+    def unknown(
+        self, data: Mapping[str, Any], known: Sequence[str], table: str | None, nth: int = 1
+    ) -> None:
+        for key in data:
+            if key not in known:
+                where = f" in [{table}]" if table else ""
+                raise self.fail(
+                    f"unknown key {key!r}{where}; known keys: {', '.join(known)}",
+                    table,
+                    key,
+                    nth,
+                )
+
+    def path_list(self, data: Mapping[str, Any], key: str) -> tuple[tuple[str, Path], ...]:
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(f"{key} must be a list of paths (strings)", None, key)
+        out = []
+        for raw in value:
+            if not raw.strip():
+                raise self.fail(f"{key} contains an empty path", None, key)
+            expanded = expand_path(raw, self.home)
+            if not expanded.is_absolute():
+                raise self.fail(
+                    f"{key}: {raw!r} is not an absolute path (write /… or ~/…)", None, key
+                )
+            out.append((raw, expanded))
+        return tuple(out)
+
+    def parse(self) -> Rules:
+        try:
+            data = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as exc:
+            m = re.search(r"at line (\d+)", str(exc))
+            # "at end of document": the error is on the last line (e.g. an unclosed array).
+            line = int(m.group(1)) if m else max(1, len(self.text.splitlines()))
+            raise PolicyError(self.path, f"not valid TOML: {exc}", line) from None
+        self.unknown(data, _TOP_KEYS, None)
+
+        roots = tuple(p for _, p in self.path_list(data, "allowed_roots"))
+        denied = tuple(
+            DeniedPath(label=raw, path=p, default=False)
+            for raw, p in self.path_list(data, "denied_paths")
+        )
+
+        default_action = data.get("default_action", "allow")
+        if default_action not in ACTIONS:
+            raise self.fail(
+                f"default_action must be one of {', '.join(map(repr, ACTIONS))},"
+                f" got {default_action!r}",
+                None,
+                "default_action",
+            )
+
+        commands_raw = data.get("commands", [])
+        if not isinstance(commands_raw, list) or not all(isinstance(c, dict) for c in commands_raw):
+            raise self.fail("commands must be [[commands]] tables", None, "commands")
+        commands: list[CommandRule] = []
+        names: set[str] = set()
+        for i, rule in enumerate(commands_raw, start=1):
+            table = "commands"
+            self.unknown(rule, _RULE_KEYS, table, i)
+            action = rule.get("action")
+            if action not in ACTIONS:
+                raise self.fail(
+                    f"commands[{i}].action must be one of {', '.join(map(repr, ACTIONS))},"
+                    f" got {action!r}",
+                    table,
+                    "action" if "action" in rule else None,
+                    i,
+                )
+            match = rule.get("match")
+            if not isinstance(match, str) or not match.strip():
+                raise self.fail(
+                    f"commands[{i}].match must be a non-empty glob over the command line,"
+                    ' e.g. "git push *"',
+                    table,
+                    "match" if "match" in rule else None,
+                    i,
+                )
+            name = rule.get("name")
+            if name is not None:
+                if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
+                    raise self.fail(
+                        f"commands[{i}].name must be a non-empty word", table, "name", i
+                    )
+                if name in names:
+                    raise self.fail(f"two command rules are named {name!r}", table, "name", i)
+                names.add(name)
+            commands.append(
+                CommandRule(index=i, action=cast(Action, action), match=match, name=name)
+            )
+
+        creds_raw = data.get("credentials", {})
+        if not isinstance(creds_raw, dict):
+            raise self.fail("credentials must be [credentials.NAME] tables", None, "credentials")
+        scopes: dict[str, tuple[str, ...]] = {}
+        for cred, scope in creds_raw.items():
+            table = f"credentials.{cred}"
+            if not valid_name(cred):
+                raise self.fail(
+                    f"invalid credential name {cred!r} in [{table}]: use {NAME_RULE}", table, None
+                )
+            if not isinstance(scope, dict):
+                raise self.fail(f"[{table}] must be a table with `allow = [...]`", table, None)
+            self.unknown(scope, _SCOPE_KEYS, table)
+            allow = scope.get("allow")
+            if not isinstance(allow, list) or not all(
+                isinstance(g, str) and g.strip() for g in allow
+            ):
+                raise self.fail(
+                    f'{table}.allow must be a list of command globs, e.g. ["git *"]',
+                    table,
+                    "allow" if "allow" in scope else None,
+                )
+            scopes[cred] = tuple(allow)
+
+        limits_raw = data.get("limits", {})
+        if not isinstance(limits_raw, dict):
+            raise self.fail("limits must be a [limits] table", None, "limits")
+        self.unknown(limits_raw, _LIMIT_KEYS, "limits")
+        values: dict[str, int] = {}
+        for key in _LIMIT_KEYS:
+            if key in limits_raw:
+                value = limits_raw[key]
+                if type(value) is not int or value <= 0:
+                    raise self.fail(
+                        f"limits.{key} must be a positive integer, got {value!r}", "limits", key
+                    )
+                values[key] = value
+
+        return Rules(
+            allowed_roots=roots,
+            denied_paths=denied,
+            default_action=cast(Action, default_action),
+            commands=tuple(commands),
+            credentials=scopes,
+            limits=Limits(**values),
+        )
+
+
+def expand_path(raw: str, home: Path | None = None) -> Path:
+    """``~`` and ``~/…`` expanded against ``home``; normalised (``..`` folded) if absolute."""
+    home = Path.home() if home is None else home
+    if raw == "~":
+        text = str(home)
+    elif raw.startswith("~/"):
+        text = str(home) + raw[1:]
+    else:
+        text = os.path.expanduser(raw)
+    return Path(os.path.normpath(text)) if os.path.isabs(text) else Path(text)
+
+
+def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
+    """Validate a policy file's text; PolicyError naming the key and line."""
+    return _Parser(path, text, Path.home() if home is None else home).parse()
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _fold(p: str) -> str:
+    return p.casefold() if _CASE_INSENSITIVE else p
+
+
+def _within(path: str, root: str) -> bool:
+    path, root = _fold(path), _fold(root)
+    if path == root:
+        return True
+    prefix = root if root.endswith(os.sep) else root + os.sep
+    return path.startswith(prefix)
+
+
+def _quote(argv: Sequence[str]) -> str:
+    line = " ".join(argv)
+    return json.dumps(line if len(line) <= _QUOTE_LIMIT else line[:_QUOTE_LIMIT] + "…")
+
+
+def command_lines(argv: Sequence[str]) -> tuple[str, ...]:
+    """What command globs are matched against: the argv joined by spaces, and the same with
+    argv[0] reduced to its base name (so ``rm *`` also catches ``/bin/rm -rf x``)."""
+    line = " ".join(argv)
+    base = os.path.basename(argv[0]) if argv else ""
+    if argv and base and base != argv[0]:
+        return (line, " ".join([base, *argv[1:]]))
+    return (line,)
+
+
+def glob_matches(glob: str, argv: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(line, glob) for line in command_lines(argv))
+
+
+_TOKEN_SPLIT = re.compile(r"""[\s'"=;|&<>()`,]+""")
+
+
+@dataclass(frozen=True)
+class _Root:
+    written: Path
+    real: str
+
+
+@dataclass(frozen=True)
+class _Denied:
+    entry: DeniedPath
+    forms: tuple[str, ...]  # normalised and resolved
+
+
+@dataclass
+class _Loaded:
+    rules: Rules | None
+    error: str | None
+    digest: bytes
+    roots: tuple[_Root, ...] = ()
+    denied: tuple[_Denied, ...] = ()
+
+
+_UNSET = object()
+
+
+class Policy:
+    """The rules of ``path`` (normally ``<config dir>/policy.toml``), kept current.
+
+    ``state_dir`` and ``home`` default to the daemon's state dir and the user's home; they
+    only matter for the built-in denied paths (endpointd's own files, ``~/.ssh``, …).
+    """
+
+    def __init__(
+        self, path: Path, *, state_dir: Path | None = None, home: Path | None = None
+    ) -> None:
+        self.path = path
+        self.config_dir = path.parent
+        self._state_dir = state_dir
+        self._home = home
+        self._stamp: object = _UNSET
+        self._loaded = _Loaded(rules=None, error="not loaded", digest=b"")
+        self._refresh()
+
+    # ------------------------------------------------------------------ loading
+
+    @property
+    def home(self) -> Path:
+        return Path.home() if self._home is None else self._home
+
+    def _refresh(self) -> _Loaded:
+        st: os.stat_result | None = None
+        try:
+            st = os.stat(self.path)
+            stamp: object = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except FileNotFoundError:
+            stamp = None
+        except OSError as exc:
+            stamp = ("error", exc.errno)
+        if stamp == self._stamp:
+            return self._loaded
+        self._loaded = self._load(st)
+        self._stamp = stamp
+        return self._loaded
+
+    def _load(self, st: os.stat_result | None) -> _Loaded:
+        denied_defaults = self._default_denied()
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return self._broken(
+                f"{self.path}: no policy file; create it with `endpointd policy init"
+                " --allow-root DIR` (pairing does this)",
+                b"",
+                denied_defaults,
+            )
+        except OSError as exc:
+            return self._broken(f"{self.path}: cannot read: {exc.strerror}", b"", denied_defaults)
+        if st is not None and os.name == "posix" and st.st_mode & 0o022:
+            return self._broken(
+                f"{self.path}: the policy file is writable by other users (mode"
+                f" {st.st_mode & 0o777:o}), so it cannot be trusted; run `chmod 600"
+                f" {self.path}`",
+                data,
+                denied_defaults,
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._broken(f"{self.path}: not UTF-8 text", data, denied_defaults)
+        try:
+            rules = parse_policy(text, self.path, self.home)
+        except PolicyError as exc:
+            return self._broken(str(exc), data, denied_defaults)
+        roots = tuple(_Root(written=p, real=os.path.realpath(p)) for p in rules.allowed_roots)
+        return _Loaded(
+            rules=rules,
+            error=None,
+            digest=hashlib.sha256(data).digest(),
+            roots=roots,
+            denied=self._denied((*denied_defaults, *rules.denied_paths)),
+        )
+
+    def _broken(self, error: str, data: bytes, denied: Iterable[DeniedPath]) -> _Loaded:
+        return _Loaded(
+            rules=None,
+            error=error,
+            digest=hashlib.sha256(data).digest(),
+            denied=self._denied(denied),
+        )
+
+    def _default_denied(self) -> tuple[DeniedPath, ...]:
+        home = self.home
+        out = [
+            DeniedPath(label=p, path=expand_path(p, home), default=True)
+            for p in DEFAULT_DENIED_PATHS
+        ]
+        xdg_data = os.environ.get("XDG_DATA_HOME")
+        if xdg_data and os.path.isabs(xdg_data):
+            for sub in ("keyrings", "python_keyring"):
+                out.append(
+                    DeniedPath(
+                        label=f"$XDG_DATA_HOME/{sub}",
+                        path=Path(os.path.normpath(xdg_data)) / sub,
+                        default=True,
+                    )
+                )
+        config = Path(os.path.abspath(self.config_dir))
+        out.append(DeniedPath(label="endpointd config dir", path=config, default=True))
+        state = self._state_dir if self._state_dir is not None else state_dir().path
+        out.append(
+            DeniedPath(label="endpointd state dir", path=Path(os.path.abspath(state)), default=True)
+        )
+        key_file = _key_file(config)
+        if key_file is not None:
+            out.append(DeniedPath(label="endpointd key file", path=key_file, default=True))
+        return tuple(out)
+
+    @staticmethod
+    def _denied(entries: Iterable[DeniedPath]) -> tuple[_Denied, ...]:
+        out = []
+        for entry in entries:
+            forms = {str(entry.path), os.path.realpath(entry.path)}
+            out.append(_Denied(entry=entry, forms=tuple(sorted(forms))))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def error(self) -> str | None:
+        """Why the policy cannot be used (every command is then refused), or None."""
+        return self._refresh().error
+
+    @property
+    def rules(self) -> Rules | None:
+        return self._refresh().rules
+
+    @property
+    def limits(self) -> Limits:
+        rules = self._refresh().rules
+        return rules.limits if rules is not None else Limits()
+
+    @property
+    def allowed_roots(self) -> list[Path]:
+        """The allowed roots, resolved (symlinks and ``..``), in file order."""
+        return [Path(r.real) for r in self._refresh().roots]
+
+    @property
+    def default_root(self) -> Path:
+        """Where a command that names no cwd runs: the first allowed root (home if none)."""
+        roots = self._refresh().roots
+        return Path(roots[0].real) if roots else self.home
+
+    @property
+    def denied_paths(self) -> list[DeniedPath]:
+        """Built-in denied paths first, then the file's."""
+        return [d.entry for d in self._refresh().denied]
 
     def hash(self) -> bytes:
-        return policy_hash(self.path)
+        """SHA-256 of the bytes of the policy being enforced (of b"" when there is none)."""
+        return self._refresh().digest
+
+    # ------------------------------------------------------------------ checks
+
+    def check(self, command: endpoint_pb2.Command) -> Decision:
+        """Judge ``command`` (already structurally validated)."""
+        kind = command.WhichOneof("kind")
+        if kind == "cancel":
+            return Decision("allow", "cancel", "cancelling a command is always allowed")
+        loaded = self._refresh()
+        if loaded.rules is None:
+            return self._broken_decision(loaded)
+        if kind == "exec":
+            ex = command.exec
+            return self._exec(
+                loaded, list(ex.argv), ex.cwd, [c.name for c in command.credentials], None
+            )
+        if kind in ("read_file", "write_file", "list_dir"):
+            op = getattr(command, kind)
+            decision = self._path(loaded, str(op.path), f"{kind} path", None)
+            return decision or Decision(
+                "allow", "allowed_roots", f"{kind} {op.path} is inside an allowed root"
+            )
+        return Decision("deny", "policy", f"the policy does not know command kind {kind!r}")
+
+    def check_path(self, path: str) -> Decision:
+        """Judge a file operation on ``path`` (read, write and list are judged alike)."""
+        loaded = self._refresh()
+        if loaded.rules is None:
+            return self._broken_decision(loaded)
+        decision = self._path(loaded, path, "path", None)
+        return decision or Decision("allow", "allowed_roots", f"{path} is inside an allowed root")
+
+    def explain(self, argv: list[str], cwd: str | None, credentials: list[str]) -> str:
+        """Why ``argv`` (in ``cwd``, with ``credentials``) gets its decision, step by step."""
+        loaded = self._refresh()
+        steps = [f"policy: {self.path} (sha256 {loaded.digest.hex()[:16]}…)"]
+        if loaded.rules is None:
+            decision = self._broken_decision(loaded)
+        else:
+            decision = self._exec(loaded, argv, cwd or "", credentials, steps)
+        steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
+        return "\n".join(steps)
+
+    def explain_path(self, path: str) -> str:
+        loaded = self._refresh()
+        steps = [f"policy: {self.path} (sha256 {loaded.digest.hex()[:16]}…)"]
+        if loaded.rules is None:
+            decision = self._broken_decision(loaded)
+        else:
+            decision = self._path(loaded, path, "path", steps) or Decision(
+                "allow", "allowed_roots", f"{path} is inside an allowed root"
+            )
+        steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
+        return "\n".join(steps)
+
+    def denied_rule(self, path: str) -> str | None:
+        """``denied_paths: …`` when ``path`` is inside a denied path, else None (e.g. for
+        skipping denied subtrees in a directory listing)."""
+        hit = self._denied_hit(self._refresh(), path)
+        return None if hit is None else f"denied_paths: {hit.entry.label}"
+
+    # ------------------------------------------------------------------ internals
+
+    def _broken_decision(self, loaded: _Loaded) -> Decision:
+        return Decision(
+            "deny",
+            POLICY_FILE,
+            f"the local policy cannot be used, so every command is refused: {loaded.error}",
+        )
+
+    def _denied_hit(self, loaded: _Loaded, path: str) -> _Denied | None:
+        forms = {os.path.normpath(path), os.path.realpath(path)}
+        for denied in loaded.denied:
+            for form in forms:
+                if any(_within(form, d) for d in denied.forms):
+                    return denied
+        return None
+
+    def _path(
+        self, loaded: _Loaded, path: str, what: str, steps: list[str] | None
+    ) -> Decision | None:
+        """A deny decision when ``path`` is denied or outside every root, else None."""
+        hit = self._denied_hit(loaded, path)
+        if hit is not None:
+            rule = f"denied_paths: {hit.entry.label}"
+            return Decision(
+                "deny", rule, f"{what} {path} is inside a denied path ({rule} in {self.path})"
+            )
+        real = os.path.realpath(path)
+        if not loaded.roots:
+            return Decision(
+                "deny",
+                "allowed_roots",
+                f"no allowed roots are configured: add a directory to allowed_roots in {self.path}",
+            )
+        for root in loaded.roots:
+            if _within(real, root.real):
+                if steps is not None:
+                    steps.append(
+                        f"{what} {path}: inside allowed root {root.written} (allowed_roots)"
+                    )
+                return None
+        resolved = f" (it resolves to {real})" if real != os.path.normpath(path) else ""
+        roots = ", ".join(str(r.written) for r in loaded.roots)
+        return Decision(
+            "deny",
+            "allowed_roots",
+            f"{what} {path}{resolved} is outside the allowed roots ({roots}; allowed_roots in"
+            f" {self.path})",
+        )
+
+    def _argv_paths(self, argv: Sequence[str], cwd: str) -> Iterable[tuple[str, str]]:
+        """(argument, path) for every argv word that names a path, best effort."""
+        home = str(self.home)
+        count = 0
+        for arg in argv:
+            for word in _TOKEN_SPLIT.split(arg):
+                if not word:
+                    continue
+                count += 1
+                if count > _MAX_ARG_TOKENS:
+                    return
+                for prefix in ("$HOME", "${HOME}"):
+                    if word == prefix or word.startswith(prefix + "/"):
+                        word = home + word[len(prefix) :]
+                if word == "~" or word.startswith("~/"):
+                    yield arg, home + word[1:]
+                elif word.startswith("/"):
+                    yield arg, word
+                elif "/" in word or word.startswith("."):
+                    yield arg, os.path.join(cwd, word)
+
+    def _exec(
+        self,
+        loaded: _Loaded,
+        argv: list[str],
+        cwd: str,
+        credentials: list[str],
+        steps: list[str] | None,
+    ) -> Decision:
+        assert loaded.rules is not None
+        rules = loaded.rules
+        if not cwd:
+            cwd = str(self.default_root)
+            if steps is not None:
+                steps.append(f"cwd: none given, so the default root {cwd}")
+        refused = self._path(loaded, cwd, "cwd", steps)
+        if refused is not None:
+            return refused
+
+        for arg, path in self._argv_paths(argv, cwd):
+            hit = self._denied_hit(loaded, path)
+            if hit is not None:
+                rule = f"denied_paths: {hit.entry.label}"
+                return Decision(
+                    "deny",
+                    rule,
+                    f"argument {json.dumps(arg[:_QUOTE_LIMIT])} names a denied path ({rule} in"
+                    f" {self.path})",
+                )
+
+        quoted = _quote(argv)
+        chosen: Decision | None = None
+        for command_rule in rules.commands:
+            if glob_matches(command_rule.match, argv):
+                if steps is not None:
+                    steps.append(
+                        f"command {quoted}: matches {command_rule.rule} -> {command_rule.action}"
+                    )
+                chosen = self._command_decision(command_rule.action, command_rule.rule, quoted)
+                break
+        if chosen is None:
+            if steps is not None:
+                steps.append(
+                    f"command {quoted}: no [[commands]] rule matches -> default_action ="
+                    f" {rules.default_action}"
+                )
+            chosen = self._command_decision(rules.default_action, "default_action", quoted)
+        if chosen.action == "deny":
+            return chosen
+
+        for name in credentials:
+            rule = f"credentials.{name}.allow"
+            if not valid_name(name):
+                return Decision(
+                    "deny",
+                    rule,
+                    f"{name!r} is not a valid credential name ({NAME_RULE})",
+                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                )
+            scope = rules.credentials.get(name)
+            if scope is None:
+                return Decision(
+                    "deny",
+                    rule,
+                    f"credential {name!r} has no scope in {self.path}, so it may not be delivered"
+                    f' to any command: add [credentials.{name}] with allow = ["<command glob>"]',
+                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                )
+            matched = next((g for g in scope if glob_matches(g, argv)), None)
+            if matched is None:
+                globs = ", ".join(json.dumps(g) for g in scope) or "none"
+                return Decision(
+                    "deny",
+                    rule,
+                    f"credential {name!r} may not be delivered to {quoted}: {rule} in"
+                    f" {self.path} allows only {globs}",
+                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                )
+            if steps is not None:
+                steps.append(f"credential {name}: allowed by {rule} {json.dumps(matched)}")
+        return chosen
+
+    @staticmethod
+    def _command_decision(action: Action, rule: str, quoted: str) -> Decision:
+        if action == "deny":
+            return Decision("deny", rule, f"command {quoted} is denied by {rule}")
+        if action == "ask":
+            return Decision(
+                "ask",
+                rule,
+                f"command {quoted} needs approval on the device ({rule}): `endpointd approvals`",
+            )
+        return Decision("allow", rule, f"command {quoted} is allowed by {rule}")
+
+
+def _key_file(config_directory: Path) -> Path | None:
+    """The device key file named by config.json, if the key lives in a file."""
+    try:
+        raw = json.loads((config_directory / "config.json").read_text(encoding="utf-8"))
+        key = raw.get("key") or {}
+        if key.get("storage") == "file" and key.get("path"):
+            return Path(os.path.abspath(str(key["path"])))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
 
 
 def policy_hash(path: Path) -> bytes:
@@ -54,5 +842,97 @@ def policy_hash(path: Path) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def load_policy(config_directory: Path) -> Policy:
-    return Policy(config_directory / POLICY_FILE)
+def load_policy(config_directory: Path, *, state_directory: Path | None = None) -> Policy:
+    """The policy of ``<config_directory>/policy.toml`` (never raises: a broken file denies)."""
+    return Policy(config_directory / POLICY_FILE, state_dir=state_directory)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def example_text() -> str:
+    """The shipped, commented example policy (``allowed_roots = []``)."""
+    return resources.files("endpointd").joinpath(EXAMPLE_FILE).read_text(encoding="utf-8")
+
+
+_EMPTY_ROOTS = re.compile(r"^allowed_roots\s*=\s*\[\s*\][ \t]*$", re.M)
+
+
+def _toml_string(value: str) -> str:
+    # A JSON string is a valid TOML basic string (same escapes, \uXXXX included).
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _with_roots(text: str, roots: Sequence[Path], path: Path) -> str:
+    found = _EMPTY_ROOTS.findall(text)
+    if len(found) != 1:
+        raise PolicyError(
+            path,
+            "cannot fill in allowed_roots automatically (no single `allowed_roots = []` line);"
+            " edit allowed_roots in the file",
+        )
+    listed = "".join(f"    {_toml_string(str(r))},\n" for r in roots)
+    new = _EMPTY_ROOTS.sub(lambda _: f"allowed_roots = [\n{listed}]", text, count=1)
+    check = parse_policy(new, path)
+    if list(check.allowed_roots) != [expand_path(str(r)) for r in roots]:
+        raise PolicyError(path, "the allowed roots cannot be written as TOML; edit the file")
+    return new
+
+
+def allowed_root(raw: str) -> Path:
+    """A directory given on the command line or at the prompt, made absolute; ConfigError
+    if it is not an existing directory."""
+    text = raw.strip()
+    if not text:
+        raise ConfigError("an allowed root cannot be empty")
+    path = expand_path(text)
+    if not path.is_absolute():
+        path = Path(os.path.abspath(path))
+    if not path.is_dir():
+        raise ConfigError(f"allowed root {raw!r} is not an existing directory")
+    return path
+
+
+RootsState = Literal["missing", "empty", "set"]
+
+
+def roots_state(config_directory: Path) -> tuple[RootsState, list[Path]]:
+    """Whether the policy file exists and lists allowed roots (PolicyError when broken)."""
+    path = config_directory / POLICY_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "missing", []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(path, f"cannot read: {exc}") from None
+    rules = parse_policy(text, path)
+    if not rules.allowed_roots:
+        return "empty", []
+    return "set", list(rules.allowed_roots)
+
+
+def write_policy(config_directory: Path, roots: Sequence[Path] = ()) -> Path:
+    """Create policy.toml from the example, listing ``roots``; ConfigError if it exists."""
+    path = config_directory / POLICY_FILE
+    if path.exists():
+        raise ConfigError(f"{path} already exists; edit it (`endpointd policy show` shows it)")
+    text = example_text()
+    if roots:
+        text = _with_roots(text, roots, path)
+    ensure_private_dir(config_directory)
+    atomic_write(path, text.encode("utf-8"), mode=0o600)
+    return path
+
+
+def set_allowed_roots(config_directory: Path, roots: Sequence[Path]) -> tuple[Path, bool]:
+    """Make the policy list ``roots``: a new file from the example, or the empty
+    ``allowed_roots = []`` of an existing one filled in. Returns (path, created)."""
+    path = config_directory / POLICY_FILE
+    state, _ = roots_state(config_directory)
+    if state == "missing":
+        return write_policy(config_directory, roots), True
+    if state == "set":
+        raise PolicyError(path, "allowed_roots is already set; edit the file to change it")
+    text = _with_roots(path.read_text(encoding="utf-8"), roots, path)
+    atomic_write(path, text.encode("utf-8"), mode=0o600)
+    return path, False

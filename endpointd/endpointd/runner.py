@@ -16,11 +16,13 @@ import fcntl
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from endpointd.config import load_config
 from endpointd.connection import connect_forever
+from endpointd.credentials import CredentialStore
 from endpointd.daemon import Daemon
 from endpointd.errors import ConfigError, KeyStorageError
 from endpointd.executor import ExecLimits
@@ -33,6 +35,25 @@ from endpointd.status import StatusReporter
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "daemon.lock"
+
+
+class RedactingFilter(logging.Filter):
+    """Masks credential values in every record a handler writes."""
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = self.redact(message)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
 
 
 def acquire_lock(state_directory: Path) -> IO[str]:
@@ -75,11 +96,16 @@ async def run_daemon(
         config,
         state_directory=state_directory,
         journal=journal,
-        policy=load_policy(config_directory),
+        policy=load_policy(config_directory, state_directory=state_directory),
         status=status,
         limits=limits,
-        default_cwd=Path.home(),
+        credentials=CredentialStore(config_directory),
     )
+    # endpointd's own log lines leave the device too (support bundles, journald shipping):
+    # they are masked like command output.
+    redacting = RedactingFilter(daemon.redact_text)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(redacting)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

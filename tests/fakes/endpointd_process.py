@@ -60,7 +60,17 @@ class Endpointd:
         )
 
     def pair(self, url: str, code: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        proc = self.cli("pair", url, code, "--key-file", str(self.key_file), *extra)
+        # The tests' files live under the pytest tmp dir, so that is the allowed root.
+        proc = self.cli(
+            "pair",
+            url,
+            code,
+            "--key-file",
+            str(self.key_file),
+            "--allow-root",
+            str(self.root.parent),
+            *extra,
+        )
         if proc.returncode == 0:
             for word in proc.stdout.split():
                 if word.startswith("dev_"):

@@ -435,7 +435,11 @@ class CredentialRef(_message.Message):
         in `env_var`; for tools that only read secrets from files.
         """
         DELIVERY_GIT_HELPER: CredentialRef._Delivery.ValueType  # 3
-        """The daemon acts as a git credential helper for this command; `env_var` is unused."""
+        """The daemon acts as a git credential helper for this command: git is configured
+        (through GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n, replacing any other
+        helper) to ask endpointd, over a per-command unix socket served while the command
+        runs, and gets the secret as the password. At most one per command.
+        """
 
     class Delivery(_Delivery, metaclass=_DeliveryEnumTypeWrapper): ...
     DELIVERY_UNSPECIFIED: CredentialRef.Delivery.ValueType  # 0
@@ -446,7 +450,11 @@ class CredentialRef(_message.Message):
     in `env_var`; for tools that only read secrets from files.
     """
     DELIVERY_GIT_HELPER: CredentialRef.Delivery.ValueType  # 3
-    """The daemon acts as a git credential helper for this command; `env_var` is unused."""
+    """The daemon acts as a git credential helper for this command: git is configured
+    (through GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n, replacing any other
+    helper) to ask endpointd, over a per-command unix socket served while the command
+    runs, and gets the secret as the password. At most one per command.
+    """
 
     NAME_FIELD_NUMBER: _builtins.int
     DELIVERY_FIELD_NUMBER: _builtins.int
@@ -455,7 +463,12 @@ class CredentialRef(_message.Message):
     """Keyring entry name as configured in the local policy ("github-token")."""
     delivery: Global___CredentialRef.Delivery.ValueType
     env_var: _builtins.str
-    """Target environment variable for DELIVERY_ENV and DELIVERY_FILE."""
+    """Target environment variable for DELIVERY_ENV and DELIVERY_FILE: a POSIX name
+    ([A-Za-z_][A-Za-z0-9_]*) that cannot change how programs start (PATH, HOME, LD_*,
+    DYLD_*, PYTHON*, GIT_*, BASH_ENV and the like are refused). For DELIVERY_GIT_HELPER,
+    the username git is given; empty means "x-access-token" (what GitHub expects with a
+    token). A bad value is refused with REASON_CREDENTIAL_UNAVAILABLE.
+    """
     def __init__(
         self,
         *,
@@ -941,6 +954,47 @@ class Refused(_message.Message):
 Global___Refused: _TypeAlias = Refused  # noqa: Y015
 
 @_typing.final
+class AwaitingApproval(_message.Message):
+    """The local policy says `ask` for this command: it waits for a human on the device
+    (`endpointd approve ID` / `endpointd deny ID`) before it starts. Sent after Accepted, and
+    again after every reconnect while the command still waits (the same content, so the
+    server may treat it as idempotent). Then exactly one of: Refused with
+    REASON_APPROVAL_DENIED or REASON_APPROVAL_TIMEOUT (nothing ran), or Accepted once more
+    when the human approved and the command starts, followed by its output and Finished as
+    for any command. The server shows the command as waiting for local approval until one
+    of those arrives (output and a result count too, should the second Accepted be lost).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMAND_ID_FIELD_NUMBER: _builtins.int
+    RULE_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    command_id: _builtins.str
+    rule: _builtins.str
+    """The policy rule that asked for approval, as the policy file names it (no secrets)."""
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """When the device stops waiting and refuses with REASON_APPROVAL_TIMEOUT (device clock,
+        corrected by the offset learnt from Challenge.server_time).
+        """
+
+    def __init__(
+        self,
+        *,
+        command_id: _builtins.str = ...,
+        rule: _builtins.str = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deadline", b"deadline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command_id", b"command_id", "deadline", b"deadline", "rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitingApproval: _TypeAlias = AwaitingApproval  # noqa: Y015
+
+@_typing.final
 class DeviceMessage(_message.Message):
     """---------------------------------------------------------------------------------------
     Stream envelopes
@@ -958,6 +1012,7 @@ class DeviceMessage(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
+    AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -970,6 +1025,8 @@ class DeviceMessage(_message.Message):
     def finished(self) -> Global___Finished: ...
     @_builtins.property
     def refused(self) -> Global___Refused: ...
+    @_builtins.property
+    def awaiting_approval(self) -> Global___AwaitingApproval: ...
     def __init__(
         self,
         *,
@@ -979,12 +1036,13 @@ class DeviceMessage(_message.Message):
         output: Global___OutputChunk | None = ...,
         finished: Global___Finished | None = ...,
         refused: Global___Refused | None = ...,
+        awaiting_approval: Global___AwaitingApproval | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "awaiting_approval", b"awaiting_approval", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "awaiting_approval", b"awaiting_approval", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "heartbeat", "accepted", "output", "finished", "refused"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "heartbeat", "accepted", "output", "finished", "refused", "awaiting_approval"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 

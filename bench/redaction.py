@@ -1,0 +1,368 @@
+"""Redaction throughput: a 200 MB stream through endpointd's StreamRedactor against a plain copy.
+
+Run by hand (never in CI)::
+
+    python -m bench.redaction [--megabytes 200] [--credentials 20] [--pem-keys 1]
+                              [--rounds 5] [--chunk-kib 64] [--sinks devnull,memory,file]
+                              [--engine auto|hyperscan|python] [--min-literals N]
+
+The stream alternates log-like text lines and base64-looking lines (76 characters of base64 of
+random bytes, as in a dump of keys or blobs). Ten of the credential values are planted in it
+four times each: raw across a chunk boundary, URL- and JSON-encoded, and inside the base64 of
+``userN:value`` (as in a Basic auth header, so at a shift). It is read in ``--chunk-kib``
+chunks from an in-memory ``io.BytesIO`` and written to a sink by loops that differ in one line:
+
+* **copy**: ``sink.write(chunk)``;
+* **redact**: ``sink.write(stream.feed(chunk))`` (and ``stream.flush()`` at the end), with a
+  :class:`endpointd.redact.Redactor` holding ``--credentials`` values of realistic shapes
+  (tokens, keys, passwords with quotes and spaces; ``--pem-keys`` of them multi-line private
+  keys);
+* **no credentials**: the same with an empty Redactor (the pass-through).
+
+Sinks: ``devnull`` (``os.write`` to /dev/null: a syscall per chunk, no copy), ``memory`` (the
+chunk copied into a preallocated ``bytearray``) and ``file`` (``os.write`` to an ``O_APPEND``
+file in a temporary directory, as endpointd's spool writer does; truncated between passes).
+The loops take turns for ``--rounds`` rounds per sink; the table gives the median MB/s
+(MB = 10^6 bytes) and the ratio of the redact loop's time to the copy loop's. Before timing,
+the redacted output is checked: same length, no planted form left, every changed byte a '*'.
+``--min-literals 0`` compiles without the filler literals (see ``MIN_LITERALS`` in
+endpointd/redact.py), to measure what they are for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from endpointd import redact
+from endpointd.redact import Redactor
+
+GOAL_MB_PER_SECOND = 100.0
+GOAL_RATIO = 2.0
+WORDS = (
+    *("compiling", "linking", "test", "passed", "failed", "warning", "src/app/module.py"),
+    *("tests/test_api.py", "GET", "POST", "200", "404", "ms", "bytes", "worker", "queue"),
+    *("retry", "cache", "hit", "miss", "token", "auth", "user", "Authorization:", "Bearer"),
+)
+
+
+def credentials(count: int, rng: random.Random, pem_keys: int = 1) -> dict[str, bytes]:
+    """``count`` values shaped like real ones: tokens, keys, passwords, ``pem_keys`` PEM keys."""
+    alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+    def pick(alphabet: str, n: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(n))
+
+    shapes: list[Callable[[], str]] = [
+        lambda: "ghp_" + pick(alnum, 36),  # GitHub token
+        lambda: "AKIA" + pick(alnum.upper()[:36], 16),  # AWS key id
+        lambda: pick(alnum + "+/", 40),  # AWS secret key
+        lambda: "sk-" + pick(alnum, 48),  # API key
+        lambda: pick("0123456789abcdef", 32),  # hex secret
+        lambda: pick(alnum + " \"'\\/+&%$!é", 20),  # a password that needs escaping
+        lambda: (
+            "xoxb-" + "-".join(pick("0123456789", 12) for _ in range(2)) + "-" + pick(alnum, 24)
+        ),
+        lambda: ".".join(  # a JWT
+            base64.urlsafe_b64encode(rng.randbytes(n)).rstrip(b"=").decode() for n in (27, 96, 32)
+        ),
+    ]
+    values = {}
+    for i in range(count - pem_keys):
+        values[f"cred{i:02d}"] = shapes[i % len(shapes)]().encode()
+    for i in range(pem_keys):
+        body = base64.b64encode(rng.randbytes(1190)).decode()
+        lines = [body[i : i + 64] for i in range(0, len(body), 64)]  # 64 columns, like PEM
+        pem = ["-----BEGIN PRIVATE KEY-----", *lines, "-----END PRIVATE KEY-----", ""]
+        values[f"key{i:02d}"] = "\n".join(pem).encode()
+    return values
+
+
+def planted_forms(value: bytes) -> list[bytes]:
+    """A few ways a command prints a value (each fully maskable, see test_endpointd_redact)."""
+    return [
+        value,
+        urllib.parse.quote(value, safe="").encode(),
+        json.dumps(value.decode("utf-8"))[1:-1].encode(),
+    ]
+
+
+def build_stream(size: int, values: dict[str, bytes], rng: random.Random, chunk: int) -> bytes:
+    """``size`` bytes: text and base64 lines, with planted values at recorded offsets."""
+    out = bytearray()
+    noise = base64.b64encode(rng.randbytes(size // 2))
+    pos = 0
+    line = 0
+    while len(out) < size:
+        line += 1
+        if line % 2:
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12)))
+            out += f"{line:08d} {rng.getrandbits(64):016x} {text}\n".encode()
+        else:
+            out += noise[pos : pos + 76] + b"\n"
+            pos = (pos + 76) % (len(noise) - 76)
+    del out[size:]
+    # Plant 40 forms of 10 values: at random offsets, the raw ones across a chunk boundary.
+    for i, value in enumerate(list(values.values())[:10]):
+        for j, form in enumerate(planted_forms(value)):
+            at = rng.randrange(0, size - len(form))
+            if j == 0:
+                boundary = rng.randrange(1, size // chunk) * chunk
+                at = boundary - rng.randrange(1, len(form))
+            out[at : at + len(form)] = form
+        # base64 of "user:" + value: the value sits at a shift inside the encoding.
+        encoded = base64.b64encode(b"user%d:" % i + value)
+        at = rng.randrange(0, size - len(encoded))
+        out[at : at + len(encoded)] = encoded
+    return bytes(out)
+
+
+class MemorySink:
+    """Writes into a preallocated buffer: the cost of a copy and nothing else."""
+
+    def __init__(self, size: int) -> None:
+        self.buffer = bytearray(size)
+        self.view = memoryview(self.buffer)
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    def write(self, data: bytes) -> None:
+        end = self.pos + len(data)
+        self.view[self.pos : end] = data
+        self.pos = end
+
+    def close(self) -> None:
+        self.view.release()
+
+
+class FdSink:
+    """``os.write`` per chunk, as endpointd's spool writer does: to /dev/null or to a file."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.truncate = path != os.devnull
+
+    def reset(self) -> None:
+        if self.truncate:
+            os.ftruncate(self.fd, 0)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+Sink = MemorySink | FdSink
+
+
+def copy_pass(source: bytes, sink: Sink, chunk: int) -> float:
+    reader = io.BytesIO(source)
+    read, write = reader.read, sink.write
+    start = time.perf_counter()
+    while data := read(chunk):
+        write(data)
+    return time.perf_counter() - start
+
+
+def redact_pass(source: bytes, sink: Sink, chunk: int, redactor: Redactor) -> float:
+    reader = io.BytesIO(source)
+    read, write = reader.read, sink.write
+    start = time.perf_counter()
+    stream = redactor.stream()
+    feed = stream.feed
+    while data := read(chunk):
+        write(feed(data))
+    write(stream.flush())
+    return time.perf_counter() - start
+
+
+def redact_all(source: bytes, chunk: int, redactor: Redactor) -> bytes:
+    stream = redactor.stream()
+    parts = [stream.feed(source[i : i + chunk]) for i in range(0, len(source), chunk)]
+    parts.append(stream.flush())
+    return b"".join(parts)
+
+
+def verify(source: bytes, output: bytes, values: dict[str, bytes], chunk: int) -> str:
+    if len(output) != len(source):
+        return f"FAILED: length {len(output)} != {len(source)}"
+    for value in values.values():
+        for form in planted_forms(value):
+            if form in output:
+                return "FAILED: a planted value survived"
+    changed = 0
+    for at in range(0, len(source), chunk):
+        a, b = source[at : at + chunk], output[at : at + chunk]
+        if a != b:
+            if any(y != ord("*") for x, y in zip(a, b, strict=True) if x != y):
+                return "FAILED: a byte changed to something other than '*'"
+            changed += sum(1 for x, y in zip(a, b, strict=True) if x != y)
+    return f"ok ({changed:,} bytes masked)"
+
+
+def code_version() -> str:
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+    except OSError:
+        return "unknown"
+    return proc.stdout.strip() or "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.min_literals is not None:  # e.g. 0: Hyperscan without the filler literals
+        setattr(redact, "MIN_LITERALS", args.min_literals)  # noqa: B010 (a Final constant)
+    rng = random.Random(args.seed)
+    size = int(args.megabytes * 1_000_000)
+    chunk = int(args.chunk_kib * 1024)
+    values = credentials(args.credentials, rng, args.pem_keys)
+
+    tracemalloc.start()
+    started = time.perf_counter()
+    redactor = Redactor(values, engine=args.engine)
+    compile_ms = (time.perf_counter() - started) * 1000
+    python_bytes = tracemalloc.get_traced_memory()[0]
+    stream = redactor.stream()
+    stream_bytes = tracemalloc.get_traced_memory()[0] - python_bytes
+    tracemalloc.stop()
+    del stream
+
+    try:
+        hs_version = importlib.metadata.version("hyperscan")
+    except importlib.metadata.PackageNotFoundError:
+        hs_version = "not installed"
+    print(f"code {code_version()}, Python {platform.python_version()}, hyperscan {hs_version}")
+    print(f"CPU {os.cpu_count()} × {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(values)} credentials → {redactor.pattern_count} patterns (longest "
+        f"{redactor.max_len} bytes), engine {redactor.engine}, compiled in {compile_ms:.1f} ms; "
+        f"database {redactor.database_size / 1024:.0f} KiB, Python-side "
+        f"{python_bytes / 1024:.0f} KiB, per stream {stream_bytes / 1024:.1f} KiB"
+    )
+
+    source = build_stream(size, values, rng, chunk)
+    print(f"stream {len(source) / 1e6:.0f} MB in {chunk // 1024} KiB chunks")
+    print("verify:", verify(source, redact_all(source, chunk, redactor), values, chunk))
+    empty = Redactor.empty()
+
+    rows = []
+    for sink_name in args.sinks:
+        with tempfile.TemporaryDirectory(prefix="bench-redaction-") as tmp:
+            sink: Sink
+            if sink_name == "memory":
+                sink = MemorySink(size)
+            elif sink_name == "file":
+                sink = FdSink(os.path.join(tmp, "output"))
+            else:
+                sink = FdSink(os.devnull)
+            times: dict[str, list[float]] = {"copy": [], "redact": [], "empty": []}
+            for _ in range(args.rounds):
+                for name in ("copy", "redact", "empty"):
+                    sink.reset()
+                    if name == "copy":
+                        times[name].append(copy_pass(source, sink, chunk))
+                    else:
+                        red = redactor if name == "redact" else empty
+                        times[name].append(redact_pass(source, sink, chunk, red))
+            sink.close()
+        copy_s = statistics.median(times["copy"])
+        redact_s = statistics.median(times["redact"])
+        empty_s = statistics.median(times["empty"])
+        verdict = "met" if redact_s / copy_s <= GOAL_RATIO else "not met"
+        mbps = {k: len(source) / statistics.median(v) / 1e6 for k, v in times.items()}
+        rows.append(
+            (
+                sink_name,
+                f"{mbps['copy']:,.0f}",
+                f"{mbps['redact']:,.0f}",
+                f"{redact_s / copy_s:.2f}× ({verdict})",
+                f"{(redact_s - copy_s) / (len(source) / chunk) * 1e6:.1f}",
+                f"{mbps['empty']:,.0f} ({empty_s / copy_s:.2f}×)",
+                " / ".join(f"{len(source) / t / 1e6:,.0f}" for t in times["redact"]),
+            )
+        )
+    header = (
+        "sink",
+        "copy MB/s",
+        f"**redact MB/s** (≥ {GOAL_MB_PER_SECOND:g})",
+        f"redact / copy time (≤ {GOAL_RATIO:g}×)",
+        "added µs per chunk",
+        "no credentials MB/s (/ copy)",
+        "redact MB/s per round",
+    )
+    print()
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.redaction",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--megabytes", type=float, default=200.0, help="stream size (10^6 B)")
+    parser.add_argument("--credentials", type=int, default=20, help="registered values (≥ 1)")
+    parser.add_argument(
+        "--pem-keys", type=int, default=1, help="how many of them are multi-line PEM keys"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per sink")
+    parser.add_argument("--chunk-kib", type=float, default=64.0)
+    parser.add_argument("--sinks", default="devnull,memory,file", help="devnull, memory, file")
+    parser.add_argument("--engine", default="auto", choices=["auto", "hyperscan", "python"])
+    parser.add_argument("--seed", type=int, default=20261130)
+    parser.add_argument(
+        "--min-literals",
+        type=int,
+        default=None,
+        help="override endpointd.redact.MIN_LITERALS (0: no filler literals)",
+    )
+    args = parser.parse_args(argv)
+    args.sinks = [s.strip() for s in args.sinks.split(",") if s.strip()]
+    if not args.sinks or set(args.sinks) - {"devnull", "memory", "file"}:
+        parser.error("--sinks takes a comma-separated subset of devnull, memory, file")
+    if not 0 <= args.pem_keys <= args.credentials or args.credentials < 1:
+        parser.error("--credentials must be at least 1 and --pem-keys at most that")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
