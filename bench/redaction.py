@@ -2,9 +2,14 @@
 
 Run by hand (never in CI)::
 
-    python -m bench.redaction [--megabytes 200] [--credentials 20] [--pem-keys 1]
-                              [--rounds 5] [--chunk-kib 64] [--sinks devnull,memory,file]
-                              [--engine auto|hyperscan|python] [--min-literals N]
+    python -m bench.redaction [--mode stream|daemon] [--megabytes 200] [--credentials 20]
+                              [--pem-keys 1] [--rounds 5] [--chunk-kib 64]
+                              [--sinks devnull,memory,file] [--engine auto|hyperscan|python]
+                              [--min-literals N] [--profile]
+
+Two modes. ``--mode stream`` (the default) times the redactor alone against an in-process
+copy loop, described first. ``--mode daemon`` times the device's outbound path, described at
+the end.
 
 The stream alternates log-like text lines and base64-looking lines (76 characters of base64 of
 random bytes, as in a dump of keys or blobs). Ten of the credential values are planted in it
@@ -27,17 +32,35 @@ The loops take turns for ``--rounds`` rounds per sink; the table gives the media
 the redacted output is checked: same length, no planted form left, every changed byte a '*'.
 ``--min-literals 0`` compiles without the filler literals (see ``MIN_LITERALS`` in
 endpointd/redact.py), to measure what they are for.
+
+**Daemon path** (``--mode daemon``): the same stream is written once with the exec
+supervisor's :class:`endpointd.spool.SpoolWriter` (stdout records of ``--chunk-kib``, as the
+supervisor appends what each pipe read returns) into a temporary state directory. Two real
+:class:`endpointd.daemon.Daemon` instances are built as tests/test_endpointd_supervise.py's
+``_daemon()`` does (no zygote): **plain**, with no credentials store (the pass-through: the
+plain copy of the stream through the device's path), and **redact**, with a store whose
+``values()`` returns the ``--credentials`` values. In alternating rounds each gets an
+``Active`` for a finished exec (total = the spool's size, a Finished result) in
+``daemon.commands`` and is drained with ``next_output_message()`` until the result, each
+message serialized with ``SerializeToString()`` (what gRPC does with it). Not included: gRPC's
+framing, HTTP/2 and TLS, and the asyncio queue the connection reads from. The spool is in the
+page cache (just written). Before timing, one drain of each is checked: offsets contiguous,
+the plain bytes equal to the stream, the redacted ones equal to a bare StreamRedactor's output
+over the same stream and passing the stream mode's check (same length, no planted form left,
+every changed byte a '*'). ``--profile`` then runs one drain of each under cProfile.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import cProfile
 import importlib.metadata
 import io
 import json
 import os
 import platform
+import pstats
 import random
 import statistics
 import subprocess
@@ -46,11 +69,16 @@ import tempfile
 import time
 import tracemalloc
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from endpointd import redact
 from endpointd.redact import Redactor
+
+if TYPE_CHECKING:
+    from endpointd.credentials import CredentialStore
+    from endpointd.daemon import Daemon
 
 GOAL_MB_PER_SECOND = 100.0
 GOAL_RATIO = 2.0

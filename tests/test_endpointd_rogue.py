@@ -1,0 +1,264 @@
+"""A rogue control plane cannot take over the device: the local policy decides, on the device.
+
+A scripted gateway (speaking the real protocol) sends a real, paired endpointd the commands a
+compromised control plane would: outside the allowed roots, at denied paths, matching deny
+rules, asking for credentials outside their scope. Each must be refused on the device,
+written to the local audit log, and reported back as refused, with the rule named. Commands
+under an `ask` rule wait for the human on the device (`endpointd approve` / `deny`), and an
+unanswered one is refused when its time is up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
+from tests.fakes.gateway_server import FakeGateway
+from tests.helpers import assert_eventually
+
+TOKEN_NAME = "deploy-token"
+TOKEN = "rogue-test-" + os.urandom(12).hex()
+
+
+@pytest.fixture
+def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
+    with endpointd_in(tmp_path) as daemon:
+        # A file keyring in tmp (CI has no desktop keyring), so credentials can be stored.
+        daemon.env["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
+        daemon.env["XDG_DATA_HOME"] = str(tmp_path / "keyring-data")
+        daemon.env["ENDPOINTD_NO_NOTIFY"] = "1"
+        yield daemon
+
+
+@pytest.fixture
+def gw() -> Iterator[FakeGateway]:
+    with FakeGateway() as gateway:
+        yield gateway
+
+
+def _policy(work: Path) -> str:
+    return f"""
+allowed_roots = [{json.dumps(str(work))}]
+default_action = "allow"
+
+[[commands]]
+name = "no-curl"
+action = "deny"
+match = "*curl *"
+
+[[commands]]
+name = "ask-first"
+action = "ask"
+match = "*confirm-me*"
+
+[credentials.{TOKEN_NAME}]
+allow = ["*deploy.py*"]
+
+[limits]
+ask_timeout_seconds = 3
+"""
+
+
+def _exec(
+    argv: list[str], cwd: Path | str = "", credentials: list[pb.CredentialRef] | None = None
+) -> pb.Command:
+    return pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(cwd)), credentials=credentials or [])
+
+
+def _token(env_var: str = "TOKEN") -> list[pb.CredentialRef]:
+    return [
+        pb.CredentialRef(name=TOKEN_NAME, delivery=pb.CredentialRef.DELIVERY_ENV, env_var=env_var)
+    ]
+
+
+def _add_credential(endpointd: Endpointd) -> None:
+    added = subprocess.run(
+        [sys.executable, "-m", "endpointd", "creds", "add", TOKEN_NAME],
+        input=TOKEN,  # from stdin, never argv
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tempfile.gettempdir(),
+        env=endpointd.env,
+    )
+    assert added.returncode == 0, added.stderr
+
+
+async def _refused(gw: FakeGateway, device: str, command: pb.Command) -> pb.Refused:
+    sent = gw.send(device, command)
+    ended = await assert_eventually(
+        lambda: gw.refused(sent.command_id) or gw.finished(sent.command_id), timeout=15
+    )
+    assert isinstance(ended, pb.Refused), f"{command} was not refused: {ended}"
+    return ended
+
+
+def _audit(endpointd: Endpointd) -> list[dict[str, str]]:
+    path = endpointd.state_dir / "audit.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def test_a_rogue_control_plane_is_refused_on_the_device(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(_policy(work))
+    policy_file.chmod(0o600)
+    _add_credential(endpointd)
+
+    python = sys.executable
+    cases: list[tuple[pb.Command, int, str]] = [
+        # Outside the allowed roots: as a working directory, and as a file.
+        (_exec(["ls"], cwd="/"), pb.Refused.REASON_POLICY_DENIED, "allowed_roots"),
+        (
+            pb.Command(read_file=pb.ReadFile(path="/etc/hostname")),
+            pb.Refused.REASON_POLICY_DENIED,
+            "allowed_roots",
+        ),
+        # Denied paths, whatever the roots: ssh keys, endpointd's own config and key.
+        (
+            pb.Command(read_file=pb.ReadFile(path=str(Path.home() / ".ssh" / "id_ed25519"))),
+            pb.Refused.REASON_POLICY_DENIED,
+            "denied_paths",
+        ),
+        (
+            pb.Command(
+                write_file=pb.WriteFile(path=str(policy_file), content=b'default_action="allow"')
+            ),
+            pb.Refused.REASON_POLICY_DENIED,
+            "denied_paths",
+        ),
+        (
+            pb.Command(read_file=pb.ReadFile(path=str(endpointd.key_file))),
+            pb.Refused.REASON_POLICY_DENIED,
+            "denied_paths",
+        ),
+        # A deny rule.
+        (
+            _exec(["curl", "https://example.com"], cwd=work),
+            pb.Refused.REASON_POLICY_DENIED,
+            "no-curl",
+        ),
+        # A credential outside its scope, and one that does not exist.
+        (
+            _exec([python, "-c", "print(1)"], cwd=work, credentials=_token()),
+            pb.Refused.REASON_CREDENTIAL_UNAVAILABLE,
+            f"credentials.{TOKEN_NAME}",
+        ),
+        (
+            _exec(
+                [python, "deploy.py"],
+                cwd=work,
+                credentials=[
+                    pb.CredentialRef(
+                        name="nope", delivery=pb.CredentialRef.DELIVERY_ENV, env_var="X"
+                    )
+                ],
+            ),
+            pb.Refused.REASON_CREDENTIAL_UNAVAILABLE,
+            "nope",
+        ),
+        # A credential delivered where it could hijack the program.
+        (
+            _exec([python, "deploy.py"], cwd=work, credentials=_token("LD_PRELOAD")),
+            pb.Refused.REASON_CREDENTIAL_UNAVAILABLE,
+            "LD_PRELOAD",
+        ),
+    ]
+    refused_ids = []
+    for command, reason, rule in cases:
+        refused = await _refused(gw, device, command)
+        assert refused.reason == reason, (command, refused)
+        assert rule in refused.message, (rule, refused.message)
+        assert TOKEN not in refused.message
+        refused_ids.append(refused.command_id)
+
+    audit = _audit(endpointd)
+    assert {line["command_id"] for line in audit if line["event"] == "refused"} >= set(refused_ids)
+    assert not any(TOKEN in json.dumps(line) for line in audit)
+    assert not (work / "nothing-ran").exists()
+
+    # What the policy allows still runs, with the credential in its scope.
+    (work / "deploy.py").write_text("import os; print('token length', len(os.environ['TOKEN']))")
+    allowed = gw.send(device, _exec([python, "deploy.py"], cwd=work, credentials=_token()))
+    finished = await assert_eventually(lambda: gw.finished(allowed.command_id), timeout=15)
+    assert finished.exit_code == 0
+    assert gw.output(allowed.command_id) == f"token length {len(TOKEN)}\n".encode()
+
+    # The device reports the hash of the policy it enforces; no message can change it.
+    gw.drop(device)
+    await assert_eventually(lambda: len(gw.hellos(device)) >= 2, timeout=20)
+    assert gw.hellos(device)[-1].policy_hash == hashlib.sha256(policy_file.read_bytes()).digest()
+
+
+async def test_ask_rules_wait_for_the_human_on_the_device(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(_policy(work))
+    policy_file.chmod(0o600)
+    python = sys.executable
+
+    def confirm(name: str) -> pb.Command:
+        script = f"open({str(work / name)!r}, 'w').close()  # confirm-me"
+        return _exec([python, "-c", script], cwd=work)
+
+    approved = gw.send(device, confirm("approved"))
+    waiting = await assert_eventually(
+        lambda: [
+            m.awaiting_approval
+            for m in gw.messages("awaiting_approval")
+            if m.awaiting_approval.command_id == approved.command_id
+        ],
+        timeout=15,
+    )
+    assert waiting[0].rule.startswith("ask-first")
+    assert waiting[0].deadline.seconds > 0
+    assert not (work / "approved").exists()
+    listed = endpointd.cli("approvals")
+    assert approved.command_id in listed.stdout, listed.stdout + listed.stderr
+    ok = endpointd.cli("approve", approved.command_id)
+    assert ok.returncode == 0, ok.stderr
+    finished = await assert_eventually(lambda: gw.finished(approved.command_id), timeout=15)
+    assert finished.exit_code == 0
+    assert (work / "approved").exists()
+
+    denied = gw.send(device, confirm("denied"))
+    await assert_eventually(
+        lambda: (
+            approved.command_id != denied.command_id
+            and denied.command_id in endpointd.cli("approvals").stdout
+        ),
+        timeout=15,
+    )
+    assert endpointd.cli("deny", denied.command_id).returncode == 0
+    refused = await assert_eventually(lambda: gw.refused(denied.command_id), timeout=15)
+    assert refused.reason == pb.Refused.REASON_APPROVAL_DENIED
+
+    unanswered = gw.send(device, confirm("unanswered"))
+    timed_out = await assert_eventually(lambda: gw.refused(unanswered.command_id), timeout=20)
+    assert timed_out.reason == pb.Refused.REASON_APPROVAL_TIMEOUT
+    for name in ("denied", "unanswered"):
+        assert not (work / name).exists()
+    events = {(line["event"], line["command_id"]) for line in _audit(endpointd)}
+    assert ("approved", approved.command_id) in events
+    assert ("denied", denied.command_id) in events
+    assert ("approval_timeout", unanswered.command_id) in events
