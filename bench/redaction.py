@@ -268,7 +268,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def run(args: argparse.Namespace) -> int:
+def print_machine() -> None:
+    try:
+        hs_version = importlib.metadata.version("hyperscan")
+    except importlib.metadata.PackageNotFoundError:
+        hs_version = "not installed"
+    print(f"code {code_version()}, Python {platform.python_version()}, hyperscan {hs_version}")
+    print(f"CPU {os.cpu_count()} × {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
+
+
+def run_stream(args: argparse.Namespace) -> int:
     if args.min_literals is not None:  # e.g. 0: Hyperscan without the filler literals
         setattr(redact, "MIN_LITERALS", args.min_literals)  # noqa: B010 (a Final constant)
     rng = random.Random(args.seed)
@@ -286,12 +295,7 @@ def run(args: argparse.Namespace) -> int:
     tracemalloc.stop()
     del stream
 
-    try:
-        hs_version = importlib.metadata.version("hyperscan")
-    except importlib.metadata.PackageNotFoundError:
-        hs_version = "not installed"
-    print(f"code {code_version()}, Python {platform.python_version()}, hyperscan {hs_version}")
-    print(f"CPU {os.cpu_count()} × {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
+    print_machine()
     print(
         f"{len(values)} credentials → {redactor.pattern_count} patterns (longest "
         f"{redactor.max_len} bytes), engine {redactor.engine}, compiled in {compile_ms:.1f} ms; "
@@ -357,11 +361,328 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- daemon path
+
+COMMAND_ID = "bench-output"
+
+
+class BenchCredentials:
+    """What :meth:`Daemon.redactor` uses of a CredentialStore: ``path`` (stat'd to notice
+    changes) and ``values()``; ``get`` and ``touch`` for completeness. No keyring involved.
+    """
+
+    def __init__(self, directory: Path, values: Mapping[str, bytes]) -> None:
+        self._values = dict(values)
+        self.path = directory / "credentials.json"
+        index = {name: {"added_at": "2026-11-30T00:00:00+00:00"} for name in self._values}
+        self.path.write_text(json.dumps(index))
+
+    def values(self) -> dict[str, bytes]:
+        return dict(self._values)
+
+    def get(self, name: str) -> bytes | None:
+        return self._values.get(name)
+
+    def touch(self, name: str) -> None:
+        pass
+
+
+def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon:
+    """A Daemon as tests/test_endpointd_supervise.py's ``_daemon()`` builds one, no zygote."""
+    from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
+    from endpointd.daemon import Daemon
+    from endpointd.executor import ExecLimits
+    from endpointd.journal import Journal
+    from endpointd.policy import Policy
+    from endpointd.status import StatusReporter
+
+    (state_dir / "spool").mkdir(parents=True)
+    config = DeviceConfig(
+        server_url="http://127.0.0.1:1",
+        device_id="bench",
+        device_name="bench",
+        server_name="srv",
+        trust=TrustConfig(mode="plaintext"),
+        key=KeyConfig(storage="file", path=str(state_dir / "device.key")),
+        public_key="00" * 32,
+        paired_at="2026-01-01T00:00:00+00:00",
+    )
+    policy_file = state_dir / "config" / "policy.toml"
+    policy_file.parent.mkdir()
+    policy_file.write_text(f"allowed_roots = [{json.dumps(str(state_dir))}]\n")
+    policy_file.chmod(0o600)
+    return Daemon(
+        config,
+        state_directory=state_dir,
+        journal=Journal(state_dir / "journal.sqlite3"),
+        policy=Policy(policy_file, state_dir=state_dir / "elsewhere"),
+        status=StatusReporter(state_dir, state="connected"),
+        limits=ExecLimits(max_timeout_seconds=60),
+        default_cwd=state_dir,
+        use_zygote=False,
+        credentials=cast("CredentialStore | None", credentials),
+    )
+
+
+def arm(daemon: Daemon, spool: Path, total: int) -> None:
+    """Put a finished exec whose output is ``spool`` in ``daemon.commands``, nothing sent yet."""
+    from endpointd.daemon import Active
+    from superagent_proto.v1 import endpoint_pb2 as pb
+
+    command = pb.Command(command_id=COMMAND_ID, seq=1, exec=pb.ExecCommand(argv=["bench"]))
+    result = pb.DeviceMessage(
+        finished=pb.Finished(command_id=COMMAND_ID, exit_code=0, total_output_bytes=total)
+    )
+    daemon.commands.clear()
+    daemon.commands[COMMAND_ID] = Active(
+        command_id=COMMAND_ID,
+        seq=1,
+        command=command,
+        state="finished",
+        spool=spool,
+        result=result,
+        total=total,
+    )
+
+
+def disarm(daemon: Daemon) -> None:
+    active = daemon.commands.pop(COMMAND_ID)
+    if active.reader is not None:
+        active.reader.close()
+
+
+def drain_pass(daemon: Daemon, spool: Path, total: int) -> tuple[float, float, int, int]:
+    """One drain until the result: (wall s, CPU s, messages, serialized bytes)."""
+    arm(daemon, spool, total)
+    next_message = daemon.next_output_message
+    messages = wire = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
+    while True:
+        message = next_message()
+        if message is None:
+            raise RuntimeError("next_output_message() returned None before the result")
+        wire += len(message.SerializeToString())
+        messages += 1
+        if message.HasField("finished"):
+            break
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    disarm(daemon)
+    return elapsed, cpu, messages, wire
+
+
+def drain_collect(daemon: Daemon, spool: Path, total: int) -> tuple[bytes, list[int], str]:
+    """One drain, untimed, keeping the data: (bytes, chunk sizes, problems or '')."""
+    from endpointd.spool import STREAM_STDOUT
+
+    arm(daemon, spool, total)
+    parts: list[bytes] = []
+    sizes: list[int] = []
+    offset = 0
+    problem = ""
+    while True:
+        message = daemon.next_output_message()
+        if message is None:
+            problem = "stalled before the result"
+            break
+        if message.HasField("finished"):
+            break
+        chunk = message.output
+        if chunk.offset != offset or chunk.stream != STREAM_STDOUT:
+            problem = f"chunk at {chunk.offset} (stream {chunk.stream}), expected {offset}"
+            break
+        parts.append(chunk.data)
+        sizes.append(len(chunk.data))
+        offset += len(chunk.data)
+    if not problem and daemon.next_output_message() is not None:
+        problem = "a message after the result"
+    disarm(daemon)
+    return b"".join(parts), sizes, problem
+
+
+def feed_pass(chunks: list[bytes], redactor: Redactor) -> tuple[float, float]:
+    """The StreamRedactor alone over the spool's chunks, already in memory: (wall s, CPU s)."""
+    cpu = time.process_time()
+    start = time.perf_counter()
+    stream = redactor.stream()
+    feed = stream.feed
+    for chunk in chunks:
+        feed(chunk)
+    stream.flush()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def profile_pass(daemon: Daemon, spool: Path, total: int, label: str, top: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    elapsed, _, _, _ = drain_pass(daemon, spool, total)
+    profiler.disable()
+    print(f"\ncProfile, {label} (one drain, {elapsed:.2f} s under the profiler), by tottime:")
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(top)
+
+
+def run_daemon(args: argparse.Namespace) -> int:
+    from endpointd.spool import STREAM_STDOUT, SpoolWriter
+    from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
+
+    if args.engine != "auto":  # the daemon builds Redactor(values) with engine="auto"
+        os.environ["ENDPOINTD_REDACT_ENGINE"] = args.engine
+    rng = random.Random(args.seed)
+    size = int(args.megabytes * 1_000_000)
+    record = int(args.chunk_kib * 1024)
+    values = credentials(args.credentials, rng, args.pem_keys)
+    print_machine()
+    source = build_stream(size, values, rng, record)
+    load_before = os.getloadavg()
+
+    with tempfile.TemporaryDirectory(prefix="bench-redaction-daemon-") as tmp:
+        root = Path(tmp)
+        spool = root / "spool" / COMMAND_ID
+        spool.mkdir(parents=True)
+        writer = SpoolWriter(spool)
+        started = time.perf_counter()
+        for at in range(0, size, record):
+            writer.append(STREAM_STDOUT, source[at : at + record])
+        writer.close()
+        write_s = time.perf_counter() - started
+        spool_size = (spool / "output").stat().st_size
+        print(
+            f"spool {size / 1e6:.0f} MB of stdout in {record // 1024} KiB records "
+            f"({spool_size:,} bytes on disk), written in {write_s:.2f} s"
+        )
+
+        plain = make_daemon(root / "plain", None)
+        masked = make_daemon(root / "redact", BenchCredentials(root, values))
+        try:
+            started = time.perf_counter()
+            redactor = masked.redactor()  # built once, then kept while the store is unchanged
+            compile_ms = (time.perf_counter() - started) * 1000
+            print(
+                f"{len(values)} credentials → {redactor.pattern_count} patterns, engine "
+                f"{redactor.engine}, built by Daemon.redactor() in {compile_ms:.1f} ms; the plain "
+                f"daemon's: engine {plain.redactor().engine}"
+            )
+
+            plain_out, plain_sizes, problem = drain_collect(plain, spool, size)
+            ok = not problem and plain_out == source
+            print(
+                "verify plain:",
+                "ok (identical to the stream)" if ok else f"FAILED {problem or 'bytes differ'}",
+            )
+            del plain_out
+            masked_out, masked_sizes, problem = drain_collect(masked, spool, size)
+            reference = redact_all(source, record, Redactor(values))
+            if problem:
+                verdict = f"FAILED: {problem}"
+            elif masked_out != reference:
+                verdict = "FAILED: differs from a bare StreamRedactor's output"
+            else:
+                verdict = verify(source, masked_out, values, record) + ", = StreamRedactor's"
+            print("verify redact:", verdict)
+            del masked_out, reference
+            for label, sizes in (("plain", plain_sizes), ("redact", masked_sizes)):
+                print(
+                    f"  {label}: {len(sizes):,} OutputChunks, mean {statistics.mean(sizes):,.0f} "
+                    f"B, {sum(1 for n in sizes if n < 64 * 1024):,} under 64 KiB"
+                )
+
+            # The redactor alone, fed the chunks the daemon feeds it (64 KiB spool reads).
+            read = MAX_OUTPUT_CHUNK_BYTES
+            chunks = [source[at : at + read] for at in range(0, size, read)]
+            daemons = {"plain": plain, "redact": masked}
+            wall: dict[str, list[float]] = {"plain": [], "redact": [], "feed": []}
+            cpu: dict[str, list[float]] = {"plain": [], "redact": [], "feed": []}
+            counts: dict[str, tuple[int, int]] = {}
+            loads = []
+            for _ in range(args.rounds):
+                for name, daemon in daemons.items():
+                    elapsed, used, messages, wire = drain_pass(daemon, spool, size)
+                    wall[name].append(elapsed)
+                    cpu[name].append(used)
+                    counts[name] = (messages, wire)
+                elapsed, used = feed_pass(chunks, redactor)
+                wall["feed"].append(elapsed)
+                cpu["feed"].append(used)
+                loads.append(os.getloadavg()[0])
+            del chunks
+
+            if args.profile:
+                for name, daemon in daemons.items():
+                    profile_pass(daemon, spool, size, name, args.profile_top)
+        finally:
+            for daemon in (plain, masked):
+                daemon.close()
+                daemon.journal.close()
+
+    plain_s, redact_s = statistics.median(wall["plain"]), statistics.median(wall["redact"])
+    feed_s = statistics.median(wall["feed"])
+    ratios = [r / p for p, r in zip(wall["plain"], wall["redact"], strict=True)]
+    cpu_ratio = statistics.median(cpu["redact"]) / statistics.median(cpu["plain"])
+    chunks = counts["plain"][0] - 1
+    mbps = len(source) / redact_s / 1e6
+    print(
+        f"\nload average 1/5/15 min: before {'/'.join(f'{x:.2f}' for x in load_before)}, "
+        f"after each round {', '.join(f'{x:.2f}' for x in loads)}"
+    )
+    for name in ("plain", "redact"):
+        messages, wire = counts[name]
+        print(
+            f"{name}: {messages:,} messages, {wire / 1e6:,.1f} MB serialized; MB/s per round "
+            + " / ".join(f"{len(source) / t / 1e6:,.0f}" for t in wall[name])
+            + "; CPU/wall "
+            + " / ".join(f"{c / t:.2f}" for c, t in zip(cpu[name], wall[name], strict=True))
+        )
+    print(
+        f"StreamRedactor.feed alone over the same chunks: MB/s per round "
+        + " / ".join(f"{len(source) / t / 1e6:,.0f}" for t in wall["feed"])
+        + f"; {feed_s / chunks * 1e6:.1f} µs per chunk"
+    )
+    header = (
+        "mode",
+        "plain MB/s (no credentials)",
+        f"**redact MB/s** (≥ {GOAL_MB_PER_SECOND:g})",
+        f"redact / plain time (≤ {GOAL_RATIO:g}×)",
+        "per-round ratios",
+        "CPU-time ratio",
+        "added µs per 64 KiB chunk",
+        "of which StreamRedactor.feed alone",
+    )
+    rate = "met" if mbps >= GOAL_MB_PER_SECOND else "not met"
+    cost = "met" if redact_s / plain_s <= GOAL_RATIO else "not met"
+    row = (
+        "daemon path",
+        f"{len(source) / plain_s / 1e6:,.0f}",
+        f"{mbps:,.0f} ({rate})",
+        f"{redact_s / plain_s:.2f}× ({cost})",
+        " / ".join(f"{r:.2f}" for r in ratios),
+        f"{cpu_ratio:.2f}×",
+        f"{(redact_s - plain_s) / chunks * 1e6:.1f}",
+        f"{feed_s / chunks * 1e6:.1f}",
+    )
+    print()
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    print("| " + " | ".join(row) + " |")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_daemon(args) if args.mode == "daemon" else run_stream(args)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.redaction",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--mode",
+        default="stream",
+        choices=["stream", "daemon"],
+        help="stream: StreamRedactor vs a copy loop; daemon: Daemon.next_output_message()",
     )
     parser.add_argument("--megabytes", type=float, default=200.0, help="stream size (10^6 B)")
     parser.add_argument("--credentials", type=int, default=20, help="registered values (≥ 1)")
@@ -369,7 +690,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--pem-keys", type=int, default=1, help="how many of them are multi-line PEM keys"
     )
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per sink")
-    parser.add_argument("--chunk-kib", type=float, default=64.0)
+    parser.add_argument(
+        "--chunk-kib",
+        type=float,
+        default=64.0,
+        help="read size (stream mode), spool record size (daemon mode)",
+    )
     parser.add_argument("--sinks", default="devnull,memory,file", help="devnull, memory, file")
     parser.add_argument("--engine", default="auto", choices=["auto", "hyperscan", "python"])
     parser.add_argument("--seed", type=int, default=20261130)
@@ -379,6 +705,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="override endpointd.redact.MIN_LITERALS (0: no filler literals)",
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="daemon mode: cProfile one drain of each"
+    )
+    parser.add_argument("--profile-top", type=int, default=15, help="entries per profile")
     args = parser.parse_args(argv)
     args.sinks = [s.strip() for s in args.sinks.split(",") if s.strip()]
     if not args.sinks or set(args.sinks) - {"devnull", "memory", "file"}:

@@ -262,3 +262,41 @@ async def test_ask_rules_wait_for_the_human_on_the_device(
     assert ("approved", approved.command_id) in events
     assert ("denied", denied.command_id) in events
     assert ("approval_timeout", unanswered.command_id) in events
+
+
+async def test_the_policys_limits_cap_runtime_and_output(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(
+        _policy(work).replace(
+            "[limits]", "[limits]\nmax_output_bytes = 1000\nmax_runtime_seconds = 2"
+        )
+    )
+    policy_file.chmod(0o600)
+    python = sys.executable
+
+    loud = gw.send(device, _exec([python, "-c", "print('x' * 5000)"], cwd=work))
+    finished = await assert_eventually(lambda: gw.finished(loud.command_id), timeout=15)
+    assert finished.output_truncated
+    assert finished.total_output_bytes == 1000
+    assert gw.output(loud.command_id) == b"x" * 1000
+
+    (work / "big").write_bytes(b"y" * 5000)
+    read = gw.send(device, pb.Command(read_file=pb.ReadFile(path=str(work / "big"))))
+    await assert_eventually(lambda: gw.finished(read.command_id), timeout=15)
+    assert gw.output(read.command_id) == b"y" * 1000
+
+    # Asked for an hour; the policy allows two seconds.
+    slow = pb.Command(
+        exec=pb.ExecCommand(
+            argv=[python, "-c", "import time; time.sleep(60)"], cwd=str(work), timeout_seconds=3600
+        )
+    )
+    sent = gw.send(device, slow)
+    stopped = await assert_eventually(lambda: gw.finished(sent.command_id), timeout=30)
+    assert stopped.timed_out
+    assert stopped.duration.seconds < 20

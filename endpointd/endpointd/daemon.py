@@ -152,6 +152,8 @@ class Active:
     delivery: delivery.Prepared | None = None
     # Its output as it leaves the device: redacted (see Daemon._redacted_output).
     redacting: Redacting | None = None
+    # The policy's max output size when it started: output past it is not sent.
+    max_output: int | None = None
 
     @property
     def kind(self) -> str | None:
@@ -290,6 +292,7 @@ class Daemon:
         return active
 
     def _reattach(self, active: Active) -> None:
+        active.max_output = self.policy.limits.max_output_bytes
         status = ExitStatus.read(active.spool)
         if status is not None:
             self._finish_exec(active, status)
@@ -562,6 +565,11 @@ class Daemon:
             return
         if not active.journaled_running:
             self.journal.mark_running(active.command_id)
+        active.max_output = self.policy.limits.max_output_bytes
+        if command.HasField("read_file"):
+            cap = active.max_output
+            if not command.read_file.HasField("limit") or command.read_file.limit > cap:
+                command.read_file.limit = cap
         active.state = "running"
         active.started_mono = time.monotonic()
         self._publish()
@@ -945,31 +953,38 @@ class Daemon:
         error = status.error
         if status.timed_out and not error:
             error = "timed out"
-        self._finish_result(
-            active,
-            _finished(
-                active.command_id,
-                exit_code=status.exit_code,
-                error=error,
-                signal=status.signal,
-                total=status.total_output_bytes,
-                seconds=seconds,
-                timed_out=status.timed_out,
-            ),
-            total=status.total_output_bytes,
+        total, truncated = self._capped(active, status.total_output_bytes)
+        result = _finished(
+            active.command_id,
+            exit_code=status.exit_code,
+            error=error,
+            signal=status.signal,
+            total=total,
+            seconds=seconds,
+            timed_out=status.timed_out,
         )
+        result.finished.output_truncated = truncated
+        self._finish_result(active, result, total=total)
+
+    def _capped(self, active: Active, total: int) -> tuple[int, bool]:
+        """The output size reported, within the policy's max output (and whether cut)."""
+        cap = active.max_output if active.max_output is not None else total
+        if total > cap:
+            log.info(
+                "%s: output cut at %d of %d bytes (policy limit)", active.command_id, cap, total
+            )
+            return cap, True
+        return total, False
 
     def _finish_unknown(self, active: Active) -> None:
         self._release_child(active)
-        total = output_total(active.spool)
+        total, truncated = self._capped(active, output_total(active.spool))
         log.warning("%s: %s", active.command_id, UNKNOWN_OUTCOME)
-        self._finish_result(
-            active,
-            _finished(
-                active.command_id, exit_code=-1, error=UNKNOWN_OUTCOME, total=total, seconds=0
-            ),
-            total=total,
+        result = _finished(
+            active.command_id, exit_code=-1, error=UNKNOWN_OUTCOME, total=total, seconds=0
         )
+        result.finished.output_truncated = truncated
+        self._finish_result(active, result, total=total)
 
     async def monitor(self) -> None:
         """Poll running execs for new output and for their end; flush acked offsets."""
@@ -1066,12 +1081,13 @@ class Daemon:
     def next_output_message(self) -> pb.DeviceMessage | None:
         """The next OutputChunk or result to send on the current stream, if any."""
         for active in sorted(self.commands.values(), key=lambda a: a.seq):
-            if active.has_output and (active.total is None or active.sent < active.total):
+            end = active.total if active.total is not None else active.max_output
+            if active.has_output and (end is None or active.sent < end):
                 got = self._redacted_output(active)
                 if got is not None:
                     stream, data = got
-                    if active.total is not None:
-                        data = data[: active.total - active.sent]
+                    if end is not None:
+                        data = data[: end - active.sent]
                     chunk = pb.OutputChunk(
                         command_id=active.command_id,
                         stream=stream,  # type: ignore[arg-type]
