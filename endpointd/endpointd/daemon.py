@@ -426,6 +426,7 @@ class Daemon:
             log.warning(
                 "refusing %s: same id as a journaled command, different content", command_id
             )
+            self.audit.record("refused", command_id, "duplicate", "same id as a journaled command")
             self._send(
                 _refused(
                     command_id,
