@@ -300,3 +300,45 @@ async def test_the_policys_limits_cap_runtime_and_output(
     stopped = await assert_eventually(lambda: gw.finished(sent.command_id), timeout=30)
     assert stopped.timed_out
     assert stopped.duration.seconds < 20
+
+
+async def test_a_keyring_entry_set_behind_the_stores_back_is_never_delivered(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """The redactor masks what the store indexes; delivering anything else could leak it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(_policy(work) + '\n[credentials.ghost]\nallow = ["*"]\n')
+    policy_file.chmod(0o600)
+    _set_keyring_directly(endpointd, "credential:ghost", "ghost-value-" + os.urandom(8).hex())
+    refused = await _refused(
+        gw,
+        device,
+        _exec(
+            [sys.executable, "-c", "import os; print(os.environ['G'])"],
+            cwd=work,
+            credentials=[
+                pb.CredentialRef(name="ghost", delivery=pb.CredentialRef.DELIVERY_ENV, env_var="G")
+            ],
+        ),
+    )
+    assert refused.reason == pb.Refused.REASON_CREDENTIAL_UNAVAILABLE
+    assert "not stored on this device" in refused.message
+
+
+def _set_keyring_directly(endpointd: Endpointd, entry: str, value: str) -> None:
+    script = (
+        "import keyring, sys; "
+        "keyring.set_password('superagent-endpointd', sys.argv[1], sys.stdin.read())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, entry],
+        input=value,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=endpointd.env,
+    )
+    assert done.returncode == 0, done.stderr

@@ -87,7 +87,7 @@ ACK_FLUSH_INTERVAL = 1.0
 PUBLISH_DELAY = 0.1
 PRUNE_INTERVAL = 3600.0
 # How often the credential store is checked for changes (a new credential is masked from then).
-REDACTOR_RECHECK = 0.5
+REDACTOR_RECHECK = 0.05
 # Clock offsets beyond this are worth a warning: not_after decisions are made in server time.
 SKEW_WARNING_SECONDS = 30.0
 
@@ -668,8 +668,16 @@ class Daemon:
             if self.credentials is None:
                 raise delivery.DeliveryError("this endpointd has no credential store")
             store = self.credentials
+            indexed = set(await asyncio.to_thread(store.names))
             values: dict[str, bytes] = {}
             for ref in command.credentials:
+                # Only what the store indexes: the redactor masks exactly those values, so
+                # a keyring entry set behind its back is never delivered unmasked.
+                if ref.name not in indexed:
+                    raise delivery.DeliveryError(
+                        f"credential {ref.name!r} is not stored on this device "
+                        f"(`endpointd creds add {ref.name}`)"
+                    )
                 value = await asyncio.to_thread(store.get, ref.name)
                 if value is None:
                     raise delivery.DeliveryError(
@@ -690,6 +698,21 @@ class Daemon:
             )
             return False
         active.delivery = prepared
+        # The values delivered must be in the redactor this command's output will pass:
+        # rebuild it now if the store changed since it was last looked at.
+        self._redactor_checked = float("-inf")
+        if not self.redactor().covers(values.values()):
+            prepared.close()
+            self._refuse_started(
+                active,
+                Refusal(
+                    pb.Refused.REASON_CREDENTIAL_UNAVAILABLE,
+                    "a credential changed while the command started; send it again",
+                ),
+                "credentials",
+            )
+            active.delivery = None
+            return False
         for name in prepared.names:
             with contextlib.suppress(CredentialError, OSError):
                 store.touch(name)
@@ -1132,9 +1155,11 @@ class Daemon:
         while True:
             while red.ready and red.ready[0][1] + len(red.ready[0][2]) <= active.sent:
                 red.ready.popleft()
-            stream, data = self._take(red, active.sent)
-            if len(data) >= MAX_OUTPUT_CHUNK_BYTES or (data and red.ready[-1][0] != stream):
-                return stream, data
+            if red.ready and (
+                red.released - active.sent >= MAX_OUTPUT_CHUNK_BYTES
+                or red.ready[-1][0] != red.ready[0][0]  # a full run of one stream
+            ):
+                return self._take(red, active.sent)
             got = reader.read(red.raw_pos, MAX_OUTPUT_CHUNK_BYTES)
             if got is None:
                 done = active.total is not None and red.raw_pos >= active.total
@@ -1142,7 +1167,7 @@ class Daemon:
                     self._release(red, red.stream, red.redactor.flush())
                     red.stream = None
                     continue
-                return (stream, data) if data else None
+                return self._take(red, active.sent) if red.ready else None
             raw_stream, raw = got
             if red.stream is not None and raw_stream != red.stream:
                 # Another stream's bytes follow: what was held of this one ends here.
@@ -1154,9 +1179,10 @@ class Daemon:
     @staticmethod
     def _take(red: Redacting, sent: int) -> tuple[int, bytes]:
         """Up to a chunk of ready bytes of one stream from ``sent`` (not removed)."""
-        if not red.ready:
-            return 0, b""
-        stream = red.ready[0][0]
+        stream, offset, first = red.ready[0]
+        start = sent - offset
+        if len(first) - start >= MAX_OUTPUT_CHUNK_BYTES or len(red.ready) == 1:
+            return stream, first[start : start + MAX_OUTPUT_CHUNK_BYTES]  # one slice, no join
         parts: list[bytes] = []
         size = 0
         for seg_stream, offset, data in red.ready:

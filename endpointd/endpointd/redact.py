@@ -17,8 +17,9 @@ For each value it masks:
 * its shell escaping (``shlex.quote``, a backslash before every special byte, and the
   escaping inside double quotes).
 
-Each encoding is applied to the whole value and to each of its lines. Derived patterns
-shorter than 6 bytes are dropped (they would mask ordinary text); the raw value is always kept.
+Each encoding is applied to the whole value; each line of a multi-line value is masked raw.
+Derived patterns shorter than 6 bytes are dropped (they would mask ordinary text); the raw
+value is always kept.
 
 Masking is same-length: each byte of a match becomes ``*``, so offsets in the output equal
 offsets in the input. Overlapping and adjacent matches are all masked.
@@ -77,15 +78,16 @@ def credential_patterns(value: bytes) -> set[bytes]:
     """Every byte string that gives away ``value``, as masked by :class:`Redactor`."""
     if not value:
         return set()
-    sources = {value}
+    patterns = {value}
+    patterns.update(f for f in _encodings(value) if len(f) >= MIN_DERIVED_BYTES)
+    # Each line of a multi-line value on its own, as a program printing part of it (a PEM
+    # body, one line of a config) shows it. Raw only: encoding a single line of a secret is
+    # not something programs do, and each encoded line would cost the matcher ~20 patterns.
     if b"\n" in value or b"\r" in value:
         for line in value.splitlines():
             for candidate in (line, line.strip()):
                 if _char_len(candidate) >= MIN_LINE_CHARS:
-                    sources.add(candidate)
-    patterns = set(sources)
-    for source in sources:
-        patterns.update(f for f in _encodings(source) if len(f) >= MIN_DERIVED_BYTES)
+                    patterns.add(candidate)
     return patterns
 
 
@@ -397,6 +399,11 @@ class Redactor:
         self._engine: _Engine | None = None
         if self._patterns:
             self._engine = _make_engine(self._patterns, list(groups), engine)
+
+    def covers(self, values: Iterable[builtins.bytes]) -> bool:
+        """Whether every one of ``values`` is masked by this redactor."""
+        known = set(self._patterns)
+        return all(builtins.bytes(value) in known for value in values)
 
     @classmethod
     def empty(cls) -> Redactor:
