@@ -109,8 +109,11 @@ class Redacting:
     redactor: StreamRedactor
     raw_pos: int = 0  # spool offset read so far
     stream: int | None = None  # the stream the redactor is inside
-    # Masked bytes ready to send, in order: (stream, offset, data).
-    ready: collections.deque[tuple[int, int, bytes]] = field(default_factory=collections.deque)
+    # Masked bytes ready to send, in order: (stream, offset, data); views of what was read
+    # where nothing was masked, so a chunk is copied once, when it is assembled.
+    ready: collections.deque[tuple[int, int, bytes | memoryview]] = field(
+        default_factory=collections.deque
+    )
     released: int = 0  # offset just past the last byte put in `ready`
 
 
@@ -1174,27 +1177,29 @@ class Daemon:
                 self._release(red, red.stream, red.redactor.flush())
             red.stream = raw_stream
             red.raw_pos += len(raw)
-            self._release(red, raw_stream, red.redactor.feed(raw))
+            for piece in red.redactor.feed_pieces(raw):
+                self._release(red, raw_stream, piece)
 
     @staticmethod
     def _take(red: Redacting, sent: int) -> tuple[int, bytes]:
         """Up to a chunk of ready bytes of one stream from ``sent`` (not removed)."""
         stream, offset, first = red.ready[0]
         start = sent - offset
-        if len(first) - start >= MAX_OUTPUT_CHUNK_BYTES or len(red.ready) == 1:
-            return stream, first[start : start + MAX_OUTPUT_CHUNK_BYTES]  # one slice, no join
-        parts: list[bytes] = []
+        whole = start == 0 and isinstance(first, bytes)
+        if whole and (len(first) == MAX_OUTPUT_CHUNK_BYTES or len(red.ready) == 1):
+            return stream, bytes(first[:MAX_OUTPUT_CHUNK_BYTES])  # as read: no copy
+        parts: list[bytes | memoryview] = []
         size = 0
-        for seg_stream, offset, data in red.ready:
+        for seg_stream, seg_offset, data in red.ready:
             if seg_stream != stream or size >= MAX_OUTPUT_CHUNK_BYTES:
                 break
-            part = data[max(sent - offset, 0) :]
+            part = data[max(sent - seg_offset, 0) :]
             parts.append(part[: MAX_OUTPUT_CHUNK_BYTES - size])
             size += len(parts[-1])
         return stream, b"".join(parts)
 
     @staticmethod
-    def _release(red: Redacting, stream: int, data: bytes) -> None:
+    def _release(red: Redacting, stream: int, data: bytes | memoryview) -> None:
         if data:
             red.ready.append((stream, red.released, data))
             red.released += len(data)

@@ -506,14 +506,41 @@ class StreamRedactor:
     end of the stream. Concatenated, the outputs are exactly as long as the input.
     """
 
-    __slots__ = ("_held", "_held_out", "_hold", "_scanner")
+    __slots__ = ("_held", "_held_out", "_hold", "_max_len", "_scanner")
 
     def __init__(self, redactor: Redactor) -> None:
         engine = redactor._engine
         self._scanner = None if engine is None else engine.scanner()
         self._hold = redactor._hold
+        self._max_len = redactor.max_len
         self._held = b""  # raw bytes held back, rescanned with the next chunk
         self._held_out: bytes | None = None  # their masked form, when it differs
+
+    def feed_pieces(self, data: bytes) -> list[builtins.bytes | memoryview]:
+        """:meth:`feed`, with the released bytes as pieces in order (joined, they are what
+        :meth:`feed` returns). The usual case, a chunk with no match, copies nothing of the
+        chunk: the pieces are the held-back tail and a view of the chunk.
+        """
+        scanner = self._scanner
+        if scanner is None:
+            return [data] if data else []
+        held = self._held
+        reach = self._max_len - 1
+        if (
+            not data
+            or self._held_out is not None
+            or len(data) < reach
+            or scanner.spans(data)
+            or (held and scanner.spans(held + data[:reach]))
+        ):
+            released = self.feed(data)  # matches to mask (rare), or a tiny chunk
+            return [released] if released else []
+        keep = len(data) - self._hold(data, scanner)
+        pieces: list[builtins.bytes | memoryview] = [held] if held else []
+        if keep:
+            pieces.append(memoryview(data)[:keep] if keep < len(data) else data)
+        self._held = data[keep:]
+        return pieces
 
     def feed(self, data: bytes) -> bytes:
         scanner = self._scanner
