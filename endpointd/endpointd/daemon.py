@@ -107,6 +107,9 @@ class Redacting:
     """
 
     redactor: StreamRedactor
+    # Spool bytes read per step: with credentials to find, several chunks' worth, so the
+    # scan and the seam handling (a held-back tail) happen once per several chunks sent.
+    read_size: int = MAX_OUTPUT_CHUNK_BYTES
     raw_pos: int = 0  # spool offset read so far
     stream: int | None = None  # the stream the redactor is inside
     # Masked bytes ready to send, in order: (stream, offset, data); views of what was read
@@ -1153,7 +1156,11 @@ class Daemon:
         """
         red = active.redacting
         if red is None or active.sent < (red.ready[0][1] if red.ready else red.released):
-            red = active.redacting = Redacting(self.redactor().stream())
+            redactor = self.redactor()
+            red = active.redacting = Redacting(
+                redactor.stream(),
+                read_size=MAX_OUTPUT_CHUNK_BYTES * (1 if redactor.engine == "none" else 4),
+            )
         reader = self._reader(active)
         while True:
             while red.ready and red.ready[0][1] + len(red.ready[0][2]) <= active.sent:
@@ -1163,7 +1170,7 @@ class Daemon:
                 or red.ready[-1][0] != red.ready[0][0]  # a full run of one stream
             ):
                 return self._take(red, active.sent)
-            got = reader.read(red.raw_pos, MAX_OUTPUT_CHUNK_BYTES)
+            got = reader.read(red.raw_pos, red.read_size)
             if got is None:
                 done = active.total is not None and red.raw_pos >= active.total
                 if done and red.stream is not None:
