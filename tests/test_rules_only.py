@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -142,6 +143,23 @@ async def test_run_queues_once_and_reports_the_result(
     command = await pool.fetchrow("SELECT id, spec, device_id FROM commands")
     assert command is not None
     assert await pool.fetchval("SELECT count(*) FROM commands") == 1
+    # The device's policy holds it for a human: the thread is told once, whatever the retries.
+    await queue.mark_awaiting_approval(
+        command["device_id"],
+        command["id"],
+        rule='ask-first "*echo*"',
+        deadline=datetime.now(UTC) + timedelta(minutes=5),
+    )
+    for _ in range(3):
+        with pytest.raises(Postpone):
+            await handler(claimed)
+    notices = await pool.fetch(
+        "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
+        "AND payload->>'text' LIKE '%waits for local approval%'",
+        REPLY_EFFECT,
+    )
+    assert len(notices) == 1
+    assert 'rule: ask-first "*echo*"' in notices[0]["text"]
     await queue.finish(
         command["device_id"],
         command["id"],

@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.channels.base import IM_MAX_WORDS, Style, clip_words, style_of
+from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import SuperagentError
@@ -34,7 +35,7 @@ from controlplane.ingest.intake import CLOSED_SQL, CLOSED_TICKET_STATES, PolicyS
 from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
 from controlplane.router.tools import Toolbox, Turn
-from superagent_shared.ids import id_prefix, new_id
+from superagent_shared.ids import id_prefix, new_id, stable_id
 
 # Runs a /run command through the outbox: submits it (once), then posts its result when final.
 RUN_EFFECT = "run_command"
@@ -54,13 +55,38 @@ def parse(text: str) -> tuple[str, str] | None:
     return match.group(1), match.group(2).strip()
 
 
-async def reply(tools: Toolbox, thread_id: str, text: str, turn: Turn) -> None:
+async def reply(
+    tools: Toolbox, thread_id: str, text: str, turn: Turn, *, reply_id: str | None = None
+) -> None:
     """A reply cut to the channel's limit: rules-only texts (a command's output, a list of
-    tickets) are not written for it, and the reply tool refuses a chat reply over it."""
-    source = await tools.pool.fetchval("SELECT source FROM threads WHERE id = $1", thread_id)
-    if source is not None and style_of(source) is Style.im:
+    tickets) are not written for it, and the reply tool refuses a chat reply over it.
+
+    With ``reply_id``, the same reply is never sent twice, however often this is called.
+    """
+    row = await tools.pool.fetchrow(
+        "SELECT source, external_id FROM threads WHERE id = $1", thread_id
+    )
+    if row is not None and style_of(row["source"]) is Style.im:
         text = clip_words(text, IM_MAX_WORDS)
-    await tools.call("reply", {"thread": thread_id, "text": text}, turn)
+    if reply_id is None or row is None:
+        await tools.call("reply", {"thread": thread_id, "text": text}, turn)
+        return
+    if await tools.pool.fetchval("SELECT 1 FROM sent_messages WHERE reply_id = $1", reply_id):
+        return
+    async with tools.pool.acquire() as conn:
+        # Keyed by the reply id: enqueued again while pending, it is still one message.
+        await _enqueue(
+            conn,
+            REPLY_EFFECT,
+            reply_id,
+            {
+                "reply_id": reply_id,
+                "thread_id": thread_id,
+                "source": row["source"],
+                "thread_external_id": row["external_id"],
+                "text": text,
+            },
+        )
 
 
 class RulesOnlyRouter:
@@ -248,6 +274,17 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
                 await reply(tools, thread, text, Turn(None, None, ()))
                 return
         result = await queue.result(command_id)
+        if result.state == "awaiting_approval":
+            deadline = f", refused at {result.approval_deadline:%H:%M:%S} UTC if nobody answers"
+            await reply(
+                tools,
+                thread,
+                f"{command_id} waits for local approval on the device (rule: "
+                f"{result.approval_rule}{deadline if result.approval_deadline else ''}). "
+                "On the device: endpointd approvals.",
+                Turn(None, None, ()),
+                reply_id=stable_id("msg", f"approval:{command_id}"),  # said once
+            )
         if not result.done:
             raise Postpone(5.0, f"{command_id} is {result.state}")
         tail = result.output_tail.decode("utf-8", "replace")[-_TAIL:]

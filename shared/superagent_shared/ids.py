@@ -8,6 +8,7 @@ so collisions stay negligible for the life of a deployment even on high-churn ta
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import secrets
 
@@ -64,3 +65,14 @@ def id_prefix(value: str) -> str | None:
     if match is None or match.group(1) not in PREFIXES:
         return None
     return match.group(1)
+
+
+def stable_id(prefix: str, seed: str) -> str:
+    """An id of ``prefix`` derived from ``seed``: the same seed always gives the same id
+    (a dedupe key for something that must happen once per seed, e.g. one notice per
+    command)."""
+    if prefix not in PREFIXES:
+        raise ValueError(f"unknown id prefix {prefix!r}")
+    digest = hashlib.sha256(f"{prefix}:{seed}".encode()).digest()
+    digits = base64.b32encode(digest).decode().translate(_TO_ALPHABET)
+    return f"{prefix}_{digits[:RANDOM_LENGTH]}"
