@@ -22,6 +22,7 @@ import pytest
 from endpointd.approvals import APPROVALS_DIR, NO_NOTIFY_ENV, Approvals, summarize
 from endpointd.audit import AuditLog
 from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.cli_output import one_line_error
 from tests.helpers import assert_eventually
 
 RULE = 'force-push "git push*--force*"'
@@ -49,15 +50,6 @@ def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("Error: ")
-    return lines[0]
-
-
 def test_request_list_and_approve(tmp_path: Path) -> None:
     state = tmp_path / "state"
     queue = Approvals(state)
@@ -81,14 +73,14 @@ def test_request_list_and_approve(tmp_path: Path) -> None:
     assert queue.decision("cmd_push1") == "approved"
     assert _cli(state, "approvals").stdout == "no commands are waiting for approval\n"
 
-    again = _one_line_error(_cli(state, "approve", "cmd_push1"))
+    again = one_line_error(_cli(state, "approve", "cmd_push1"))
     assert "cmd_push1 was already approved" in again
-    assert "was already approved" in _one_line_error(_cli(state, "deny", "cmd_push1"))
+    assert "was already approved" in one_line_error(_cli(state, "deny", "cmd_push1"))
     assert queue.decision("cmd_push1") == "approved"
 
     queue.forget("cmd_push1")
     assert queue.decision("cmd_push1") is None
-    assert "no approval request with id cmd_push1" in _one_line_error(
+    assert "no approval request with id cmd_push1" in one_line_error(
         _cli(state, "approve", "cmd_push1")
     )
 
@@ -99,9 +91,9 @@ def test_deny_unknown_ids_and_prefixes(tmp_path: Path) -> None:
     queue.request("cmd_aaa111", "rm -r build", "", RULE, 300)
     queue.request("cmd_aab222", "make deploy", "", RULE, 300)
 
-    unknown = _one_line_error(_cli(state, "deny", "cmd_zzz"))
+    unknown = one_line_error(_cli(state, "deny", "cmd_zzz"))
     assert "no approval request with id cmd_zzz; `endpointd approvals` lists" in unknown
-    ambiguous = _one_line_error(_cli(state, "deny", "cmd_aa"))
+    ambiguous = one_line_error(_cli(state, "deny", "cmd_aa"))
     assert "matches several pending requests" in ambiguous
 
     denied = _cli(state, "deny", "cmd_aab")  # a unique prefix is enough
@@ -117,7 +109,7 @@ def test_a_timed_out_request_can_no_longer_be_answered(tmp_path: Path) -> None:
     queue = Approvals(state)
     queue.request("cmd_late", "deploy", "", RULE, 0)
     assert queue.pending() == []
-    assert "timed out" in _one_line_error(_cli(state, "approve", "cmd_late"))
+    assert "timed out" in one_line_error(_cli(state, "approve", "cmd_late"))
     assert queue.decision("cmd_late") is None
 
 

@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import secrets
-import select
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from endpointd.credentials import CredentialError, validate_value
+from tests.cli_output import one_line_error, read_until
 
 PLAINTEXT_KEYRING = "keyrings.alt.file.PlaintextKeyring"
 
@@ -88,15 +88,6 @@ def device(tmp_path: Path) -> Device:
 def _value() -> str:
     # Random, so an occurrence anywhere can only come from this test.
     return "canary-" + secrets.token_urlsafe(24)
-
-
-def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("Error: ")
-    return lines[0]
 
 
 def _forms(value: str) -> list[bytes]:
@@ -166,24 +157,7 @@ def test_add_from_stdin_list_touch_and_remove(device: Device) -> None:
     assert rows["github-token"]["stored"] is False
     assert "NOT STORED" in device.cli("creds", "list").stdout
     again = device.cli("creds", "rm", "github-token")
-    assert "no credential named github-token" in _one_line_error(again)
-
-
-def _read_until(fd: int, needle: bytes, deadline: float) -> bytes:
-    seen = b""
-    while needle not in seen:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"never saw {needle!r}; got {seen!r}"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-    return seen
+    assert "no credential named github-token" in one_line_error(again)
 
 
 def _add_in_a_terminal(device: Device, name: str, first: str, second: str) -> tuple[int, bytes]:
@@ -201,13 +175,13 @@ def _add_in_a_terminal(device: Device, name: str, first: str, second: str) -> tu
     deadline = time.monotonic() + 30
     try:
         # getpass flushes pending input when it turns echo off: answer each prompt after it.
-        shown = _read_until(master, b"(hidden): ", deadline)
+        shown = read_until(master, b"(hidden): ", deadline)
         os.write(master, first.encode() + b"\n")
-        shown += _read_until(master, b"confirm: ", deadline)
+        shown += read_until(master, b"confirm: ", deadline)
         os.write(master, second.encode() + b"\n")
         code = proc.wait(30)
         # The rest of the output; the read ends with EIO once the child has closed the pty.
-        shown += _read_until(master, b"\x00never", deadline)
+        shown += read_until(master, b"\x00never", deadline)
     except BaseException:
         proc.kill()
         raise
@@ -234,7 +208,7 @@ def test_a_terminal_gets_a_hidden_prompt_asked_twice(device: Device) -> None:
 def test_without_a_terminal_the_value_must_come_on_stdin(device: Device) -> None:
     for stdin in (None, b"", b"\n"):
         proc = device.cli("creds", "add", "github-token", stdin=stdin)
-        error = _one_line_error(proc)
+        error = one_line_error(proc)
         assert "no value on stdin" in error
         assert "never taken from the command line" in error
     assert not (device.config / "credentials.json").exists()
@@ -262,7 +236,7 @@ def test_short_and_structured_values_are_refused(
     device: Device, value: str, words: list[str]
 ) -> None:
     proc = device.cli("creds", "add", "db", stdin=value.encode())
-    error = _one_line_error(proc)
+    error = one_line_error(proc)
     for word in words:
         assert word in error
     assert value.strip() not in error
@@ -293,14 +267,14 @@ def test_binary_and_nul_values_are_refused() -> None:
 @pytest.mark.parametrize("name", ["GitHub", "-token", "a b", "x" * 65, "tok/en", ""])
 def test_names_are_checked_before_asking_for_the_value(device: Device, name: str) -> None:
     proc = device.cli("creds", "add", "--", name, stdin=_value().encode())
-    assert "invalid credential name" in _one_line_error(proc)
+    assert "invalid credential name" in one_line_error(proc)
 
 
 def test_replacing_needs_replace(device: Device) -> None:
     assert device.cli("creds", "add", "tok", stdin=_value().encode()).returncode == 0
     second = _value()
     proc = device.cli("creds", "add", "tok", stdin=second.encode())
-    assert "--replace" in _one_line_error(proc)
+    assert "--replace" in one_line_error(proc)
     proc = device.cli("creds", "add", "tok", "--replace", stdin=second.encode())
     assert proc.returncode == 0, proc.stderr
     assert device.python("print(store.get('tok').decode())") == second + "\n"
@@ -309,7 +283,7 @@ def test_replacing_needs_replace(device: Device) -> None:
 def test_no_usable_keyring_says_how_to_fix_it(device: Device) -> None:
     fail = {"PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring"}
     proc = device.cli("creds", "add", "tok", stdin=_value().encode(), env=fail)
-    error = _one_line_error(proc)
+    error = one_line_error(proc)
     assert "no usable OS keyring" in error
     assert "no OS keyring backend is available" in error
     assert "gnome-keyring" in error

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import select
 import stat
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from endpointd.policy import (
     parse_policy,
 )
 from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.cli_output import one_line_error, read_until
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.gateway_server import FakeGateway
 
@@ -110,15 +110,6 @@ def _cli(
         text=True,
         timeout=60,
     )
-
-
-def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("Error: ")
-    return lines[0]
 
 
 # --------------------------------------------------------------------------- parsing
@@ -488,7 +479,7 @@ def test_policy_check_explains_and_exits_with_the_decision(env: Env) -> None:
 
 def test_policy_init_and_show(env: Env) -> None:
     proc = _cli(env, "policy", "show")
-    assert "no policy file" in _one_line_error(proc)
+    assert "no policy file" in one_line_error(proc)
 
     proc = _cli(env, "policy", "init", "--allow-root", str(env.root))
     assert proc.returncode == 0, proc.stderr
@@ -498,9 +489,9 @@ def test_policy_init_and_show(env: Env) -> None:
     assert env.path.read_text().startswith("# endpointd local policy")  # the comments are kept
 
     again = _cli(env, "policy", "init")
-    assert "already exists" in _one_line_error(again)
+    assert "already exists" in one_line_error(again)
     missing = _cli(env, "policy", "init", "--allow-root", str(env.tmp / "nope"))
-    assert "is not an existing directory" in _one_line_error(missing)
+    assert "is not an existing directory" in one_line_error(missing)
 
     proc = _cli(env, "policy", "show")
     assert proc.returncode == 0, proc.stderr
@@ -519,7 +510,7 @@ def test_policy_init_and_show(env: Env) -> None:
 
     env.path.write_text(env.path.read_text() + "\nbogus = 1\n")
     broken = _cli(env, "policy", "show")
-    error = _one_line_error(broken)
+    error = one_line_error(broken)
     assert f"{env.path}:" in error
     assert "unknown key 'bogus'" in error
     assert "every command is refused" in error
@@ -557,10 +548,10 @@ def test_pairing_asks_for_allowed_roots_before_spending_the_code(
     policy_path = endpointd.config_dir / POLICY_FILE
     with FakeGateway(tls=False) as gw:
         code = gw.add_pairing_code("ROOTS123")
-        error = _one_line_error(_pair_without_tty(endpointd, gw, code))
+        error = one_line_error(_pair_without_tty(endpointd, gw, code))
         assert "pass --allow-root DIR" in error
         bad = _pair_without_tty(endpointd, gw, code, "--allow-root", str(tmp_path / "nope"))
-        assert "is not an existing directory" in _one_line_error(bad)
+        assert "is not an existing directory" in one_line_error(bad)
         assert gw.pair_requests == []  # the single-use code was never spent
         assert not policy_path.exists()
 
@@ -577,27 +568,10 @@ def test_pairing_asks_for_allowed_roots_before_spending_the_code(
         conflict = _pair_without_tty(
             endpointd, gw, gw.add_pairing_code("ROOTS456"), "--allow-root", str(other)
         )
-        assert "already lists allowed roots" in _one_line_error(conflict)
+        assert "already lists allowed roots" in one_line_error(conflict)
         again = _pair_without_tty(endpointd, gw, gw.add_pairing_code("ROOTS789"))
         assert again.returncode == 0, again.stderr
         assert parse_policy(policy_path.read_text(), policy_path).allowed_roots == (work,)
-
-
-def _read_until(fd: int, needle: bytes, deadline: float) -> bytes:
-    seen = b""
-    while needle not in seen:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"never saw {needle!r}; got {seen!r}"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            seen += chunk
-    return seen
 
 
 def test_pairing_in_a_terminal_prompts_for_allowed_roots(
@@ -621,15 +595,15 @@ def test_pairing_in_a_terminal_prompts_for_allowed_roots(
         os.close(slave)
         deadline = time.monotonic() + 30
         try:
-            _read_until(master, b"Directory to allow: ", deadline)
+            read_until(master, b"Directory to allow: ", deadline)
             os.write(master, b"\n")
-            _read_until(master, b"at least one directory is needed", deadline)
+            read_until(master, b"at least one directory is needed", deadline)
             os.write(master, f"{tmp_path / 'nope'}\n".encode())
-            _read_until(master, b"is not an existing directory", deadline)
+            read_until(master, b"is not an existing directory", deadline)
             os.write(master, f"{work}\n".encode())
-            _read_until(master, b"Another directory (empty to finish): ", deadline)
+            read_until(master, b"Another directory (empty to finish): ", deadline)
             os.write(master, b"\n")
-            shown = _read_until(master, b"next: `endpointd run`", deadline)
+            shown = read_until(master, b"next: `endpointd run`", deadline)
             assert proc.wait(30) == 0, shown
         finally:
             if proc.poll() is None:
@@ -644,6 +618,6 @@ def test_pairing_in_a_terminal_prompts_for_allowed_roots(
 def test_a_refused_pairing_leaves_no_policy_behind(endpointd: Endpointd, tmp_path: Path) -> None:
     with FakeGateway(tls=False) as gw:
         proc = _pair_without_tty(endpointd, gw, "WRONG123", "--allow-root", str(tmp_path))
-        assert "PERMISSION_DENIED" in _one_line_error(proc)
+        assert "PERMISSION_DENIED" in one_line_error(proc)
     assert not (endpointd.config_dir / POLICY_FILE).exists()
     assert not (endpointd.config_dir / "config.json").exists()

@@ -81,6 +81,18 @@ def _token(env_var: str = "TOKEN") -> list[pb.CredentialRef]:
     ]
 
 
+async def _paired_with_policy(
+    gw: FakeGateway, endpointd: Endpointd, policy: str
+) -> tuple[str, Path]:
+    """A paired, running endpointd whose policy.toml is ``policy`` (work dir created)."""
+    (endpointd.root.parent / "work").mkdir()
+    device = await start_paired(gw, endpointd)
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(policy)
+    policy_file.chmod(0o600)
+    return device, policy_file
+
+
 def _add_credential(endpointd: Endpointd) -> None:
     added = subprocess.run(
         [sys.executable, "-m", "endpointd", "creds", "add", TOKEN_NAME],
@@ -114,11 +126,7 @@ async def test_a_rogue_control_plane_is_refused_on_the_device(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
-    work.mkdir()
-    device = await start_paired(gw, endpointd)
-    policy_file = endpointd.config_dir / "policy.toml"
-    policy_file.write_text(_policy(work))
-    policy_file.chmod(0o600)
+    device, policy_file = await _paired_with_policy(gw, endpointd, _policy(work))
     _add_credential(endpointd)
 
     python = sys.executable
@@ -210,11 +218,7 @@ async def test_ask_rules_wait_for_the_human_on_the_device(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
-    work.mkdir()
-    device = await start_paired(gw, endpointd)
-    policy_file = endpointd.config_dir / "policy.toml"
-    policy_file.write_text(_policy(work))
-    policy_file.chmod(0o600)
+    device, _policy_file = await _paired_with_policy(gw, endpointd, _policy(work))
     python = sys.executable
 
     def confirm(name: str) -> pb.Command:
@@ -268,15 +272,13 @@ async def test_the_policys_limits_cap_runtime_and_output(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
-    work.mkdir()
-    device = await start_paired(gw, endpointd)
-    policy_file = endpointd.config_dir / "policy.toml"
-    policy_file.write_text(
+    device, _policy_file = await _paired_with_policy(
+        gw,
+        endpointd,
         _policy(work).replace(
             "[limits]", "[limits]\nmax_output_bytes = 1000\nmax_runtime_seconds = 2"
-        )
+        ),
     )
-    policy_file.chmod(0o600)
     python = sys.executable
 
     loud = gw.send(device, _exec([python, "-c", "print('x' * 5000)"], cwd=work))
@@ -307,11 +309,9 @@ async def test_a_keyring_entry_set_behind_the_stores_back_is_never_delivered(
 ) -> None:
     """The redactor masks what the store indexes; delivering anything else could leak it."""
     work = tmp_path / "work"
-    work.mkdir()
-    device = await start_paired(gw, endpointd)
-    policy_file = endpointd.config_dir / "policy.toml"
-    policy_file.write_text(_policy(work) + '\n[credentials.ghost]\nallow = ["*"]\n')
-    policy_file.chmod(0o600)
+    device, _policy_file = await _paired_with_policy(
+        gw, endpointd, _policy(work) + '\n[credentials.ghost]\nallow = ["*"]\n'
+    )
     _set_keyring_directly(endpointd, "credential:ghost", "ghost-value-" + os.urandom(8).hex())
     refused = await _refused(
         gw,

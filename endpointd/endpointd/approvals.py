@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from endpointd.errors import EndpointdError
-from endpointd.fsutil import atomic_write
+from endpointd.fsutil import atomic_write, exclusive_lock
 from endpointd.paths import ensure_private_dir
 from superagent_proto.v1 import endpoint_pb2
 
@@ -120,17 +120,8 @@ class Approvals:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         ensure_private_dir(self.directory)
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                import fcntl
-            except ImportError:
-                yield
-                return
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with exclusive_lock(self.directory / ".lock"):
             yield
-        finally:
-            os.close(fd)
 
     def _load(self, path: Path) -> ApprovalRequest | None:
         try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from endpointd.errors import EndpointdError
-from endpointd.fsutil import atomic_write
+from endpointd.fsutil import atomic_write, exclusive_lock
 from endpointd.paths import ensure_private_dir
 
 CREDENTIALS_FILE = "credentials.json"
@@ -184,17 +183,8 @@ class CredentialStore:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         ensure_private_dir(self.config_dir)
-        fd = os.open(self.path.with_name(CREDENTIALS_FILE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                import fcntl
-            except ImportError:  # Windows: the CLI works, writers are not serialised
-                yield
-                return
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with exclusive_lock(self.path.with_name(CREDENTIALS_FILE + ".lock")):
             yield
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ keyring
 

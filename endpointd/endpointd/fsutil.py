@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
@@ -77,3 +78,23 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 def mode_bits(path: str | os.PathLike[str]) -> int:
     return os.stat(path).st_mode & 0o777
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created 0600) for the block.
+
+    Serialises read-modify-write of small state files between the CLI and the daemon. On
+    Windows (no fcntl) the block runs unlocked: the CLI works, writers are not serialised.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            import fcntl
+        except ImportError:
+            yield
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
