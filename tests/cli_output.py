@@ -1,11 +1,15 @@
-"""Reading what a CLI under test printed: its one-line error, a terminal's output."""
+"""Running a CLI under test: its one-line error, or a session in a pseudo-terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator, Mapping
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -34,3 +38,29 @@ def read_until(fd: int, needle: bytes, deadline: float) -> bytes:
                 break
             seen += chunk
     return seen
+
+
+@contextlib.contextmanager
+def in_a_terminal(
+    args: list[str], env: Mapping[str, str]
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``python -m endpointd ARGS`` on a new pseudo-terminal: (the process, the pty's master
+    end to read its prompts from and answer on). Killed if still running at the end."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "endpointd", *args],
+        cwd=tempfile.gettempdir(),
+        env=dict(env),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    try:
+        yield proc, master
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        os.close(master)

@@ -20,7 +20,9 @@ from controlplane.db import migrate
 from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, with_database
+from endpointd.executor import Zygote
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
+from tests.helpers import assert_eventually
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,3 +99,15 @@ async def pool(
     pool = await create_pool(asyncpg_dsn(database_url))
     yield pool
     await pool.close()
+
+
+@pytest.fixture
+async def zygote() -> AsyncIterator[Zygote]:
+    """A started endpointd zygote (pre-imported supervisor forker), stopped afterwards."""
+    z = Zygote()
+    z.ensure_started()
+    try:
+        await assert_eventually(z.ready, timeout=20, message="the zygote never became ready")
+        yield z
+    finally:
+        z.stop()

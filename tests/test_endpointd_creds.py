@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from endpointd.credentials import CredentialError, validate_value
-from tests.cli_output import one_line_error, read_until
+from tests.cli_output import in_a_terminal, one_line_error, read_until
 
 PLAINTEXT_KEYRING = "keyrings.alt.file.PlaintextKeyring"
 
@@ -161,19 +161,8 @@ def test_add_from_stdin_list_touch_and_remove(device: Device) -> None:
 
 
 def _add_in_a_terminal(device: Device, name: str, first: str, second: str) -> tuple[int, bytes]:
-    master, slave = os.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "endpointd", "creds", "add", name],
-        cwd=tempfile.gettempdir(),
-        env=device.env,
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        start_new_session=True,
-    )
-    os.close(slave)
     deadline = time.monotonic() + 30
-    try:
+    with in_a_terminal(["creds", "add", name], device.env) as (proc, master):
         # getpass flushes pending input when it turns echo off: answer each prompt after it.
         shown = read_until(master, b"(hidden): ", deadline)
         os.write(master, first.encode() + b"\n")
@@ -182,12 +171,6 @@ def _add_in_a_terminal(device: Device, name: str, first: str, second: str) -> tu
         code = proc.wait(30)
         # The rest of the output; the read ends with EIO once the child has closed the pty.
         shown += read_until(master, b"\x00never", deadline)
-    except BaseException:
-        proc.kill()
-        raise
-    finally:
-        proc.wait(30)
-        os.close(master)
     return code, shown
 
 

@@ -71,17 +71,6 @@ def _refs(*refs: tuple[str, int, str]) -> list[pb.CredentialRef]:
     ]
 
 
-@pytest.fixture
-async def zygote() -> AsyncIterator[Zygote]:
-    z = Zygote()
-    z.ensure_started()
-    try:
-        await assert_eventually(z.ready, timeout=20, message="the zygote never became ready")
-        yield z
-    finally:
-        z.stop()
-
-
 class Launcher:
     """Starts a supervisor the way the daemon does: fresh interpreter, or a zygote's spare."""
 

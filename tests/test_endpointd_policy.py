@@ -30,7 +30,7 @@ from endpointd.policy import (
     parse_policy,
 )
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.cli_output import one_line_error, read_until
+from tests.cli_output import in_a_terminal, one_line_error, read_until
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.gateway_server import FakeGateway
 
@@ -579,22 +579,11 @@ def test_pairing_in_a_terminal_prompts_for_allowed_roots(
 ) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    master, slave = os.openpty()
     with FakeGateway(tls=False) as gw:
         code = gw.add_pairing_code("PROMPT12")
-        key = str(endpointd.key_file)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "endpointd", "pair", gw.url, code, "--key-file", key],
-            cwd=tempfile.gettempdir(),
-            env=endpointd.env,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-        )
-        os.close(slave)
+        args = ["pair", gw.url, code, "--key-file", str(endpointd.key_file)]
         deadline = time.monotonic() + 30
-        try:
+        with in_a_terminal(args, endpointd.env) as (proc, master):
             read_until(master, b"Directory to allow: ", deadline)
             os.write(master, b"\n")
             read_until(master, b"at least one directory is needed", deadline)
@@ -605,11 +594,6 @@ def test_pairing_in_a_terminal_prompts_for_allowed_roots(
             os.write(master, b"\n")
             shown = read_until(master, b"next: `endpointd run`", deadline)
             assert proc.wait(30) == 0, shown
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-            os.close(master)
     assert f"allowed roots: {work}".encode() in shown
     policy_path = endpointd.config_dir / POLICY_FILE
     assert parse_policy(policy_path.read_text(), policy_path).allowed_roots == (work,)

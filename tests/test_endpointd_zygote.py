@@ -13,7 +13,7 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,17 +35,6 @@ WAIT_FOR_GO = (
 
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-@pytest.fixture
-async def zygote() -> AsyncIterator[Zygote]:
-    z = Zygote()
-    z.ensure_started()
-    try:
-        await assert_eventually(z.ready, timeout=20, message="the zygote never became ready")
-        yield z
-    finally:
-        z.stop()
 
 
 def _spec(spool: Path, argv: list[str], cwd: Path, **fields: object) -> dict[str, object]:
