@@ -210,3 +210,24 @@ class FakeDevice:
                 await self._reader
         if self._channel is not None:
             await self._channel.close()
+
+
+async def paired(gateway: Gateway, name: str = "laptop") -> FakeDevice:
+    """A device paired with ``gateway`` (its pairing answer checked), not yet connected."""
+    device = FakeDevice(gateway)
+    response = await device.pair(await gateway.pairing_code(name))
+    assert response.server_cert_sha256 == gateway.tls.leaf_sha256
+    assert response.server_ca_pem == gateway.tls.ca_pem.decode()
+    assert response.device_id.startswith("dev_")
+    return device
+
+
+@contextlib.asynccontextmanager
+async def connected(gateway: Gateway, name: str = "laptop") -> AsyncIterator[FakeDevice]:
+    """A paired device with an open stream, closed afterwards."""
+    device = await paired(gateway, name)
+    await device.connect()
+    try:
+        yield device
+    finally:
+        await device.close()

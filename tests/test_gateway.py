@@ -7,7 +7,6 @@ wire (duplicates, gaps, bad signatures); tests/test_endpointd_*.py use the real 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -32,7 +31,7 @@ from controlplane.gateway.queue import (
     PendingCommand,
 )
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.gateway_harness import FakeDevice, Gateway, running_gateway
+from tests.gateway_harness import FakeDevice, Gateway, connected, paired, running_gateway
 from tests.helpers import assert_eventually
 
 
@@ -42,26 +41,6 @@ async def gateway(
 ) -> AsyncIterator[Gateway]:
     async with running_gateway(database_url, db, tmp_path) as gw:
         yield gw
-
-
-@contextlib.asynccontextmanager
-async def connected(gateway: Gateway, name: str = "laptop") -> AsyncIterator[FakeDevice]:
-    """A paired device with an open stream, closed afterwards."""
-    device = await paired(gateway, name)
-    await device.connect()
-    try:
-        yield device
-    finally:
-        await device.close()
-
-
-async def paired(gateway: Gateway, name: str = "laptop") -> FakeDevice:
-    device = FakeDevice(gateway)
-    response = await device.pair(await gateway.pairing_code(name))
-    assert response.server_cert_sha256 == gateway.tls.leaf_sha256
-    assert response.server_ca_pem == gateway.tls.ca_pem.decode()
-    assert response.device_id.startswith("dev_")
-    return device
 
 
 async def sql(database_url: str, query: str, *args: object) -> list[asyncpg.Record]:

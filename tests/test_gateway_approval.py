@@ -7,7 +7,6 @@ shows up as the next Accepted, output and Finished, or as a Refused.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +18,7 @@ from controlplane.db.engine import transaction
 from controlplane.gateway import devices, specs
 from controlplane.gateway.queue import CommandResult
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.gateway_harness import FakeDevice, Gateway, running_gateway
+from tests.gateway_harness import FakeDevice, Gateway, connected, running_gateway
 from tests.helpers import assert_eventually
 
 RULE = 'ask: ["git", "push", "*"]'
@@ -31,17 +30,6 @@ async def gateway(
 ) -> AsyncIterator[Gateway]:
     async with running_gateway(database_url, db, tmp_path) as gw:
         yield gw
-
-
-@contextlib.asynccontextmanager
-async def connected(gateway: Gateway, name: str = "laptop") -> AsyncIterator[FakeDevice]:
-    device = FakeDevice(gateway)
-    await device.pair(await gateway.pairing_code(name))
-    await device.connect()
-    try:
-        yield device
-    finally:
-        await device.close()
 
 
 def _deadline(seconds: int = 300) -> datetime:
