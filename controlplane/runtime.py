@@ -45,6 +45,7 @@ from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
+from controlplane.workers.service import WorkerService
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,11 @@ async def replica(
                 services.extend(WhileLeading(s, leadership) for s in adapter.leader_services())
             router: TurnTaker
             if settings.model_configured:
-                router = Router(pool, model_client(settings), settings.llm.router_model)
+                client = model_client(settings)
+                router = Router(pool, client, settings.llm.router_model)
+                services.append(
+                    WorkerService(pool, queue, client, settings, owner=replica_id, dsn=dsn)
+                )
             else:
                 log.info("no model configured: the router runs in rules-only mode")
                 router = RulesOnlyRouter(pool, queue)

@@ -316,6 +316,70 @@ class LlmSettings(BaseModel):
     timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
 
 
+class LlmPrices(BaseModel):
+    """What a model's tokens cost, so that every result can state its cost."""
+
+    input_usd_per_mtok: float = Field(
+        0.0, ge=0, description="US dollars per million prompt tokens not read from cache."
+    )
+    cached_usd_per_mtok: float = Field(
+        0.0, ge=0, description="US dollars per million prompt tokens read from cache."
+    )
+    output_usd_per_mtok: float = Field(
+        0.0, ge=0, description="US dollars per million completion tokens."
+    )
+
+
+class WorkerSettings(BaseModel):
+    design: Literal["two_tier", "single_session"] = Field(
+        "two_tier",
+        description="`two_tier`: a router plus one worker session per ticket. "
+        "`single_session`: the baseline, one session that runs tickets through a subagent "
+        "tool (for comparison only).",
+    )
+    max_workers: int = Field(
+        3,
+        ge=1,
+        description="Workers running at once across all replicas; one more slot is kept "
+        "for workers woken by a human message.",
+    )
+    lease_seconds: float = Field(
+        30.0, gt=0, description="A worker's lease; another replica resumes it once expired."
+    )
+    renew_seconds: float = Field(10.0, gt=0, description="How often leases are renewed.")
+    foreground_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How long `shell` waits for a command before it becomes a background "
+        "job whose completion arrives later as an event.",
+    )
+    max_turns: int = Field(
+        80, ge=1, description="Model calls per assignment before the worker is stopped."
+    )
+    token_budget: int = Field(
+        3_000_000, ge=1000, description="Tokens per ticket before the worker is stopped."
+    )
+    repeat_limit: int = Field(
+        3,
+        ge=2,
+        description="The same tool call with the same arguments this many times in a row "
+        "stops the worker.",
+    )
+    device_wait_seconds: float = Field(
+        12 * 3600.0,
+        gt=0,
+        description="How long a ticket waits for its device to come back before people are "
+        "asked whether to reroute or drop it.",
+    )
+    prices: LlmPrices = Field(default_factory=LlmPrices, description="The worker model's prices.")
+
+    @model_validator(mode="after")
+    def _renew_well_within_the_lease(self) -> WorkerSettings:
+        if self.renew_seconds * 2 > self.lease_seconds:
+            raise ValueError("workers.renew_seconds must be at most half of workers.lease_seconds")
+        return self
+
+
 class RouterSettings(BaseModel):
     lease_seconds: float = Field(
         15.0,
@@ -400,6 +464,9 @@ class Settings(BaseSettings):
     )
     router: RouterSettings = Field(
         default_factory=RouterSettings, description="The router and its leader election."
+    )
+    workers: WorkerSettings = Field(
+        default_factory=WorkerSettings, description="Worker sessions, one per ticket."
     )
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.channels.base import (
+    IM_MAX_WORDS,
     Acknowledgement,
     ChannelError,
     Channels,
@@ -32,7 +33,9 @@ from controlplane.channels.base import (
     clip_words,
     style_of,
 )
+from controlplane.db.pool import Conn
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
+from controlplane.effects.outbox import enqueue
 from controlplane.pause import hold_while_paused
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,37 @@ log = logging.getLogger(__name__)
 REPLY_EFFECT = "reply"  # payload: reply_id, thread_id, source, thread_external_id, text
 ACK_EFFECT = "acknowledge"  # payload: trigger_id, source, thread_external_id, message_ref
 WAIT_FOR_ADAPTER_SECONDS = 3600.0
+
+
+async def enqueue_reply(
+    conn: Conn, thread_id: str, text: str, reply_id: str, *, clip: bool = True
+) -> bool:
+    """Queue a reply written by the program rather than the router's model (a command's
+    result, a notice that a device is away), cut to the channel's limit when ``clip``.
+
+    Keyed by ``reply_id``: queued again, or after it was sent, it is still one message.
+    Returns False when there is no such thread or the reply was already sent.
+    """
+    row = await conn.fetchrow("SELECT source, external_id FROM threads WHERE id = $1", thread_id)
+    if row is None:
+        return False
+    if await conn.fetchval("SELECT 1 FROM sent_messages WHERE reply_id = $1", reply_id):
+        return False
+    if clip and style_of(row["source"]) is Style.im:
+        text = clip_words(text, IM_MAX_WORDS)
+    await enqueue(
+        conn,
+        REPLY_EFFECT,
+        reply_id,
+        {
+            "reply_id": reply_id,
+            "thread_id": thread_id,
+            "source": row["source"],
+            "thread_external_id": row["external_id"],
+            "text": text,
+        },
+    )
+    return True
 
 
 def reply_handler(pool: asyncpg.Pool, channels: Channels) -> Any:

@@ -69,6 +69,9 @@ SESSION_KINDS = ("router", "worker", "watchdog")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MANDATE_KINDS = ("explicit", "inferred")
 TRIGGER_ROUTES = ("router", "subscribers", "dropped")
+REPORT_STATUSES = ("progress", "ready", "question", "blocked", "failed")
+# Which slot an assignment holds: one of max_workers, or the one kept for human wake-ups.
+SLOT_KINDS = ("regular", "human")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -272,6 +275,18 @@ class Ticket(Base):
     state: Mapped[str] = mapped_column(String(20), default="open", server_default="open")
     device_id: Mapped[str | None] = mapped_column(ForeignKey("devices.id"))
     pr_url: Mapped[str | None] = mapped_column(Text)
+    # Why it waits (waiting_device, waiting_human) or what it last reported: "question",
+    # "blocked", "failed", "device_expired", ...; and until when (waiting_device).
+    hold: Mapped[str | None] = mapped_column(String(50))
+    wait_until: Mapped[datetime | None]
+    # A speculative ticket delivers nothing unless its worker confirms a reproduction and a
+    # fix; otherwise it is discarded without a word.
+    speculative: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # Where the work happens: the repository (owner/name), the directory on the device,
+    # and the branch. Retries reuse all three.
+    repo: Mapped[str | None] = mapped_column(String(300))
+    workdir: Mapped[str | None] = mapped_column(Text)
+    branch: Mapped[str | None] = mapped_column(String(300))
     tokens_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     cost_usd: Mapped[Decimal] = mapped_column(
         Numeric(12, 6), default=Decimal(0), server_default=text("0")
@@ -474,6 +489,14 @@ class Assignment(Base):
         Index(
             "ix_assignments_active", "lease_expires_at", postgresql_where=text("ended_at IS NULL")
         ),
+        # One round at a time per ticket.
+        Index(
+            "uq_assignments_one_active",
+            "ticket_id",
+            unique=True,
+            postgresql_where=text("ended_at IS NULL"),
+        ),
+        CheckConstraint(_one_of("slot", SLOT_KINDS), name="slot"),
     )
     id: Mapped[str] = _id("asg")
     ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
@@ -481,6 +504,9 @@ class Assignment(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None]
     turns: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    slot: Mapped[str] = mapped_column(String(20), default="regular", server_default="regular")
+    # What started this round: "new", "takeover", "device", "human", "event", "retry".
+    woken_by: Mapped[str] = mapped_column(String(50), default="new", server_default="new")
     outcome: Mapped[str | None] = mapped_column(String(50))
     created_at: Mapped[datetime] = _created()
     ended_at: Mapped[datetime | None]
@@ -587,3 +613,65 @@ class LlmCall(Base):
     prompt_version_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
     policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
     created_at: Mapped[datetime] = _created()
+
+
+class Report(Base):
+    """What a worker reported: ``report(status, summary, question?, pr_url?)``."""
+
+    __tablename__ = "reports"
+    __table_args__ = (
+        Index(None, "ticket_id", "created_at"),
+        CheckConstraint(_one_of("status", REPORT_STATUSES), name="status"),
+    )
+    id: Mapped[str] = _id("rpt")
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    assignment_id: Mapped[str | None] = mapped_column(ForeignKey("assignments.id"))
+    status: Mapped[str] = mapped_column(String(20))
+    summary: Mapped[str] = mapped_column(Text)
+    question: Mapped[str | None] = mapped_column(Text)
+    pr_url: Mapped[str | None] = mapped_column(Text)
+    # The ticket's totals when it reported (every result states tokens and cost).
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    cost_usd: Mapped[Decimal] = mapped_column(
+        Numeric(12, 6), default=Decimal(0), server_default=text("0")
+    )
+    # The router's inbox entry it became (only ready/question/blocked/failed get one).
+    trigger_id: Mapped[str | None] = mapped_column(ForeignKey("triggers.id"))
+    created_at: Mapped[datetime] = _created()
+
+
+class Job(Base):
+    """A shell command a worker started. One still running when its tool call returned is a
+    background job: its completion reaches the worker as an event (``reported_at``)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index(
+            "ix_jobs_unreported",
+            "ticket_id",
+            postgresql_where=text("background AND reported_at IS NULL"),
+        ),
+    )
+    command_id: Mapped[str] = mapped_column(ForeignKey("commands.id"), primary_key=True)
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    tool_call_id: Mapped[str | None] = mapped_column(String(100))
+    script: Mapped[str] = mapped_column(Text)
+    background: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    created_at: Mapped[datetime] = _created()
+    reported_at: Mapped[datetime | None]
+
+
+class WorkerEvent(Base):
+    """Something for a ticket's worker that is not a channel event: a retry, a reroute, a
+    pull request opened, a delivery of a speculative result."""
+
+    __tablename__ = "worker_events"
+    __table_args__ = (
+        Index("ix_worker_events_unread", "ticket_id", postgresql_where=text("read_at IS NULL")),
+    )
+    id: Mapped[str] = _id("wev")
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"))
+    kind: Mapped[str] = mapped_column(String(50))
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    read_at: Mapped[datetime | None]

@@ -10,6 +10,12 @@ from __future__ import annotations
 import json
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+# A connection as code receives it: its own, or one acquired from a pool.
+Conn = asyncpg.Connection | PoolConnectionProxy
+# Anything to run one statement on (a pool takes a connection for it).
+Db = asyncpg.Pool | Conn
 
 # The server enforces what our code promises: no transaction is ever left idle.
 SERVER_SETTINGS = {"idle_in_transaction_session_timeout": "60000"}

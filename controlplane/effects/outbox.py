@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from controlplane.db.pool import Conn
 from superagent_shared.ids import new_id, new_ids
 
 NOTIFY_CHANNEL = "superagent_effects"
@@ -74,7 +74,7 @@ class EffectRef:
 
 
 async def enqueue(
-    conn: asyncpg.Connection,
+    conn: Conn,
     kind: str,
     key: str,
     payload: dict[str, Any],
@@ -90,7 +90,7 @@ async def enqueue(
 
 
 async def enqueue_many(
-    conn: asyncpg.Connection,
+    conn: Conn,
     effects: Iterable[tuple[str, str, dict[str, Any]]],
     *,
     delay: float = 0.0,

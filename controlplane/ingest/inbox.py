@@ -12,6 +12,7 @@ from datetime import datetime
 
 import asyncpg
 
+from controlplane.db.pool import Db
 from controlplane.errors import NotFound
 from controlplane.ingest.intake import CLOSED_SQL, ROUTER_CHANNEL
 
@@ -28,9 +29,10 @@ class InboxEvent:
     created_at: datetime
 
 
-async def read(pool: asyncpg.Pool, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
-    """Take the ticket's unread events, oldest first (each is returned once)."""
-    rows = await pool.fetch(
+async def read(db: Db, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
+    """Take the ticket's unread events, oldest first (each is returned once). On a
+    connection in a transaction, they stay unread unless that transaction commits."""
+    rows = await db.fetch(
         """
         WITH taken AS (
             UPDATE ticket_inbox SET read_at = now()

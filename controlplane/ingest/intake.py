@@ -37,6 +37,7 @@ from controlplane.people import Directory
 from superagent_shared.ids import new_id
 
 ROUTER_CHANNEL = "superagent_router"  # payload: a trigger id for the router's inbox
+WORKERS_CHANNEL = "superagent_workers"  # payload: a ticket id that may need a worker round
 INBOX_CHANNEL = "superagent_inbox"  # payload: "trg_…:tkt_…,tkt_…" (the trigger, its tickets)
 
 # Tickets in these states no longer receive their threads' events.

@@ -60,6 +60,9 @@ class SourcePolicy(BaseModel):
     mentions: list[str] = Field(default_factory=lambda: ["@superagent"])
     inferred: InferredMode = "off"
     rules: list[Rule] = Field(default_factory=list)
+    # Tickets started from this source's inferred candidates are speculative: their workers
+    # quietly try to reproduce and fix, and nothing is said unless they confirm both.
+    speculative: bool = False
 
     @field_validator("rules")
     @classmethod

@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.channels.base import IM_MAX_WORDS, Style, clip_words, style_of
-from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.channels.outbound import enqueue_reply
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import SuperagentError
@@ -63,30 +63,17 @@ async def reply(
 
     With ``reply_id``, the same reply is never sent twice, however often this is called.
     """
-    row = await tools.pool.fetchrow(
-        "SELECT source, external_id FROM threads WHERE id = $1", thread_id
-    )
-    if row is not None and style_of(row["source"]) is Style.im:
-        text = clip_words(text, IM_MAX_WORDS)
-    if reply_id is None or row is None:
+    if reply_id is None:
+        source = await tools.pool.fetchval("SELECT source FROM threads WHERE id = $1", thread_id)
+        if source is not None and style_of(source) is Style.im:
+            text = clip_words(text, IM_MAX_WORDS)
         await tools.call("reply", {"thread": thread_id, "text": text}, turn)
         return
-    if await tools.pool.fetchval("SELECT 1 FROM sent_messages WHERE reply_id = $1", reply_id):
-        return
     async with tools.pool.acquire() as conn:
-        # Keyed by the reply id: enqueued again while pending, it is still one message.
-        await _enqueue(
-            conn,
-            REPLY_EFFECT,
-            reply_id,
-            {
-                "reply_id": reply_id,
-                "thread_id": thread_id,
-                "source": row["source"],
-                "thread_external_id": row["external_id"],
-                "text": text,
-            },
-        )
+        if not await enqueue_reply(conn, thread_id, text, reply_id):
+            exists = await conn.fetchval("SELECT 1 FROM threads WHERE id = $1", thread_id)
+            if not exists:
+                await tools.call("reply", {"thread": thread_id, "text": text}, turn)
 
 
 class RulesOnlyRouter:

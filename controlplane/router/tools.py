@@ -31,9 +31,12 @@ import asyncpg
 
 from controlplane.channels.base import IM_MAX_WORDS, Style, style_of, word_count
 from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.db.pool import Conn
 from controlplane.effects.outbox import enqueue
 from controlplane.ingest import policy as policies
-from controlplane.ingest.intake import CLOSED_TICKET_STATES, PolicySource
+from controlplane.ingest.intake import CLOSED_TICKET_STATES, WORKERS_CHANNEL, PolicySource
+from controlplane.workers import control
+from controlplane.workers.reports import Spent
 from superagent_shared.ids import id_prefix, new_id
 
 MAX_REPLY_CHARS = 20_000
@@ -71,8 +74,27 @@ TOOL_SPECS: list[Any] = [
                 "description": "Device name or id, or 'my laptop' for one the requester owns.",
             },
             "mandate_from": _ID,
+            "repo": {
+                "type": ["string", "null"],
+                "description": "owner/name, when not the GitHub thread's own repository.",
+            },
+            "workdir": {
+                "type": ["string", "null"],
+                "description": "The repository's directory on the device, when known.",
+            },
+            "speculative": {
+                "type": "boolean",
+                "description": "Quietly try to reproduce and fix: nothing is said or "
+                "delivered unless the worker confirms both.",
+            },
         },
         ["title", "scope", "threads", "device", "mandate_from"],
+    ),
+    _fn(
+        "stop_ticket",
+        "Stop a ticket for good (its mandate is revoked and its device work cancelled).",
+        {"ticket": _ID, "reason": {"type": "string"}},
+        ["ticket", "reason"],
     ),
     _fn(
         "reply",
@@ -182,6 +204,13 @@ def _str(args: dict[str, Any], name: str, *, limit: int = 10_000, empty: bool = 
     if len(value) > limit:
         raise Refused(f"{name} is longer than {limit} characters")
     return value
+
+
+def _optional(args: dict[str, Any], name: str, *, limit: int) -> str | None:
+    value = args.get(name)
+    if value is None or value == "":
+        return None
+    return _str(args, name, limit=limit)
 
 
 def _id(args: dict[str, Any], name: str, prefix: str) -> str:
@@ -334,13 +363,26 @@ class Toolbox:
         if trigger["thread_id"] not in threads:
             threads.insert(0, trigger["thread_id"])  # the requester's thread hears back
         device_id = await self._device(conn, args.get("device"), trigger)
+        repo = _optional(args, "repo", limit=300)
+        if repo is not None and repo.count("/") != 1:
+            raise Refused(f"repo must be owner/name, not {repo!r}")
+        workdir = _optional(args, "workdir", limit=4096)
+        speculative = args.get("speculative") is True or (
+            kind == "inferred"
+            and (await self.policy.current())[1].for_source(trigger["source"]).speculative
+        )
         ticket_id = new_id("tkt")
         await conn.execute(
-            "INSERT INTO tickets (id, title, device_id) VALUES ($1, $2, $3)",
+            "INSERT INTO tickets (id, title, device_id, repo, workdir, speculative) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
             ticket_id,
             title,
             device_id,
+            repo,
+            workdir,
+            speculative,
         )
+        await conn.execute("SELECT pg_notify($1, $2)", WORKERS_CHANNEL, ticket_id)
         await conn.execute(
             "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, "
             "trigger_id, policy_version_id, scope, person_id) "
@@ -360,7 +402,9 @@ class Toolbox:
             threads,
             ticket_id,
         )
-        content = {"ticket": ticket_id, "subscribed": threads, "mandate": kind}
+        content: dict[str, Any] = {"ticket": ticket_id, "subscribed": threads, "mandate": kind}
+        if speculative:
+            content["speculative"] = True
         return content, f"created {ticket_id} ({kind}, for {trigger['actor_name']})", [source_id]
 
     async def _reply(
@@ -380,6 +424,15 @@ class Toolbox:
                 f"reply has {words}. Keep decisions, questions and results; put details in a "
                 "GitHub comment or behind a link"
             )
+        concerned = [
+            row["id"]
+            for row in await conn.fetch(
+                "SELECT id FROM triggers WHERE id = ANY($1::text[]) AND thread_id = $2",
+                list(turn.batch),
+                thread_id,
+            )
+        ]
+        text += await _spend_footer(conn, concerned, style_of(thread["source"]))
         reply_id = new_id("msg")
         await enqueue(
             conn,
@@ -393,14 +446,6 @@ class Toolbox:
                 "text": text,
             },
         )
-        concerned = [
-            row["id"]
-            for row in await conn.fetch(
-                "SELECT id FROM triggers WHERE id = ANY($1::text[]) AND thread_id = $2",
-                list(turn.batch),
-                thread_id,
-            )
-        ]
         return {"queued": reply_id}, f"reply {reply_id} queued on {thread_id}", concerned
 
     async def _subscribe(
@@ -426,6 +471,15 @@ class Toolbox:
             ticket_id,
         )
         return {done: True}, f"{thread_id} {done} to {ticket_id}", []
+
+    async def _stop_ticket(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        ticket_id = _id(args, "ticket", "tkt")
+        reason = _str(args, "reason", limit=2000)
+        await self._live_ticket(conn, ticket_id)
+        was = await control.stop(conn, ticket_id, by="the router")
+        return {"stopped": ticket_id, "was": was}, f"stopped {ticket_id}: {reason}", []
 
     async def _ignore(
         self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
@@ -480,11 +534,11 @@ class Toolbox:
         object_id = _str(args, "id", limit=100)
         prefix = id_prefix(object_id)
         if prefix == "trg":
-            found = await _recall_trigger(conn, object_id)
+            found = await recall_trigger(conn, object_id)
         elif prefix == "thr":
-            found = await _recall_thread(conn, object_id)
+            found = await recall_thread(conn, object_id)
         elif prefix == "tkt":
-            found = await _recall_ticket(conn, object_id)
+            found = await recall_ticket(conn, object_id)
         else:
             raise Refused(f"recall takes a trg_, thr_ or tkt_ id, not {object_id!r}")
         if found is None:
@@ -492,12 +546,28 @@ class Toolbox:
         return found, f"recalled {object_id}", []
 
 
+async def _spend_footer(conn: asyncpg.Connection, trigger_ids: list[str], style: Style) -> str:
+    """Every reply about a worker's result states what the ticket spent, whatever the
+    model wrote (the numbers come from the reports, not from the model)."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT ON (ticket_id) ticket_id, tokens, cost_usd FROM reports "
+        "WHERE trigger_id = ANY($1::text[]) ORDER BY ticket_id, created_at DESC",
+        trigger_ids,
+    )
+    parts = [f"{r['ticket_id']}: {Spent(r['tokens'], r['cost_usd']).line()}" for r in rows]
+    if not parts:
+        return ""
+    if style is Style.structured:
+        return "\n\n<sub>" + "; ".join(parts) + "</sub>"
+    return " (" + "; ".join(parts) + ")"
+
+
 def _snippet(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…"
 
 
-async def _recall_trigger(conn: asyncpg.Connection, trigger_id: str) -> dict[str, Any] | None:
+async def recall_trigger(conn: Conn, trigger_id: str) -> dict[str, Any] | None:
     row = await conn.fetchrow(
         "SELECT id, source, thread_id, actor_name, actor_is_bot, kind, text, verdict, "
         "created_at FROM triggers WHERE id = $1",
@@ -523,7 +593,7 @@ async def _recall_trigger(conn: asyncpg.Connection, trigger_id: str) -> dict[str
     }
 
 
-async def _recall_thread(conn: asyncpg.Connection, thread_id: str) -> dict[str, Any] | None:
+async def recall_thread(conn: Conn, thread_id: str) -> dict[str, Any] | None:
     row = await conn.fetchrow(
         "SELECT id, source, external_id, title, url FROM threads WHERE id = $1", thread_id
     )
@@ -552,7 +622,7 @@ async def _recall_thread(conn: asyncpg.Connection, thread_id: str) -> dict[str, 
     }
 
 
-async def _recall_ticket(conn: asyncpg.Connection, ticket_id: str) -> dict[str, Any] | None:
+async def recall_ticket(conn: Conn, ticket_id: str) -> dict[str, Any] | None:
     row = await conn.fetchrow(
         "SELECT t.id, t.title, t.state, t.pr_url, d.name AS device, m.kind AS mandate, "
         "m.scope, m.initiator_name, m.trigger_id, m.revoked_at "

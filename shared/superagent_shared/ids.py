@@ -34,6 +34,8 @@ PREFIXES = frozenset(
         "pcd",
         "dec",
         "prs",
+        "rpt",
+        "wev",
     }
 )
 

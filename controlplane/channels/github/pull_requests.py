@@ -18,6 +18,8 @@ from controlplane.channels.github.webhooks import SOURCE
 from controlplane.channels.outbound import WAIT_FOR_ADAPTER_SECONDS
 from controlplane.effects.handlers import ClaimedEffect, Handler, Permanent, Postpone
 from controlplane.pause import hold_while_paused
+from controlplane.workers import events
+from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +51,34 @@ def open_pull_request_handler(pool: asyncpg.Pool, channels: Channels) -> Handler
             raise Permanent(f"github: {exc}") from None
         ticket_id = payload.get("ticket_id")
         if ticket_id:
-            await pool.execute(
-                "UPDATE tickets SET pr_url = $2, updated_at = now() WHERE id = $1",
-                str(ticket_id),
-                url,
-            )
+            await _record(pool, str(ticket_id), str(payload["repo"]), url, str(payload["title"]))
         log.info("pull request %s for %s (ticket %s)", url, payload["repo"], ticket_id or "-")
 
     return open_pull_request
+
+
+async def _record(pool: asyncpg.Pool, ticket_id: str, repo: str, url: str, title: str) -> None:
+    """The ticket's PR, and its thread handled by the ticket: reviews, CI and the merge
+    reach the ticket's worker (the merge or close completes the ticket)."""
+    number = url.rstrip("/").rsplit("/", 1)[-1]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE tickets SET pr_url = $2, updated_at = now() WHERE id = $1", ticket_id, url
+        )
+        thread_id = await conn.fetchval(
+            "INSERT INTO threads (id, source, external_id, title, url) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (source, external_id) "
+            "DO UPDATE SET url = EXCLUDED.url RETURNING id",
+            new_id("thr"),
+            SOURCE,
+            f"{repo}#{number}",
+            title,
+            url,
+        )
+        await conn.execute(
+            "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING",
+            thread_id,
+            ticket_id,
+        )
+        await events.add(conn, ticket_id, "pull_request_opened", f"{url} is open")

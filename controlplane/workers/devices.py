@@ -1,0 +1,18 @@
+"""Whether a ticket's device is there to run its commands."""
+
+from __future__ import annotations
+
+from controlplane.db.pool import Db
+from controlplane.gateway.devices import ONLINE_WINDOW
+
+
+async def device_online(db: Db, device_id: str) -> bool:
+    """Connected to some replica and heard from lately (a replica killed with SIGKILL
+    cannot clear its devices' ``connected_replica``, so silence counts too)."""
+    online = await db.fetchval(
+        "SELECT connected_replica IS NOT NULL AND last_seen_at > now() - $2::interval "
+        "FROM devices WHERE id = $1 AND revoked_at IS NULL",
+        device_id,
+        ONLINE_WINDOW,
+    )
+    return bool(online)

@@ -1,0 +1,212 @@
+"""What a worker's report does to its ticket, and how it reaches people.
+
+``progress`` is only recorded. ``ready``, ``question``, ``blocked`` and ``failed`` end the
+round (its slot is freed) and enter the router's inbox as an event on the ticket's home
+thread (the thread of the request that started it), so the router, the one voice of the
+agent, tells people. A ticket with a pull request waits in ``ready`` until the PR is merged
+or closed; one without completes on ready. question/blocked/failed wait for a human in
+``waiting_human``.
+
+A speculative ticket says nothing unless it confirms a reproduction and a fix: then it
+becomes an ordinary ticket and delivers; any other final report discards it silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+
+from controlplane.db.pool import Conn, Db
+from controlplane.ingest.intake import ROUTER_CHANNEL
+from controlplane.workers import slots
+from superagent_shared.ids import new_id
+
+REPORT_SOURCE = "agent"  # the source of the router-inbox events reports become
+REPORT_VERDICT = "report"
+
+
+@dataclass(frozen=True)
+class Spent:
+    tokens: int
+    cost_usd: Decimal
+
+    def line(self) -> str:
+        money = f"${self.cost_usd:.4f}" if self.cost_usd else "no cost (no model prices set)"
+        return f"{self.tokens:,} tokens, {money}"
+
+
+async def spent(db: Db, ticket_id: str) -> Spent:
+    row = await db.fetchrow("SELECT tokens_used, cost_usd FROM tickets WHERE id = $1", ticket_id)
+    return Spent(0, Decimal(0)) if row is None else Spent(row["tokens_used"], row["cost_usd"])
+
+
+async def home_thread(db: Db, ticket_id: str) -> str | None:
+    """The thread people asked on: the mandate's trigger's, else the first subscribed."""
+    found = await db.fetchval(
+        "SELECT g.thread_id FROM mandates m JOIN triggers g ON g.id = m.trigger_id "
+        "WHERE m.ticket_id = $1 ORDER BY m.created_at LIMIT 1",
+        ticket_id,
+    )
+    if found is None:
+        found = await db.fetchval(
+            "SELECT thread_id FROM subscriptions WHERE ticket_id = $1 ORDER BY created_at LIMIT 1",
+            ticket_id,
+        )
+    return None if found is None else str(found)
+
+
+async def record_progress(pool: asyncpg.Pool, ticket_id: str, summary: str) -> None:
+    used = await spent(pool, ticket_id)
+    await pool.execute(
+        "INSERT INTO reports (id, ticket_id, status, summary, tokens, cost_usd) "
+        "VALUES ($1, $2, 'progress', $3, $4, $5)",
+        new_id("rpt"),
+        ticket_id,
+        summary,
+        used.tokens,
+        used.cost_usd,
+    )
+
+
+async def confirm_speculative(pool: asyncpg.Pool, ticket_id: str, summary: str) -> None:
+    """A speculative ticket proved its case: from now on it is ordinary, and delivers."""
+    async with pool.acquire() as conn, conn.transaction():
+        used = await spent(conn, ticket_id)
+        await conn.execute(
+            "UPDATE tickets SET speculative = false, updated_at = now() WHERE id = $1", ticket_id
+        )
+        await conn.execute(
+            "INSERT INTO reports (id, ticket_id, status, summary, tokens, cost_usd) "
+            "VALUES ($1, $2, 'progress', $3, $4, $5)",
+            new_id("rpt"),
+            ticket_id,
+            "confirmed reproduction and fix: " + summary,
+            used.tokens,
+            used.cost_usd,
+        )
+
+
+def _render(
+    ticket_id: str, title: str, report: dict[str, Any], pr_url: str | None, used: Spent
+) -> str:
+    lines = [f'Worker report on {ticket_id} "{title}": {report["status"].upper()}']
+    lines.append(f"Summary: {report['summary']}")
+    if report.get("question"):
+        lines.append(f"Question: {report['question']}")
+    if pr_url:
+        lines.append(f"Pull request: {pr_url}")
+    lines.append(f"Spent: {used.line()}")
+    return "\n".join(lines)
+
+
+async def finish(
+    pool: asyncpg.Pool, ticket_id: str, assignment_id: str | None, report: dict[str, Any]
+) -> str:
+    """Apply a final report (``ready|question|blocked|failed``); returns the ticket's new
+    state. The round ends in the same transaction."""
+    status = report["status"]
+    async with pool.acquire() as conn, conn.transaction():
+        ticket = await conn.fetchrow(
+            "SELECT title, pr_url, speculative FROM tickets WHERE id = $1 FOR UPDATE", ticket_id
+        )
+        assert ticket is not None
+        used = await spent(conn, ticket_id)
+        pr_url = report.get("pr_url") or ticket["pr_url"]
+        report_id = new_id("rpt")
+        if assignment_id is not None:
+            await slots.end(conn, assignment_id, status)
+        if ticket["speculative"]:
+            # Nothing confirmed: discarded without a word to anyone.
+            await conn.execute(
+                "UPDATE tickets SET state = 'stopped', hold = 'discarded', updated_at = now() "
+                "WHERE id = $1",
+                ticket_id,
+            )
+            await conn.execute(
+                "UPDATE mandates SET revoked_at = now() "
+                "WHERE ticket_id = $1 AND revoked_at IS NULL",
+                ticket_id,
+            )
+            await _insert_report(conn, report_id, ticket_id, assignment_id, report, None, used)
+            return "stopped"
+        if status == "ready":
+            state, hold = ("ready", None) if pr_url else ("completed", "ready")
+        else:
+            state, hold = "waiting_human", status
+        await conn.execute(
+            "UPDATE tickets SET state = $2, hold = $3, pr_url = coalesce(pr_url, $4), "
+            "updated_at = now() WHERE id = $1",
+            ticket_id,
+            state,
+            hold,
+            report.get("pr_url"),
+        )
+        trigger_id = await _to_router(
+            conn,
+            report_id,
+            ticket_id,
+            _render(ticket_id, ticket["title"], report, pr_url, used),
+            f"report.{status}",
+        )
+        await _insert_report(conn, report_id, ticket_id, assignment_id, report, trigger_id, used)
+        return state
+
+
+async def _insert_report(
+    conn: Conn,
+    report_id: str,
+    ticket_id: str,
+    assignment_id: str | None,
+    report: dict[str, Any],
+    trigger_id: str | None,
+    used: Spent,
+) -> None:
+    await conn.execute(
+        "INSERT INTO reports (id, ticket_id, assignment_id, status, summary, question, pr_url, "
+        "tokens, cost_usd, trigger_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        report_id,
+        ticket_id,
+        assignment_id,
+        report["status"],
+        report["summary"],
+        report.get("question"),
+        report.get("pr_url"),
+        used.tokens,
+        used.cost_usd,
+        trigger_id,
+    )
+
+
+async def _to_router(
+    conn: Conn, report_id: str, ticket_id: str, text: str, kind: str
+) -> str | None:
+    """The report as an event in the router's inbox, on the ticket's home thread."""
+    thread_id = await home_thread(conn, ticket_id)
+    if thread_id is None:
+        return None
+    trigger_id = new_id("trg")
+    await conn.execute(
+        "INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name, "
+        "actor_is_bot, kind, text, verdict, verdict_reason, route) "
+        "VALUES ($1, $2, $3, $4, $5, $6, true, $7, $8, $9, 'a worker reported', 'router')",
+        trigger_id,
+        REPORT_SOURCE,
+        f"report:{report_id}",
+        thread_id,
+        ticket_id,
+        f"worker of {ticket_id}",
+        kind,
+        text,
+        REPORT_VERDICT,
+    )
+    await conn.execute("SELECT pg_notify($1, $2)", ROUTER_CHANNEL, trigger_id)
+    return trigger_id
+
+
+async def notice(pool: asyncpg.Pool, ticket_id: str, kind: str, text: str) -> str | None:
+    """A notice about a ticket for the router to pass on (no worker report behind it)."""
+    async with pool.acquire() as conn, conn.transaction():
+        return await _to_router(conn, new_id("rpt"), ticket_id, text, kind)

@@ -1,0 +1,315 @@
+"""The worker pool of one replica: starts rounds, renews their leases, takes over orphans.
+
+Every replica runs one. Each pass (woken by NOTIFY, at least every second):
+
+1. renews the leases of the rounds it runs, and stops any it lost;
+2. housekeeping, idempotent on every replica: tickets whose pull request was merged or
+   closed complete; device waits past their expiry ask people whether to reroute or drop,
+   and their answer (``reroute <device>`` / ``drop``) is carried out;
+3. takes over rounds whose lease expired (their replica died), then starts rounds for
+   tickets that need one: new tickets, tickets whose device came back, and tickets that
+   wait for people and got an event that wakes them.
+
+Which events wake a waiting ticket: in ``ready`` (a pull request open) any event, CI
+included; after a question, blocked or failed only a person (a human message, a retry),
+while CI and bot events are recorded for the worker to read when it wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from datetime import timedelta
+
+import asyncpg
+import openai
+
+from controlplane.channels.outbound import enqueue_reply
+from controlplane.errors import SuperagentError
+from controlplane.gateway.devices import ONLINE_WINDOW
+from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.intake import CLOSED_SQL, INBOX_CHANNEL, WORKERS_CHANNEL
+from controlplane.services import Service, is_transient, sleep_unless
+from controlplane.settings import Settings
+from controlplane.workers import control, reports, slots
+from controlplane.workers.worker import RoundOver, Worker
+from superagent_shared.ids import stable_id
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0
+
+# Tickets that need a round, and why; human-woken ones may use the extra slot.
+_WAKE = """
+SELECT t.id, t.state, 'new' AS why, false AS human FROM tickets t WHERE t.state = 'open'
+UNION ALL
+SELECT t.id, t.state, 'device', false FROM tickets t JOIN devices d ON d.id = t.device_id
+WHERE t.state = 'waiting_device' AND d.revoked_at IS NULL
+  AND d.connected_replica IS NOT NULL AND d.last_seen_at > now() - $1::interval
+UNION ALL
+SELECT t.id, t.state, CASE WHEN coalesce(h.human, false) THEN 'human' ELSE 'event' END,
+       coalesce(h.human, false)
+FROM tickets t
+LEFT JOIN LATERAL (
+    SELECT bool_or(NOT g.actor_is_bot) AS human, count(*) AS n
+    FROM ticket_inbox i JOIN triggers g ON g.id = i.trigger_id
+    WHERE i.ticket_id = t.id AND i.read_at IS NULL AND i.handed_back_at IS NULL
+) h ON true
+WHERE (t.state = 'ready' AND h.n > 0)
+   OR (t.state = 'waiting_human' AND t.hold IS DISTINCT FROM 'device_expired'
+       AND (coalesce(h.human, false)
+            OR EXISTS (SELECT 1 FROM worker_events w
+                       WHERE w.ticket_id = t.id AND w.read_at IS NULL AND w.kind = 'retry')))
+LIMIT 100
+"""
+
+# A merged or closed pull request completes its ticket (the events are its last).
+_PR_CLOSED = """
+WITH closed AS (
+    SELECT DISTINCT t.id FROM tickets t
+    JOIN ticket_inbox i ON i.ticket_id = t.id AND i.read_at IS NULL
+    JOIN triggers g ON g.id = i.trigger_id
+    JOIN threads th ON th.id = g.thread_id
+    WHERE t.state IN ('ready', 'waiting_human') AND t.pr_url IS NOT NULL
+      AND th.url = t.pr_url AND g.kind = 'pull_request.closed'
+), done AS (
+    UPDATE tickets SET state = 'completed', hold = 'pull request closed', updated_at = now()
+    FROM closed WHERE tickets.id = closed.id RETURNING tickets.id
+), read AS (
+    UPDATE ticket_inbox SET read_at = now()
+    WHERE ticket_id IN (SELECT id FROM done) AND read_at IS NULL
+)
+SELECT id FROM done
+"""
+
+_EXPIRED = """
+UPDATE tickets t SET state = 'waiting_human', hold = 'device_expired', updated_at = now()
+FROM devices d
+WHERE t.state = 'waiting_device' AND t.wait_until < now() AND d.id = t.device_id
+RETURNING t.id, d.name AS device, t.wait_until
+"""
+
+# Answers on tickets whose device wait expired, from the requester or an explicit request.
+_ANSWERS = """
+UPDATE ticket_inbox i SET read_at = now()
+FROM tickets t, triggers g, mandates m
+WHERE t.state = 'waiting_human' AND t.hold = 'device_expired' AND i.ticket_id = t.id
+  AND i.read_at IS NULL AND i.handed_back_at IS NULL AND g.id = i.trigger_id
+  AND m.ticket_id = t.id AND NOT g.actor_is_bot
+  AND (g.verdict = 'explicit' OR g.actor_id = m.initiator_id)
+RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name, g.text
+"""
+# "/stop" in an explicit request on a thread the ticket handles stops it (never a worker's
+# business: the worker is not woken to read it).
+_STOPS = f"""
+UPDATE ticket_inbox i SET read_at = now()
+FROM tickets t, triggers g
+WHERE i.ticket_id = t.id AND g.id = i.trigger_id AND t.state NOT IN ({CLOSED_SQL})
+  AND i.read_at IS NULL AND i.handed_back_at IS NULL AND g.verdict = 'explicit'
+  AND g.text ~* '(^|\\s)/stop\\M'
+RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name
+"""
+_REROUTE = re.compile(r"\breroute\b(?:\s+(?:to\s+)?([\w.\-]+))?", re.IGNORECASE)
+_DROP = re.compile(r"\b(drop|stop|cancel)\b", re.IGNORECASE)
+
+
+class WorkerService(Service):
+    name = "workers"
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        queue: CommandQueue,
+        client: openai.AsyncOpenAI,
+        settings: Settings,
+        *,
+        owner: str,
+        dsn: str,
+    ) -> None:
+        super().__init__()
+        self.pool = pool
+        self.queue = queue
+        self.client = client
+        self.settings = settings
+        self.limits = settings.workers
+        self.owner = owner
+        self.dsn = dsn
+        self.lease = timedelta(seconds=self.limits.lease_seconds)
+        self.rounds: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._renewed_at = 0.0
+
+    async def run(self) -> None:
+        listener: asyncpg.Connection | None = None
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.stopping.is_set():
+                if listener is None or listener.is_closed():
+                    listener = await self._listen()
+                self._wake.clear()
+                try:
+                    if loop.time() - self._renewed_at >= self.limits.renew_seconds:
+                        await self._renew()
+                        self._renewed_at = loop.time()
+                    await self._housekeeping()
+                    await self._claim()
+                except Exception as exc:
+                    if not is_transient(exc) and not isinstance(exc, asyncpg.PostgresError):
+                        raise
+                    log.warning("workers: pass failed (%s); retrying", exc)
+                    await sleep_unless(self.stopping, POLL_SECONDS)
+                    continue
+                stop = asyncio.ensure_future(self.stopping.wait())
+                wake = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait(
+                    {stop, wake}, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
+                )
+                for waiter in (stop, wake):
+                    waiter.cancel()
+        finally:
+            await self._shutdown()
+            if listener is not None:
+                await listener.close()
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        try:
+            conn = await asyncpg.connect(self.dsn)
+            for channel in (WORKERS_CHANNEL, INBOX_CHANNEL):
+                await conn.add_listener(channel, lambda *_: self._wake.set())
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("workers: no LISTEN connection (%s); polling", exc)
+            return None
+        return conn
+
+    async def _shutdown(self) -> None:
+        tasks = list(self.rounds.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            # Given up now, not at lease end: another replica resumes them at once.
+            await slots.release(self.pool, self.owner, list(self.rounds))
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("workers: could not release leases (%s); they expire", exc)
+        self.rounds.clear()
+
+    # -- leases --------------------------------------------------------------------------
+
+    async def _renew(self) -> None:
+        held = await slots.renew(self.pool, self.owner, list(self.rounds), self.lease)
+        for assignment_id, task in list(self.rounds.items()):
+            if assignment_id not in held:
+                log.info("workers: %s is no longer ours; stopping it here", assignment_id)
+                task.cancel()
+
+    def _launch(self, assignment: slots.Assignment) -> None:
+        worker = Worker(self.pool, self.queue, self.client, self.settings, assignment)
+
+        async def run() -> None:
+            try:
+                outcome = await worker.run()
+                log.info("workers: %s ended: %s", assignment.id, outcome)
+            except RoundOver as over:
+                log.info("workers: %s", over)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The lease is left to expire: the round resumes then, here or elsewhere.
+                log.warning(
+                    "workers: round %s of %s failed (%s: %s); it resumes when its lease ends",
+                    assignment.id,
+                    assignment.ticket_id,
+                    type(exc).__name__,
+                    exc,
+                )
+            finally:
+                self.rounds.pop(assignment.id, None)
+                self._wake.set()
+
+        self.rounds[assignment.id] = asyncio.create_task(run(), name=f"worker {assignment.id}")
+
+    # -- starting rounds -----------------------------------------------------------------
+
+    async def _claim(self) -> None:
+        while True:
+            orphan = await slots.take_over(self.pool, owner=self.owner, lease=self.lease)
+            if orphan is None:
+                break
+            log.info("workers: taking over %s of %s", orphan.id, orphan.ticket_id)
+            self._launch(orphan)
+        for row in await self.pool.fetch(_WAKE, ONLINE_WINDOW):
+            started = await slots.start(
+                self.pool,
+                row["id"],
+                states=(row["state"],),
+                woken_by=row["why"],
+                owner=self.owner,
+                lease=self.lease,
+                max_workers=self.limits.max_workers,
+                human=row["human"],
+            )
+            if started is not None:
+                log.info("workers: %s for %s (%s)", started.id, started.ticket_id, row["why"])
+                self._launch(started)
+
+    # -- housekeeping --------------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        await control.cancel_stopped(self.pool, self.queue)
+        for row in await self.pool.fetch(_PR_CLOSED):
+            log.info("workers: %s completed (its pull request was closed)", row["id"])
+        async with self.pool.acquire() as conn, conn.transaction():
+            for row in await conn.fetch(_EXPIRED):
+                thread = await reports.home_thread(conn, row["id"])
+                if thread is None:
+                    continue
+                await enqueue_reply(
+                    conn,
+                    thread,
+                    f"{row['id']} has waited for the device {row['device']} until "
+                    f"{row['wait_until']:%Y-%m-%d %H:%M} UTC, and it has not come back. "
+                    "Reply `reroute <device>` to move the work to another device, or `drop` "
+                    "to stop it.",
+                    stable_id("msg", f"device_expired:{row['id']}:{row['wait_until']}"),
+                )
+        for answer in await self.pool.fetch(_ANSWERS):
+            await self._answer(answer)
+        for asked in await self.pool.fetch(_STOPS):
+            async with self.pool.acquire() as conn, conn.transaction():
+                await control.stop(conn, asked["ticket_id"], by=asked["actor_name"])
+            await self._say(
+                asked["ticket_id"],
+                f"Stopped {asked['ticket_id']}, as {asked['actor_name']} asked.",
+                asked["trigger_id"],
+            )
+
+    async def _say(self, ticket_id: str, text: str, trigger_id: str) -> None:
+        thread = await reports.home_thread(self.pool, ticket_id)
+        if thread is not None:
+            async with self.pool.acquire() as conn:
+                await enqueue_reply(conn, thread, text, stable_id("msg", f"answer:{trigger_id}"))
+
+    async def _answer(self, answer: asyncpg.Record) -> None:
+        ticket_id, text, who = answer["ticket_id"], answer["text"], answer["actor_name"]
+        said: str
+        rerouted = _REROUTE.search(text)
+        if rerouted and rerouted.group(1):
+            try:
+                name = await control.reroute(
+                    self.pool,
+                    ticket_id,
+                    rerouted.group(1),
+                    by=who,
+                    wait=timedelta(seconds=self.limits.device_wait_seconds),
+                )
+                said = f"{ticket_id} moves to the device {name}; it resumes once {name} is online."
+            except SuperagentError as exc:  # no such device, ...: said back to the person
+                said = f"Could not reroute {ticket_id}: {exc}"
+        elif _DROP.search(text):
+            async with self.pool.acquire() as conn, conn.transaction():
+                await control.stop(conn, ticket_id, by=who)
+            said = f"Dropped {ticket_id}, as {who} asked."
+        else:
+            said = f"{ticket_id} is waiting: reply `reroute <device>` or `drop`."
+        await self._say(ticket_id, said, answer["trigger_id"])

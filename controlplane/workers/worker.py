@@ -1,0 +1,369 @@
+"""One round of a ticket's worker: the asynchronous ReAct loop.
+
+Each step shows the model what happened since its last step (events), lets it call tools,
+and persists every message as it goes. The round ends when the worker reports to people
+(ready, question, blocked, failed), when its device is away (the ticket waits in
+``waiting_device`` and the slot is freed), or when a limit stops it. A worker whose turn
+is over while background jobs run keeps its slot and waits for their events.
+
+Limits, on by default: model calls per round, tokens per ticket, and the same tool call
+repeated ``repeat_limit`` times in a row. Hitting one stops the worker with a ``blocked``
+report saying which.
+
+After a crash the next replica resumes the same session: calls left without a result are
+answered "interrupted", and the worker is told to check the real state (working tree, git
+log, the remote pull request) before repeating anything with effects outside the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import openai
+
+from controlplane import prompts
+from controlplane.channels.outbound import enqueue_reply
+from controlplane.db.pool import Db
+from controlplane.gateway.queue import CommandQueue
+from controlplane.settings import Settings
+from controlplane.workers import events, reports, session, slots
+from controlplane.workers.devices import device_online
+from controlplane.workers.tools import TOOL_SPECS, Outcome, Ticket, WorkerToolbox
+from superagent_shared.ids import stable_id
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_SECONDS = 1.0  # the safety net while waiting for jobs and events
+RECOVERY_NOTE = (
+    "You are resuming this ticket after the control plane restarted. Before repeating "
+    "anything with an effect outside the device (a push, a pull request, a message), check "
+    "the real state first: the working tree (git status), the history (git log), the remote "
+    "branch, and whether the pull request already exists."
+)
+NO_REPORT = "the worker ended its turn without a report"
+
+
+class RoundOver(Exception):
+    """The round ended from outside (a stop, a lost lease): leave without writing."""
+
+
+async def load_ticket(db: Db, ticket_id: str) -> Ticket:
+    row = await db.fetchrow(
+        "SELECT t.id, t.title, t.device_id, d.name AS device_name, t.repo, t.workdir, "
+        "t.branch, t.speculative FROM tickets t LEFT JOIN devices d ON d.id = t.device_id "
+        "WHERE t.id = $1",
+        ticket_id,
+    )
+    if row is None:
+        raise RoundOver(f"no ticket {ticket_id}")
+    return Ticket(**dict(row))
+
+
+async def brief(db: Db, ticket: Ticket) -> str:
+    """The first message of a ticket's session: what to do, where, and on whose word."""
+    mandate = await db.fetchrow(
+        "SELECT m.kind, m.scope, m.initiator_name, g.id AS trigger_id, g.text, g.thread_id, "
+        "th.source, th.external_id FROM mandates m LEFT JOIN triggers g ON g.id = m.trigger_id "
+        "LEFT JOIN threads th ON th.id = g.thread_id WHERE m.ticket_id = $1 "
+        "ORDER BY m.created_at LIMIT 1",
+        ticket.id,
+    )
+    threads = await db.fetch(
+        "SELECT thread_id FROM subscriptions WHERE ticket_id = $1 ORDER BY created_at", ticket.id
+    )
+    lines = [f"Ticket {ticket.id}: {ticket.title}"]
+    if mandate is not None:
+        lines.append(
+            f"Mandate: {mandate['kind']} request by {mandate['initiator_name']}. "
+            f"Scope: {mandate['scope']}"
+        )
+        if mandate["trigger_id"]:
+            lines.append(
+                f"The request ({mandate['trigger_id']} on {mandate['thread_id']}, "
+                f"{mandate['source']} {mandate['external_id']}):\n{mandate['text'][:4000]}"
+            )
+    lines.append(f"Device: {ticket.device_name or 'none chosen'}")
+    lines.append(f"Repository: {ticket.repo or 'unknown'}")
+    lines.append(
+        f"Working directory: {ticket.workdir}"
+        if ticket.workdir
+        else "Working directory: not given; find the repository on the device"
+    )
+    lines.append(f"Branch: {ticket.branch} (commit and push your work there)")
+    lines.append("Threads you handle: " + ", ".join(r["thread_id"] for r in threads))
+    if ticket.speculative:
+        lines.append(
+            "This ticket is speculative: work quietly. Nothing is delivered unless you "
+            "report ready with reproduced=true and fixed=true; anything else discards it."
+        )
+    return "\n".join(lines)
+
+
+def _repo_of(source: str | None, external_id: str | None) -> str | None:
+    if source == "github" and external_id and "#" in external_id:
+        return external_id.split("#", 1)[0]
+    return None
+
+
+async def prepare_ticket(pool: asyncpg.Pool, ticket: Ticket) -> Ticket:
+    """Fill in the branch (and the repository, from a GitHub thread) the first time."""
+    if ticket.branch and ticket.repo:
+        return ticket
+    thread = await pool.fetchrow(
+        "SELECT th.source, th.external_id FROM mandates m JOIN triggers g ON g.id = m.trigger_id "
+        "JOIN threads th ON th.id = g.thread_id WHERE m.ticket_id = $1 LIMIT 1",
+        ticket.id,
+    )
+    repo = ticket.repo or (_repo_of(thread["source"], thread["external_id"]) if thread else None)
+    branch = ticket.branch or f"superagent/{ticket.id}"
+    await pool.execute(
+        "UPDATE tickets SET repo = $2, branch = $3 WHERE id = $1", ticket.id, repo, branch
+    )
+    return replace(ticket, repo=repo, branch=branch)
+
+
+class Worker:
+    """Runs one assignment to its end."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        queue: CommandQueue,
+        client: openai.AsyncOpenAI,
+        settings: Settings,
+        assignment: slots.Assignment,
+    ) -> None:
+        self.pool = pool
+        self.queue = queue
+        self.client = client
+        self.settings = settings
+        self.limits = settings.workers
+        self.model = settings.llm.worker_model
+        self.assignment = assignment
+        self.turns = assignment.turns
+
+    async def run(self) -> str:
+        """The round, to its end; returns its outcome."""
+        ticket = await prepare_ticket(
+            self.pool, await load_ticket(self.pool, self.assignment.ticket_id)
+        )
+        convo = await self._open(ticket)
+        if ticket.device_id is not None and not await device_online(self.pool, ticket.device_id):
+            return await self._await_device(ticket)
+        toolbox = WorkerToolbox(self.pool, self.queue, self.limits, ticket)
+        while True:
+            await self._still_ours()
+            async with self.pool.acquire() as conn, conn.transaction():
+                happened = await events.take(conn, ticket.id)
+                if happened:
+                    await convo.add(conn, {"role": "user", "content": happened.render()})
+            if not convo.awaiting_model:
+                if await events.running_jobs(self.pool, ticket.id):
+                    await self._idle(ticket.id)
+                    continue
+                last = convo.messages[-1].get("content") if convo.messages else None
+                return await self._final(
+                    ticket,
+                    {
+                        "status": "question",
+                        "summary": NO_REPORT,
+                        "question": str(last or "What should I do next?")[:5000],
+                    },
+                )
+            stop = await self._limit_hit(ticket.id)
+            if stop is not None:
+                return await self._final(ticket, {"status": "blocked", "summary": stop})
+            message = await self._step(convo, ticket)
+            calls = message.get("tool_calls") or []
+            if not calls:
+                continue
+            repeated = self._repeated(convo)
+            toolbox.outcome = Outcome()
+            for call in calls:
+                function = call["function"]
+                if repeated:
+                    content: dict[str, Any] = {"error": "not run: " + repeated}
+                else:
+                    content = await toolbox.call(
+                        function["name"], function["arguments"], call["id"]
+                    )
+                await convo.add(
+                    self.pool,
+                    {"role": "tool", "tool_call_id": call["id"], "content": _json(content)},
+                )
+            if repeated:
+                return await self._final(ticket, {"status": "blocked", "summary": repeated})
+            if toolbox.outcome.report is not None:
+                return await self._report(ticket, toolbox)
+            if toolbox.outcome.device_away:
+                return await self._await_device(ticket)
+
+    # -- the session ---------------------------------------------------------------------
+
+    async def _open(self, ticket: Ticket) -> session.WorkerSession:
+        async with self.pool.acquire() as conn, conn.transaction():
+            convo, new = await session.WorkerSession.open(
+                conn, self.assignment.session_id, ticket_id=ticket.id, model=self.model
+            )
+            if new:
+                await conn.execute(
+                    "UPDATE assignments SET session_id = $2 WHERE id = $1",
+                    self.assignment.id,
+                    convo.id,
+                )
+                await convo.add(conn, {"role": "user", "content": await brief(conn, ticket)})
+            elif self.assignment.taken_over or convo.unanswered_calls():
+                await convo.close_interrupted(conn)
+                await convo.add(conn, {"role": "user", "content": RECOVERY_NOTE})
+        return convo
+
+    async def _system_prompt(self) -> str:
+        body = await self.pool.fetchval(
+            "SELECT body FROM prompt_versions WHERE name = 'worker' ORDER BY version DESC LIMIT 1"
+        )
+        return str(body) if body is not None else prompts.DEFAULTS["worker"]
+
+    async def _step(self, convo: session.WorkerSession, ticket: Ticket) -> dict[str, Any]:
+        """One model call; its answer is persisted before any of its tool calls runs."""
+        messages = [{"role": "system", "content": await self._system_prompt()}, *convo.messages]
+        started = time.monotonic()
+        try:
+            response = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]
+                tools=TOOL_SPECS,
+            )
+        except openai.OpenAIError as exc:
+            await session.record_call(
+                self.pool,
+                session_id=convo.id,
+                ticket_id=ticket.id,
+                model=self.model,
+                usage=None,
+                prices=self.limits.prices,
+                latency_ms=int((time.monotonic() - started) * 1000),
+                error=str(exc),
+            )
+            raise
+        await session.record_call(
+            self.pool,
+            session_id=convo.id,
+            ticket_id=ticket.id,
+            model=self.model,
+            usage=response.usage,
+            prices=self.limits.prices,
+            latency_ms=int((time.monotonic() - started) * 1000),
+            error=None,
+        )
+        choice = response.choices[0].message
+        message: dict[str, Any] = {"role": "assistant", "content": choice.content}
+        calls = [c for c in choice.tool_calls or [] if c.type == "function"]
+        if calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": c.function.arguments},
+                }
+                for c in calls
+            ]
+        self.turns += 1
+        async with self.pool.acquire() as conn, conn.transaction():
+            await convo.add(conn, message)
+            await conn.execute(
+                "UPDATE assignments SET turns = $2 WHERE id = $1", self.assignment.id, self.turns
+            )
+        return message
+
+    # -- limits --------------------------------------------------------------------------
+
+    async def _limit_hit(self, ticket_id: str) -> str | None:
+        if self.turns >= self.limits.max_turns:
+            return (
+                f"limit reached: {self.turns} model calls in this round "
+                f"(workers.max_turns = {self.limits.max_turns})"
+            )
+        used = await reports.spent(self.pool, ticket_id)
+        if used.tokens >= self.limits.token_budget:
+            return (
+                f"limit reached: {used.tokens:,} tokens spent on this ticket "
+                f"(workers.token_budget = {self.limits.token_budget:,})"
+            )
+        return None
+
+    def _repeated(self, convo: session.WorkerSession) -> str | None:
+        recent = convo.recent_calls()[-self.limits.repeat_limit :]
+        if len(recent) == self.limits.repeat_limit and len(set(recent)) == 1:
+            name = recent[0].split(":", 1)[0]
+            return (
+                f"limit reached: the same {name} call {self.limits.repeat_limit} times in a row "
+                "(the worker looks stuck)"
+            )
+        return None
+
+    # -- ends ----------------------------------------------------------------------------
+
+    async def _still_ours(self) -> None:
+        active = await self.pool.fetchval(
+            "SELECT a.ended_at IS NULL AND t.state = 'running' FROM assignments a "
+            "JOIN tickets t ON t.id = a.ticket_id WHERE a.id = $1",
+            self.assignment.id,
+        )
+        if not active:
+            raise RoundOver(f"{self.assignment.id} ended from outside")
+
+    async def _idle(self, ticket_id: str) -> None:
+        """Turn over, jobs running: keep the slot, wait for an event."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0  # come back now and then to check the round is ours
+        while loop.time() < deadline:
+            if await events.has_pending(self.pool, ticket_id):
+                return
+            await asyncio.sleep(IDLE_POLL_SECONDS)
+
+    async def _report(self, ticket: Ticket, toolbox: WorkerToolbox) -> str:
+        report = toolbox.outcome.report
+        assert report is not None
+        return await self._final(ticket, report)
+
+    async def _final(self, ticket: Ticket, report: dict[str, Any]) -> str:
+        state = await reports.finish(self.pool, ticket.id, self.assignment.id, report)
+        log.info("worker %s: %s, ticket now %s", ticket.id, report["status"], state)
+        return str(report["status"])
+
+    async def _await_device(self, ticket: Ticket) -> str:
+        """The device is away: free the slot, wait in waiting_device, tell the thread once."""
+        wait = timedelta(seconds=self.limits.device_wait_seconds)
+        async with self.pool.acquire() as conn, conn.transaction():
+            until = await conn.fetchval(
+                "UPDATE tickets SET state = 'waiting_device', hold = 'device', "
+                "wait_until = now() + $2::interval, updated_at = now() "
+                "WHERE id = $1 AND state = 'running' RETURNING wait_until",
+                ticket.id,
+                wait,
+            )
+            await slots.end(conn, self.assignment.id, "waiting_device")
+            thread = await reports.home_thread(conn, ticket.id)
+            if until is not None and thread is not None:
+                await enqueue_reply(
+                    conn,
+                    thread,
+                    f"{ticket.id} is waiting for the device {ticket.device_name}, which is "
+                    "offline. Its work stays queued and resumes by itself when the device "
+                    f"reconnects. If it has not by {until:%Y-%m-%d %H:%M} UTC, I will ask here "
+                    "whether to move the work to another device or drop it.",
+                    stable_id("msg", f"waiting_device:{self.assignment.id}"),
+                )
+        log.info("worker %s: device %s away; waiting", ticket.id, ticket.device_name)
+        return "waiting_device"
+
+
+def _json(content: dict[str, Any]) -> str:
+    return json.dumps(content, ensure_ascii=False, default=str)

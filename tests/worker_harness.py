@@ -1,0 +1,228 @@
+"""Pieces for worker tests: a device that runs commands for real, tickets, a worker pass.
+
+``LocalDevice`` stands in for the gateway and endpointd together: it marks its row
+connected, takes its commands from the real queue (``CommandQueue.pending``), runs exec
+commands as real subprocesses (``sh -c`` in a temporary directory), does file operations
+on the real filesystem, and records results through the gateway's own queue API. The
+end-to-end test (``test_workers_e2e``) uses the real endpointd instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import openai
+
+from controlplane.gateway import specs
+from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.ingest.policy import Actor
+from controlplane.settings import Settings, WorkerSettings
+from superagent_shared.ids import new_id
+from tests.fakes.openai_server import FAKE_API_KEY, FakeOpenAIServer
+
+
+@dataclass
+class LocalDevice:
+    pool: asyncpg.Pool
+    queue: CommandQueue
+    root: Path
+    name: str = field(default_factory=lambda: f"dev-{new_id('dev')[-6:]}")
+    id: str = field(default_factory=lambda: new_id("dev"))
+    ran: list[dict[str, Any]] = field(default_factory=list)
+    _task: asyncio.Task[None] | None = None
+    _busy: set[str] = field(default_factory=set)
+    _running: dict[str, list[asyncio.Task[None]]] = field(default_factory=dict)
+
+    async def pair(self, owner: str = "alice") -> None:
+        await self.pool.execute(
+            "INSERT INTO devices (id, name, owner, public_key, version) "
+            "VALUES ($1, $2, $3, $4, '1')",
+            self.id,
+            self.name,
+            owner,
+            os.urandom(32),
+        )
+
+    async def online(self) -> None:
+        await self.pool.execute(
+            "UPDATE devices SET connected_replica = 'test', connected_at = now(), "
+            "last_seen_at = now() WHERE id = $1",
+            self.id,
+        )
+        if self._task is None:
+            self._task = asyncio.create_task(self._serve())
+
+    async def offline(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.pool.execute(
+            "UPDATE devices SET connected_replica = NULL WHERE id = $1", self.id
+        )
+
+    async def _serve(self) -> None:
+        while True:
+            await self.pool.execute(
+                "UPDATE devices SET last_seen_at = now() WHERE id = $1", self.id
+            )
+            for command in await self.queue.pending(self.id):
+                if command.id in self._busy:
+                    continue
+                self._busy.add(command.id)
+                await self.queue.mark_accepted(self.id, command.id)
+                task = asyncio.create_task(self._run(command.id, command.spec))
+                self._running[command.id] = [task]
+            await asyncio.sleep(0.05)
+
+    async def _run(self, command_id: str, spec: specs.Spec) -> None:
+        self.ran.append({"kind": spec.kind, **dataclasses.asdict(spec)})
+        out, exit_code, error = b"", 0, None
+        if isinstance(spec, specs.Exec):
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                cwd=spec.cwd or str(self.root),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await proc.communicate(spec.stdin)
+            exit_code = proc.returncode or 0
+        elif isinstance(spec, specs.ReadFile):
+            try:
+                out = await asyncio.to_thread(Path(spec.path).read_bytes)
+            except OSError as exc:
+                exit_code, error = 1, str(exc)
+        elif isinstance(spec, specs.WriteFile):
+            await asyncio.to_thread(_write, Path(spec.path), spec.content)
+        elif isinstance(spec, specs.ListDir):
+            out = "\n".join(sorted(os.listdir(spec.path))).encode()
+        elif isinstance(spec, specs.Cancel):
+            for task in self._running.pop(spec.target_command_id, ()):
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await self.queue.finish(
+                    self.id, spec.target_command_id, state="cancelled", total_output_bytes=0
+                )
+        if out:
+            await self.queue.store_output(self.id, command_id, 0, out)
+        await self.queue.finish(
+            self.id,
+            command_id,
+            state="finished" if error is None else "failed",
+            exit_code=exit_code,
+            error=error,
+            total_output_bytes=len(out),
+        )
+
+
+def _write(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+
+
+async def local_device(pool: asyncpg.Pool, queue: CommandQueue, root: Path) -> LocalDevice:
+    device = LocalDevice(pool, queue, root)
+    await device.pair()
+    return device
+
+
+async def ticket(
+    pool: asyncpg.Pool,
+    device: LocalDevice | None,
+    *,
+    title: str = "fix the thing",
+    workdir: str | None = None,
+    speculative: bool = False,
+    thread: str | None = None,
+) -> tuple[str, str]:
+    """A ticket as the router makes one (mandate from an explicit request, its thread
+    subscribed); returns (ticket id, thread id)."""
+    ingested = await Intake(pool).ingest(
+        IncomingTrigger(
+            source="web",
+            external_id=new_id("msg"),
+            thread=ThreadRef(thread or new_id("thr")),
+            actor=Actor("alice", "alice", groups=("console",)),
+            kind="message",
+            text=f"@superagent {title}",
+            direct=True,
+        )
+    )
+    ticket_id = new_id("tkt")
+    await pool.execute(
+        "INSERT INTO tickets (id, title, device_id, workdir, speculative) "
+        "VALUES ($1, $2, $3, $4, $5)",
+        ticket_id,
+        title,
+        device.id if device else None,
+        workdir,
+        speculative,
+    )
+    await pool.execute(
+        "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, trigger_id, "
+        "scope) VALUES ($1, $2, 'explicit', 'alice', 'alice', $3, $4)",
+        new_id("mnd"),
+        ticket_id,
+        ingested.trigger_id,
+        title,
+    )
+    await pool.execute(
+        "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)",
+        ingested.thread_id,
+        ticket_id,
+    )
+    # The router's turn is not under test: its inbox entry is done with.
+    await pool.execute("UPDATE triggers SET routed_at = now() WHERE id = $1", ingested.trigger_id)
+    return ticket_id, ingested.thread_id
+
+
+def settings_for(llm: FakeOpenAIServer, **workers: Any) -> Settings:
+    defaults: dict[str, Any] = {"lease_seconds": 4, "renew_seconds": 1, "foreground_seconds": 2}
+    return Settings(
+        openai_base_url=llm.url,
+        openai_api_key=FAKE_API_KEY,
+        workers=WorkerSettings(**(defaults | workers)),
+    )
+
+
+def client_for(llm: FakeOpenAIServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=llm.url, api_key=FAKE_API_KEY, max_retries=0)
+
+
+@contextlib.asynccontextmanager
+async def workers_running(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    llm: FakeOpenAIServer,
+    dsn: str,
+    *,
+    owner: str = "replica-a",
+    **limits: Any,
+) -> AsyncIterator[Any]:
+    from controlplane.workers.service import WorkerService
+
+    service = WorkerService(
+        pool, queue, client_for(llm), settings_for(llm, **limits), owner=owner, dsn=dsn
+    )
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop(10)
+
+
+async def ticket_state(pool: asyncpg.Pool, ticket_id: str) -> tuple[str, str | None]:
+    row = await pool.fetchrow("SELECT state, hold FROM tickets WHERE id = $1", ticket_id)
+    assert row is not None
+    return row["state"], row["hold"]
