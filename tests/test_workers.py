@@ -73,6 +73,7 @@ async def test_a_worker_runs_a_command_and_reports_ready(
             lambda: _state_is(pool, ticket_id, "completed"), timeout=30, message="completed"
         )
     second = fake_llm.requests[-1].json_body
+    assert isinstance(second, dict)
     shell = json.loads(second["messages"][-1]["content"])
     assert shell["exit_code"] == 0
     assert shell["output"] == f"hello from {tmp_path}\n"
