@@ -92,13 +92,15 @@ async def confirm_speculative(pool: asyncpg.Pool, ticket_id: str, summary: str) 
 def _render(
     ticket_id: str, title: str, report: dict[str, Any], pr_url: str | None, used: Spent
 ) -> str:
-    lines = [f'Worker report on {ticket_id} "{title}": {report["status"].upper()}']
-    lines.append(f"Summary: {report['summary']}")
+    """The report as the router reads it: what matters first (the router's batch shows
+    the first 200 characters inline and the rest behind a recall)."""
+    head = [f'{report["status"].upper()}: {ticket_id} "{title[:80]}"']
+    if pr_url:
+        head.append(f"pull request {pr_url}")
+    head.append(used.line())
+    lines = [" · ".join(head), f"Summary: {report['summary']}"]
     if report.get("question"):
         lines.append(f"Question: {report['question']}")
-    if pr_url:
-        lines.append(f"Pull request: {pr_url}")
-    lines.append(f"Spent: {used.line()}")
     return "\n".join(lines)
 
 

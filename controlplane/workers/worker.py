@@ -158,6 +158,9 @@ class Worker:
         if ticket.device_id is not None and not await device_online(self.pool, ticket.device_id):
             return await self._await_device(ticket)
         toolbox = WorkerToolbox(self.pool, self.queue, self.limits, ticket)
+        if self.assignment.woken_by == "device":
+            # Back from waiting: what was queued runs now; its results are the next events.
+            await self._idle(ticket.id, only_while_jobs_run=True)
         while True:
             await self._still_ours()
             async with self.pool.acquire() as conn, conn.transaction():
@@ -319,12 +322,14 @@ class Worker:
         if not active:
             raise RoundOver(f"{self.assignment.id} ended from outside")
 
-    async def _idle(self, ticket_id: str) -> None:
+    async def _idle(self, ticket_id: str, *, only_while_jobs_run: bool = False) -> None:
         """Turn over, jobs running: keep the slot, wait for an event."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0  # come back now and then to check the round is ours
         while loop.time() < deadline:
             if await events.has_pending(self.pool, ticket_id):
+                return
+            if only_while_jobs_run and not await events.running_jobs(self.pool, ticket_id):
                 return
             await asyncio.sleep(IDLE_POLL_SECONDS)
 
