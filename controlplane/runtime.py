@@ -46,6 +46,7 @@ from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_hand
 from controlplane.services import Service, run_services
 from controlplane.settings import Settings
 from controlplane.workers.service import WorkerService
+from controlplane.workers.subagent import Subagent
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ async def replica(
                 gateway_tls(settings),
                 server_name=settings.name,
             )
-            intake = Intake(pool)
+            single = settings.workers.design == "single_session"
+            intake = Intake(pool, pass_through=settings.router.pass_through and not single)
             channels = channel_registry.build(
                 ChannelContext(settings, pool, intake, dsn, replica_id)
             )
@@ -159,10 +161,15 @@ async def replica(
             router: TurnTaker
             if settings.model_configured:
                 client = model_client(settings)
-                router = Router(pool, client, settings.llm.router_model)
-                services.append(
-                    WorkerService(pool, queue, client, settings, owner=replica_id, dsn=dsn)
-                )
+                if single:
+                    log.warning("workers.design = single_session: the baseline, for comparison")
+                    subagent = Subagent(pool, queue, client, settings, owner=replica_id)
+                    router = Router(pool, client, settings.llm.router_model, subagent=subagent)
+                else:
+                    router = Router(pool, client, settings.llm.router_model)
+                    services.append(
+                        WorkerService(pool, queue, client, settings, owner=replica_id, dsn=dsn)
+                    )
             else:
                 log.info("no model configured: the router runs in rules-only mode")
                 router = RulesOnlyRouter(pool, queue)

@@ -392,6 +392,11 @@ class RouterSettings(BaseModel):
         gt=0,
         description="How often the leader renews its lease, and others try to take it.",
     )
+    pass_through: bool = Field(
+        True,
+        description="Events on threads a ticket handles go straight to its worker. Off "
+        "(for comparison only): they go through the router, which forwards them.",
+    )
 
     @model_validator(mode="after")
     def _renew_well_within_the_lease(self) -> RouterSettings:

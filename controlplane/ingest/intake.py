@@ -10,7 +10,9 @@ One short transaction per event, in this order:
 
    * ``subscribers``: the thread has live tickets subscribed, and the event is not noise.
      It goes to each one's inbox (``ticket_inbox``) without a router turn. This adds no
-     authority: the tickets' mandates are what they were.
+     authority: the tickets' mandates are what they were. (With pass-through off, a
+     setting kept for comparison, such events go to the router instead, which forwards
+     them.)
    * ``router``: an explicit request, or an inferred candidate the router is to assess.
      It waits in the router's inbox (``routed_at IS NULL``).
    * ``dropped``: nothing to do; the trigger and its verdict stay on record.
@@ -162,7 +164,8 @@ WITH new_thread AS (
       AND (th.last_event_at IS NULL OR th.last_event_at < now() - interval '10 seconds')
 ), decided AS (
     SELECT thread.id AS thread_id, coalesce(subs.tickets, '{{}}') AS tickets,
-           CASE WHEN subs.tickets IS NOT NULL AND NOT $19::boolean THEN 'subscribers'
+           CASE WHEN subs.tickets IS NOT NULL AND NOT $19::boolean
+                     THEN CASE WHEN $24::boolean THEN 'subscribers' ELSE 'router' END
                 WHEN $20::boolean THEN 'router'
                 ELSE 'dropped' END AS route
     FROM thread LEFT JOIN LATERAL (
@@ -209,8 +212,9 @@ FROM t, decided
 class Intake:
     """The one way events enter the system (every channel adapter calls :meth:`ingest`)."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, pass_through: bool = True) -> None:
         self.pool = pool
+        self.pass_through = pass_through
         self.policy = PolicySource(pool)
         self.people = Directory(pool)
 
@@ -257,6 +261,7 @@ class Intake:
                 new_id("eff"),
                 trigger.ack_ref if verdict.kind == "explicit" else None,
                 person.id if person is not None else None,
+                self.pass_through,
             )
             if row is not None:
                 return Ingested(

@@ -16,6 +16,8 @@ from datetime import datetime
 
 import asyncpg
 
+from controlplane.ingest.intake import CLOSED_SQL
+
 SNIPPET = 200  # characters of an event's text shown inline
 NEIGHBOURS = 2  # earlier messages of the same thread shown as context
 MAX_BATCH = 200  # events per turn; the rest wait for the next one
@@ -35,6 +37,7 @@ class Event:
     verdict: str
     created_at: datetime
     person: str | None = None  # the linked person behind the account, if any
+    tickets: list[str] | None = None  # live tickets handling the event's thread
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,10 @@ class Batch:
 _EVENT_COLUMNS = (
     "t.id, t.source, t.thread_id, th.title AS thread_title, t.actor_name, t.actor_is_bot, "
     "t.kind, t.text, t.verdict, t.created_at, "
-    "(SELECT name FROM people p WHERE p.id = t.person_id) AS person"
+    "(SELECT name FROM people p WHERE p.id = t.person_id) AS person, "
+    "(SELECT array_agg(s.ticket_id ORDER BY s.ticket_id) FROM subscriptions s "
+    f" JOIN tickets k ON k.id = s.ticket_id WHERE s.thread_id = t.thread_id "
+    f" AND k.state NOT IN ({CLOSED_SQL})) AS tickets"
 )
 
 
@@ -131,8 +137,9 @@ def render(batch: Batch) -> str:
         if event.thread_id not in shown_threads:
             shown_threads.add(event.thread_id)
             title = f' "{event.thread_title}"' if event.thread_title else ""
+            handled = f" handled by {', '.join(event.tickets)}" if event.tickets else ""
             lines.append("")
-            lines.append(f"thread {event.thread_id} ({event.source}){title}")
+            lines.append(f"thread {event.thread_id} ({event.source}){title}{handled}")
             for earlier in batch.context.get(event.thread_id, []):
                 text, more = _snippet(earlier.text, SNIPPET // 2)
                 tail = f" …(+{more})" if more else ""

@@ -33,14 +33,20 @@ from controlplane import pause, prompts
 from controlplane.ingest.intake import ROUTER_CHANNEL, PolicySource
 from controlplane.leadership import Leadership
 from controlplane.router import batch as batches
-from controlplane.router.tools import TOOL_SPECS, Toolbox, Turn
+from controlplane.router.tools import (
+    SUBAGENT_SPEC,
+    TOOL_SPECS,
+    SubagentRunner,
+    Toolbox,
+    Turn,
+)
 from controlplane.services import Service, sleep_unless
 from superagent_shared.ids import new_id, new_ids
 
 log = logging.getLogger(__name__)
 
 MAX_STEPS = 8  # model calls per turn: the model may call tools, read results, call again
-READ_RESULTS = frozenset({"recall", "assess"})  # tools whose results the model acts on
+READ_RESULTS = frozenset({"recall", "assess", "subagent"})  # tools whose results the model acts on
 KEEP_TURNS = 6  # turns kept in full; older ones are compacted
 COMPACT_AT = 10  # compaction happens once this many turns are held
 POLL_SECONDS = 1.0  # the safety net under LISTEN
@@ -100,12 +106,14 @@ class Router:
         model: str,
         *,
         policy: PolicySource | None = None,
+        subagent: SubagentRunner | None = None,
     ) -> None:
         self.pool = pool
         self.client = client
         self.model = model
         self.policy = policy or PolicySource(pool)
-        self.tools = Toolbox(pool, self.policy)
+        self.tools = Toolbox(pool, self.policy, subagent)
+        self.tool_specs = TOOL_SPECS + ([SUBAGENT_SPEC] if subagent is not None else [])
         self.conversation: Conversation | None = None
         self.session_id: str | None = None
         self._prompt_version: str | None = None
@@ -220,7 +228,7 @@ class Router:
                 response = await self.client.chat.completions.create(
                     model=self.model,
                     messages=conversation.messages(pending),  # type: ignore[arg-type]
-                    tools=TOOL_SPECS,
+                    tools=self.tool_specs,
                 )
             except openai.OpenAIError as exc:
                 await self._record_call(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -34,7 +34,12 @@ from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.db.pool import Conn
 from controlplane.effects.outbox import enqueue
 from controlplane.ingest import policy as policies
-from controlplane.ingest.intake import CLOSED_TICKET_STATES, WORKERS_CHANNEL, PolicySource
+from controlplane.ingest.intake import (
+    CLOSED_TICKET_STATES,
+    INBOX_CHANNEL,
+    WORKERS_CHANNEL,
+    PolicySource,
+)
 from controlplane.workers import control
 from controlplane.workers.reports import Spent
 from superagent_shared.ids import id_prefix, new_id
@@ -89,6 +94,13 @@ TOOL_SPECS: list[Any] = [
             },
         },
         ["title", "scope", "threads", "device", "mandate_from"],
+    ),
+    _fn(
+        "forward",
+        "Give an event to a ticket's worker (an event on a thread the ticket handles that "
+        "reached you rather than the worker).",
+        {"trigger": _ID, "ticket": _ID},
+        ["trigger", "ticket"],
     ),
     _fn(
         "stop_ticket",
@@ -151,6 +163,22 @@ TOOL_SPECS: list[Any] = [
     ),
 ]
 TOOL_NAMES = frozenset(spec["function"]["name"] for spec in TOOL_SPECS)
+SUBAGENT = "subagent"
+# Only in the single-session baseline (workers.design = single_session): the work runs
+# inside the call, and the session waits for its report.
+SUBAGENT_SPEC: Any = {
+    "type": "function",
+    "function": {
+        **TOOL_SPECS[0]["function"],
+        "name": SUBAGENT,
+        "description": "Do the work now: a subagent executes it on the device and returns "
+        "its report; you wait until it is done. Arguments as for create_ticket.",
+    },
+}
+
+
+class SubagentRunner(Protocol):
+    async def run(self, ticket_id: str) -> dict[str, Any]: ...
 
 
 async def devices_of(conn: asyncpg.Connection, trigger: asyncpg.Record) -> list[tuple[str, str]]:
@@ -221,12 +249,17 @@ def _id(args: dict[str, Any], name: str, prefix: str) -> str:
 
 
 class Toolbox:
-    def __init__(self, pool: asyncpg.Pool, policy: PolicySource) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, policy: PolicySource, subagent: SubagentRunner | None = None
+    ) -> None:
         self.pool = pool
         self.policy = policy
+        self.subagent = subagent
 
     async def call(self, name: str, arguments: str | dict[str, Any], turn: Turn) -> ToolResult:
         """Run one tool call and record it; never raises for the model's mistakes."""
+        if name == SUBAGENT and self.subagent is not None:
+            return await self._run_subagent(self.subagent, arguments, turn)
         args: dict[str, Any] = {}
         triggers: list[str] = []
         async with self.pool.acquire() as conn, conn.transaction():
@@ -266,6 +299,28 @@ class Toolbox:
                 ok,
             )
         return ToolResult(ok, content, decision_id)
+
+    async def _run_subagent(
+        self, subagent: SubagentRunner, arguments: str | dict[str, Any], turn: Turn
+    ) -> ToolResult:
+        """create_ticket, then the work itself, outside any transaction (it takes minutes)."""
+        created = await self.call("create_ticket", arguments, turn)
+        if not created.ok:
+            return created
+        ticket_id = str(created.content["ticket"])
+        report = await subagent.run(ticket_id)
+        decision_id = new_id("dec")
+        await self.pool.execute(
+            "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
+            "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, '{}', $6, true)",
+            decision_id,
+            turn.session_id,
+            turn.llm_call_id,
+            SUBAGENT,
+            json.dumps({"ticket": ticket_id}),
+            f"{ticket_id}: {report.get('status') or report.get('outcome')}",
+        )
+        return ToolResult(True, report, decision_id)
 
     # -- the tools ---------------------------------------------------------------------
 
@@ -471,6 +526,22 @@ class Toolbox:
             ticket_id,
         )
         return {done: True}, f"{thread_id} {done} to {ticket_id}", []
+
+    async def _forward(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        trigger_id = _id(args, "trigger", "trg")
+        ticket_id = _id(args, "ticket", "tkt")
+        await self._trigger(conn, trigger_id)
+        await self._live_ticket(conn, ticket_id)
+        await conn.execute(
+            "INSERT INTO ticket_inbox (ticket_id, trigger_id) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING",
+            ticket_id,
+            trigger_id,
+        )
+        await conn.execute("SELECT pg_notify($1, $2)", INBOX_CHANNEL, f"{trigger_id}:{ticket_id}")
+        return {"forwarded": trigger_id, "to": ticket_id}, f"forwarded to {ticket_id}", [trigger_id]
 
     async def _stop_ticket(
         self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn

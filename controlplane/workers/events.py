@@ -88,16 +88,16 @@ async def add(db: Db, ticket_id: str, kind: str, text: str) -> None:
     )
 
 
-async def running_jobs(db: Db, ticket_id: str) -> int:
+async def running_jobs(db: Db, ticket_id: str) -> list[str]:
     """Background jobs of the ticket not yet final (the worker keeps its slot for them)."""
-    count = await db.fetchval(
-        "SELECT count(*) FROM jobs j JOIN commands c ON c.id = j.command_id "
+    rows = await db.fetch(
+        "SELECT j.command_id FROM jobs j JOIN commands c ON c.id = j.command_id "
         "WHERE j.ticket_id = $1 AND j.background AND j.reported_at IS NULL "
-        "AND c.state <> ALL($2::text[])",
+        "AND c.state <> ALL($2::text[]) ORDER BY c.seq",
         ticket_id,
         _TERMINAL,
     )
-    return int(count or 0)
+    return [row["command_id"] for row in rows]
 
 
 async def has_pending(db: Db, ticket_id: str) -> bool:

@@ -105,10 +105,16 @@ def _render(
 
 
 async def finish(
-    pool: asyncpg.Pool, ticket_id: str, assignment_id: str | None, report: dict[str, Any]
+    pool: asyncpg.Pool,
+    ticket_id: str,
+    assignment_id: str | None,
+    report: dict[str, Any],
+    *,
+    to_router: bool = True,
 ) -> str:
     """Apply a final report (``ready|question|blocked|failed``); returns the ticket's new
-    state. The round ends in the same transaction."""
+    state. The round ends in the same transaction. ``to_router=False``: the caller passes
+    the report on itself (the single-session baseline's subagent tool)."""
     status = report["status"]
     async with pool.acquire() as conn, conn.transaction():
         ticket = await conn.fetchrow(
@@ -146,13 +152,15 @@ async def finish(
             hold,
             report.get("pr_url"),
         )
-        trigger_id = await _to_router(
-            conn,
-            report_id,
-            ticket_id,
-            _render(ticket_id, ticket["title"], report, pr_url, used),
-            f"report.{status}",
-        )
+        trigger_id = None
+        if to_router:
+            trigger_id = await _to_router(
+                conn,
+                report_id,
+                ticket_id,
+                _render(ticket_id, ticket["title"], report, pr_url, used),
+                f"report.{status}",
+            )
         await _insert_report(conn, report_id, ticket_id, assignment_id, report, trigger_id, used)
         return state
 

@@ -139,6 +139,8 @@ class Worker:
         client: openai.AsyncOpenAI,
         settings: Settings,
         assignment: slots.Assignment,
+        *,
+        report_to_router: bool = True,
     ) -> None:
         self.pool = pool
         self.queue = queue
@@ -148,6 +150,7 @@ class Worker:
         self.model = settings.llm.worker_model
         self.assignment = assignment
         self.turns = assignment.turns
+        self.report_to_router = report_to_router
 
     async def run(self) -> str:
         """The round, to its end; returns its outcome."""
@@ -329,9 +332,13 @@ class Worker:
         while loop.time() < deadline:
             if await events.has_pending(self.pool, ticket_id):
                 return
-            if only_while_jobs_run and not await events.running_jobs(self.pool, ticket_id):
+            running = await events.running_jobs(self.pool, ticket_id)
+            if only_while_jobs_run and not running:
                 return
-            await asyncio.sleep(IDLE_POLL_SECONDS)
+            if running:  # woken by the job's done notification, or the poll
+                await self.queue.wait(running[0], IDLE_POLL_SECONDS)
+            else:
+                await asyncio.sleep(IDLE_POLL_SECONDS)
 
     async def _report(self, ticket: Ticket, toolbox: WorkerToolbox) -> str:
         report = toolbox.outcome.report
@@ -339,7 +346,9 @@ class Worker:
         return await self._final(ticket, report)
 
     async def _final(self, ticket: Ticket, report: dict[str, Any]) -> str:
-        state = await reports.finish(self.pool, ticket.id, self.assignment.id, report)
+        state = await reports.finish(
+            self.pool, ticket.id, self.assignment.id, report, to_router=self.report_to_router
+        )
         log.info("worker %s: %s, ticket now %s", ticket.id, report["status"], state)
         return str(report["status"])
 
