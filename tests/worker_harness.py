@@ -37,6 +37,7 @@ class LocalDevice:
     root: Path
     name: str = field(default_factory=lambda: f"dev-{new_id('dev')[-6:]}")
     id: str = field(default_factory=lambda: new_id("dev"))
+    poll: float = 0.05  # seconds between looks at the queue
     ran: list[dict[str, Any]] = field(default_factory=list)
     _task: asyncio.Task[None] | None = None
     _busy: set[str] = field(default_factory=set)
@@ -83,7 +84,7 @@ class LocalDevice:
                 await self.queue.mark_accepted(self.id, command.id)
                 task = asyncio.create_task(self._run(command.id, command.spec))
                 self._running[command.id] = [task]
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(self.poll)
 
     async def _run(self, command_id: str, spec: specs.Spec) -> None:
         self.ran.append({"kind": spec.kind, **dataclasses.asdict(spec)})

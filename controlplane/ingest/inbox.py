@@ -16,6 +16,10 @@ from controlplane.db.pool import Db
 from controlplane.errors import NotFound
 from controlplane.ingest.intake import CLOSED_SQL, ROUTER_CHANNEL
 
+# An explicit "/stop" on a ticket's thread is carried out by the worker service, never
+# read by the worker (see controlplane.workers.service). SQL over triggers aliased ``g``.
+IS_STOP = r"(g.verdict = 'explicit' AND g.text ~* '(^|\s)/stop\M')"
+
 
 @dataclass(frozen=True)
 class InboxEvent:
@@ -33,13 +37,15 @@ async def read(db: Db, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
     """Take the ticket's unread events, oldest first (each is returned once). On a
     connection in a transaction, they stay unread unless that transaction commits."""
     rows = await db.fetch(
-        """
+        f"""
         WITH taken AS (
             UPDATE ticket_inbox SET read_at = now()
             WHERE (ticket_id, trigger_id) IN (
-                SELECT ticket_id, trigger_id FROM ticket_inbox
-                WHERE ticket_id = $1 AND read_at IS NULL AND handed_back_at IS NULL
-                ORDER BY created_at, trigger_id LIMIT $2 FOR UPDATE SKIP LOCKED)
+                SELECT i.ticket_id, i.trigger_id FROM ticket_inbox i
+                JOIN triggers g ON g.id = i.trigger_id
+                WHERE i.ticket_id = $1 AND i.read_at IS NULL AND i.handed_back_at IS NULL
+                  AND NOT {IS_STOP}
+                ORDER BY i.created_at, i.trigger_id LIMIT $2 FOR UPDATE OF i SKIP LOCKED)
             RETURNING trigger_id
         )
         SELECT t.id, t.thread_id, t.source, t.actor_name, t.actor_is_bot, t.kind, t.text,

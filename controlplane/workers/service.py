@@ -29,6 +29,7 @@ from controlplane.channels.outbound import enqueue_reply
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.inbox import IS_STOP
 from controlplane.ingest.intake import CLOSED_SQL, INBOX_CHANNEL, WORKERS_CHANNEL
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 1.0
 
 # Tickets that need a round, and why; human-woken ones may use the extra slot.
-_WAKE = """
+_WAKE = f"""
 SELECT t.id, t.state, 'new' AS why, false AS human FROM tickets t WHERE t.state = 'open'
 UNION ALL
 SELECT t.id, t.state, 'device', false FROM tickets t JOIN devices d ON d.id = t.device_id
@@ -54,7 +55,11 @@ FROM tickets t
 LEFT JOIN LATERAL (
     SELECT bool_or(NOT g.actor_is_bot) AS human, count(*) AS n
     FROM ticket_inbox i JOIN triggers g ON g.id = i.trigger_id
+    JOIN threads th ON th.id = g.thread_id
     WHERE i.ticket_id = t.id AND i.read_at IS NULL AND i.handed_back_at IS NULL
+      AND NOT {IS_STOP}
+      -- the merge or close of the ticket's own PR completes it (_PR_CLOSED), no worker
+      AND NOT (g.kind = 'pull_request.closed' AND th.url IS NOT DISTINCT FROM t.pr_url)
 ) h ON true
 WHERE (t.state = 'ready' AND h.n > 0)
    OR (t.state = 'waiting_human' AND t.hold IS DISTINCT FROM 'device_expired'
@@ -68,7 +73,7 @@ LIMIT 100
 _PR_CLOSED = """
 WITH closed AS (
     SELECT DISTINCT t.id FROM tickets t
-    JOIN ticket_inbox i ON i.ticket_id = t.id AND i.read_at IS NULL
+    JOIN ticket_inbox i ON i.ticket_id = t.id
     JOIN triggers g ON g.id = i.trigger_id
     JOIN threads th ON th.id = g.thread_id
     WHERE t.state IN ('ready', 'waiting_human') AND t.pr_url IS NOT NULL
@@ -106,8 +111,7 @@ _STOPS = f"""
 UPDATE ticket_inbox i SET read_at = now()
 FROM tickets t, triggers g
 WHERE i.ticket_id = t.id AND g.id = i.trigger_id AND t.state NOT IN ({CLOSED_SQL})
-  AND i.read_at IS NULL AND i.handed_back_at IS NULL AND g.verdict = 'explicit'
-  AND g.text ~* '(^|\\s)/stop\\M'
+  AND i.read_at IS NULL AND i.handed_back_at IS NULL AND {IS_STOP}
 RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name
 """
 _REROUTE = re.compile(r"\breroute\b(?:\s+(?:to\s+)?([\w.\-]+))?", re.IGNORECASE)
