@@ -13,12 +13,13 @@ from collections.abc import Iterator, Mapping
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    """The single ``Error: …`` line of a failed command (exit 1, no traceback)."""
+    """The single ``Error: …`` (click) or ``error: …`` (ours) line of a failed command
+    (exit 1, no traceback)."""
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("Error: ")
+    assert lines[0].lower().startswith("error: ")
     return lines[0]
 
 

@@ -11,6 +11,7 @@ from controlplane.cli.devices import devices
 from controlplane.cli.pausing import pause, resume
 from controlplane.cli.say import say
 from controlplane.cli.status import status
+from controlplane.cli.tickets import tickets
 from controlplane.cli.up import serve_command, up
 from controlplane.cli.users import users
 from controlplane.cli.versioned import policy, prompts_group
@@ -40,6 +41,7 @@ cli.add_command(resume)
 cli.add_command(policy)
 cli.add_command(prompts_group)
 cli.add_command(users)
+cli.add_command(tickets)
 cli.add_command(say)
 
 

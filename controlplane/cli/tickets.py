@@ -1,0 +1,137 @@
+"""``superagent tickets``: what the workers are doing, and stop, retry or move their work."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import asyncpg
+import click
+
+from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.dbsession import run_with_pool
+from controlplane.workers import control, views
+
+
+@click.group()
+def tickets() -> None:
+    """See and steer tickets: the work people asked for, each run by its own worker.
+
+    A ticket is open, then running on its device; it may wait for its device
+    (waiting_device) or for people (waiting_human: a question, or blocked, or failed); it
+    is ready when its pull request is open, and completed once that is merged or closed.
+
+    \b
+    Examples:
+      superagent tickets list
+      superagent tickets show tkt_8f3k2q4m9x1a
+      superagent tickets retry tkt_8f3k2q4m9x1a --note "the flaky test is fixed on main"
+      superagent tickets reroute tkt_8f3k2q4m9x1a bob-desktop
+      superagent tickets stop tkt_8f3k2q4m9x1a
+    """
+
+
+def _since(view: views.TicketView) -> str:
+    if view.state == "waiting_device" and view.wait_until is not None:
+        return f"waits until {view.wait_until:%Y-%m-%d %H:%M} UTC"
+    return f"{view.updated_at:%Y-%m-%d %H:%M}"
+
+
+@tickets.command(name="list")
+@click.option("--all", "everything", is_flag=True, help="Closed tickets too.")
+@click.option("--limit", default=50, show_default=True, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_(everything: bool, limit: int, as_json: bool) -> None:
+    """Tickets, newest first: open ones, or --all."""
+    setup_logging("WARNING")
+    found = run_with_pool(
+        load_settings(), lambda pool: views.tickets(pool, everything=everything, limit=limit)
+    )
+    if as_json:
+        click.echo(json.dumps([view.as_json() for view in found], indent=2))
+        return
+    if not found:
+        click.echo("No tickets." if everything else "No open tickets (--all shows closed ones).")
+        return
+    for view in found:
+        state = view.state + (f" ({view.hold})" if view.hold else "")
+        click.echo(
+            f"{view.id}  {state:<28} {view.device or '-':<16} {view.tokens:>10,} tokens  "
+            f"{_since(view)}  {view.title}"
+        )
+
+
+@tickets.command()
+@click.argument("ticket")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show(ticket: str, as_json: bool) -> None:
+    """One TICKET: its scope, threads, reports and rounds."""
+    setup_logging("WARNING")
+    found = run_with_pool(load_settings(), lambda pool: views.detail(pool, ticket))
+    if as_json:
+        click.echo(json.dumps(found.as_json(), indent=2))
+        return
+    view = found.ticket
+    click.echo(f"{view.id}: {view.title}")
+    click.echo(f"  state:    {view.state}" + (f" ({view.hold})" if view.hold else ""))
+    click.echo(f"  asked by: {view.initiator or '-'}; scope: {found.scope or '-'}")
+    click.echo(
+        f"  device:   {view.device or '-'}" + ("  [speculative]" if view.speculative else "")
+    )
+    click.echo(f"  spent:    {view.tokens:,} tokens, ${view.cost_usd:.4f}")
+    if view.pr_url:
+        click.echo(f"  pull request: {view.pr_url}")
+    for thread in found.threads:
+        click.echo(f"  thread:   {thread}")
+    for report in found.reports:
+        click.echo(f"  report {report['at'][:16]} {report['status']}: {report['summary']}")
+        if report["question"]:
+            click.echo(f"    question: {report['question']}")
+    for round_ in found.rounds:
+        click.echo(
+            f"  round {round_['id']} ({round_['woken_by']}, {round_['slot']} slot): "
+            f"{round_['model_calls']} model calls, {round_['outcome']}"
+        )
+
+
+@tickets.command()
+@click.argument("ticket")
+def stop(ticket: str) -> None:
+    """Stop TICKET for good: its mandate is revoked and its device work cancelled."""
+    setup_logging("WARNING")
+
+    async def work(pool: asyncpg.Pool) -> str:
+        async with pool.acquire() as conn, conn.transaction():
+            return await control.stop(conn, ticket, by="the CLI")
+
+    was = run_with_pool(load_settings(), work)
+    if was in ("completed", "failed", "stopped"):
+        click.echo(f"{ticket} was already {was}")
+    else:
+        click.echo(f"stopped {ticket} (it was {was}); its device work is being cancelled")
+
+
+@tickets.command()
+@click.argument("ticket")
+@click.option("--note", default="", help="What changed, for the worker to read.")
+def retry(ticket: str, note: str) -> None:
+    """Wake TICKET's worker again after a question, blocked or failed."""
+    setup_logging("WARNING")
+    run_with_pool(
+        load_settings(), lambda pool: control.retry(pool, ticket, by="the CLI", note=note)
+    )
+    click.echo(f"{ticket} will try again")
+
+
+@tickets.command()
+@click.argument("ticket")
+@click.argument("device")
+def reroute(ticket: str, device: str) -> None:
+    """Move TICKET to DEVICE (name or id); what was queued for the old one is cancelled."""
+    setup_logging("WARNING")
+    settings = load_settings()
+    wait = timedelta(seconds=settings.workers.device_wait_seconds)
+    name = run_with_pool(
+        settings, lambda pool: control.reroute(pool, ticket, device, by="the CLI", wait=wait)
+    )
+    click.echo(f"{ticket} moves to {name}; it resumes once {name} is online")
