@@ -8,14 +8,19 @@ call that made it.
 
 Tools (OpenAI function-calling schemas in :data:`TOOL_SPECS`):
 
-* ``create_ticket(title, scope, threads, device, mandate_from)``: work, resting on one
-  trigger's authority. That trigger must be an explicit request, or a candidate that this
-  source's ``auto`` mode accepted through ``assess``.
+* ``create_ticket(title, scope, threads, device, mandate_from, repo?, workdir?,
+  speculative?)``: work, resting on one trigger's authority. That trigger must be an
+  explicit request, or a candidate that this source's ``auto`` mode accepted through
+  ``assess``. A worker picks the ticket up (:mod:`controlplane.workers`).
 * ``reply(thread, text)``: a message to people, sent through the outbox.
 * ``subscribe(thread, ticket)`` / ``link(thread, ticket)``: "handled by" (its events go
   to the ticket) versus "related to" (context only).
 * ``recall(id)``: an object with summaries and its neighbours' IDs (Chain of Recall).
 * ``ignore(trigger, reason)``.
+* ``forward(trigger, ticket)``: give an event to a ticket's worker (used when pass-through
+  is off); ``stop_ticket(ticket, reason)``.
+* ``subagent(...)``: only in the single-session baseline: create_ticket, then the work
+  itself inside the call (:mod:`controlplane.workers.subagent`).
 * ``assess(trigger, verdicts, intent, target)``: the structured judgement of an inferred
   candidate against its source's rules.
 """
