@@ -26,6 +26,10 @@ POLICY = Policy(
     sources={
         "slack": SourcePolicy(mode="candidate", users=["alice"], inferred="observe", rules=RULES),
         "matrix": SourcePolicy(mode="candidate", users=["alice"], inferred="auto", rules=RULES),
+        # Tickets from this source's accepted candidates quietly reproduce and fix first.
+        "lark": SourcePolicy(
+            mode="candidate", users=["alice"], inferred="auto", rules=RULES, speculative=True
+        ),
     },
 )
 TURN = Turn(session_id=None, llm_call_id=None, batch=())
@@ -198,6 +202,45 @@ async def test_auto_mode_acts_only_on_a_complete_assessment(
     created = await tools.call("create_ticket", ticket, TURN)
     assert created.ok, created.content
     assert created.content["mandate"] == "inferred"
+
+
+async def test_a_policy_makes_tickets_from_its_candidates_speculative(
+    tools: Toolbox, intake: Intake, pool: asyncpg.Pool
+) -> None:
+    candidate = await _event(intake, "sp-1", MALLORY, "main is red again", source="lark")
+    verdicts = [
+        {"rule": "broken-main", "matches": True, "why": "red"},
+        {"rule": "security", "matches": False, "why": "none"},
+    ]
+    assessed = await tools.call(
+        "assess",
+        {"trigger": candidate.trigger_id, "verdicts": verdicts, "intent": "fix", "target": "app"},
+        TURN,
+    )
+    assert assessed.content["accepted"] is True
+    created = await tools.call(
+        "create_ticket", _ticket(candidate.thread_id, candidate.trigger_id), TURN
+    )
+    assert created.content["speculative"] is True
+    assert await pool.fetchval(
+        "SELECT speculative FROM tickets WHERE id = $1", created.content["ticket"]
+    )
+    # An explicit request is ordinary unless the router asks for quiet work.
+    asked = await _event(intake, "sp-2", ALICE, "@superagent fix the flaky test")
+    plain = await tools.call("create_ticket", _ticket(asked.thread_id, asked.trigger_id), TURN)
+    quiet = await tools.call(
+        "create_ticket",
+        {**_ticket(asked.thread_id, asked.trigger_id), "speculative": True},
+        TURN,
+    )
+    flags = await pool.fetch(
+        "SELECT id, speculative FROM tickets WHERE id = ANY($1::text[])",
+        [plain.content["ticket"], quiet.content["ticket"]],
+    )
+    assert {r["id"]: r["speculative"] for r in flags} == {
+        plain.content["ticket"]: False,
+        quiet.content["ticket"]: True,
+    }
 
 
 async def test_replies_go_through_the_outbox(

@@ -147,14 +147,15 @@ async def record_call(
     prices: LlmPrices,
     latency_ms: int,
     error: str | None,
+    prompt_version_id: str | None = None,
 ) -> None:
     """One model call on record, and on the session's and the ticket's counters."""
     prompt, completion, cached, dollars = cost_of(usage, prices)
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "INSERT INTO llm_calls (id, session_id, model, prompt_tokens, completion_tokens, "
-            "cached_tokens, latency_ms, cost_usd, error, batch_size) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1)",
+            "cached_tokens, latency_ms, cost_usd, error, batch_size, prompt_version_id) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10)",
             new_id("llm"),
             session_id,
             model,
@@ -164,6 +165,7 @@ async def record_call(
             latency_ms,
             dollars,
             error[:2000] if error else None,
+            prompt_version_id,
         )
         if prompt or completion:
             await conn.execute(
@@ -183,12 +185,3 @@ async def record_call(
                 prompt + completion,
                 dollars,
             )
-
-
-def spend_line(tokens: int, cost: Decimal, prices: LlmPrices) -> str:
-    """How a result states what it cost."""
-    priced = any(
-        (prices.input_usd_per_mtok, prices.cached_usd_per_mtok, prices.output_usd_per_mtok)
-    )
-    money = f"${cost:.4f}" if priced else "cost unknown (no model prices configured)"
-    return f"{tokens:,} tokens, {money}"

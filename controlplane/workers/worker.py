@@ -230,15 +230,18 @@ class Worker:
                 await convo.add(conn, {"role": "user", "content": RECOVERY_NOTE})
         return convo
 
-    async def _system_prompt(self) -> str:
-        body = await self.pool.fetchval(
-            "SELECT body FROM prompt_versions WHERE name = 'worker' ORDER BY version DESC LIMIT 1"
+    async def _system_prompt(self) -> tuple[str | None, str]:
+        """The worker prompt's current version (id and text); the built-in one until saved."""
+        row = await self.pool.fetchrow(
+            "SELECT id, body FROM prompt_versions WHERE name = 'worker' "
+            "ORDER BY version DESC LIMIT 1"
         )
-        return str(body) if body is not None else prompts.DEFAULTS["worker"]
+        return (row["id"], row["body"]) if row else (None, prompts.DEFAULTS["worker"])
 
     async def _step(self, convo: session.WorkerSession, ticket: Ticket) -> dict[str, Any]:
         """One model call; its answer is persisted before any of its tool calls runs."""
-        messages = [{"role": "system", "content": await self._system_prompt()}, *convo.messages]
+        prompt_version, system = await self._system_prompt()
+        messages = [{"role": "system", "content": system}, *convo.messages]
         started = time.monotonic()
         try:
             response = await self.client.chat.completions.create(
@@ -256,6 +259,7 @@ class Worker:
                 prices=self.limits.prices,
                 latency_ms=int((time.monotonic() - started) * 1000),
                 error=str(exc),
+                prompt_version_id=prompt_version,
             )
             raise
         await session.record_call(
@@ -267,6 +271,7 @@ class Worker:
             prices=self.limits.prices,
             latency_ms=int((time.monotonic() - started) * 1000),
             error=None,
+            prompt_version_id=prompt_version,
         )
         choice = response.choices[0].message
         message: dict[str, Any] = {"role": "assistant", "content": choice.content}
