@@ -24,6 +24,9 @@ class Status:
     router_lease_expired: bool
     router_inbox: int
     tickets_active: int
+    workers_running: int  # rounds holding a slot now
+    tickets_waiting_device: int
+    tickets_waiting_human: int
     devices_online: int
     devices_paired: int
     paused_at: datetime | None
@@ -49,6 +52,9 @@ async def read(session: AsyncSession, model: str) -> Status:
                 "(SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS inbox, "
                 "(SELECT count(*) FROM tickets WHERE state NOT IN "
                 "  ('completed', 'failed', 'stopped')) AS tickets, "
+                "(SELECT count(*) FROM assignments WHERE ended_at IS NULL) AS rounds, "
+                "(SELECT count(*) FROM tickets WHERE state = 'waiting_device') AS away, "
+                "(SELECT count(*) FROM tickets WHERE state = 'waiting_human') AS asking, "
                 "(SELECT count(*) FROM devices WHERE revoked_at IS NULL "
                 "  AND connected_replica IS NOT NULL "
                 "  AND last_seen_at > now() - CAST(:window AS interval)) "
@@ -66,6 +72,9 @@ async def read(session: AsyncSession, model: str) -> Status:
         router_lease_expired=bool(lease.expired) if lease else False,
         router_inbox=counts.inbox,
         tickets_active=counts.tickets,
+        workers_running=counts.rounds,
+        tickets_waiting_device=counts.away,
+        tickets_waiting_human=counts.asking,
         devices_online=counts.online,
         devices_paired=counts.paired,
         paused_at=paused.paused_at if paused else None,

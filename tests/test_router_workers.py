@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -24,7 +23,13 @@ from controlplane.workers.subagent import Subagent
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.helpers import save_policy
-from tests.worker_harness import LocalDevice, local_device, settings_for
+from tests.worker_harness import (  # noqa: F401 - fixtures
+    LocalDevice,
+    device_fixture,
+    local_device,
+    queue_fixture,
+    settings_for,
+)
 
 ALICE = Actor("u-1", "alice")
 CI = Actor("ci-1", "ci-bot", is_bot=True)
@@ -34,23 +39,6 @@ CI = Actor("ci-1", "ci-bot", is_bot=True)
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
     await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
     return pool
-
-
-@pytest.fixture
-async def queue(pool: asyncpg.Pool) -> AsyncIterator[CommandQueue]:
-    queue = CommandQueue(pool)
-    yield queue
-    await queue.close()
-
-
-@pytest.fixture
-async def device(
-    pool: asyncpg.Pool, queue: CommandQueue, tmp_path: Path
-) -> AsyncIterator[LocalDevice]:
-    device = await local_device(pool, queue, tmp_path)
-    await device.online()
-    yield device
-    await device.offline()
 
 
 async def _say(

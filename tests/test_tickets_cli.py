@@ -53,6 +53,17 @@ async def test_tickets_are_listed_shown_retried_rerouted_and_stopped(
     assert detail["reports"][0]["question"] == "which?"
     assert detail["initiator"] == "alice"
 
+    status = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "controlplane.cli", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DATABASE_URL": database_url},
+    )
+    waiting = next(line for line in status.stdout.splitlines() if line.startswith("tickets:"))
+    assert "waiting for a device" in waiting
+    assert int(waiting.split(",")[-1].split()[0]) >= 1  # ours waits for people
     retried = await cli("retry", ticket_id, "--note", "use the v2 grammar")
     assert retried.returncode == 0, retried.stderr
     event = await pool.fetchval(

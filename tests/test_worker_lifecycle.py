@@ -20,19 +20,19 @@ import inspect
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
 import pytest
 
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.errors import InvalidInput
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
 from controlplane.workers import control
+from controlplane.workers import worker as worker_module
 from controlplane.workers.session import INTERRUPTED
 from controlplane.workers.worker import RECOVERY_NOTE
 from superagent_shared.ids import new_id
@@ -44,7 +44,16 @@ from tests.fakes.openai_server import (
     message_text,
 )
 from tests.helpers import assert_eventually
-from tests.worker_harness import LocalDevice, local_device, ticket, ticket_state, workers_running
+from tests.worker_harness import (  # noqa: F401 - fixtures
+    LocalDevice,
+    device_fixture,
+    dsn_fixture,
+    local_device,
+    queue_fixture,
+    ticket,
+    ticket_state,
+    workers_running,
+)
 
 T = TypeVar("T")
 Step = Callable[[ChatRequest], Reply | Awaitable[Reply]]
@@ -61,24 +70,22 @@ JOB = (
 )
 
 
+async def _handle_pr_thread(pool: asyncpg.Pool, ticket_id: str, pr_url: str, number: int) -> str:
+    """The pull request's thread, handled by the ticket (as opening the PR records it)."""
+    thread_id = await pool.fetchval(
+        "INSERT INTO threads (id, source, external_id, url) "
+        "VALUES ($1, 'github', $2, $3) RETURNING id",
+        new_id("thr"),
+        f"acme/widgets#{number}",
+        pr_url,
+    )
+    await pool.execute(
+        "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)", thread_id, ticket_id
+    )
+    return str(thread_id)
+
+
 # -- fixtures ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def queue(pool: asyncpg.Pool) -> AsyncIterator[CommandQueue]:
-    queue = CommandQueue(pool)
-    yield queue
-    await queue.close()
-
-
-@pytest.fixture
-async def device(
-    pool: asyncpg.Pool, queue: CommandQueue, tmp_path: Path
-) -> AsyncIterator[LocalDevice]:
-    device = await local_device(pool, queue, tmp_path)
-    await device.online()
-    yield device
-    await device.offline()
 
 
 @pytest.fixture
@@ -99,11 +106,6 @@ async def make_device(
     yield make
     for device in made:
         await device.offline()
-
-
-@pytest.fixture
-def dsn(database_url: str) -> str:
-    return asyncpg_dsn(database_url)
 
 
 # -- the scripted model --------------------------------------------------------------------
@@ -498,16 +500,7 @@ async def test_a_closed_pull_request_completes_a_ready_ticket_without_the_model(
     fake_llm.script(_report("ready", "opened the PR", pr_url=pr_url))
     async with workers_running(pool, queue, fake_llm, dsn):
         await assert_eventually(lambda: _state_is(pool, ticket_id, "ready"), timeout=10)
-    # The pull request's thread, handled by the ticket (as opening the PR records it).
-    pr_thread = await pool.fetchval(
-        "INSERT INTO threads (id, source, external_id, url) "
-        "VALUES ($1, 'github', 'acme/widgets#7', $2) RETURNING id",
-        new_id("thr"),
-        pr_url,
-    )
-    await pool.execute(
-        "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)", pr_thread, ticket_id
-    )
+    pr_thread = await _handle_pr_thread(pool, ticket_id, pr_url, 7)
     calls = len(fake_llm.chat_requests)
     closed = await _post(
         pool,
@@ -628,6 +621,36 @@ async def test_a_command_for_a_device_gone_mid_task_stays_queued_and_reports_lat
     shown = _events(_requests(fake_llm, ticket_id)[-1])
     assert f"Job {command['id']}" in shown
     assert "resumed-42" in shown
+    fake_llm.respond_with(None)
+
+
+async def test_a_device_that_sleeps_during_a_job_frees_the_slot_and_resumes(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A background job runs; the laptop goes away for longer than a reconnect: the round
+    gives its slot up and the ticket waits; back, the job's result wakes the worker."""
+    monkeypatch.setattr(worker_module, "AWAY_GRACE", timedelta(seconds=1))
+    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
+    fake_llm.respond_with(_by_ticket({ticket_id: _holds_a_job}))
+    async with workers_running(pool, queue, fake_llm, dsn, foreground_seconds=1) as service:
+        await assert_eventually(lambda: len(_requests(fake_llm, ticket_id)) == 2, timeout=10)
+        await device.offline()
+        await assert_eventually(
+            lambda: _state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
+        )
+        rounds = await _assignments(pool, ticket_id)
+        assert [r["outcome"] for r in rounds] == ["waiting_device"]
+        await Passes(service).wait()
+        (tmp_path / "release").touch()
+        await device.online()
+        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=15)
+    assert "job-done" in _events(_requests(fake_llm, ticket_id)[-1])
     fake_llm.respond_with(None)
 
 
@@ -909,15 +932,7 @@ async def test_a_pull_request_closed_just_before_a_claim_still_completes_the_tic
     fake_llm.respond_with(_by_ticket({ticket_id: lambda r: _report("ready", "PR", pr_url=pr_url)}))
     async with workers_running(pool, queue, fake_llm, dsn):
         await assert_eventually(lambda: _state_is(pool, ticket_id, "ready"), timeout=10)
-    pr_thread = await pool.fetchval(
-        "INSERT INTO threads (id, source, external_id, url) "
-        "VALUES ($1, 'github', 'acme/widgets#8', $2) RETURNING id",
-        new_id("thr"),
-        pr_url,
-    )
-    await pool.execute(
-        "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)", pr_thread, ticket_id
-    )
+    await _handle_pr_thread(pool, ticket_id, pr_url, 8)
     calls = len(fake_llm.chat_requests)
     posted: list[Ingested] = []
     async with workers_running(pool, queue, fake_llm, dsn) as service:

@@ -7,40 +7,24 @@ from the real queue); the model is the fake OpenAI server, scripted per test.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import pytest
 
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.queue import CommandQueue
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.helpers import assert_eventually
-from tests.worker_harness import LocalDevice, local_device, ticket, ticket_state, workers_running
-
-
-@pytest.fixture
-async def queue(pool: asyncpg.Pool) -> AsyncIterator[CommandQueue]:
-    queue = CommandQueue(pool)
-    yield queue
-    await queue.close()
-
-
-@pytest.fixture
-async def device(
-    pool: asyncpg.Pool, queue: CommandQueue, tmp_path: Path
-) -> AsyncIterator[LocalDevice]:
-    device = await local_device(pool, queue, tmp_path)
-    await device.online()
-    yield device
-    await device.offline()
-
-
-@pytest.fixture
-def dsn(database_url: str) -> str:
-    return asyncpg_dsn(database_url)
+from tests.worker_harness import (  # noqa: F401 - fixtures
+    LocalDevice,
+    device_fixture,
+    dsn_fixture,
+    local_device,
+    queue_fixture,
+    ticket,
+    ticket_state,
+    workers_running,
+)
 
 
 def _tool_results(request: ChatRequest) -> list[dict[str, Any]]:

@@ -20,7 +20,9 @@ from typing import Any
 
 import asyncpg
 import openai
+import pytest
 
+from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
@@ -130,6 +132,30 @@ class LocalDevice:
 def _write(path: Path, content: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
+
+
+@pytest.fixture(name="queue")
+async def queue_fixture(pool: asyncpg.Pool) -> AsyncIterator[CommandQueue]:
+    """The command queue over the test's pool (import the fixture to use it)."""
+    queue = CommandQueue(pool)
+    yield queue
+    await queue.close()
+
+
+@pytest.fixture(name="device")
+async def device_fixture(
+    pool: asyncpg.Pool, queue: CommandQueue, tmp_path: Path
+) -> AsyncIterator[LocalDevice]:
+    """A paired ``LocalDevice``, online for the test."""
+    device = await local_device(pool, queue, tmp_path)
+    await device.online()
+    yield device
+    await device.offline()
+
+
+@pytest.fixture(name="dsn")
+def dsn_fixture(database_url: str) -> str:
+    return asyncpg_dsn(database_url)
 
 
 async def local_device(pool: asyncpg.Pool, queue: CommandQueue, root: Path) -> LocalDevice:

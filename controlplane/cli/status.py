@@ -37,5 +37,9 @@ def status(as_json: bool) -> None:
     click.echo(f"router leader:  {status_of.leader_line(result)}")
     click.echo(f"router inbox:   {result.router_inbox} event(s) waiting")
     click.echo(f"model:          {result.model}")
-    click.echo(f"tickets:        {result.tickets_active} active")
+    click.echo(
+        f"tickets:        {result.tickets_active} active: {result.workers_running} running, "
+        f"{result.tickets_waiting_device} waiting for a device, "
+        f"{result.tickets_waiting_human} waiting for people"
+    )
     click.echo(f"devices:        {result.devices_online} online of {result.devices_paired} paired")

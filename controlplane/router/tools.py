@@ -53,7 +53,8 @@ MAX_REPLY_CHARS = 20_000
 SNIPPET_CHARS = 200
 
 
-def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:
+def tool_spec(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:
+    """An OpenAI function-calling tool schema (strict: no properties beyond these)."""
     return {
         "type": "function",
         "function": {
@@ -71,7 +72,7 @@ def _fn(name: str, description: str, properties: dict[str, Any], required: list[
 
 _ID = {"type": "string"}
 TOOL_SPECS: list[Any] = [
-    _fn(
+    tool_spec(
         "create_ticket",
         "Create a ticket for work. mandate_from is the trigger whose request it fulfils: an "
         "explicit request, or a candidate accepted by assess. Its threads are subscribed.",
@@ -100,50 +101,50 @@ TOOL_SPECS: list[Any] = [
         },
         ["title", "scope", "threads", "device", "mandate_from"],
     ),
-    _fn(
+    tool_spec(
         "forward",
         "Give an event to a ticket's worker (an event on a thread the ticket handles that "
         "reached you rather than the worker).",
         {"trigger": _ID, "ticket": _ID},
         ["trigger", "ticket"],
     ),
-    _fn(
+    tool_spec(
         "stop_ticket",
         "Stop a ticket for good (its mandate is revoked and its device work cancelled).",
         {"ticket": _ID, "reason": {"type": "string"}},
         ["ticket", "reason"],
     ),
-    _fn(
+    tool_spec(
         "reply",
         "Send a message on a thread (chat: short; GitHub: structured and complete).",
         {"thread": _ID, "text": {"type": "string"}},
         ["thread", "text"],
     ),
-    _fn(
+    tool_spec(
         "subscribe",
         "Make a ticket handle a thread: the thread's events go to the ticket's worker.",
         {"thread": _ID, "ticket": _ID},
         ["thread", "ticket"],
     ),
-    _fn(
+    tool_spec(
         "link",
         "Note that a thread is related to a ticket (context only; no events delivered).",
         {"thread": _ID, "ticket": _ID},
         ["thread", "ticket"],
     ),
-    _fn(
+    tool_spec(
         "recall",
         "Fetch an object (trigger, thread, ticket) by ID, with its neighbours' IDs.",
         {"id": _ID},
         ["id"],
     ),
-    _fn(
+    tool_spec(
         "ignore",
         "Decide that a trigger needs nothing.",
         {"trigger": _ID, "reason": {"type": "string"}},
         ["trigger", "reason"],
     ),
-    _fn(
+    tool_spec(
         "assess",
         "Judge an inferred candidate against every enabled rule of its source.",
         {

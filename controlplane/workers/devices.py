@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from controlplane.db.pool import Db
 from controlplane.gateway.devices import ONLINE_WINDOW
 
@@ -16,3 +18,16 @@ async def device_online(db: Db, device_id: str) -> bool:
         ONLINE_WINDOW,
     )
     return bool(online)
+
+
+async def device_gone(db: Db, device_id: str, grace: timedelta) -> bool:
+    """Disconnected and unheard of for ``grace``: away, not between two reconnects."""
+    gone = await db.fetchval(
+        "SELECT connected_replica IS NULL AND coalesce(last_seen_at < now() - $2::interval, true) "
+        "OR last_seen_at < now() - $3::interval OR revoked_at IS NOT NULL "
+        "FROM devices WHERE id = $1",
+        device_id,
+        grace,
+        ONLINE_WINDOW,
+    )
+    return bool(gone)

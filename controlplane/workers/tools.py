@@ -25,7 +25,13 @@ from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue, CommandResult
 from controlplane.ingest import inbox
-from controlplane.router.tools import Refused, recall_thread, recall_ticket, recall_trigger
+from controlplane.router.tools import (
+    Refused,
+    recall_thread,
+    recall_ticket,
+    recall_trigger,
+    tool_spec,
+)
 from controlplane.settings import WorkerSettings
 from controlplane.workers import output, reports
 from controlplane.workers.devices import device_online
@@ -36,22 +42,6 @@ PR_WAIT_SECONDS = 30.0  # how long open_pull_request waits for the outbox to ope
 MAX_WRITE_BYTES = 5_000_000
 STATUSES = ("progress", "ready", "question", "blocked", "failed")
 FINAL_STATUSES = frozenset({"ready", "question", "blocked", "failed"})
-
-
-def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> Any:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": False,
-            },
-        },
-    }
 
 
 _STR = {"type": "string"}
@@ -73,7 +63,7 @@ _CREDENTIALS = {
     },
 }
 TOOL_SPECS: list[Any] = [
-    _fn(
+    tool_spec(
         "shell",
         "Run a shell command on the device (sh -c, in the ticket's directory). Waits a few "
         "seconds; a longer command becomes a background job whose completion arrives later "
@@ -86,46 +76,46 @@ TOOL_SPECS: list[Any] = [
         },
         ["command"],
     ),
-    _fn(
+    tool_spec(
         "job_output",
         "Read a job's state and a slice of its output.",
         {"job": _STR, "offset": _INT, "limit": _INT},
         ["job"],
     ),
-    _fn("stop", "Stop a running job.", {"job": _STR}, ["job"]),
-    _fn(
+    tool_spec("stop", "Stop a running job.", {"job": _STR}, ["job"]),
+    tool_spec(
         "read_file",
         "Read a file on the device (relative paths: from the working directory).",
         {"path": _STR, "offset": _INT, "limit": _INT},
         ["path"],
     ),
-    _fn(
+    tool_spec(
         "write_file",
         "Write a whole file on the device (parents are created).",
         {"path": _STR, "content": _STR},
         ["path", "content"],
     ),
-    _fn(
+    tool_spec(
         "list_dir",
         "List a directory on the device.",
         {"path": _STR, "depth": _INT},
         ["path"],
     ),
-    _fn(
+    tool_spec(
         "apply_patch",
         "Apply a unified diff in the working directory. All or nothing: on a conflict "
         "nothing changes and the error says where.",
         {"patch": _STR, "cwd": _STR},
         ["patch"],
     ),
-    _fn(
+    tool_spec(
         "open_pull_request",
         "Open a pull request from a pushed branch (idempotent: the open one from the same "
         "branch is returned). Its thread is then handled by this ticket.",
         {"title": _STR, "body": _STR, "head": _STR, "base": _STR, "repo": _STR},
         ["title", "body"],
     ),
-    _fn(
+    tool_spec(
         "report",
         "Report to the people who asked. progress: a note on record. ready: done (with the "
         "PR, if any). question: you need an answer. blocked / failed: you cannot go on. "
@@ -141,20 +131,20 @@ TOOL_SPECS: list[Any] = [
         },
         ["status", "summary"],
     ),
-    _fn(
+    tool_spec(
         "subscribe",
         "Handle a thread: its events come to you.",
         {"thread": _STR},
         ["thread"],
     ),
-    _fn("unsubscribe", "Stop handling a thread.", {"thread": _STR}, ["thread"]),
-    _fn(
+    tool_spec("unsubscribe", "Stop handling a thread.", {"thread": _STR}, ["thread"]),
+    tool_spec(
         "hand_back",
         "Give an event back that is not this ticket's business (the router decides on it).",
         {"trigger": _STR},
         ["trigger"],
     ),
-    _fn(
+    tool_spec(
         "recall",
         "Fetch an object by id (trg_, thr_, tkt_, or a job's cmd_).",
         {"id": _STR},

@@ -34,13 +34,15 @@ from controlplane.db.pool import Db
 from controlplane.gateway.queue import CommandQueue
 from controlplane.settings import Settings
 from controlplane.workers import events, reports, session, slots
-from controlplane.workers.devices import device_online
+from controlplane.workers.devices import device_gone, device_online
 from controlplane.workers.tools import TOOL_SPECS, Outcome, Ticket, WorkerToolbox
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_SECONDS = 1.0  # the safety net while waiting for jobs and events
+# A device disconnected this long while its jobs run is away, not reconnecting.
+AWAY_GRACE = timedelta(seconds=60)
 RECOVERY_NOTE = (
     "You are resuming this ticket after the control plane restarted. Before repeating "
     "anything with an effect outside the device (a push, a pull request, a message), check "
@@ -163,7 +165,7 @@ class Worker:
         toolbox = WorkerToolbox(self.pool, self.queue, self.limits, ticket)
         if self.assignment.woken_by == "device":
             # Back from waiting: what was queued runs now; its results are the next events.
-            await self._idle(ticket.id, only_while_jobs_run=True)
+            await self._idle(ticket, only_while_jobs_run=True)
         while True:
             await self._still_ours()
             async with self.pool.acquire() as conn, conn.transaction():
@@ -172,7 +174,12 @@ class Worker:
                     await convo.add(conn, {"role": "user", "content": happened.render()})
             if not convo.awaiting_model:
                 if await events.running_jobs(self.pool, ticket.id):
-                    await self._idle(ticket.id)
+                    if ticket.device_id is not None and await device_gone(
+                        self.pool, ticket.device_id, AWAY_GRACE
+                    ):
+                        # The laptop went to sleep mid-job: wait without holding a slot.
+                        return await self._await_device(ticket)
+                    await self._idle(ticket)
                     continue
                 last = convo.messages[-1].get("content") if convo.messages else None
                 return await self._final(
@@ -330,12 +337,17 @@ class Worker:
         if not active:
             raise RoundOver(f"{self.assignment.id} ended from outside")
 
-    async def _idle(self, ticket_id: str, *, only_while_jobs_run: bool = False) -> None:
-        """Turn over, jobs running: keep the slot, wait for an event."""
+    async def _idle(self, ticket: Ticket, *, only_while_jobs_run: bool = False) -> None:
+        """Turn over, jobs running: keep the slot, wait for an event (or the device to go)."""
+        ticket_id = ticket.id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30.0  # come back now and then to check the round is ours
         while loop.time() < deadline:
             if await events.has_pending(self.pool, ticket_id):
+                return
+            if ticket.device_id is not None and await device_gone(
+                self.pool, ticket.device_id, AWAY_GRACE
+            ):
                 return
             running = await events.running_jobs(self.pool, ticket_id)
             if only_while_jobs_run and not running:
