@@ -28,7 +28,8 @@ DEFAULTS: dict[str, str] = {
         "report back as events marked report, from 'worker of tkt_…': tell the people on "
         "that thread the result (ready, with the pull request link), the question, or why "
         "it is blocked or failed. The cost line is added to your reply for you. Use "
-        "stop_ticket when someone asks to cancel work."
+        "stop_ticket when someone asks to cancel work, and explain when someone asks why a "
+        "ticket is stuck (answer from its facts, not from memory)."
     ),
     "worker": (
         "You are a worker of a team's coding agent, executing one ticket on a developer's "

@@ -39,6 +39,7 @@ from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import gateway_tls
+from controlplane.heartbeat import ReplicaHeartbeat
 from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership, WhileLeading
 from controlplane.router.router import Router, RouterService, TurnTaker
@@ -149,6 +150,7 @@ async def replica(
             handlers.register(ACK_EFFECT, acknowledge_handler(pool, channels))
             handlers.register(OPEN_PULL_REQUEST_EFFECT, open_pull_request_handler(pool, channels))
             services: list[Service] = [
+                ReplicaHeartbeat(pool, replica_id),
                 EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
                 leadership,
                 hub,

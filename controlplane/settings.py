@@ -380,6 +380,40 @@ class WorkerSettings(BaseModel):
         return self
 
 
+class WatchdogSettings(BaseModel):
+    interval_seconds: float = Field(
+        30.0, gt=0, description="How often `superagent watchdog` runs its checks."
+    )
+    replica_silence_seconds: float = Field(
+        60.0, gt=0, description="A replica whose heartbeat is older than this is reported."
+    )
+    stall_minutes: float = Field(
+        20.0,
+        gt=0,
+        description="A running worker with no progress this long is nudged; twice as long, "
+        "requeued on another replica; three times, stopped.",
+    )
+    error_streak: int = Field(
+        5, ge=2, description="Failed model calls in a row before the admin channel is alerted."
+    )
+    pause_after_errors: int = Field(
+        0,
+        ge=0,
+        description="Failed model calls in a row after which the agent is paused (0: never).",
+    )
+    drift_minutes: float = Field(
+        30.0,
+        gt=0,
+        description="With a model, how often a long-running worker is checked against its "
+        "ticket's goal.",
+    )
+    admin_thread: str | None = Field(
+        None,
+        description="Where alerts go and admins ask the watchdog: SOURCE:THREAD, e.g. "
+        "`web:admin` or `slack:C0123ABC` (unset: alerts are only recorded and logged).",
+    )
+
+
 class RouterSettings(BaseModel):
     lease_seconds: float = Field(
         15.0,
@@ -472,6 +506,9 @@ class Settings(BaseSettings):
     )
     workers: WorkerSettings = Field(
         default_factory=WorkerSettings, description="Worker sessions, one per ticket."
+    )
+    watchdog: WatchdogSettings = Field(
+        default_factory=WatchdogSettings, description="The watchdog process."
     )
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from controlplane.cli.tickets import tickets
 from controlplane.cli.up import serve_command, up
 from controlplane.cli.users import users
 from controlplane.cli.versioned import policy, prompts_group
+from controlplane.cli.watchdog import watchdog
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,6 +43,7 @@ cli.add_command(policy)
 cli.add_command(prompts_group)
 cli.add_command(users)
 cli.add_command(tickets)
+cli.add_command(watchdog)
 cli.add_command(say)
 
 

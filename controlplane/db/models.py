@@ -72,6 +72,7 @@ TRIGGER_ROUTES = ("router", "subscribers", "dropped")
 REPORT_STATUSES = ("progress", "ready", "question", "blocked", "failed")
 # Which slot an assignment holds: one of max_workers, or the one kept for human wake-ups.
 SLOT_KINDS = ("regular", "human")
+FINDING_SEVERITIES = ("info", "warning", "critical")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -675,3 +676,55 @@ class WorkerEvent(Base):
     text: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
     read_at: Mapped[datetime | None]
+
+
+class Replica(Base):
+    """A running control-plane replica, heartbeating (the watchdog notices silence)."""
+
+    __tablename__ = "replicas"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(50))
+    started_at: Mapped[datetime] = _created()
+    heartbeat_at: Mapped[datetime] = _created()
+    stopped_at: Mapped[datetime | None]
+
+
+class Finding(Base):
+    """Something the watchdog noticed. One open finding per (kind, subject); seen again,
+    it counts up; gone, it is resolved."""
+
+    __tablename__ = "watchdog_findings"
+    __table_args__ = (
+        Index(
+            "uq_watchdog_findings_open",
+            "kind",
+            "subject",
+            unique=True,
+            postgresql_where=text("resolved_at IS NULL"),
+        ),
+        Index(None, "first_seen_at"),
+        CheckConstraint(_one_of("severity", FINDING_SEVERITIES), name="severity"),
+    )
+    id: Mapped[str] = _id("wfd")
+    kind: Mapped[str] = mapped_column(String(50))
+    subject: Mapped[str] = mapped_column(String(200))  # a tkt_, dev_, replica id, "llm", ...
+    severity: Mapped[str] = mapped_column(String(20))
+    summary: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default=text("'{}'"))
+    times_seen: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    first_seen_at: Mapped[datetime] = _created()
+    last_seen_at: Mapped[datetime] = _created()
+    resolved_at: Mapped[datetime | None]
+
+
+class WatchdogAction(Base):
+    """What the watchdog did about a finding: nudge, requeue, stop, pause, alert."""
+
+    __tablename__ = "watchdog_actions"
+    __table_args__ = (Index(None, "finding_id"), Index(None, "created_at"))
+    id: Mapped[str] = _id("wac")
+    finding_id: Mapped[str] = mapped_column(ForeignKey("watchdog_findings.id"))
+    action: Mapped[str] = mapped_column(String(50))
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = _created()

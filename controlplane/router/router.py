@@ -46,7 +46,9 @@ from superagent_shared.ids import new_id, new_ids
 log = logging.getLogger(__name__)
 
 MAX_STEPS = 8  # model calls per turn: the model may call tools, read results, call again
-READ_RESULTS = frozenset({"recall", "assess", "subagent"})  # tools whose results the model acts on
+READ_RESULTS = frozenset(
+    {"recall", "assess", "subagent", "explain"}
+)  # tools whose results the model acts on
 KEEP_TURNS = 6  # turns kept in full; older ones are compacted
 COMPACT_AT = 10  # compaction happens once this many turns are held
 POLL_SECONDS = 1.0  # the safety net under LISTEN

@@ -35,6 +35,7 @@ from controlplane.ingest.intake import CLOSED_SQL, CLOSED_TICKET_STATES, PolicyS
 from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
 from controlplane.router.tools import Toolbox, Turn
+from controlplane.watchdog import explain
 from superagent_shared.ids import id_prefix, new_id, stable_id
 
 # Runs a /run command through the outbox: submits it (once), then posts its result when final.
@@ -43,7 +44,7 @@ NOTICE = (
     "No model is configured, so I can only follow commands: /run <device> <command>, "
     "/tickets, /devices, /stop <ticket>."
 )
-_COMMAND = re.compile(r"(?:^|\s)/(run|tickets|devices|stop)\b[ \t]*(.*)", re.S)
+_COMMAND = re.compile(r"(?:^|\s)/(run|tickets|devices|stop|why)\b[ \t]*(.*)", re.S)
 _TAIL = 1500  # characters of a command's output in its report
 
 
@@ -205,6 +206,15 @@ class RulesOnlyRouter:
             return f"{ticket_id} was already finished or stopped."
         cancelled = f"; {len(commands)} command(s) cancelled" if commands else ""
         return f"Stopped {ticket_id}: mandate revoked, subscriptions ended{cancelled}."
+
+    async def _why(self, event: batches.Event, argument: str) -> str:
+        ticket_id = argument.split()[0] if argument else ""
+        if id_prefix(ticket_id) != "tkt":
+            raise ValueError("usage: /why <ticket id>")
+        found = await explain.facts(self.pool, ticket_id)
+        if found is None:
+            raise ValueError(f"no ticket {ticket_id}")
+        return explain.render(found)
 
 
 async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[str]]:

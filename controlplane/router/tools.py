@@ -18,7 +18,8 @@ Tools (OpenAI function-calling schemas in :data:`TOOL_SPECS`):
 * ``recall(id)``: an object with summaries and its neighbours' IDs (Chain of Recall).
 * ``ignore(trigger, reason)``.
 * ``forward(trigger, ticket)``: give an event to a ticket's worker (used when pass-through
-  is off); ``stop_ticket(ticket, reason)``.
+  is off); ``stop_ticket(ticket, reason)``; ``explain(ticket)``: the recorded facts behind
+  "why is tkt_x stuck?" (:mod:`controlplane.watchdog.explain`).
 * ``subagent(...)``: only in the single-session baseline: create_ticket, then the work
   itself inside the call (:mod:`controlplane.workers.subagent`).
 * ``assess(trigger, verdicts, intent, target)``: the structured judgement of an inferred
@@ -45,6 +46,7 @@ from controlplane.ingest.intake import (
     WORKERS_CHANNEL,
     PolicySource,
 )
+from controlplane.watchdog import explain
 from controlplane.workers import control
 from controlplane.workers.reports import Spent
 from superagent_shared.ids import id_prefix, new_id
@@ -100,6 +102,14 @@ TOOL_SPECS: list[Any] = [
             },
         },
         ["title", "scope", "threads", "device", "mandate_from"],
+    ),
+    tool_spec(
+        "explain",
+        "Why a ticket is where it is (for 'why is tkt_x stuck?'): its state and reason, "
+        "device, current round and last activity, unfinished commands, last report, and "
+        "the watchdog's findings and actions, all from the record.",
+        {"ticket": _ID},
+        ["ticket"],
     ),
     tool_spec(
         "forward",
@@ -532,6 +542,15 @@ class Toolbox:
             ticket_id,
         )
         return {done: True}, f"{thread_id} {done} to {ticket_id}", []
+
+    async def _explain(
+        self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn
+    ) -> tuple[dict[str, Any], str, list[str]]:
+        ticket_id = _id(args, "ticket", "tkt")
+        found = await explain.facts(self.pool, ticket_id)
+        if found is None:
+            raise Refused(f"no ticket {ticket_id}")
+        return found, f"explained {ticket_id}", []
 
     async def _forward(
         self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn

@@ -41,7 +41,7 @@ class WorkerSession:
                 "SELECT seq, content FROM session_messages WHERE session_id = $1 ORDER BY seq",
                 session_id,
             )
-            messages = [_content(row["content"])["message"] for row in rows]
+            messages = [message_content(row["content"])["message"] for row in rows]
             return cls(session_id, messages, rows[-1]["seq"] if rows else 0), False
         session = cls(new_id("ses"))
         await conn.execute(
@@ -99,15 +99,20 @@ class WorkerSession:
 
     def recent_calls(self) -> list[str]:
         """The signature (name and arguments) of each tool call, oldest first."""
-        out: list[str] = []
-        for message in self.messages:
-            for call in message.get("tool_calls") or []:
-                function = call.get("function", {})
-                out.append(f"{function.get('name')}:{_canonical(function.get('arguments'))}")
-        return out
+        return [
+            canonical_call(call)
+            for message in self.messages
+            for call in message.get("tool_calls") or []
+        ]
 
 
-def _content(value: Any) -> dict[str, Any]:
+def canonical_call(call: dict[str, Any]) -> str:
+    """A tool call's name and arguments, the same however the JSON was spelled."""
+    function = call.get("function", {})
+    return f"{function.get('name')}:{_canonical(function.get('arguments'))}"
+
+
+def message_content(value: Any) -> dict[str, Any]:
     parsed = json.loads(value) if isinstance(value, str) else value
     assert isinstance(parsed, dict)
     return parsed
@@ -141,7 +146,7 @@ async def record_call(
     pool: asyncpg.Pool,
     *,
     session_id: str,
-    ticket_id: str,
+    ticket_id: str | None,
     model: str,
     usage: Any,
     prices: LlmPrices,
@@ -178,6 +183,8 @@ async def record_call(
                 cached,
                 dollars,
             )
+            if ticket_id is None:  # not a worker's call (the watchdog's): no ticket pays
+                return
             await conn.execute(
                 "UPDATE tickets SET tokens_used = tokens_used + $2, cost_usd = cost_usd + $3, "
                 "updated_at = now() WHERE id = $1",

@@ -36,6 +36,8 @@ PREFIXES = frozenset(
         "prs",
         "rpt",
         "wev",
+        "wfd",
+        "wac",
     }
 )
 

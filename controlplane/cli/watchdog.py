@@ -1,0 +1,127 @@
+"""``superagent watchdog``: the external control loop, and what it has found."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+import click
+
+from controlplane.cli.common import (
+    clear_errors,
+    fail,
+    load_settings,
+    run_until_signalled,
+    setup_logging,
+)
+from controlplane.cli.dbsession import run_with_pool
+from controlplane.db import migrate
+from controlplane.db.database import open_database
+from controlplane.db.engine import create_engine
+from controlplane.db.pool import create_pool
+from controlplane.db.urls import asyncpg_dsn
+
+
+@click.group(invoke_without_command=True)
+@click.option("--once", is_flag=True, help="Run the checks once, print the findings, exit.")
+@click.pass_context
+def watchdog(ctx: click.Context, once: bool) -> None:
+    """Watch the deployment from outside the replicas, and act.
+
+    Run it as its own process (one per deployment; a second one only repeats the same
+    checks). Every SUPERAGENT_WATCHDOG__INTERVAL_SECONDS it checks replica heartbeats,
+    expired leases, model and API error streaks, Postgres, device queues, and workers that
+    stall, loop or drift from their ticket's goal (the last with a model configured).
+    It nudges, requeues or stops workers, expires dead commands, pauses the agent on long
+    model outages (if SUPERAGENT_WATCHDOG__PAUSE_AFTER_ERRORS is set) and alerts
+    SUPERAGENT_WATCHDOG__ADMIN_THREAD. Everything it finds and does is recorded.
+
+    \b
+    Examples:
+      superagent watchdog                    run (Ctrl-C stops)
+      superagent watchdog --once             one pass, then print what is open
+      superagent watchdog findings           what is open now, and what was done
+      superagent watchdog why tkt_8f3k2q4m9x1a
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = load_settings()
+    setup_logging(settings.log_level)
+    from controlplane.runtime import model_client  # the openai client: only when running
+    from controlplane.watchdog.service import Watchdog
+
+    client = model_client(settings) if settings.model_configured else None
+
+    async def main(stop: asyncio.Event) -> None:
+        with clear_errors(), open_database(settings) as database:
+            engine = create_engine(database.url, pool_size=1)
+            try:
+                await migrate.check_migrated(engine)
+            finally:
+                await engine.dispose()
+            pool = await create_pool(asyncpg_dsn(database.url), size=3)
+            try:
+                dog = Watchdog(pool, settings, client)
+                if once:
+                    await dog.check_once()
+                    _print_open(await _open(pool))
+                    return
+                click.echo(
+                    f"watchdog: checking every {settings.watchdog.interval_seconds:g} s "
+                    f"(model: {'yes' if client else 'none, no drift checks'}). Ctrl-C stops.",
+                    err=True,
+                )
+                await dog.start()
+                await stop.wait()
+                await dog.stop(settings.shutdown_timeout)
+            finally:
+                await pool.close()
+
+    run_until_signalled(main)
+
+
+async def _open(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    from controlplane.watchdog.findings import open_findings
+
+    return await open_findings(pool)
+
+
+def _print_open(rows: list[asyncpg.Record]) -> None:
+    if not rows:
+        click.echo("All quiet: no open findings.")
+        return
+    for row in rows:
+        click.echo(
+            f"{row['severity']:<8} {row['kind']:<18} {row['subject']:<20} {row['summary']} "
+            f"(since {row['first_seen_at']:%Y-%m-%d %H:%M} UTC, seen {row['times_seen']}×)"
+        )
+        for action in row["actions"]:
+            click.echo(f"{'':<9}→ {action}")
+
+
+@watchdog.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def findings(as_json: bool) -> None:
+    """Open findings, most severe first, with what the watchdog did about each."""
+    setup_logging("WARNING")
+    rows = run_with_pool(load_settings(), _open)
+    if as_json:
+        click.echo(json.dumps([dict(row) for row in rows], default=str, indent=2))
+        return
+    _print_open(rows)
+
+
+@watchdog.command()
+@click.argument("ticket")
+@click.option("--json", "as_json", is_flag=True, help="The recorded facts, as JSON.")
+def why(ticket: str, as_json: bool) -> None:
+    """Why TICKET is where it is: its state, device, round, jobs, reports and findings."""
+    setup_logging("WARNING")
+    from controlplane.watchdog.explain import facts, render
+
+    found = run_with_pool(load_settings(), lambda pool: facts(pool, ticket))
+    if found is None:
+        fail(f"no ticket {ticket} (see `superagent tickets list --all`)")
+        return
+    click.echo(json.dumps(found, indent=2) if as_json else render(found))

@@ -1,0 +1,98 @@
+"""What the watchdog can do about a finding. Each action is recorded on the finding."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+import asyncpg
+
+from controlplane import pause
+from controlplane.channels.outbound import enqueue_reply
+from controlplane.settings import WatchdogSettings
+from controlplane.watchdog.findings import Open, acted
+from controlplane.workers import control, events, reports
+from superagent_shared.ids import new_id, stable_id
+
+log = logging.getLogger(__name__)
+
+WATCHDOG = "the watchdog"
+
+
+async def nudge(pool: asyncpg.Pool, finding: Open, ticket_id: str, text: str) -> None:
+    """A message in the worker's inbox; it reads it at its next step (an idle worker wakes)."""
+    await events.add(pool, ticket_id, "watchdog", text)
+    await acted(pool, finding.id, "nudge", text)
+    log.info("watchdog: nudged %s: %s", ticket_id, text)
+
+
+async def requeue(pool: asyncpg.Pool, finding: Open, ticket_id: str) -> bool:
+    """End the replica's hold on the round: another replica takes it over and resumes the
+    same session (its own replica, renewing, finds the lease no longer its and lets go)."""
+    moved = await pool.fetchval(
+        "UPDATE assignments SET lease_owner = 'watchdog', lease_expires_at = now() "
+        "WHERE ticket_id = $1 AND ended_at IS NULL RETURNING id",
+        ticket_id,
+    )
+    if moved is not None:
+        await acted(pool, finding.id, "requeue", f"round {moved} handed to another replica")
+        log.info("watchdog: requeued %s (round %s)", ticket_id, moved)
+    return moved is not None
+
+
+async def stop(pool: asyncpg.Pool, finding: Open, ticket_id: str, why: str) -> None:
+    """Stop the ticket and tell the thread it came from why."""
+    async with pool.acquire() as conn, conn.transaction():
+        was = await control.stop(conn, ticket_id, by=WATCHDOG)
+        thread = await reports.home_thread(conn, ticket_id)
+        if thread is not None and was not in ("completed", "failed", "stopped"):
+            await enqueue_reply(
+                conn,
+                thread,
+                f"I stopped {ticket_id}: {why}. Ask again (or `superagent tickets show "
+                f"{ticket_id}`) if it should go on.",
+                stable_id("msg", f"watchdog-stop:{finding.id}"),
+            )
+    await acted(pool, finding.id, "stop", why)
+    log.warning("watchdog: stopped %s: %s", ticket_id, why)
+
+
+async def pause_agent(pool: asyncpg.Pool, finding: Open, why: str) -> None:
+    """Hold everything (events are still recorded) until an admin resumes."""
+    await pause.pause(pool, WATCHDOG, why)
+    await acted(pool, finding.id, "pause", why)
+    log.warning("watchdog: paused the agent: %s", why)
+
+
+async def alert(pool: asyncpg.Pool, settings: WatchdogSettings, finding: Open, text: str) -> bool:
+    """Tell the admin channel, once per finding. Without one, the finding is the record."""
+    if not settings.admin_thread or ":" not in settings.admin_thread:
+        await acted(pool, finding.id, "alert", f"(no admin channel configured) {text}")
+        log.warning("watchdog alert: %s", text)
+        return False
+    source, external_id = settings.admin_thread.split(":", 1)
+    async with pool.acquire() as conn, conn.transaction():
+        thread_id = await conn.fetchval(
+            "INSERT INTO threads (id, source, external_id, title) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT (source, external_id) DO UPDATE SET source = EXCLUDED.source "
+            "RETURNING id",
+            new_id("thr"),
+            source,
+            external_id,
+            "Super-agent admin",
+        )
+        await enqueue_reply(
+            conn,
+            str(thread_id),
+            f"⚠ {text}",
+            stable_id("msg", f"watchdog-alert:{finding.id}"),
+            clip=False,
+        )
+        await acted(conn, finding.id, "alert", text)
+    log.warning("watchdog alert: %s", text)
+    return True
+
+
+def ago(at: datetime, now: datetime) -> str:
+    minutes = (now - at).total_seconds() / 60
+    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
