@@ -132,9 +132,9 @@ async def _device(pool: asyncpg.Pool, name: str, owner: str) -> str:
     return device_id
 
 
-def _ticket(trigger: Ingested, device: str) -> dict[str, object]:
+def _ticket(trigger: Ingested, device: str, title: str = "Fix it") -> dict[str, object]:
     return {
-        "title": "Fix it",
+        "title": title,
         "scope": "the failing test",
         "threads": [trigger.thread_id],
         "device": device,
@@ -169,7 +169,7 @@ async def test_my_laptop_is_the_initiators_device_whatever_the_channel(
     assert not ambiguous.ok
     assert "several devices" in ambiguous.content["error"]
     await pool.execute("UPDATE devices SET revoked_at = now() WHERE id = $1", laptop)
-    only = await tools.call("create_ticket", _ticket(request, "my laptop"), TURN)
+    only = await tools.call("create_ticket", _ticket(request, "my laptop", "Again"), TURN)
     assert only.ok, only.content  # the one device left is theirs
     assert (
         await pool.fetchval("SELECT device_id FROM tickets WHERE id = $1", only.content["ticket"])

@@ -230,7 +230,7 @@ async def test_a_policy_makes_tickets_from_its_candidates_speculative(
     plain = await tools.call("create_ticket", _ticket(asked.thread_id, asked.trigger_id), TURN)
     quiet = await tools.call(
         "create_ticket",
-        {**_ticket(asked.thread_id, asked.trigger_id), "speculative": True},
+        {**_ticket(asked.thread_id, asked.trigger_id), "title": "Quietly", "speculative": True},
         TURN,
     )
     flags = await pool.fetch(
@@ -241,6 +241,29 @@ async def test_a_policy_makes_tickets_from_its_candidates_speculative(
         plain.content["ticket"]: False,
         quiet.content["ticket"]: True,
     }
+
+
+async def test_a_repeated_turn_creates_the_same_ticket_and_the_same_replies(
+    tools: Toolbox, intake: Intake, pool: asyncpg.Pool
+) -> None:
+    """A leader that dies mid-turn leaves the batch to the next one, which makes the same
+    calls again: the ticket and the replies are the ones already made."""
+    asked = await _event(intake, "again-1", ALICE, "@superagent fix the flaky test")
+    turn = Turn(session_id=None, llm_call_id=None, batch=(asked.trigger_id,))
+    first = await tools.call("create_ticket", _ticket(asked.thread_id, asked.trigger_id), turn)
+    reply = {"thread": asked.thread_id, "text": "On it."}
+    replies = [await tools.call("reply", reply, turn) for _ in range(2)]
+    again = Toolbox(pool, intake.policy)  # the next leader
+    second = await again.call("create_ticket", _ticket(asked.thread_id, asked.trigger_id), turn)
+    replayed = [await again.call("reply", reply, turn) for _ in range(2)]
+    assert second.content["ticket"] == first.content["ticket"]
+    assert second.content["already_created"] is True
+    assert [r.content["queued"] for r in replayed] == [r.content["queued"] for r in replies]
+    assert len({r.content["queued"] for r in replies}) == 2  # two replies, each once
+    assert (
+        await pool.fetchval("SELECT count(*) FROM mandates WHERE trigger_id = $1", asked.trigger_id)
+        == 1
+    )
 
 
 async def test_replies_go_through_the_outbox(

@@ -49,7 +49,7 @@ from controlplane.ingest.intake import (
 from controlplane.watchdog import explain
 from controlplane.workers import control
 from controlplane.workers.reports import Spent
-from superagent_shared.ids import id_prefix, new_id
+from superagent_shared.ids import id_prefix, new_id, stable_id
 
 MAX_REPLY_CHARS = 20_000
 SNIPPET_CHARS = 200
@@ -271,6 +271,8 @@ class Toolbox:
         self.pool = pool
         self.policy = policy
         self.subagent = subagent
+        self._replies: dict[tuple[str, str], int] = {}  # replies per (batch, thread)
+        self._replies_batch = ""
 
     async def call(self, name: str, arguments: str | dict[str, Any], turn: Turn) -> ToolResult:
         """Run one tool call and record it; never raises for the model's mistakes."""
@@ -442,7 +444,15 @@ class Toolbox:
             kind == "inferred"
             and (await self.policy.current())[1].for_source(trigger["source"]).speculative
         )
-        ticket_id = new_id("tkt")
+        # The same request and title make the same ticket: a turn that runs again (a new
+        # leader after the last one died mid-turn) finds the ticket it already created.
+        ticket_id = stable_id("tkt", f"ticket:{source_id}:{title}")
+        if await conn.fetchval("SELECT 1 FROM tickets WHERE id = $1", ticket_id):
+            return (
+                {"ticket": ticket_id, "already_created": True},
+                f"{ticket_id} already exists (a repeated turn)",
+                [source_id],
+            )
         await conn.execute(
             "INSERT INTO tickets (id, title, device_id, repo, workdir, speculative) "
             "VALUES ($1, $2, $3, $4, $5, $6)",
@@ -504,7 +514,17 @@ class Toolbox:
             )
         ]
         text += await _spend_footer(conn, concerned, style_of(thread["source"]))
-        reply_id = new_id("msg")
+        # The n-th reply to a thread in the turn over a batch has one id: a turn that runs
+        # again after its leader died sends each of its replies once (outbound dedupe).
+        key = (turn.batch[0] if turn.batch else turn.llm_call_id or "", thread_id)
+        if key[0] != self._replies_batch:  # a new turn: the old counts are done with
+            self._replies.clear()
+            self._replies_batch = key[0]
+        nth = self._replies.get(key, 0)
+        self._replies[key] = nth + 1
+        reply_id = (
+            stable_id("msg", f"reply:{key[0]}:{thread_id}:{nth}") if key[0] else new_id("msg")
+        )
         await enqueue(
             conn,
             REPLY_EFFECT,
