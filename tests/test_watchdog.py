@@ -22,13 +22,16 @@ import asyncpg
 import pytest
 
 from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.ingest.policy import Actor
+from controlplane.router.router import Router
 from controlplane.router.rules_only import RulesOnlyRouter
 from controlplane.settings import Settings, WatchdogSettings
 from controlplane.watchdog import explain
 from controlplane.watchdog.service import Watchdog
 from controlplane.workers import reports, slots
 from superagent_shared.ids import new_id
-from tests.fakes.openai_server import FakeOpenAIServer, Reply
+from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
     client_for,
@@ -414,3 +417,54 @@ def test_watchdog_once_runs_a_pass_from_the_command_line(database_url: str, tmp_
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.strip()
     assert "Traceback" not in cli.stderr
+
+
+async def test_an_admin_asks_why_and_the_router_answers_from_the_record(
+    pool: asyncpg.Pool, device: LocalDevice, fake_llm: FakeOpenAIServer
+) -> None:
+    """ "why is tkt_x stuck?" in the admin channel: the router calls ``explain`` and answers
+    with what the record says (here: the question the worker is waiting on)."""
+    ticket_id, _ = await ticket(pool, device, title="upgrade the ORM")
+    await reports.finish(
+        pool,
+        ticket_id,
+        None,
+        {"status": "question", "summary": "two migrations conflict", "question": "keep which?"},
+    )
+    intake = Intake(pool)
+    asked = await intake.ingest(
+        IncomingTrigger(
+            source="web",
+            external_id=new_id("msg"),
+            thread=ThreadRef("watchdog-admin"),
+            actor=Actor("root", "root", groups=("console",)),
+            kind="message",
+            text=f"@superagent why is {ticket_id} stuck?",
+            direct=True,
+        )
+    )
+    assert asked.verdict == "explicit"
+
+    def router(request: ChatRequest) -> Reply:
+        last = request.last_message() or {}
+        if last.get("role") == "tool":
+            found = json.loads(str(last["content"]))
+            answer = f"{found['ticket']} waits for people: {found['last_report']['question']}"
+            return Reply(
+                tool_calls=[ToolCall("reply", {"thread": asked.thread_id, "text": answer})]
+            )
+        if ticket_id in (request.last_user_message() or ""):
+            return Reply(tool_calls=[ToolCall("explain", {"ticket": ticket_id})])
+        return Reply(content="nothing else")
+
+    fake_llm.respond_with(router)
+    routing = Router(pool, client_for(fake_llm), "fake-model", policy=intake.policy)
+    while await routing.turn():
+        pass
+    replies = await pool.fetch(
+        "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
+        "AND payload->>'thread_id' = $2",
+        REPLY_EFFECT,
+        asked.thread_id,
+    )
+    assert [r["text"] for r in replies] == [f"{ticket_id} waits for people: keep which?"]
