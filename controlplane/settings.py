@@ -485,6 +485,11 @@ class Settings(BaseSettings):
         "Super-agent", description="Display name of this deployment, shown to paired devices."
     )
     log_level: str = Field("INFO", description="Python log level name.")
+    log_format: Literal["plain", "json"] = Field(
+        "plain",
+        description="`plain` text lines, or `json`: one JSON object per line (time, level, "
+        "logger, message, trace_id) for log shippers.",
+    )
     shutdown_timeout: float = Field(
         5.0, gt=0, description="Seconds a stopping process waits for its loops to finish."
     )
@@ -515,7 +520,7 @@ class Settings(BaseSettings):
     def _refuse_placeholder_secrets(self) -> Settings:
         if self.environment is Environment.development:
             return self
-        if self.admin_token is None:
+        if self.admin_token is None or not self.admin_token.get_secret_value().strip():
             raise ValueError("SUPERAGENT_ADMIN_TOKEN is required when environment=production")
         for name in ("admin_token", "openai_api_key"):
             value: SecretStr | None = getattr(self, name)

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane import __version__
+from controlplane import __version__, metrics
 from controlplane.api import console, errors
 from controlplane.api.state import AppState, app_state
 from controlplane.channels import registry as channel_registry
@@ -28,6 +28,7 @@ def create_app(state: AppState) -> FastAPI:
     )
     app.state.superagent = state
     errors.install(app)
+    metrics.install(app)
 
     @app.get("/healthz", tags=["health"], summary="Liveness: the process is serving")
     async def healthz() -> dict[str, str]:

@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from controlplane import logs
 from controlplane.errors import SuperagentError
 
 log = logging.getLogger(__name__)
@@ -27,4 +28,6 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             status_code=500,
             content={"error": {"code": "internal", "message": "internal error; see server log"}},
+            # Starlette answers a 500 outside every middleware: the trace id is set here.
+            headers={"X-Request-Id": logs.current_trace_id() or ""},
         )

@@ -15,6 +15,7 @@ import click
 import sqlalchemy.exc
 from pydantic import ValidationError
 
+from controlplane import logs
 from controlplane.errors import SuperagentError
 from controlplane.settings import Settings
 
@@ -58,6 +59,7 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logs.apply_format()
     # Third-party chatter that says nothing an operator needs at INFO.
     for noisy in ("pgserver", "uvicorn.error", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -8,6 +8,7 @@ from controlplane import __version__
 from controlplane.cli.config import config
 from controlplane.cli.db import migrate
 from controlplane.cli.devices import devices
+from controlplane.cli.doctor import doctor
 from controlplane.cli.pausing import pause, resume
 from controlplane.cli.say import say
 from controlplane.cli.status import status
@@ -45,6 +46,7 @@ cli.add_command(users)
 cli.add_command(tickets)
 cli.add_command(watchdog)
 cli.add_command(say)
+cli.add_command(doctor)
 
 
 def main() -> None:

@@ -1,0 +1,357 @@
+"""Prometheus metrics at ``GET /metrics``, read from Postgres at scrape time.
+
+Every number describes the deployment and comes from the database all replicas share, read
+when Prometheus asks: any replica answers with the same truth, and nothing kept in memory
+has to survive a restart. Only the ``superagent_scrape_*`` metrics are about this process.
+
+Each group of metrics is read on a connection of its own within ``SCRAPE_TIMEOUT``, so a
+slow database never hangs a scrape: a group it does not answer in time is left out and
+reported by ``superagent_scrape_up{group="…"} 0``. docs/operations.md lists the metrics.
+
+Access: with ``SUPERAGENT_ADMIN_TOKEN`` set, only ``Authorization: Bearer <token>``;
+without it, loopback clients only (as the rest of an unprotected development setup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from ipaddress import ip_address
+from typing import Annotated, Any
+
+import sqlalchemy.exc
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from controlplane import logs
+from controlplane.api.state import AppState, app_state
+from controlplane.channels.webchat.auth import token_matches
+from controlplane.db.models import TICKET_STATES
+from controlplane.errors import Unauthorized
+from controlplane.gateway.devices import ONLINE_WINDOW
+from controlplane.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Well inside Prometheus' default scrape timeout (10 s): a scrape that gives up answers
+# with what it has, rather than being dropped whole by Prometheus.
+SCRAPE_TIMEOUT = 2.0
+# The classic text format, which every Prometheus reads (newer clients default to 1.0.0).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PENDING_COMMAND_STATES = ("queued", "delivered", "awaiting_approval", "running")
+EFFECT_STATES = ("ready", "running", "backoff", "dead")
+LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
+
+Read = Callable[[AsyncConnection], Awaitable[list[Metric]]]
+State = Annotated[AppState, Depends(app_state)]
+
+
+def _gauge_by(
+    name: str, documentation: str, label: str, known: Iterable[str], counts: Mapping[str, int]
+) -> GaugeMetricFamily:
+    """A gauge per label value: every known value (0 when absent), and any other found."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
+    for value in dict.fromkeys([*known, *counts]):
+        family.add_metric([value], counts.get(value, 0))
+    return family
+
+
+async def _queues(conn: AsyncConnection) -> list[Metric]:
+    inboxes = (
+        await conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS router, "
+                "(SELECT count(*) FROM ticket_inbox "
+                " WHERE read_at IS NULL AND handed_back_at IS NULL) AS tickets"
+            )
+        )
+    ).one()
+    commands = await conn.execute(
+        text("SELECT state, count(*) FROM commands WHERE state = ANY(:states) GROUP BY state"),
+        {"states": list(PENDING_COMMAND_STATES)},
+    )
+    tickets = await conn.execute(text("SELECT state, count(*) FROM tickets GROUP BY state"))
+    return [
+        GaugeMetricFamily(
+            "superagent_router_inbox",
+            "Events waiting for the router (triggers not routed yet).",
+            value=inboxes.router,
+        ),
+        GaugeMetricFamily(
+            "superagent_ticket_inbox_unread",
+            "Events passed through to tickets that their workers have not taken yet.",
+            value=inboxes.tickets,
+        ),
+        _gauge_by(
+            "superagent_commands",
+            "Device commands not finished yet, by state.",
+            "state",
+            PENDING_COMMAND_STATES,
+            {row[0]: row[1] for row in commands},
+        ),
+        _gauge_by(
+            "superagent_tickets",
+            "Tickets by state.",
+            "state",
+            TICKET_STATES,
+            {row[0]: row[1] for row in tickets},
+        ),
+    ]
+
+
+async def _effects(conn: AsyncConnection) -> list[Metric]:
+    # A claimed effect's next_attempt_at is its lease, so "due" covers both the unclaimed
+    # and those whose runner died.
+    row = (
+        await conn.execute(
+            text(
+                "SELECT "
+                "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()) AS ready, "
+                "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() "
+                "  AND locked_by IS NOT NULL) AS running, "
+                "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() "
+                "  AND locked_by IS NULL) AS backoff, "
+                "count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead, "
+                "coalesce(sum(greatest(attempts - 1, 0)) FILTER (WHERE dead_at IS NULL), 0) "
+                "  AS retries "
+                "FROM effects"
+            )
+        )
+    ).one()
+    return [
+        _gauge_by(
+            "superagent_effects",
+            "Effects in the outbox: ready (due now), running (claimed), backoff (waiting "
+            "for a retry or a delayed start), dead (gave up; see last_error).",
+            "state",
+            EFFECT_STATES,
+            {state: getattr(row, state) for state in EFFECT_STATES},
+        ),
+        GaugeMetricFamily(
+            "superagent_effect_retries",
+            "Retries so far (attempts beyond the first) of the effects still in the outbox.",
+            value=int(row.retries),
+        ),
+    ]
+
+
+async def _decisions(conn: AsyncConnection) -> list[Metric]:
+    rows = await conn.execute(
+        text("SELECT tool, ok, count(*) FROM router_decisions GROUP BY tool, ok ORDER BY 1, 2")
+    )
+    family = CounterMetricFamily(
+        "superagent_router_decisions",
+        "What the router did: tool calls by tool, and whether each was carried out.",
+        labels=["tool", "ok"],
+    )
+    for tool, ok, count in rows:
+        family.add_metric([tool, "true" if ok else "false"], count)
+    return [family]
+
+
+_BUCKET_COLUMNS = ", ".join(
+    f"count(*) FILTER (WHERE c.latency_ms <= {round(bound * 1000)}) AS le_{i}"
+    for i, bound in enumerate(LATENCY_BUCKETS)
+)
+_LLM = f"""
+SELECT coalesce(s.kind, 'none') AS kind, c.model, count(*) AS calls,
+    count(*) FILTER (WHERE c.error IS NOT NULL) AS errors,
+    coalesce(sum(c.prompt_tokens), 0) AS prompt,
+    coalesce(sum(c.completion_tokens), 0) AS completion,
+    coalesce(sum(c.cached_tokens), 0) AS cached, coalesce(sum(c.cost_usd), 0) AS cost,
+    coalesce(sum(c.latency_ms), 0) AS latency_ms, {_BUCKET_COLUMNS}
+FROM llm_calls c LEFT JOIN sessions s ON s.id = c.session_id
+GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+
+async def _llm(conn: AsyncConnection) -> list[Metric]:
+    labels = ["kind", "model"]
+    calls = CounterMetricFamily(
+        "superagent_llm_calls", "Model calls, by session kind and model.", labels=labels
+    )
+    errors = CounterMetricFamily(
+        "superagent_llm_errors",
+        "Model calls that failed, by session kind and model.",
+        labels=labels,
+    )
+    tokens = CounterMetricFamily(
+        "superagent_llm_tokens",
+        "Tokens of model calls by type: prompt, completion, and cached (the part of the "
+        "prompt read from the provider's cache).",
+        labels=[*labels, "type"],
+    )
+    cost = CounterMetricFamily(
+        "superagent_llm_cost_usd", "What model calls cost, in US dollars.", labels=labels
+    )
+    latency = HistogramMetricFamily(
+        "superagent_llm_latency_seconds",
+        "How long model calls took, failed ones included.",
+        labels=labels,
+    )
+    for row in await conn.execute(text(_LLM)):
+        key = [row.kind, row.model]
+        calls.add_metric(key, row.calls)
+        errors.add_metric(key, row.errors)
+        for kind in ("prompt", "completion", "cached"):
+            tokens.add_metric([*key, kind], getattr(row, kind))
+        cost.add_metric(key, float(row.cost))
+        buckets = [
+            (str(float(bound)), getattr(row, f"le_{i}")) for i, bound in enumerate(LATENCY_BUCKETS)
+        ]
+        latency.add_metric(key, [*buckets, ("+Inf", row.calls)], row.latency_ms / 1000)
+    return [calls, errors, tokens, cost, latency]
+
+
+async def _devices(conn: AsyncConnection) -> list[Metric]:
+    # Online as `superagent devices list` judges it: a stream held, and heard of lately
+    # (a replica killed with SIGKILL cannot clear connected_replica).
+    row = (
+        await conn.execute(
+            text(
+                "SELECT count(*) FILTER (WHERE connected_replica IS NOT NULL "
+                "  AND last_seen_at > now() - CAST(:window AS interval)) AS online, "
+                "count(*) AS paired "
+                "FROM devices WHERE revoked_at IS NULL"
+            ),
+            {"window": ONLINE_WINDOW},
+        )
+    ).one()
+    return [
+        GaugeMetricFamily(
+            "superagent_devices_online", "Paired devices connected now.", value=row.online
+        ),
+        GaugeMetricFamily(
+            "superagent_devices_paired", "Devices paired and not revoked.", value=row.paired
+        ),
+    ]
+
+
+GROUPS: dict[str, Read] = {
+    "queues": _queues,
+    "effects": _effects,
+    "decisions": _decisions,
+    "llm": _llm,
+    "devices": _devices,
+}
+
+
+class Snapshot(Collector):
+    """Metric families already read. prometheus_client collects synchronously and the
+    database is read asynchronously, so the scrape reads first and this serves it."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class Scraper:
+    """Reads every group at once, each bounded by ``timeout``."""
+
+    def __init__(self, timeout: float = SCRAPE_TIMEOUT) -> None:
+        self.timeout = timeout
+        self.errors = dict.fromkeys(GROUPS, 0)  # this process's failed reads, per group
+
+    async def scrape(self, engine: AsyncEngine) -> Snapshot:
+        started = time.monotonic()
+        results = await asyncio.gather(*(self._read(engine, g, r) for g, r in GROUPS.items()))
+        up = GaugeMetricFamily(
+            "superagent_scrape_up",
+            "1 when the database answered this group of metrics in time, else 0 (its "
+            "metrics are missing from this scrape).",
+            labels=["group"],
+        )
+        errors = CounterMetricFamily(
+            "superagent_scrape_errors",
+            "Groups of metrics this replica could not read, since it started.",
+            labels=["group"],
+        )
+        families: list[Metric] = []
+        for group, result in zip(GROUPS, results, strict=True):
+            up.add_metric([group], 0 if result is None else 1)
+            errors.add_metric([group], self.errors[group])
+            families.extend(result or [])
+        duration = GaugeMetricFamily(
+            "superagent_scrape_duration_seconds",
+            "How long this scrape took to read the database.",
+            value=time.monotonic() - started,
+        )
+        return Snapshot([*families, up, errors, duration])
+
+    async def _read(self, engine: AsyncEngine, group: str, read: Read) -> list[Metric] | None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with engine.connect() as conn, conn.begin():
+                    # The server gives up a little before we do, so that a slow query is
+                    # cancelled there rather than only abandoned here.
+                    budget_ms = max(int(self.timeout * 900), 1)
+                    await conn.execute(text(f"SET LOCAL statement_timeout = {budget_ms}"))
+                    return await read(conn)
+        except (TimeoutError, OSError, sqlalchemy.exc.DBAPIError) as exc:
+            # A slow or unreachable database: a partial answer beats none.
+            self.errors[group] += 1
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer"
+            log.warning("metrics: group %s not read (%s: %s)", group, type(exc).__name__, detail)
+            return None
+        except Exception:  # a bug in one group must not take the others down with it
+            self.errors[group] += 1
+            log.exception("metrics: group %s failed", group)
+            return None
+
+
+def _loopback(request: Request) -> bool:
+    if request.client is None:
+        return False
+    try:
+        return ip_address(request.client.host).is_loopback
+    except ValueError:
+        return False
+
+
+def authorize(request: Request, settings: Settings) -> None:
+    """Raise Unauthorized unless ``request`` may read the metrics."""
+    if settings.admin_token is not None:
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token_matches(settings, presented.strip()):
+            raise Unauthorized(
+                "/metrics needs the admin token: send 'Authorization: Bearer "
+                "<SUPERAGENT_ADMIN_TOKEN>' (Prometheus: authorization.credentials_file)"
+            )
+        return
+    if not _loopback(request):
+        raise Unauthorized(
+            "without SUPERAGENT_ADMIN_TOKEN, /metrics answers only on loopback; set the "
+            "token to scrape from other hosts"
+        )
+
+
+def install(app: FastAPI, *, timeout: float = SCRAPE_TIMEOUT) -> None:
+    """The operations surface of ``app``: ``GET /metrics``, and trace ids on requests."""
+    logs.install(app)
+    scraper = Scraper(timeout)
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics (text format 0.0.4), read from the shared database",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def metrics(request: Request, state: State) -> Any:
+        authorize(request, state.settings)
+        snapshot = await scraper.scrape(state.engine)
+        return Response(generate_latest(snapshot), media_type=CONTENT_TYPE)
