@@ -56,6 +56,9 @@ def test_production_requires_an_admin_token(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("SUPERAGENT_ADMIN_TOKEN", raising=False)
     with pytest.raises(ValidationError, match="ADMIN_TOKEN"):
         Settings()
+    monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "  ")  # set, but to nothing
+    with pytest.raises(ValidationError, match="ADMIN_TOKEN"):
+        Settings()
     monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "a-real-long-random-token-4d9f")
     assert Settings().admin_token is not None
 
