@@ -1,4 +1,4 @@
-"""The FastAPI application: health and readiness probes, OpenAPI, the console page."""
+"""The FastAPI application: health and readiness probes, OpenAPI, the console."""
 
 from __future__ import annotations
 
@@ -6,16 +6,13 @@ import asyncio
 from typing import Annotated
 
 from fastapi import Depends, FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane import __version__, metrics
 from controlplane.api import console, errors
 from controlplane.api.state import AppState, app_state
 from controlplane.channels import registry as channel_registry
-from controlplane.status import Status
-from controlplane.status import read as read_status
 
 State = Annotated[AppState, Depends(app_state)]
 
@@ -50,15 +47,10 @@ def create_app(state: AppState) -> FastAPI:
     for routes in channel_registry.ROUTES:
         app.include_router(routes, tags=["channels"])
 
-    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
-    async def index(state: State) -> HTMLResponse:
-        settings = state.settings
-        model = settings.llm.router_model if settings.model_configured else "rules-only"
-        try:
-            async with asyncio.timeout(2), AsyncSession(state.engine) as session:
-                current: Status | None = await read_status(session, model)
-        except Exception:  # the page still says what it can, and points at /readyz
-            current = None
-        return HTMLResponse(console.page(settings, current, state.channels.sources()))
+    app.include_router(console.routes)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> RedirectResponse:
+        return RedirectResponse("/console", status_code=303)
 
     return app

@@ -1,76 +1,355 @@
-"""The console. For now a single page: the model, who leads the router, and whether the
-agent is paused."""
+"""The console's HTTP surface (docs/console.md): pages, their JSON, sign-in, live updates.
+
+* Pages (``/console``, ``/console/tickets``, ``/console/tickets/{id}``, ``/console/devices``,
+  ``/console/triggers``, ``/console/costs``, ``/console/versions``, ``/console/chat``): HTML
+  shells from :mod:`controlplane.console.pages`; a browser that may not see them is sent to
+  ``/console/login``.
+* ``GET/POST /console/login``, ``POST /console/logout``: the admin-token form and its cookie.
+* ``/console/api/…``: the data, as JSON (the pair and revoke actions too).
+* ``/console/ws?topics=…``: "something changed" frames (:mod:`controlplane.console.hub`).
+* ``/console/static/…``: the script and the style sheet.
+
+Every endpoint but the sign-in page and the static files checks
+:func:`controlplane.console.access.check`: the web chat's rule.
+"""
 
 from __future__ import annotations
 
-from html import escape
-from urllib.parse import urlsplit
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable
+from importlib import resources
+from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qs, quote
 
-from controlplane import __version__
-from controlplane.settings import Settings
-from controlplane.status import Status, ago, leader_line
+import asyncpg
+from fastapi import APIRouter, Depends, Query, Request, WebSocket
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field
 
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Super-agent</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>body{{font:16px/1.5 system-ui,sans-serif;max-width:42rem;margin:3rem auto;padding:0 1rem}}
-.note{{padding:.75rem 1rem;border-radius:.5rem;background:#fff4d6}}</style></head>
-<body><h1>Super-agent</h1>
-<p>The control plane is running (version {version}).</p>
-<p class="note">{model}</p>
-{paused}<p>Router leader: {leader}</p>
-<p>Waiting for the router: {inbox} event(s) · active tickets: {tickets} ·
-devices online: {online} of {paired}</p>
-{chat}<p>Health: <a href="/healthz">/healthz</a> · readiness: <a href="/readyz">/readyz</a> ·
-API: <a href="/docs">/docs</a></p>
-</body></html>
-"""
+from controlplane.api.state import AppState, app_state
+from controlplane.channels.webchat.connection import refuse
+from controlplane.console import access, costs, devices, feed, hub, overview, pages, tickets
+from controlplane.console import versions as documents
+from controlplane.errors import InvalidInput, NotFound, TransientError, Unauthorized
+from controlplane.gateway.queue import CommandQueue
+from controlplane.services import is_transient
+
+T = TypeVar("T")
+
+routes = APIRouter()
+
+State = Annotated[AppState, Depends(app_state)]
+
+CLOSE_UNAUTHORIZED = 1008  # as the chat's socket: no or wrong token, a foreign origin
+CLOSE_BAD_REQUEST = 4400  # unknown topics
+CLOSE_TOO_SLOW = 1013  # fell behind, or the hub failed: the page reconnects
+OUTPUT_LIMIT = 1 << 20  # bytes of a command's output per request
+LOGIN_BODY_LIMIT = 4096
+_SECURITY_HEADERS = {
+    # The pages load only their own script and style, and no one may frame them.
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'",
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+_STATIC_TYPES = {
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+}
 
 
-def page(settings: Settings, status: Status | None, channels: list[str] | None = None) -> str:
-    """The page; ``status`` is None when the database could not be read just now."""
-    connected = ", ".join(channels or []) or "none"
-    chat = f"<p>Channels: {escape(connected)}"
-    if settings.webchat.enabled:
-        chat += ' · talk to the agent in the <a href="/chat">web chat</a>'
-    chat += "</p>\n"
-    if settings.model_configured:
-        # Only the host: a URL may carry credentials in its user-info part.
-        host = urlsplit(settings.openai_base_url or "https://api.openai.com").hostname
-        model = f"Model endpoint: {escape(host or 'unknown')}."
-    else:
-        model = (
-            "No model is set: the agent runs in rules-only mode. Set OPENAI_BASE_URL and "
-            "OPENAI_API_KEY to enable the router and workers."
-        )
-    if status is None:
-        return _PAGE.format(
-            version=escape(__version__),
-            model=model,
-            chat=chat,
-            paused='<p class="note">The database is not answering; see /readyz.</p>\n',
-            leader="unknown",
-            inbox="?",
-            tickets="?",
-            online="?",
-            paired="?",
-        )
-    paused = ""
-    if status.paused_at is not None:
-        why = f": {status.paused_reason}" if status.paused_reason else ""
-        paused = (
-            f'<p class="note">Paused {escape(ago(status.paused_at))} by '
-            f"{escape(status.paused_by or '')}{escape(why)}. Events are recorded; "
-            "<code>superagent resume</code> continues.</p>\n"
-        )
-    return _PAGE.format(
-        version=escape(__version__),
-        model=model,
-        chat=chat,
-        paused=paused,
-        leader=escape(leader_line(status)),
-        inbox=status.router_inbox,
-        tickets=status.tickets_active,
-        online=status.devices_online,
-        paired=status.devices_paired,
+async def admin(request: Request, state: State) -> AppState:
+    access.check(request, state.settings)
+    return state
+
+
+Admin = Annotated[AppState, Depends(admin)]
+Everything = Annotated[bool, Query(alias="all", description="Closed tickets too.")]
+
+
+def _pool(state: AppState) -> asyncpg.Pool:
+    if state.pool is None:
+        raise TransientError("the console has no database connection here; see /readyz")
+    return state.pool
+
+
+async def _read(call: Awaitable[T]) -> T:
+    """The database's answer; a database that is away is a 503 saying so, not a 500."""
+    try:
+        return await call
+    except Exception as exc:
+        if is_transient(exc):
+            raise TransientError("the database is not answering just now; see /readyz") from exc
+        raise
+
+
+def _html(content: str, status_code: int = 200) -> HTMLResponse:
+    return HTMLResponse(content, status_code=status_code, headers=_SECURITY_HEADERS)
+
+
+def _page(request: Request, state: AppState, content: str) -> Response:
+    """``content`` for a browser that may see it, else the way to sign in."""
+    if access.allowed(request, state.settings):
+        return _html(content)
+    if state.settings.admin_token is None:
+        # No token can help: say why (the console answers on this machine only).
+        return _html(pages.login(next_page="", error=None, token_required=False), 403)
+    target = quote(access.next_page(str(request.url.path) + _query(request)), safe="/")
+    return RedirectResponse(f"{access.LOGIN}?next={target}", status_code=303)
+
+
+def _query(request: Request) -> str:
+    return f"?{request.url.query}" if request.url.query else ""
+
+
+# -- pages ---------------------------------------------------------------------------------
+
+
+@routes.get("/console", include_in_schema=False)
+async def overview_page(request: Request, state: State) -> Response:
+    return _page(request, state, pages.overview())
+
+
+@routes.get("/console/tickets", include_in_schema=False)
+async def tickets_page(request: Request, state: State, everything: Everything = False) -> Response:
+    return _page(request, state, pages.tickets(everything))
+
+
+@routes.get("/console/tickets/{ticket_id}", include_in_schema=False)
+async def ticket_page(request: Request, state: State, ticket_id: str) -> Response:
+    return _page(request, state, pages.ticket(ticket_id))
+
+
+@routes.get("/console/devices", include_in_schema=False)
+async def devices_page(request: Request, state: State) -> Response:
+    return _page(request, state, pages.devices())
+
+
+@routes.get("/console/triggers", include_in_schema=False)
+async def triggers_page(
+    request: Request,
+    state: State,
+    verdict: str | None = None,
+    route: str | None = None,
+    source: str | None = None,
+) -> Response:
+    return _page(request, state, pages.triggers(verdict, route, source))
+
+
+@routes.get("/console/costs", include_in_schema=False)
+async def costs_page(request: Request, state: State) -> Response:
+    return _page(request, state, pages.costs())
+
+
+@routes.get("/console/versions", include_in_schema=False)
+async def versions_page(request: Request, state: State) -> Response:
+    return _page(request, state, pages.versions())
+
+
+@routes.get("/console/chat", include_in_schema=False)
+async def chat_page(request: Request, state: State) -> Response:
+    return _page(request, state, pages.chat(state.settings.webchat.enabled))
+
+
+@routes.get("/console/static/{name}", include_in_schema=False)
+async def static(name: str) -> Response:
+    if name not in _STATIC_TYPES:
+        raise NotFound(f"no console file {name!r}")
+    return Response(
+        _static(name),
+        media_type=_STATIC_TYPES[name],
+        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
     )
+
+
+@functools.cache
+def _static(name: str) -> bytes:
+    return (resources.files("controlplane.console") / "static" / name).read_bytes()
+
+
+# -- signing in ----------------------------------------------------------------------------
+
+
+@routes.get("/console/login", include_in_schema=False)
+async def login_page(state: State, next: str | None = None) -> Response:
+    required = state.settings.admin_token is not None
+    return _html(pages.login(next_page=access.next_page(next), error=None, token_required=required))
+
+
+@routes.post("/console/login", include_in_schema=False)
+async def login(request: Request, state: State) -> Response:
+    """The sign-in form (form-encoded ``token`` and ``next``): the cookie, or why not."""
+    access.check_origin(request)
+    if state.settings.admin_token is None:
+        return RedirectResponse(access.HOME, status_code=303)
+    body = await request.body()
+    if len(body) > LOGIN_BODY_LIMIT:
+        raise InvalidInput("the sign-in form is too large")
+    fields = parse_qs(body.decode(errors="replace"))
+    token = fields.get("token", [""])[0]
+    target = access.next_page(fields.get("next", [""])[0])
+    if not access.token_matches(state.settings, token):
+        error = "That is not the admin token (SUPERAGENT_ADMIN_TOKEN)."
+        return _html(pages.login(next_page=target, error=error, token_required=True), 401)
+    response = RedirectResponse(target, status_code=303)
+    access.sign_in(response, request, state.settings)
+    return response
+
+
+@routes.post("/console/logout", include_in_schema=False)
+async def logout(request: Request) -> Response:
+    access.check_origin(request)
+    response = RedirectResponse(access.LOGIN, status_code=303)
+    access.sign_out(response)
+    return response
+
+
+# -- data ----------------------------------------------------------------------------------
+
+
+@routes.get("/console/api/overview", tags=["console"], summary="What needs attention; status")
+async def overview_data(state: Admin) -> dict[str, Any]:
+    return await _read(
+        overview.overview(state.settings, state.engine, _pool(state), state.channels.sources())
+    )
+
+
+@routes.get("/console/api/tickets", tags=["console"], summary="Tickets, newest first")
+async def tickets_data(state: Admin, everything: Everything = False) -> dict[str, Any]:
+    return await _read(tickets.listing(_pool(state), everything=everything))
+
+
+@routes.get(
+    "/console/api/tickets/{ticket_id}",
+    tags=["console"],
+    summary="One ticket: threads, rounds, reports, commands with their output",
+)
+async def ticket_data(state: Admin, ticket_id: str) -> dict[str, Any]:
+    return await _read(tickets.detail(_pool(state), ticket_id))
+
+
+@routes.get(
+    "/console/api/commands/{command_id}/output",
+    tags=["console"],
+    summary="A command's stored output, as bytes",
+)
+async def command_output(
+    state: Admin,
+    command_id: str,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=OUTPUT_LIMIT)] = OUTPUT_LIMIT,
+) -> Response:
+    data = await _read(CommandQueue(_pool(state)).output(command_id, offset, limit))
+    # text/plain and nosniff: output that looks like HTML is shown, never run.
+    return Response(
+        data,
+        media_type="text/plain; charset=utf-8",
+        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
+    )
+
+
+@routes.get("/console/api/devices", tags=["console"], summary="Devices, revoked ones last")
+async def devices_data(state: Admin) -> dict[str, Any]:
+    return await _read(devices.listing(state.engine, _pool(state)))
+
+
+class PairRequest(BaseModel):
+    name: str = Field(max_length=1000, description="The new device's name, e.g. alice-laptop.")
+    owner: str | None = Field(None, max_length=200, description="The person it belongs to.")
+
+
+@routes.post(
+    "/console/api/devices/pair",
+    tags=["console"],
+    summary="A one-time pairing code, and the endpointd command that uses it",
+)
+async def pair_device(state: Admin, body: PairRequest) -> dict[str, Any]:
+    owner = (body.owner or "").strip() or None
+    return await _read(devices.pair(state.settings, state.engine, name=body.name, owner=owner))
+
+
+@routes.post(
+    "/console/api/devices/{device}/revoke",
+    tags=["console"],
+    summary="Revoke a device: its stream closes, it cannot reconnect",
+)
+async def revoke_device(state: Admin, device: str) -> dict[str, Any]:
+    return await _read(devices.revoke(state.engine, device))
+
+
+@routes.get("/console/api/triggers", tags=["console"], summary="Incoming events and verdicts")
+async def triggers_data(
+    state: Admin, verdict: str | None = None, route: str | None = None, source: str | None = None
+) -> dict[str, Any]:
+    return await _read(feed.feed(_pool(state), verdict=verdict, route=route, source=source))
+
+
+@routes.get("/console/api/costs", tags=["console"], summary="Tokens, cache hits and cost")
+async def costs_data(state: Admin) -> dict[str, Any]:
+    return await _read(costs.costs(_pool(state)))
+
+
+@routes.get("/console/api/versions", tags=["console"], summary="Prompt and policy versions")
+async def versions_data(state: Admin) -> dict[str, Any]:
+    return await _read(documents.versions(_pool(state)))
+
+
+# -- live updates --------------------------------------------------------------------------
+
+
+def _hub(websocket: WebSocket, pool: asyncpg.Pool) -> hub.ConsoleHub:
+    found = getattr(websocket.app.state, "console_hub", None)
+    if not isinstance(found, hub.ConsoleHub):
+        found = hub.ConsoleHub(pool)
+        websocket.app.state.console_hub = found
+    return found
+
+
+@routes.websocket("/console/ws")
+async def console_socket(websocket: WebSocket) -> None:
+    state = websocket.app.state.superagent
+    assert isinstance(state, AppState)
+    # Accepted first, so that a refusal can say why (a refused handshake is a bare 403).
+    await websocket.accept()
+    try:
+        access.check(websocket, state.settings)
+        topics = hub.parse_topics(websocket.query_params.get("topics"))
+        pool = _pool(state)
+    except Unauthorized as exc:
+        await refuse(websocket, CLOSE_UNAUTHORIZED, exc.message)
+        return
+    except (InvalidInput, TransientError) as exc:
+        await refuse(websocket, CLOSE_BAD_REQUEST, exc.message)
+        return
+    console_hub = _hub(websocket, pool)
+    watcher = hub.Watcher(topics)
+    console_hub.join(watcher)
+    watcher.push({"type": "ready", "topics": sorted(topics)})
+    writer = asyncio.create_task(_write(websocket, watcher))
+    reader = asyncio.create_task(_drain(websocket))
+    dropped = asyncio.create_task(watcher.dropped.wait())
+    tasks = (writer, reader, dropped)
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if dropped in done:
+            with contextlib.suppress(Exception):
+                await websocket.close(CLOSE_TOO_SLOW, "reconnect")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await console_hub.leave(watcher)
+
+
+async def _write(websocket: WebSocket, watcher: hub.Watcher) -> None:
+    while True:
+        await websocket.send_json(await watcher.frames.get())
+
+
+async def _drain(websocket: WebSocket) -> None:
+    """Pages send nothing; reading is how a closed socket is noticed."""
+    while (await websocket.receive())["type"] != "websocket.disconnect":
+        pass
