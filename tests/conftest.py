@@ -43,6 +43,20 @@ def pg_server_url() -> Iterator[str]:
     server.cleanup()
 
 
+@pytest.fixture
+async def empty_database(pg_server_url: str, worker_id: str) -> AsyncIterator[str]:
+    """A database with nothing in it, not even the schema (dropped afterwards)."""
+    name = f"sa_empty_{worker_id}_{os.getpid()}"
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield with_database(pg_server_url, name)
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
 @pytest.fixture(scope="session")
 async def database_url(pg_server_url: str, worker_id: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test worker, dropped at the end."""

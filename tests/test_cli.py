@@ -7,16 +7,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import grpc
 import httpx
 import psutil
 import pytest
 
-from controlplane.db.urls import asyncpg_dsn, with_database
 from superagent_proto.v1 import endpoint_pb2, endpoint_pb2_grpc
 from tests.helpers import free_port
 
@@ -47,19 +44,6 @@ def test_help_lists_commands() -> None:
     assert result.returncode == 0
     for command in ("up", "serve", "migrate", "config"):
         assert f"  {command} " in result.stdout
-
-
-@pytest.fixture
-async def empty_database(pg_server_url: str, worker_id: str) -> AsyncIterator[str]:
-    name = f"sa_empty_{worker_id}_{os.getpid()}"
-    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    yield with_database(pg_server_url, name)
-    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
 
 
 def test_serve_refuses_an_unmigrated_database_then_migrate_fixes_it(

@@ -8,17 +8,15 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 from cryptography import x509
 
 from controlplane import doctor
-from controlplane.db.urls import asyncpg_dsn, with_database
 from controlplane.gateway.tls import ensure_server_tls
 from controlplane.settings import Settings
 from tests.fakes.github_server import FakeGitHub
@@ -194,19 +192,6 @@ def test_listening_beyond_loopback_needs_the_admin_token(monkeypatch: pytest.Mon
 
 
 # --------------------------------------------------------------------------- database
-
-
-@pytest.fixture
-async def empty_database(pg_server_url: str, worker_id: str) -> AsyncIterator[str]:
-    name = f"sa_doctor_{worker_id}_{os.getpid()}"
-    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    yield with_database(pg_server_url, name)
-    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
 
 
 async def test_database_checks(database_url: str, empty_database: str) -> None:
