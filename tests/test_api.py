@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import httpx
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.api.app import create_app
 from controlplane.api.state import AppState
-from controlplane.db.engine import create_engine, transaction
+from controlplane.db.engine import create_engine
 from controlplane.errors import NotFound
 from controlplane.settings import Settings
 
@@ -62,38 +61,3 @@ async def test_errors_are_mapped_and_internals_hidden(engine: AsyncEngine) -> No
     assert bug.status_code == 500
     assert "canary-7731" not in bug.text
     assert bug.json()["error"]["code"] == "internal"
-
-
-async def test_console_says_when_no_model_is_set(engine: AsyncEngine) -> None:
-    client, _ = client_for(engine)
-    async with client:
-        page = await client.get("/")
-    assert "No model is set" in page.text
-
-    configured, _ = client_for(engine, openai_base_url="https://user:pw-canary@llm.example/v1")
-    async with configured:
-        page = await configured.get("/")
-    assert "llm.example" in page.text
-    assert "pw-canary" not in page.text
-
-
-async def test_console_shows_who_leads_and_whether_paused(
-    engine: AsyncEngine, db: async_sessionmaker[AsyncSession]
-) -> None:
-    async with transaction(db) as session:
-        await session.execute(
-            text(
-                "INSERT INTO leases (name, holder, acquired_at, renewed_at, expires_at) "
-                "VALUES ('router', 'box-7:4242:ab12cd', now(), now(), now() + interval '15 s')"
-            )
-        )
-        await session.execute(
-            text("INSERT INTO pause (id, paused_by, reason) VALUES (1, 'ops', 'deploying')")
-        )
-    client, _ = client_for(engine)
-    async with client:
-        page = await client.get("/")
-    assert page.status_code == 200
-    assert "Router leader: box-7:4242:ab12cd (leading since" in page.text
-    assert "Paused" in page.text
-    assert "deploying" in page.text

@@ -152,7 +152,9 @@ def test_up_serves_on_embedded_postgres_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
         ready = httpx.get(f"{base}/readyz")
         assert ready.status_code == 200
         assert ready.json()["status"] == "ready"
-        assert "No model is set" in httpx.get(f"{base}/").text
+        console = httpx.get(f"{base}/", follow_redirects=True)
+        assert console.url.path == "/console"
+        assert "No model is set" in httpx.get(f"{base}/console/api/overview").text
         openapi = httpx.get(f"{base}/openapi.json").json()
         assert "/healthz" in openapi["paths"]
         assert httpx.get(f"{base}/no-such-page").status_code == 404

@@ -48,8 +48,9 @@ CLOSE_TOO_SLOW = 1013  # fell behind, or the hub failed: the page reconnects
 OUTPUT_LIMIT = 1 << 20  # bytes of a command's output per request
 LOGIN_BODY_LIMIT = 4096
 _SECURITY_HEADERS = {
-    # The pages load only their own script and style, and no one may frame them.
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    # The pages load only their own script and style, and only this site may frame them
+    # (the chat page, framed by the console, links back to it).
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'self'; base-uri 'none'; "
     "form-action 'self'",
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",

@@ -1,0 +1,76 @@
+"""The Devices page: paired devices, pairing a new one, revoking one.
+
+The same functions as ``superagent devices pair`` / ``list`` / ``revoke``; the page adds
+what each device is doing (commands not finished, and the oldest one's age).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+from typing import Any
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from controlplane.db.engine import session_factory, transaction
+from controlplane.gateway import devices as registry
+from controlplane.gateway import pairing
+from controlplane.gateway.server import default_public_url
+from controlplane.gateway.tls import gateway_tls
+from controlplane.settings import Settings
+
+CREATED_BY = "console"
+
+
+async def listing(engine: AsyncEngine, pool: asyncpg.Pool) -> dict[str, Any]:
+    async with transaction(session_factory(engine)) as session:
+        views = await registry.list_devices(session, include_revoked=True)
+    oldest = await pool.fetch(
+        "SELECT device_id, min(created_at) AS oldest FROM commands "
+        "WHERE state IN ('queued', 'delivered', 'running') GROUP BY device_id"
+    )
+    waiting = {row["device_id"]: row["oldest"] for row in oldest}
+    return {
+        "devices": [
+            {**asdict(view), "oldest_queued": waiting.get(view.id)}
+            for view in sorted(views, key=lambda v: (v.revoked, v.name))
+        ]
+    }
+
+
+def pair_command(settings: Settings, code: str) -> tuple[str, str, str | None]:
+    """(the command to run on the device, the gateway URL, the CA fingerprint to pin)."""
+    tls = gateway_tls(settings)
+    url = default_public_url(settings.grpc)
+    fingerprint = tls.fingerprint if tls else None
+    command = f"endpointd pair {url} {code}"
+    if fingerprint:
+        command += f" --fingerprint {fingerprint}"
+    return command, url, fingerprint
+
+
+async def pair(
+    settings: Settings, engine: AsyncEngine, *, name: str, owner: str | None
+) -> dict[str, Any]:
+    """A one-time pairing code for a new device (PairingRefused says why not)."""
+    async with transaction(session_factory(engine)) as session:
+        issued = await pairing.create_code(
+            session, device_name=name, owner=owner or None, created_by=CREATED_BY
+        )
+    # Reads (or on first use writes) the TLS material, and may resolve this host's name.
+    command, url, fingerprint = await asyncio.to_thread(pair_command, settings, issued.display)
+    return {
+        "code": issued.display,
+        "device_name": issued.device_name,
+        "expires_at": issued.expires_at,
+        "url": url,
+        "fingerprint": fingerprint,
+        "command": command,
+    }
+
+
+async def revoke(engine: AsyncEngine, device: str) -> dict[str, Any]:
+    async with transaction(session_factory(engine)) as session:
+        revoked = await registry.revoke(session, device)
+        return {"id": revoked.id, "name": revoked.name, "revoked_at": revoked.revoked_at}

@@ -1,0 +1,114 @@
+"""The Overview: what needs a person first, then how the deployment is doing.
+
+Needs attention, in this order: questions (tickets waiting for people), reviews (pull
+requests waiting in ``ready``, commands a device holds for approval), failures (failed
+tickets of the last week, replies or actions the outbox gave up on) and the watchdog's
+open findings. When all of these are empty the page says so in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from controlplane import __version__
+from controlplane.console import commands
+from controlplane.settings import Settings
+from controlplane.status import Status, ago, leader_line
+from controlplane.status import read as read_status
+from controlplane.watchdog.findings import open_findings
+
+LIMIT = 50
+FAILED_WITHIN = "7 days"
+
+_WAITING = f"""
+SELECT t.id, t.title, t.state, t.hold, t.pr_url, t.updated_at, d.name AS device,
+       r.question, r.summary
+FROM tickets t LEFT JOIN devices d ON d.id = t.device_id
+LEFT JOIN LATERAL (
+    SELECT question, summary FROM reports WHERE ticket_id = t.id
+    ORDER BY created_at DESC LIMIT 1
+) r ON true
+WHERE t.state IN ('waiting_human', 'ready')
+   OR (t.state = 'failed' AND t.updated_at > now() - interval '{FAILED_WITHIN}')
+ORDER BY t.updated_at
+LIMIT {LIMIT * 3}
+"""
+
+
+def model_note(settings: Settings) -> dict[str, Any]:
+    if not settings.model_configured:
+        return {
+            "configured": False,
+            "text": "No model is set: the agent runs in rules-only mode. Set OPENAI_BASE_URL "
+            "and OPENAI_API_KEY to enable the router and workers.",
+        }
+    # Only the host: a URL may carry credentials in its user-info part.
+    host = urlsplit(settings.openai_base_url or "https://api.openai.com").hostname
+    return {
+        "configured": True,
+        "text": f"Model endpoint: {host or 'unknown'} (router {settings.llm.router_model}, "
+        f"workers {settings.llm.worker_model}).",
+    }
+
+
+def _status(status: Status) -> dict[str, Any]:
+    paused = None
+    if status.paused_at is not None:
+        paused = {
+            "at": status.paused_at,
+            "ago": ago(status.paused_at),
+            "by": status.paused_by,
+            "reason": status.paused_reason,
+        }
+    return {
+        "leader": leader_line(status),
+        "paused": paused,
+        "router_inbox": status.router_inbox,
+        "tickets_active": status.tickets_active,
+        "workers_running": status.workers_running,
+        "tickets_waiting_device": status.tickets_waiting_device,
+        "devices_online": status.devices_online,
+        "devices_paired": status.devices_paired,
+    }
+
+
+async def overview(
+    settings: Settings, engine: AsyncEngine, pool: asyncpg.Pool, channels: list[str]
+) -> dict[str, Any]:
+    model = settings.llm.router_model if settings.model_configured else "rules-only"
+    async with AsyncSession(engine) as session:
+        current = await read_status(session, model)
+    # One connection, one query after another: the pool also serves the hot paths.
+    async with pool.acquire() as conn:
+        waiting = await conn.fetch(_WAITING)
+        approvals = await commands.awaiting_approval(conn, limit=LIMIT)
+        dead = await conn.fetch(
+            "SELECT id, kind, key, attempts, last_error, dead_at FROM effects "
+            "WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT $1",
+            LIMIT,
+        )
+        findings = await open_findings(conn)
+    tickets = [dict(row) for row in waiting]
+    attention = {
+        "questions": [
+            t for t in tickets if t["state"] == "waiting_human" and t["hold"] != "failed"
+        ],
+        "reviews": [t for t in tickets if t["state"] == "ready"],
+        "approvals": approvals,
+        "failed_tickets": [t for t in tickets if t["state"] == "failed" or t["hold"] == "failed"],
+        "dead_effects": [dict(row) for row in dead],
+        "findings": [{**dict(row), "actions": list(row["actions"])} for row in findings],
+    }
+    return {
+        "version": __version__,
+        "model": model_note(settings),
+        "channels": channels,
+        "chat": settings.webchat.enabled,
+        "status": _status(current),
+        "attention": attention,
+        "quiet": not any(attention.values()) and current.paused_at is None,
+    }

@@ -1,0 +1,46 @@
+"""The Tickets pages: the list, and one ticket with its threads, rounds, reports and commands.
+
+Built on :mod:`controlplane.workers.views` (what ``superagent tickets`` shows), plus what a
+page has room for: the threads with their titles and links, who runs the current round,
+and the commands with their output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from controlplane.console import commands
+from controlplane.workers import views
+
+LIST_LIMIT = 200
+
+
+async def listing(pool: asyncpg.Pool, *, everything: bool) -> dict[str, Any]:
+    found = await views.tickets(pool, everything=everything, limit=LIST_LIMIT)
+    return {"everything": everything, "tickets": [ticket.as_json() for ticket in found]}
+
+
+async def detail(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
+    """One ticket; NotFound when there is none."""
+    data = (await views.detail(pool, ticket_id)).as_json()
+    threads = await pool.fetch(
+        "SELECT th.id, th.source, th.external_id, th.title, th.url, 'handles' AS relation, "
+        "s.created_at FROM subscriptions s JOIN threads th ON th.id = s.thread_id "
+        "WHERE s.ticket_id = $1 "
+        "UNION ALL "
+        "SELECT th.id, th.source, th.external_id, th.title, th.url, 'related to', "
+        "l.created_at FROM links l JOIN threads th ON th.id = l.thread_id "
+        "WHERE l.ticket_id = $1 ORDER BY created_at",
+        ticket_id,
+    )
+    data["threads"] = [dict(row) for row in threads]
+    worker = await pool.fetchrow(
+        "SELECT id, lease_owner, lease_expires_at, turns FROM assignments "
+        "WHERE ticket_id = $1 AND ended_at IS NULL",
+        ticket_id,
+    )
+    data["worker"] = dict(worker) if worker else None
+    data["commands"] = await commands.of_ticket(pool, ticket_id)
+    return data
