@@ -312,15 +312,14 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
                     await asyncio.sleep(0.2)
 
             async def chaos() -> None:
-                while True:
+                for kill in range(1000):
                     await asyncio.sleep(KILL_EVERY)
-                    leader = leaders[-1] if leaders else ""
-                    # Every other kill takes the leader, so leadership has to move.
                     victims = [r for r in replicas if r.alive()]
                     if not victims:
                         continue
                     victim = random.choice(victims)
-                    if len(leaders) % 2 == 0:
+                    if kill % 2 == 0:  # every other kill takes the leader: it has to move
+                        leader = leaders[-1] if leaders else ""
                         victim = next((r for r in victims if _is(leader, r)), victim)
                     await asyncio.to_thread(victim.kill9)
                     await asyncio.sleep(1.0)
