@@ -171,6 +171,7 @@ class Trigger(Base):
     __table_args__ = (
         UniqueConstraint("source", "external_id"),
         Index(None, "thread_id", "created_at"),
+        Index(None, "created_at"),  # the console's trigger feed, newest first
         # The router's inbox: unrouted triggers, kept small by a partial index.
         Index("ix_triggers_pending", "created_at", postgresql_where=text("routed_at IS NULL")),
         Index(
