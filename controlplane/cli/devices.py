@@ -11,10 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_in_session
+from controlplane.console.devices import pair_command
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing
-from controlplane.gateway.server import default_public_url
-from controlplane.gateway.tls import gateway_tls
 from controlplane.status import ago
 
 T = TypeVar("T")
@@ -48,12 +47,7 @@ def pair(name: str, owner: str | None, as_json: bool) -> None:
 
     issued = run_in_session(settings, work)
     with clear_errors():
-        tls = gateway_tls(settings)
-    url = default_public_url(settings.grpc)
-    fingerprint = tls.fingerprint if tls else None
-    command = f"endpointd pair {url} {issued.display}"
-    if fingerprint:
-        command += f" --fingerprint {fingerprint}"
+        command, url, fingerprint = pair_command(settings, issued.display)
     if as_json:
         click.echo(
             json.dumps(
