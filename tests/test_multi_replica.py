@@ -24,12 +24,9 @@ import os
 import random
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +47,7 @@ from tests.fakes.github_server import FakeGitHub
 from tests.fakes.openai_server import FAKE_API_KEY, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.gateway_harness import pairing_code
 from tests.helpers import assert_eventually, free_port, save_policy
+from tests.replica_process import ReplicaProcess
 
 REPO = "acme/chaos"
 SECRET = "chaos-webhook-secret"
@@ -58,47 +56,6 @@ TASKS = 12
 CHATS = 18
 KILL_EVERY = 3.0
 REPLICAS = 3
-
-
-@dataclass
-class Replica:
-    """`superagent serve` (or `watchdog`) as a process that can be killed and restarted."""
-
-    index: int
-    env: dict[str, str]
-    log: Path
-    http: int
-    process: subprocess.Popen[bytes] | None = None
-    kills: int = 0
-
-    def start(self, command: str = "serve") -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", command],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill9(self) -> None:
-        if self.alive():
-            assert self.process is not None
-            self.process.kill()
-            self.process.wait(15)
-            self.kills += 1
-
-    def stop(self) -> None:
-        if self.alive():
-            assert self.process is not None
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
 
 
 @dataclass
@@ -175,7 +132,7 @@ class Models:
         return Reply(tool_calls=[ToolCall("shell", {"command": f"echo {nonce} >> ran.log"})])
 
 
-async def _post(replicas: list[Replica], delivery: str, body: bytes) -> None:
+async def _post(replicas: list[ReplicaProcess], delivery: str, body: bytes) -> None:
     """Deliver to a random live replica; redeliver to another when one fails (GitHub's
     retry), until one has it."""
     deadline = time.monotonic() + 60
@@ -186,7 +143,7 @@ async def _post(replicas: list[Replica], delivery: str, body: bytes) -> None:
                 target = random.choice(live)
                 with contextlib.suppress(httpx.HTTPError):
                     response = await client.post(
-                        f"http://127.0.0.1:{target.http}/webhooks/github",
+                        f"{target.url}/webhooks/github",
                         content=body,
                         headers={
                             "X-GitHub-Event": "issue_comment",
@@ -272,19 +229,17 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
                 "SUPERAGENT_EFFECTS__LEASE_SECONDS": "3",
             }
             env.pop("SUPERAGENT_ADMIN_TOKEN", None)
-            replicas.append(Replica(index, env, tmp_path / f"replica{index}.log", http))
+            replicas.append(ReplicaProcess(env, tmp_path / f"replica{index}.log", http))
         balancer = await Balancer(grpc_ports).start()
         watchdog_env = {**replicas[0].env, "SUPERAGENT_WATCHDOG__INTERVAL_SECONDS": "2"}
-        watchdog = Replica(-1, watchdog_env, tmp_path / "watchdog.log", 0)
-        watchdog.start("watchdog")
+        watchdog = ReplicaProcess(watchdog_env, tmp_path / "watchdog.log", command="watchdog")
+        watchdog.start()
         leaders: list[str] = []
         try:
             for replica in replicas:
                 replica.start()
-            for port in [replica.http for replica in replicas]:
-                await assert_eventually(
-                    _ready_on(port), timeout=90, interval=0.3, message="replica up"
-                )
+            for replica in replicas:
+                await assert_eventually(replica.up, timeout=90, interval=0.3, message="replica up")
             for daemon in devices:
                 code = await pairing_code(db, daemon.root.name)
                 paired = await asyncio.to_thread(
@@ -427,21 +382,9 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
         assert all(count == 1 for count in logged.values()), logged
 
 
-def _is(holder: str, replica: Replica) -> bool:
+def _is(holder: str, replica: ReplicaProcess) -> bool:
     """Whether the lease holder id names this replica's process (host:pid:random)."""
     return replica.process is not None and f":{replica.process.pid}:" in holder
-
-
-def _ready_on(port: int) -> Callable[[], Awaitable[bool]]:
-    return lambda: _ready(port)
-
-
-async def _ready(port: int) -> bool:
-    try:
-        async with httpx.AsyncClient() as client:
-            return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 async def _connected(pool: asyncpg.Pool, names: list[str]) -> bool:

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,6 +54,7 @@ from tests.fakes.openai_server import (
 )
 from tests.gateway_harness import pairing_code
 from tests.helpers import assert_eventually, free_port, save_policy
+from tests.replica_process import ReplicaProcess
 
 REPO = "acme/widgets"
 DEVICE = "laptop"
@@ -248,53 +248,12 @@ class Script:
 
 
 @dataclass
-class Replica:
-    """`superagent serve` as a process that can be killed and started again."""
-
-    env: dict[str, str]
-    log: Path
-    url: str
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", "serve"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait(15)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
-
-    async def up(self) -> bool:
-        try:
-            async with httpx.AsyncClient() as client:
-                return (await client.get(f"{self.url}/readyz")).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-
-@dataclass
 class World:
     github: FakeGitHub
     git: GitServer
     llm: FakeOpenAIServer
     daemon: Endpointd
-    replica: Replica
+    replica: ReplicaProcess
     script: Script
     workdir: Path
     bare: Path
@@ -351,7 +310,7 @@ def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iter
         env.pop("SUPERAGENT_ADMIN_TOKEN", None)
         # The gateway's certificate, made now so endpointd can pin its fingerprint.
         gateway_tls(Settings(state_dir=state))
-        replica = Replica(env, tmp_path / "replica.log", f"http://127.0.0.1:{http_port}")
+        replica = ReplicaProcess(env, tmp_path / "replica.log", http_port)
         script = Script(workdir)
         fake_llm.respond_with(script)
         daemon.env["PYTHON_KEYRING_BACKEND"] = PLAINTEXT_KEYRING
