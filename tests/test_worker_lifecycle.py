@@ -152,6 +152,11 @@ def _shell(command: str, call_id: str | None = None) -> Reply:
     return Reply(tool_calls=[ToolCall("shell", {"command": command}, id=call_id)])
 
 
+def _one_command(command: str, summary: str) -> Step:
+    """A worker that runs one command, then reports ready."""
+    return lambda r: _shell(command) if _turn(r) == 0 else _report("ready", summary)
+
+
 def _holds_a_job(request: ChatRequest) -> Reply:
     """Start a job that keeps running, wait for it, report once it ended."""
     turn = _turn(request)
@@ -538,15 +543,7 @@ async def test_a_ticket_waits_for_its_offline_device_and_resumes_when_it_is_back
     away = await make_device("away")
     ticket_id, thread_id = await ticket(pool, away, workdir=str(away.root))
     fake_llm.respond_with(
-        _by_ticket(
-            {
-                ticket_id: lambda r: (
-                    _shell("echo back-$((1+1))")
-                    if _turn(r) == 0
-                    else _report("ready", "ran it on the device")
-                )
-            }
-        )
+        _by_ticket({ticket_id: _one_command("echo back-$((1+1))", "ran it on the device")})
     )
     async with workers_running(pool, queue, fake_llm, dsn, device_wait_seconds=3600) as service:
         passes = Passes(service)
@@ -681,15 +678,7 @@ async def test_an_expired_device_wait_is_rerouted_by_the_requester(
     thread = _chat()
     ticket_id, thread_id = await ticket(pool, away, thread=thread)
     fake_llm.respond_with(
-        _by_ticket(
-            {
-                ticket_id: lambda r: (
-                    _shell("echo here-$((2+3))")
-                    if _turn(r) == 0
-                    else _report("ready", "done on the other device")
-                )
-            }
-        )
+        _by_ticket({ticket_id: _one_command("echo here-$((2+3))", "done on the other device")})
     )
     async with workers_running(pool, queue, fake_llm, dsn, device_wait_seconds=1) as service:
         passes = Passes(service)
