@@ -4,7 +4,9 @@ headless Chromium (tests/console_browser.py), plus its HTTP rules without a brow
 The browser test signs in (a wrong token is refused), visits every page and checks what it
 shows against rows inserted here through the same functions the system uses, sees a new
 trigger and a command's growing output arrive over the websocket without a reload, pairs a
-device and revokes one. Each page's screenshot is saved under test-artifacts/console/.
+device and revokes one. Another retries, reroutes and stops tickets from the ticket page;
+their API refuses strangers and impossible actions with a clear status. Each page's
+screenshot is saved under test-artifacts/console/.
 """
 
 from __future__ import annotations
@@ -424,6 +426,117 @@ async def test_every_page_in_a_real_browser(
     assert errors == [], "the pages' script failed"
     for name in (*PAGES, "login"):
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 0
+
+
+# -- acting on tickets ---------------------------------------------------------------------
+
+
+async def test_retry_reroute_and_stop_from_the_ticket_page(
+    replica: Replica, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+) -> None:
+    url = await up(replica)
+    seeded = await seed(pool, db)
+    async with chromium() as browser:
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        page = await context.new_page()
+        page.on("dialog", _accept)
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        await page.goto(f"{url}/console/login?next=/console/tickets/{seeded.asking}")
+        await page.fill("input[name=token]", TOKEN)
+        await page.click("button[type=submit]")
+        await expect(page).to_have_url(f"{url}/console/tickets/{seeded.asking}")
+        result = page.locator("#action-result")
+
+        # Retry, with a note: the waiting worker gets an event saying so.
+        await expect(page.locator("#view")).to_contain_text("Pin asyncpg 0.29 or 0.30?")
+        await page.fill("#retry input[name=note]", "pin 0.30, CI has it")
+        await page.get_by_role("button", name="Retry").click()
+        await expect(result).to_have_text(f"{seeded.asking} will try again.")
+        said = await pool.fetchval(
+            "SELECT text FROM worker_events WHERE ticket_id = $1 AND kind = 'retry'", seeded.asking
+        )
+        assert said == "the console asks you to try again. pin 0.30, CI has it"
+        await screenshot(page, "ticket-actions")
+
+        # Reroute the running ticket from build-box to old-laptop.
+        await page.goto(f"{url}/console/tickets/{seeded.running}")
+        await expect(page.locator("#view")).to_contain_text("build-box")
+        await expect(page.get_by_role("button", name="Retry")).to_be_disabled()
+        await page.select_option("#reroute select", label="old-laptop")
+        await page.get_by_role("button", name="Reroute").click()
+        await expect(result).to_contain_text("moves to old-laptop")
+        assert (
+            await pool.fetchval("SELECT device_id FROM tickets WHERE id = $1", seeded.running)
+            == seeded.old_laptop
+        )
+        facts = page.locator("dl.facts")
+        await expect(facts).to_contain_text("waiting_device")
+        await expect(facts).to_contain_text("old-laptop")
+
+        # Stop it: closed for good, and the page offers nothing more.
+        await page.get_by_role("button", name="Stop this ticket").click()
+        await expect(result).to_contain_text(f"Stopped {seeded.running}")
+        assert (
+            await pool.fetchval("SELECT state FROM tickets WHERE id = $1", seeded.running)
+            == "stopped"
+        )
+        await expect(facts).to_contain_text("stopped")
+        for action in ("Retry", "Reroute", "Stop this ticket"):
+            await expect(page.get_by_role("button", name=action)).to_be_disabled()
+        await context.close()
+    assert errors == [], "the page's script failed"
+
+
+async def test_ticket_actions_refuse_clearly(
+    engine: AsyncEngine, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+) -> None:
+    seeded = await seed(pool, db)
+    done = await _ticket(pool, "Already merged", "completed", seeded.build_box)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async with _client(engine, pool, admin_token=TOKEN) as client:
+        api = "/console/api/tickets"
+        for action, body in (("stop", {}), ("retry", {}), ("reroute", {"device": "old-laptop"})):
+            anonymous = await client.post(f"{api}/{seeded.asking}/{action}", json=body)
+            assert anonymous.status_code == 401, action
+            foreign = await client.post(
+                f"{api}/{seeded.asking}/{action}",
+                json=body,
+                headers={**bearer, "Origin": "http://evil.example"},
+            )
+            assert foreign.status_code == 401, action
+            assert "cross-origin" in foreign.json()["error"]["message"]
+
+        stopped = await client.post(f"{api}/{done}/stop", headers=bearer)
+        assert stopped.status_code == 409
+        assert stopped.json()["error"]["message"] == (
+            f"{done} is already completed; there is nothing to stop"
+        )
+        retried = await client.post(f"{api}/{seeded.running}/retry", headers=bearer)
+        assert retried.status_code == 400
+        assert retried.json()["error"]["message"] == (
+            f"{seeded.running} is running; only a ticket waiting for people retries"
+        )
+        nowhere = await client.post(
+            f"{api}/{seeded.running}/reroute", json={"device": "no-such-box"}, headers=bearer
+        )
+        assert nowhere.status_code == 404
+        assert "no paired device 'no-such-box'" in nowhere.json()["error"]["message"]
+        missing = await client.post(f"{api}/tkt_missing/stop", headers=bearer)
+        assert missing.status_code == 404
+    # Nothing was touched by the refusals.
+    states = await pool.fetch(
+        "SELECT id, state, device_id FROM tickets WHERE id = ANY($1::text[])",
+        [seeded.asking, seeded.running, done],
+    )
+    assert {row["id"]: (row["state"], row["device_id"]) for row in states} == {
+        seeded.asking: ("waiting_human", None),
+        seeded.running: ("running", seeded.build_box),
+        done: ("completed", seeded.build_box),
+    }
+    assert not await pool.fetchval(
+        "SELECT count(*) FROM worker_events WHERE ticket_id = $1", seeded.asking
+    )
 
 
 # -- the live-update socket, on a real replica ---------------------------------------------

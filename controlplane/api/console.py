@@ -5,7 +5,8 @@
   shells from :mod:`controlplane.console.pages`; a browser that may not see them is sent to
   ``/console/login``.
 * ``GET/POST /console/login``, ``POST /console/logout``: the admin-token form and its cookie.
-* ``/console/api/…``: the data, as JSON (the pair and revoke actions too).
+* ``/console/api/…``: the data, as JSON (the actions too: pair and revoke a device; stop,
+  retry and reroute a ticket).
 * ``/console/ws?topics=…``: "something changed" frames (:mod:`controlplane.console.hub`).
 * ``/console/static/…``: the script and the style sheet.
 
@@ -30,7 +31,17 @@ from pydantic import BaseModel, Field
 
 from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat.connection import refuse
-from controlplane.console import access, costs, devices, feed, hub, overview, pages, tickets
+from controlplane.console import (
+    access,
+    actions,
+    costs,
+    devices,
+    feed,
+    hub,
+    overview,
+    pages,
+    tickets,
+)
 from controlplane.console import versions as documents
 from controlplane.errors import InvalidInput, NotFound, TransientError, Unauthorized
 from controlplane.gateway.queue import CommandQueue
@@ -230,6 +241,43 @@ async def tickets_data(state: Admin, everything: Everything = False) -> dict[str
 )
 async def ticket_data(state: Admin, ticket_id: str) -> dict[str, Any]:
     return await _read(tickets.detail(_pool(state), ticket_id))
+
+
+class RetryRequest(BaseModel):
+    note: str = Field("", max_length=4000, description="What changed, for the worker to read.")
+
+
+class RerouteRequest(BaseModel):
+    device: str = Field(max_length=1000, description="A paired device's name or id.")
+
+
+@routes.post(
+    "/console/api/tickets/{ticket_id}/stop",
+    tags=["console"],
+    summary="Stop a ticket for good: mandate revoked, device work cancelled",
+)
+async def stop_ticket(state: Admin, ticket_id: str) -> dict[str, Any]:
+    return await _read(actions.stop(_pool(state), ticket_id))
+
+
+@routes.post(
+    "/console/api/tickets/{ticket_id}/retry",
+    tags=["console"],
+    summary="Wake the worker of a ticket that waits for people",
+)
+async def retry_ticket(
+    state: Admin, ticket_id: str, body: RetryRequest | None = None
+) -> dict[str, Any]:
+    return await _read(actions.retry(_pool(state), ticket_id, body.note if body else ""))
+
+
+@routes.post(
+    "/console/api/tickets/{ticket_id}/reroute",
+    tags=["console"],
+    summary="Move a ticket to another paired device",
+)
+async def reroute_ticket(state: Admin, ticket_id: str, body: RerouteRequest) -> dict[str, Any]:
+    return await _read(actions.reroute(state.settings, _pool(state), ticket_id, body.device))
 
 
 @routes.get(

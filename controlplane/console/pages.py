@@ -35,7 +35,7 @@ OVERVIEW = Page(
 )
 TICKETS = Page("tickets", "/console/tickets", "Tickets", ("tickets",), "/console/api/tickets")
 # One ticket: under Tickets in the navigation, rendered by its own function.
-TICKET = Page("ticket", "/console/tickets", "Ticket", ("tickets", "commands"), "")
+TICKET = Page("ticket", "/console/tickets", "Ticket", ("tickets", "commands", "devices"), "")
 DEVICES = Page(
     "devices", "/console/devices", "Devices", ("devices", "commands"), "/console/api/devices"
 )
@@ -119,11 +119,34 @@ def tickets(everything: bool) -> str:
     return shell(TICKETS, toggle + VIEW, api=api)
 
 
+# Outside the view, so that a live update never wipes a note being typed; the script
+# enables what the ticket's state allows and fills in the devices.
+_TICKET_ACTIONS = """<section id="actions" class="card" hidden>
+<h2>Actions</h2>
+<form id="retry" class="action">
+<label>Note for the worker <input name="note" maxlength="4000" size="40"
+ placeholder="what changed (optional)" autocomplete="off"></label>
+<button type="submit">Retry</button>
+<span class="quiet" data-when="retry"></span>
+</form>
+<form id="reroute" class="action">
+<label>Device <select name="device" required></select></label>
+<button type="submit">Reroute</button>
+<span class="quiet" data-when="reroute"></span>
+</form>
+<form id="stop" class="action">
+<button type="submit" class="danger">Stop this ticket</button>
+<span class="quiet" data-when="stop"></span>
+</form>
+<p id="action-result" role="status" hidden></p>
+</section>"""
+
+
 def ticket(ticket_id: str) -> str:
     api = f"{TICKETS.api}/{quote(ticket_id, safe='')}"
     return shell(
         TICKET,
-        '<p><a href="/console/tickets">← all tickets</a></p>' + VIEW,
+        '<p><a href="/console/tickets">← all tickets</a></p>' + _TICKET_ACTIONS + VIEW,
         heading=f"Ticket {ticket_id}",
         api=api,
     )

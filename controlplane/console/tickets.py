@@ -2,7 +2,7 @@
 
 Built on :mod:`controlplane.workers.views` (what ``superagent tickets`` shows), plus what a
 page has room for: the threads with their titles and links, who runs the current round,
-and the commands with their output.
+the commands with their output, and the paired devices the ticket could move to.
 """
 
 from __future__ import annotations
@@ -43,4 +43,7 @@ async def detail(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
     )
     data["worker"] = dict(worker) if worker else None
     data["commands"] = await commands.of_ticket(pool, ticket_id)
+    # Where the Reroute action may send it.
+    paired = await pool.fetch("SELECT id, name FROM devices WHERE revoked_at IS NULL ORDER BY name")
+    data["paired_devices"] = [dict(row) for row in paired]
     return data

@@ -220,6 +220,7 @@
   }
 
   render.ticket = (d) => {
+    ticketActions(d);
     const facts = [
       ["Title", d.title],
       ["State", [badge(d.state), d.hold ? ` ${d.hold}` : ""]],
@@ -425,6 +426,71 @@
       setTimeout(connect, wait * 1000);
     };
   }
+
+  // -- the ticket page's actions (the forms are in the page, outside the view) ----------
+
+  const CLOSED = ["completed", "failed", "stopped"];
+  let shown = null; // the ticket as last rendered
+
+  function allow(form, ok, why) {
+    form.querySelector("button").disabled = !ok;
+    form.querySelector("[data-when]").textContent = ok ? "" : why;
+  }
+
+  function ticketActions(d) {
+    const box = $("actions");
+    if (!box) return;
+    shown = d;
+    box.hidden = false;
+    const closed = CLOSED.includes(d.state);
+    const over = `the ticket is ${d.state}`;
+    allow($("retry"), d.state === "waiting_human", closed ? over : `only a ticket waiting for people retries; this one is ${d.state}`);
+    const select = $("reroute").elements.device;
+    const chosen = select.value;
+    const others = d.paired_devices.filter((v) => v.name !== d.device);
+    select.replaceChildren(...others.map((v) => el("option", {value: v.id}, v.name)));
+    if (others.some((v) => v.id === chosen)) select.value = chosen;
+    allow($("reroute"), !closed && others.length > 0, closed ? over : "no other paired device");
+    allow($("stop"), !closed, over);
+  }
+
+  async function act(form, action, body) {
+    const result = $("action-result");
+    form.querySelector("button").disabled = true;
+    try {
+      const done = await call(`${api}/${action}`, body);
+      result.className = "note";
+      result.textContent = done.message;
+      form.reset();
+    } catch (error) {
+      result.className = "error";
+      result.textContent = error.message;
+    }
+    result.hidden = false;
+    await refresh();
+  }
+
+  function onSubmit(id, handler) {
+    const form = $(id);
+    if (!form) return;
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      handler(form);
+    });
+  }
+
+  onSubmit("retry", (form) => act(form, "retry", {note: form.elements.note.value}));
+  onSubmit("reroute", (form) => {
+    const select = form.elements.device;
+    const name = select.selectedOptions[0]?.textContent;
+    const from = shown?.device ? ` Work queued for ${shown.device} is cancelled.` : "";
+    if (!name || !window.confirm(`Move ${shown.id} to ${name}?${from}`)) return;
+    act(form, "reroute", {device: select.value});
+  });
+  onSubmit("stop", (form) => {
+    if (!window.confirm(`Stop ${shown.id} for good? Its mandate is revoked and its device work cancelled.`)) return;
+    act(form, "stop", {});
+  });
 
   // -- the pair form --------------------------------------------------------------------
 

@@ -1,0 +1,48 @@
+"""What the ticket page can do to a ticket: stop it, retry it, move it to another device.
+
+The same functions as ``superagent tickets stop`` / ``retry`` / ``reroute``
+(:mod:`controlplane.workers.control`), signed "the console"; this module only words the
+answers for the page.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from controlplane.errors import Conflict
+from controlplane.ingest.intake import CLOSED_TICKET_STATES
+from controlplane.settings import Settings
+from controlplane.workers import control
+
+BY = "the console"
+
+
+async def stop(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
+    """Stop the ticket; Conflict when it is already closed (nothing changes then)."""
+    async with pool.acquire() as conn, conn.transaction():
+        was = await control.stop(conn, ticket_id, by=BY)
+    if was in CLOSED_TICKET_STATES:
+        raise Conflict(f"{ticket_id} is already {was}; there is nothing to stop")
+    return {"ticket": ticket_id, "was": was, "message": f"Stopped {ticket_id} (it was {was})."}
+
+
+async def retry(pool: asyncpg.Pool, ticket_id: str, note: str) -> dict[str, Any]:
+    """Wake a worker that waits for people; InvalidInput when the ticket does not."""
+    await control.retry(pool, ticket_id, by=BY, note=note.strip())
+    return {"ticket": ticket_id, "message": f"{ticket_id} will try again."}
+
+
+async def reroute(
+    settings: Settings, pool: asyncpg.Pool, ticket_id: str, device: str
+) -> dict[str, Any]:
+    """Move the ticket to a paired device (name or id); NotFound when there is none."""
+    wait = timedelta(seconds=settings.workers.device_wait_seconds)
+    name = await control.reroute(pool, ticket_id, device, by=BY, wait=wait)
+    return {
+        "ticket": ticket_id,
+        "device": name,
+        "message": f"{ticket_id} moves to {name}; it resumes once {name} is online.",
+    }
