@@ -36,6 +36,7 @@ from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
 from controlplane.router.tools import Toolbox, Turn
 from controlplane.watchdog import explain
+from controlplane.workers import control
 from superagent_shared.ids import id_prefix, new_id, stable_id
 
 # Runs a /run command through the outbox: submits it (once), then posts its result when final.
@@ -218,12 +219,11 @@ class RulesOnlyRouter:
 
 
 async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[str]]:
-    """Stop a ticket: state, mandate, subscriptions. Returns (was it live, its unfinished
-    commands, which the caller cancels through the queue)."""
+    """Stop a ticket as everyone does (:func:`controlplane.workers.control.stop`), and end
+    its subscriptions. Returns (was it live, its unfinished commands, which the caller
+    cancels through the queue)."""
     async with pool.acquire() as conn, conn.transaction():
-        state = await conn.fetchval("SELECT state FROM tickets WHERE id = $1 FOR UPDATE", ticket_id)
-        if state is None:
-            raise ValueError(f"no ticket {ticket_id}")
+        was = await control.stop(conn, ticket_id, by="/stop")
         commands = [
             r["id"]
             for r in await conn.fetch(
@@ -233,15 +233,8 @@ async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[st
                 list(TERMINAL),
             )
         ]
-        if state in CLOSED_TICKET_STATES:
+        if was in CLOSED_TICKET_STATES:
             return False, commands
-        await conn.execute(
-            "UPDATE tickets SET state = 'stopped', updated_at = now() WHERE id = $1", ticket_id
-        )
-        await conn.execute(
-            "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
-            ticket_id,
-        )
         await conn.execute("DELETE FROM subscriptions WHERE ticket_id = $1", ticket_id)
         return True, commands
 
