@@ -316,6 +316,14 @@ class LlmSettings(BaseModel):
     timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
 
 
+def _renewal_fits(section: str, renew: float, lease: float) -> None:
+    if renew * 2 > lease:
+        raise ValueError(
+            f"{section}.renew_seconds must be at most half of {section}.lease_seconds, or the "
+            "holder loses its lease to a single slow renewal"
+        )
+
+
 class LlmPrices(BaseModel):
     """What a model's tokens cost, so that every result can state its cost."""
 
@@ -375,8 +383,7 @@ class WorkerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _renew_well_within_the_lease(self) -> WorkerSettings:
-        if self.renew_seconds * 2 > self.lease_seconds:
-            raise ValueError("workers.renew_seconds must be at most half of workers.lease_seconds")
+        _renewal_fits("workers", self.renew_seconds, self.lease_seconds)
         return self
 
 
@@ -434,11 +441,7 @@ class RouterSettings(BaseModel):
 
     @model_validator(mode="after")
     def _renew_well_within_the_lease(self) -> RouterSettings:
-        if self.renew_seconds * 2 > self.lease_seconds:
-            raise ValueError(
-                "router.renew_seconds must be at most half of router.lease_seconds, or the "
-                "leader loses its lease to a single slow renewal"
-            )
+        _renewal_fits("router", self.renew_seconds, self.lease_seconds)
         return self
 
 
