@@ -69,6 +69,24 @@ class Unauthorized(SuperagentError):
     code = "unauthorized"
 
 
+class Forbidden(SuperagentError):
+    """The caller is known, but this is not theirs to do."""
+
+    http_status = 403
+    code = "forbidden"
+
+
+class TooManyAttempts(SuperagentError):
+    """Too many failed attempts from one place; ``retry_after`` seconds until the next."""
+
+    http_status = 429
+    code = "too_many_attempts"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class TransientError(SuperagentError):
     """Something outside us failed in a way that may succeed if tried again later."""
 

@@ -8,8 +8,8 @@ Each group of metrics is read on a connection of its own within ``SCRAPE_TIMEOUT
 slow database never hangs a scrape: a group it does not answer in time is left out and
 reported by ``superagent_scrape_up{group="…"} 0``. docs/operations.md lists the metrics.
 
-Access: with ``SUPERAGENT_ADMIN_TOKEN`` set, only ``Authorization: Bearer <token>``;
-without it, loopback clients only (as the rest of an unprotected development setup).
+Access: ``Authorization: Bearer <admin token>``, as every other surface (no address is
+trusted for looking local).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from ipaddress import ip_address
 from typing import Annotated, Any
 
 import sqlalchemy.exc
@@ -36,8 +35,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane import logs
+from controlplane.access import guard
 from controlplane.api.state import AppState, app_state
-from controlplane.channels.webchat.auth import token_matches
 from controlplane.db.models import TICKET_STATES
 from controlplane.errors import Unauthorized
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -313,30 +312,16 @@ class Scraper:
             return None
 
 
-def _loopback(request: Request) -> bool:
-    if request.client is None:
-        return False
-    try:
-        return ip_address(request.client.host).is_loopback
-    except ValueError:
-        return False
-
-
 def authorize(request: Request, settings: Settings) -> None:
-    """Raise Unauthorized unless ``request`` may read the metrics."""
-    if settings.admin_token is not None:
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token_matches(settings, presented.strip()):
-            raise Unauthorized(
-                "/metrics needs the admin token: send 'Authorization: Bearer "
-                "<SUPERAGENT_ADMIN_TOKEN>' (Prometheus: authorization.credentials_file)"
-            )
-        return
-    if not _loopback(request):
+    """Raise Unauthorized unless ``request`` may read the metrics: the admin token as a
+    bearer header (Prometheus: ``authorization.credentials_file``), as every surface."""
+    try:
+        guard.principal(request)
+    except Unauthorized:
         raise Unauthorized(
-            "without SUPERAGENT_ADMIN_TOKEN, /metrics answers only on loopback; set the "
-            "token to scrape from other hosts"
-        )
+            "/metrics needs the admin token: send 'Authorization: Bearer "
+            "<SUPERAGENT_ADMIN_TOKEN>' (Prometheus: authorization.credentials_file)"
+        ) from None
 
 
 def install(app: FastAPI, *, timeout: float = SCRAPE_TIMEOUT) -> None:

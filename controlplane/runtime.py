@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 
 import openai
 import uvicorn
 
+from controlplane.access import sessions
 from controlplane.api.app import create_app
 from controlplane.api.state import AppState
 from controlplane.channels import registry as channel_registry
@@ -62,8 +63,11 @@ class _Uvicorn(uvicorn.Server):
 class HttpService(Service):
     name = "http"
 
-    def __init__(self, state: AppState) -> None:
+    def __init__(
+        self, state: AppState, on_listening: Callable[[int], Awaitable[None]] | None = None
+    ) -> None:
         super().__init__()
+        self.on_listening = on_listening
         config = uvicorn.Config(
             create_app(state),
             host=state.settings.http.host,
@@ -78,10 +82,24 @@ class HttpService(Service):
     async def run(self) -> None:
         serving = asyncio.create_task(self.server.serve())
         stop = asyncio.create_task(self.stopping.wait())
+        if self.on_listening is not None:
+            await self._announce(serving)
         await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
         self.server.should_exit = True
         await serving
         stop.cancel()
+
+    async def _announce(self, serving: asyncio.Task[None]) -> None:
+        assert self.on_listening is not None
+        # uvicorn says it listens only through a plain attribute: there is no event to await.
+        while not self.server.started and not serving.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        if serving.done():
+            return
+        try:
+            await self.on_listening(self.port)
+        except Exception:  # a sign-in link is a convenience; the server serves without it
+            log.warning("could not make a sign-in link", exc_info=True)
 
     @property
     def port(self) -> int:
@@ -96,7 +114,11 @@ class HttpService(Service):
 
 @contextlib.asynccontextmanager
 async def replica(
-    settings: Settings, database_url: str, *, apply_migrations: bool
+    settings: Settings,
+    database_url: str,
+    *,
+    apply_migrations: bool,
+    announce: Callable[[str], None] | None = None,
 ) -> AsyncIterator[list[Service]]:
     """Check (or apply) the schema and build this replica's services."""
     engine = create_engine(database_url)
@@ -155,7 +177,7 @@ async def replica(
                 leadership,
                 hub,
                 GatewayService(settings.grpc, gateway),
-                HttpService(state),
+                HttpService(state, _link_announcer(state, announce) if announce else None),
             ]
             for adapter in channels:
                 services.extend(adapter.services())
@@ -187,6 +209,26 @@ async def replica(
         await engine.dispose()
 
 
+def _link_announcer(
+    state: AppState, announce: Callable[[str], None]
+) -> Callable[[int], Awaitable[None]]:
+    """Once HTTP listens: a one-time sign-in link to the console, given to ``announce``."""
+
+    async def on_listening(port: int) -> None:
+        token = state.settings.admin_token
+        if token is None:
+            return
+        secret = await sessions.create_link(state.engine, token.get_secret_value())
+        host = state.settings.http.host
+        if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard bind, reached on loopback
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        announce(f"http://{host}:{port}/console/login?once={secret}")
+
+    return on_listening
+
+
 def model_client(settings: Settings) -> openai.AsyncOpenAI:
     """The official client for the configured OpenAI-compatible endpoint."""
     key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "unset"
@@ -196,8 +238,16 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
 
 
 async def serve(
-    settings: Settings, database_url: str, stop: asyncio.Event, *, apply_migrations: bool
+    settings: Settings,
+    database_url: str,
+    stop: asyncio.Event,
+    *,
+    apply_migrations: bool,
+    announce: Callable[[str], None] | None = None,
 ) -> None:
+    """Run one replica until ``stop``; ``announce`` gets a one-time console sign-in link."""
     log.info("database: %s", redacted(database_url))
-    async with replica(settings, database_url, apply_migrations=apply_migrations) as services:
+    async with replica(
+        settings, database_url, apply_migrations=apply_migrations, announce=announce
+    ) as services:
         await run_services(services, stop, shutdown_timeout=settings.shutdown_timeout)

@@ -11,6 +11,7 @@ from sqlalchemy import text
 
 from controlplane import __version__, metrics
 from controlplane.api import console, errors
+from controlplane.api.access import RequireAccess
 from controlplane.api.state import AppState, app_state
 from controlplane.channels import registry as channel_registry
 
@@ -53,4 +54,7 @@ def create_app(state: AppState) -> FastAPI:
     async def index() -> RedirectResponse:
         return RedirectResponse("/console", status_code=303)
 
+    # Every route, those above and any added later, needs the admin token or a session
+    # unless RequireAccess lists it as public (docs/security.md).
+    app.add_middleware(RequireAccess, state=state)
     return app

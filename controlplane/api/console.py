@@ -10,8 +10,9 @@
 * ``/console/ws?topics=…``: "something changed" frames (:mod:`controlplane.console.hub`).
 * ``/console/static/…``: the script and the style sheet.
 
-Every endpoint but the sign-in page and the static files checks
-:func:`controlplane.console.access.check`: the web chat's rule.
+Every endpoint but the sign-in page and the static files needs the admin token or a session
+(:mod:`controlplane.api.access`, in front of every route); each also checks
+:func:`controlplane.console.access.check`, so a route is never open by accident.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fastapi import APIRouter, Depends, Query, Request, WebSocket
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
+from controlplane.access import guard, headers, sessions, signin
 from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat.connection import refuse
 from controlplane.console import (
@@ -58,15 +60,6 @@ CLOSE_BAD_REQUEST = 4400  # unknown topics
 CLOSE_TOO_SLOW = 1013  # fell behind, or the hub failed: the page reconnects
 OUTPUT_LIMIT = 1 << 20  # bytes of a command's output per request
 LOGIN_BODY_LIMIT = 4096
-_SECURITY_HEADERS = {
-    # The pages load only their own script and style, and only this site may frame them
-    # (the chat page, framed by the console, links back to it).
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'self'; base-uri 'none'; "
-    "form-action 'self'",
-    "Cache-Control": "no-store",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
 _STATIC_TYPES = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
@@ -99,16 +92,13 @@ async def _read(call: Awaitable[T]) -> T:
 
 
 def _html(content: str, status_code: int = 200) -> HTMLResponse:
-    return HTMLResponse(content, status_code=status_code, headers=_SECURITY_HEADERS)
+    return HTMLResponse(content, status_code=status_code, headers=headers.PAGE_HEADERS)
 
 
 def _page(request: Request, state: AppState, content: str) -> Response:
     """``content`` for a browser that may see it, else the way to sign in."""
     if access.allowed(request, state.settings):
         return _html(content)
-    if state.settings.admin_token is None:
-        # No token can help: say why (the console answers on this machine only).
-        return _html(pages.login(next_page="", error=None, token_required=False), 403)
     target = quote(access.next_page(str(request.url.path) + _query(request)), safe="/")
     return RedirectResponse(f"{access.LOGIN}?next={target}", status_code=303)
 
@@ -186,34 +176,64 @@ def _static(name: str) -> bytes:
 
 
 @routes.get("/console/login", include_in_schema=False)
-async def login_page(state: State, next: str | None = None) -> Response:
-    required = state.settings.admin_token is not None
-    return _html(pages.login(next_page=access.next_page(next), error=None, token_required=required))
+async def login_page(
+    request: Request, state: State, next: str | None = None, once: str | None = None
+) -> Response:
+    """The sign-in form; with ``once``, a one-time link printed by ``superagent up``."""
+    target = access.next_page(next)
+    if once is None:
+        return _html(pages.login(next_page=target, error=None))
+    access.check_origin(request)
+    admin = state.settings.admin_token
+    secret = None
+    if admin is not None:
+        secret = await _read(
+            sessions.redeem_link(
+                state.engine,
+                once,
+                admin.get_secret_value(),
+                guard.peer(request),
+                guard.session_ttl(state.settings),
+            )
+        )
+    if secret is None:
+        error = (
+            "That sign-in link was used already or has expired. Sign in with the admin "
+            "token, or restart `superagent up` for a new link."
+        )
+        return _html(pages.login(next_page=target, error=error), 401)
+    # Redirect to drop the link's secret from the address bar and the history.
+    response = RedirectResponse(target, status_code=303)
+    access.sign_in(response, request, secret, state.settings)
+    return response
 
 
 @routes.post("/console/login", include_in_schema=False)
 async def login(request: Request, state: State) -> Response:
     """The sign-in form (form-encoded ``token`` and ``next``): the cookie, or why not."""
     access.check_origin(request)
-    if state.settings.admin_token is None:
-        return RedirectResponse(access.HOME, status_code=303)
     body = await request.body()
     if len(body) > LOGIN_BODY_LIMIT:
         raise InvalidInput("the sign-in form is too large")
     fields = parse_qs(body.decode(errors="replace"))
     token = fields.get("token", [""])[0]
     target = access.next_page(fields.get("next", [""])[0])
-    if not access.token_matches(state.settings, token):
+    secret = await signin.with_token(state.settings, state.engine, request, token)
+    if secret is None:
         error = "That is not the admin token (SUPERAGENT_ADMIN_TOKEN)."
-        return _html(pages.login(next_page=target, error=error, token_required=True), 401)
+        return _html(pages.login(next_page=target, error=error), 401)
     response = RedirectResponse(target, status_code=303)
-    access.sign_in(response, request, state.settings)
+    access.sign_in(response, request, secret, state.settings)
     return response
 
 
 @routes.post("/console/logout", include_in_schema=False)
-async def logout(request: Request) -> Response:
+async def logout(request: Request, state: State) -> Response:
+    """Sign out: the session ends on the server, not only in this browser."""
     access.check_origin(request)
+    secret = request.cookies.get(sessions.COOKIE)
+    if secret:
+        await _read(sessions.end(state.engine, secret))
     response = RedirectResponse(access.LOGIN, status_code=303)
     access.sign_out(response)
     return response

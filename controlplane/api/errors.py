@@ -16,9 +16,11 @@ log = logging.getLogger(__name__)
 def install(app: FastAPI) -> None:
     @app.exception_handler(SuperagentError)
     async def domain_error(request: Request, exc: SuperagentError) -> JSONResponse:
+        retry_after = getattr(exc, "retry_after", None)
         return JSONResponse(
             status_code=exc.http_status,
             content={"error": {"code": exc.code, "message": exc.message}},
+            headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
         )
 
     @app.exception_handler(Exception)

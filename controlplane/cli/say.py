@@ -25,6 +25,7 @@ import click
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from controlplane.access import admin_token
 from controlplane.cli.common import fail, load_settings, setup_logging
 from controlplane.settings import Settings
 
@@ -96,7 +97,8 @@ async def _refusal(ws: ClientConnection, message: str, *, has_token: bool, url: 
                 "SUPERAGENT_ADMIN_TOKEN to the token it runs with"
             )
         return SayError(
-            f"the control plane at {url} needs its admin token; set SUPERAGENT_ADMIN_TOKEN"
+            f"the control plane at {url} needs its admin token; set SUPERAGENT_ADMIN_TOKEN, "
+            "or SUPERAGENT_STATE_DIR to the state directory of the `superagent up` it is"
         )
     return SayError(message)
 
@@ -240,8 +242,9 @@ def say(
     """Say TEXT to the agent and print its reply (TEXT "-" reads standard input).
 
     This is the web chat from a terminal: the control plane must be running (`superagent
-    up`), and the conversation shows in the console's chat page (/chat) too. With
-    SUPERAGENT_ADMIN_TOKEN set, it is sent as the admin token.
+    up`), and the conversation shows in the console's chat page (/chat) too. It sends
+    the admin token: SUPERAGENT_ADMIN_TOKEN, or else the one `superagent up` generated in
+    its state directory (STATE_DIR/admin-token).
 
     \b
     Examples:
@@ -258,7 +261,7 @@ def say(
         text = sys.stdin.read()
     settings = load_settings()
     target = url or _default_url(settings)
-    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    token = admin_token.for_client(settings)
     outcome = _run(
         _converse(
             target,

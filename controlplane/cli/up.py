@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from controlplane.access import admin_token
 from controlplane.cli.common import clear_errors, load_settings, run_until_signalled, setup_logging
 from controlplane.db.database import open_database
-from controlplane.settings import GrpcSettings, HttpSettings, Settings
+from controlplane.settings import Settings
 
 
-def _settings(state_dir: Path | None, http_port: int | None, grpc_port: int | None) -> Settings:
+def _settings(
+    state_dir: Path | None, http_port: int | None, grpc_port: int | None
+) -> tuple[Settings, bool]:
+    """The server's settings, and whether its admin token was generated (not configured)."""
     settings = load_settings(state_dir=state_dir)
     if http_port is not None:
-        settings.http = HttpSettings(host=settings.http.host, port=http_port)
+        settings.http = settings.http.model_copy(update={"port": http_port})
     if grpc_port is not None:
-        settings.grpc = GrpcSettings(host=settings.grpc.host, port=grpc_port)
-    return settings
+        settings.grpc = settings.grpc.model_copy(update={"port": grpc_port})
+    with clear_errors():
+        # Before anything starts: a server beyond loopback without a token never listens.
+        return admin_token.for_server(settings), settings.admin_token is None
 
 
 _state_dir = click.option(
@@ -30,7 +37,20 @@ _http_port = click.option("--http-port", type=int, help="HTTP port. [env SUPERAG
 _grpc_port = click.option("--grpc-port", type=int, help="gRPC port. [env SUPERAGENT_GRPC__PORT]")
 
 
-def _run(settings: Settings, *, apply_migrations: bool) -> None:
+def _announce_link(settings: Settings) -> Callable[[str], None]:
+    where = admin_token.token_path(settings)
+
+    def announce(url: str) -> None:
+        click.echo(
+            f"Sign in to the console: {url}\n"
+            f"  (a one-time link, valid for an hour; the admin token is in {where})",
+            err=True,
+        )
+
+    return announce
+
+
+def _run(settings: Settings, *, apply_migrations: bool, link: bool) -> None:
     setup_logging(settings.log_level)
     # Imported here: the runtime pulls in uvicorn, grpc and openai, which every other
     # command (`superagent say`, `status`, ...) would otherwise pay for at start.
@@ -50,7 +70,10 @@ def _run(settings: Settings, *, apply_migrations: bool) -> None:
                 + "Ctrl-C stops.",
                 err=True,
             )
-            await serve(settings, database.url, stop, apply_migrations=apply_migrations)
+            announce = _announce_link(settings) if link else None
+            await serve(
+                settings, database.url, stop, apply_migrations=apply_migrations, announce=announce
+            )
 
     run_until_signalled(main)
 
@@ -68,8 +91,16 @@ def up(
     Without DATABASE_URL an embedded Postgres starts from the state directory. The schema
     is upgraded on start. Serves the console and API over HTTP and the device gateway over
     gRPC until Ctrl-C.
+
+    Every HTTP surface needs the admin token. Without SUPERAGENT_ADMIN_TOKEN, `up`
+    generates one into STATE_DIR/admin-token (0600; `superagent say` reads it there) and
+    prints a one-time sign-in link. Listening beyond loopback (SUPERAGENT_HTTP__HOST)
+    needs a token you set.
     """
-    _run(_settings(state_dir, http_port, grpc_port), apply_migrations=not no_migrate)
+    settings, generated = _settings(state_dir, http_port, grpc_port)
+    # The link is printed where the token was generated here: whoever configured their
+    # own token knows it, and a deployment's logs must not collect sign-in links.
+    _run(settings, apply_migrations=not no_migrate, link=generated)
 
 
 @click.command()
@@ -82,4 +113,5 @@ def serve_command(state_dir: Path | None, http_port: int | None, grpc_port: int 
     Unlike `up`, it never migrates: it refuses to start on a database whose schema is not
     this release's (run `superagent migrate` once per release, e.g. as a deploy job).
     """
-    _run(_settings(state_dir, http_port, grpc_port), apply_migrations=False)
+    settings, _ = _settings(state_dir, http_port, grpc_port)
+    _run(settings, apply_migrations=False, link=False)

@@ -225,23 +225,17 @@ _LOGIN = """<!doctype html>
 """
 
 
-def login(*, next_page: str, error: str | None, token_required: bool) -> str:
-    if not token_required:
-        body = (
-            "<p>This control plane has no admin token (<code>SUPERAGENT_ADMIN_TOKEN</code>): "
-            "the console opens without signing in, on this machine's own addresses only "
-            "(127.0.0.1, localhost). To serve it by name, set the token.</p>"
-            '<p><a href="/console">Open the console</a></p>'
-        )
-    else:
-        problem = f'<p class="error" role="alert">{escape(error)}</p>' if error else ""
-        body = (
-            "<p>Sign in with the admin token (<code>SUPERAGENT_ADMIN_TOKEN</code>).</p>"
-            f"{problem}"
-            '<form method="post" action="/console/login">'
-            f'<input type="hidden" name="next" value="{escape(next_page)}">'
-            '<label>Admin token <input type="password" name="token" required autofocus '
-            'autocomplete="current-password"></label>'
-            '<button type="submit" class="primary">Sign in</button></form>'
-        )
+def login(*, next_page: str, error: str | None) -> str:
+    problem = f'<p class="error" role="alert">{escape(error)}</p>' if error else ""
+    body = (
+        "<p>Sign in with the admin token (<code>SUPERAGENT_ADMIN_TOKEN</code>; "
+        "<code>superagent up</code> keeps a generated one in <code>admin-token</code> in its "
+        "state directory and prints a one-time sign-in link).</p>"
+        f"{problem}"
+        '<form method="post" action="/console/login">'
+        f'<input type="hidden" name="next" value="{escape(next_page)}">'
+        '<label>Admin token <input type="password" name="token" required autofocus '
+        'autocomplete="current-password"></label>'
+        '<button type="submit" class="primary">Sign in</button></form>'
+    )
     return _LOGIN.format(static=STATIC, body=body)

@@ -1,14 +1,14 @@
 """The chat's HTTP surface: the page, its sign-in, the conversation API and the websocket.
 
-* ``GET /chat``: the page (no data in it, so no token needed to load it). With
-  ``?token=…`` it signs the browser in (a session cookie) and redirects to drop the token
-  from the address bar, so ``superagent up`` can print one link that just works.
-* ``POST /chat/session`` ``{"token": …}``: the page's sign-in form, same cookie.
+* ``GET /chat``: the page, for a signed-in browser (others get the sign-in form).
+* ``POST /chat/session`` ``{"token": …}``: the page's own sign-in form: a session, the
+  same site-wide cookie as the console's.
 * ``GET /chat/api/threads``: the caller's conversations, most recent first.
 * ``GET /chat/api/threads/{thread}/messages``: one conversation's history.
 * ``/chat/ws``: the websocket (see :mod:`controlplane.channels.webchat.connection`).
 
-Every endpoint but the page checks :func:`controlplane.channels.webchat.auth.check`.
+Every endpoint but the sign-in needs the admin token or a session (the middleware of
+:mod:`controlplane.api.access`) and checks :func:`controlplane.channels.webchat.auth.check`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, WebSocket
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from controlplane.access import guard, headers, sessions, signin
 from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat import auth, connection, history, inbound
 from controlplane.channels.webchat.adapter import WebChatAdapter
@@ -30,7 +31,6 @@ from controlplane.errors import InvalidInput, NotFound, Unauthorized
 routes = APIRouter()
 
 State = Annotated[AppState, Depends(app_state)]
-COOKIE_MAX_AGE = 30 * 24 * 3600
 
 
 def _adapter(state: AppState) -> WebChatAdapter:
@@ -40,34 +40,34 @@ def _adapter(state: AppState) -> WebChatAdapter:
     return adapter
 
 
+_STATIC_TYPES = {
+    "chat.js": "text/javascript; charset=utf-8",
+    "chat.css": "text/css; charset=utf-8",
+}
+
+
 @functools.cache
-def _page() -> str:
-    return (resources.files(__package__) / "static" / "chat.html").read_text(encoding="utf-8")
-
-
-def _sign_in(response: Response, request: Request, token: str) -> None:
-    response.set_cookie(
-        auth.COOKIE,
-        auth.cookie_value(token),
-        max_age=COOKIE_MAX_AGE,
-        path="/chat",
-        httponly=True,  # out of reach of scripts
-        samesite="strict",  # never sent by other sites' pages, websockets included
-        secure=request.url.scheme == "https",
-    )
+def _static(name: str) -> bytes:
+    return (resources.files(__package__) / "static" / name).read_bytes()
 
 
 @routes.get("/chat", include_in_schema=False)
 async def chat_page(request: Request, state: State) -> Response:
     _adapter(state)
-    token = request.query_params.get("token")
-    if token is None:
-        return HTMLResponse(_page(), headers={"Cache-Control": "no-store"})
-    response = RedirectResponse("/chat", status_code=303)
-    admin = state.settings.admin_token
-    if admin is not None and auth.token_matches(state.settings, token):
-        _sign_in(response, request, admin.get_secret_value())
-    return response
+    auth.check(request, state.settings)
+    return HTMLResponse(_static("chat.html"), headers=headers.PAGE_HEADERS)
+
+
+@routes.get("/chat/static/{name}", include_in_schema=False)
+async def chat_static(name: str) -> Response:
+    # Served apart from the page because the page's CSP forbids inline scripts and styles.
+    if name not in _STATIC_TYPES:
+        raise NotFound(f"no chat file {name!r}")
+    return Response(
+        _static(name),
+        media_type=_STATIC_TYPES[name],
+        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+    )
 
 
 class SignIn(BaseModel):
@@ -78,13 +78,11 @@ class SignIn(BaseModel):
 async def chat_session(request: Request, body: SignIn, state: State) -> JSONResponse:
     _adapter(state)
     auth.check_origin(request)
-    admin = state.settings.admin_token
-    if admin is None:
-        return JSONResponse({"signed_in": True, "token_required": False})
-    if not auth.token_matches(state.settings, body.token):
+    secret = await signin.with_token(state.settings, state.engine, request, body.token)
+    if secret is None:
         raise Unauthorized("that is not the admin token (SUPERAGENT_ADMIN_TOKEN)")
-    response = JSONResponse({"signed_in": True, "token_required": True})
-    _sign_in(response, request, admin.get_secret_value())
+    response = JSONResponse({"signed_in": True})
+    sessions.set_cookie(response, request, secret, guard.session_ttl(state.settings))
     return response
 
 

@@ -1,0 +1,100 @@
+"""The verified caller of an HTTP request, and the two browser guards.
+
+:class:`controlplane.api.access.RequireAccess` verifies every non-public request and puts
+the caller in the ASGI scope; routes read it with :func:`principal`, so no route can be
+reached by a path that skipped the verification.
+
+Two browser attacks are refused before any credential is looked at:
+
+* cross-site requests: a browser's ``Origin`` must be this very host;
+* DNS rebinding (an attacker's domain resolving to 127.0.0.1): on a loopback bind, the
+  ``Host`` must be an IP address, ``localhost``, or a name in ``http.allowed_hosts``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+from urllib.parse import urlsplit
+
+from starlette.requests import HTTPConnection
+
+from controlplane.access import throttle
+from controlplane.access.admin_token import loopback_host
+from controlplane.errors import Unauthorized
+from controlplane.settings import Settings
+
+PRINCIPAL = "superagent.principal"
+ADMIN = "admin"  # every holder of the admin token is this one principal
+NEEDS_TOKEN = (
+    "this needs the admin token (SUPERAGENT_ADMIN_TOKEN): sign in on /console/login, or "  # noqa: S105 - a message
+    "send it as 'Authorization: Bearer …'"
+)
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    via: Literal["bearer", "session"]
+
+
+def principal(conn: HTTPConnection) -> Principal:
+    """The caller the middleware verified; Unauthorized if there is none."""
+    found = conn.scope.get(PRINCIPAL)
+    if not isinstance(found, Principal):
+        raise Unauthorized(NEEDS_TOKEN)
+    return found
+
+
+def token_matches(settings: Settings, presented: str) -> bool:
+    """Constant-time comparison with the admin token; False when there is none."""
+    if settings.admin_token is None:
+        return False
+    # Bytes: compare_digest refuses str with non-ASCII characters.
+    expected = settings.admin_token.get_secret_value().encode()
+    return hmac.compare_digest(presented.encode(), expected)
+
+
+def session_ttl(settings: Settings) -> timedelta:
+    return timedelta(hours=settings.http.session_hours)
+
+
+def peer(conn: HTTPConnection) -> str:
+    return throttle.peer_group(conn.client.host if conn.client else None)
+
+
+def _host_name(host_header: str) -> str:
+    return (urlsplit(f"//{host_header}").hostname or "").lower()
+
+
+def check_host(conn: HTTPConnection, settings: Settings) -> None:
+    """Refuse a ``Host`` that a DNS-rebinding page would send."""
+    names = {n.strip().lower() for n in settings.http.allowed_hosts.split(",") if n.strip()}
+    if not names and not loopback_host(settings.http.host):
+        return  # a deployment served by name behind its proxy
+    name = _host_name(conn.headers.get("host", ""))
+    if name in names or name == "localhost" or name.endswith(".localhost"):
+        return
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        raise Unauthorized(
+            f"this control plane is not served as {name!r}; add the name to "
+            "SUPERAGENT_HTTP__ALLOWED_HOSTS to serve it by name"
+        ) from None
+
+
+def check_origin(conn: HTTPConnection) -> None:
+    """Refuse requests a browser sends on behalf of another site's page."""
+    origin = conn.headers.get("origin")
+    if origin is None:
+        return  # not a browser (or a same-origin GET)
+    # Behind a proxy the browser's host may arrive as X-Forwarded-Host; a page on another
+    # site cannot set that header on a websocket or a simple request.
+    hosts = {conn.headers.get("host", ""), *conn.headers.get("x-forwarded-host", "").split(",")}
+    # Any Origin, "null" (sandboxed frames) included, must name this host.
+    if urlsplit(origin).netloc.lower() not in {h.strip().lower() for h in hosts if h.strip()}:
+        raise Unauthorized("cross-origin requests are refused")

@@ -1,0 +1,32 @@
+"""Signing a browser in with the admin token: counted per peer, then a session."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import HTTPConnection
+
+from controlplane.access import guard, sessions, throttle
+from controlplane.settings import Settings
+
+
+async def with_token(
+    settings: Settings, engine: AsyncEngine, conn: HTTPConnection, token: str
+) -> str | None:
+    """A new session's secret if ``token`` is the admin token, else None.
+
+    The attempt is counted before the token is compared (TooManyAttempts past the limit),
+    so concurrent guesses from one peer cannot outrun the count; the right token clears it.
+    """
+    where = guard.peer(conn)
+    await throttle.count(
+        engine,
+        where,
+        limit=settings.http.signin_attempts,
+        window=settings.http.signin_window_seconds,
+    )
+    if settings.admin_token is None or not guard.token_matches(settings, token):
+        return None
+    await throttle.clear(engine, where)
+    return await sessions.start(
+        engine, settings.admin_token.get_secret_value(), where, guard.session_ttl(settings)
+    )

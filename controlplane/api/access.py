@@ -1,0 +1,143 @@
+"""Every HTTP and websocket request needs the admin token or a session: one middleware.
+
+The token comes as ``Authorization: Bearer …`` (the CLI, scripts, Prometheus) or as a
+session made from it (a browser's cookie, :mod:`controlplane.access.sessions`). Nothing
+is trusted for looking local: not the ``Host`` header (anyone can send ``Host:
+127.0.0.1``), not the peer address (a local reverse proxy makes every peer 127.0.0.1, and
+on a shared machine every user is a loopback peer).
+
+The rule is default-deny: a route is public only when it is in :data:`PUBLIC_PATHS` or
+under :data:`PUBLIC_PREFIXES`, each with its reason, so a new route is protected without
+anyone remembering to protect it. Tokens are never read from a URL query: no surface here
+needs one there (websockets carry the cookie or a header), and URLs end up in logs,
+browser history and Referer headers.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from controlplane.access import guard, headers, sessions, throttle
+from controlplane.api.state import AppState
+from controlplane.errors import SuperagentError, TransientError, Unauthorized
+from controlplane.services import is_transient
+
+CLOSE_UNAUTHORIZED = 1008  # a websocket refused for its credentials or its origin
+
+# Public, each for a reason: probes must answer without credentials; webhooks prove
+# themselves with their channel's signature; the sign-in endpoints and the sign-in page's
+# static files are how a browser gets a session; "/" only redirects to the console.
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz", "/console/login", "/chat/session"})
+PUBLIC_PREFIXES = ("/webhooks/", "/console/static/")
+# A browser asking for one of these pages without a session gets the sign-in form (401).
+_PAGES = ("/console", "/chat", "/docs", "/redoc")
+_NOT_PAGES = ("/console/api/", "/chat/api/")
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+class RequireAccess:
+    """ASGI middleware: a non-public request goes on only with a verified principal."""
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or is_public(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        try:
+            scope[guard.PRINCIPAL] = await self._verify(HTTPConnection(scope))
+        except SuperagentError as exc:
+            await _refuse(scope, receive, send, exc)
+            return
+        await self.app(scope, receive, send)
+
+    async def _verify(self, conn: HTTPConnection) -> guard.Principal:
+        settings = self.state.settings
+        guard.check_origin(conn)
+        guard.check_host(conn, settings)
+        if settings.admin_token is None:
+            raise Unauthorized(
+                "this server has no admin token; set SUPERAGENT_ADMIN_TOKEN "
+                "(`superagent up` generates one)"
+            )
+        scheme, _, presented = conn.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            if guard.token_matches(settings, presented.strip()):
+                return guard.Principal(guard.ADMIN, "bearer")
+            await throttle.count(
+                self.state.engine,
+                guard.peer(conn),
+                limit=settings.http.signin_attempts,
+                window=settings.http.signin_window_seconds,
+            )
+            raise Unauthorized("that is not the admin token (SUPERAGENT_ADMIN_TOKEN)")
+        secret = conn.cookies.get(sessions.COOKIE)
+        if not secret:
+            raise Unauthorized(guard.NEEDS_TOKEN)
+        token = settings.admin_token.get_secret_value()
+        try:
+            ok = await sessions.valid(self.state.engine, secret, token)
+        except Exception as exc:
+            if is_transient(exc):
+                raise TransientError("the database is not answering; see /readyz") from exc
+            raise
+        if not ok:
+            raise Unauthorized("this sign-in has expired or ended; sign in again")
+        return guard.Principal(guard.ADMIN, "session")
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, exc: SuperagentError) -> None:
+    if scope["type"] == "websocket":
+        # Accepted first, so that the refusal can say why: a refused handshake is a bare
+        # 403 that a page's script cannot read.
+        websocket = WebSocket(scope, receive, send)
+        await websocket.accept()
+        await websocket.send_json({"type": "error", "message": exc.message})
+        await websocket.close(
+            CLOSE_UNAUTHORIZED, exc.message.encode()[:120].decode(errors="ignore")
+        )
+        return
+    reply: list[tuple[bytes, bytes]] = [(b"cache-control", b"no-store")]
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        reply.append((b"retry-after", str(retry_after).encode()))
+    if exc.http_status == 401:
+        reply.append((b"www-authenticate", b'Bearer realm="superagent"'))
+    if _wants_page(scope) and exc.http_status == 401:
+        from controlplane.console import pages  # the sign-in form, rendered in place
+
+        query = scope.get("query_string", b"").decode("latin-1")
+        target = scope["path"] + (f"?{query}" if query else "")
+        body = pages.login(next_page=target, error=None).encode()
+        reply.append((b"content-type", b"text/html; charset=utf-8"))
+        reply += [
+            (name.lower().encode(), value.encode())
+            for name, value in headers.PAGE_HEADERS.items()
+            if name != "Cache-Control"
+        ]
+    else:
+        body = json.dumps({"error": {"code": exc.code, "message": exc.message}}).encode()
+        reply += [(b"content-type", b"application/json"), (b"x-content-type-options", b"nosniff")]
+    reply.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": exc.http_status, "headers": reply})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _wants_page(scope: Scope) -> bool:
+    path: str = scope["path"]
+    accept = HTTPConnection(scope).headers.get("accept", "")
+    return (
+        scope.get("method") == "GET"
+        and "text/html" in accept
+        and path.startswith(_PAGES)
+        and not path.startswith(_NOT_PAGES)
+    )
