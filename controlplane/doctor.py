@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import ipaddress
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
+from controlplane.access import admin_token
+from controlplane.access.admin_token import loopback_host as _loopback_host
 from controlplane.channels.github.adapter import make_auth
 from controlplane.channels.github.auth import AppAuth
 from controlplane.db import migrate
@@ -29,7 +31,7 @@ from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.engine import create_engine
 from controlplane.db.urls import redacted
 from controlplane.errors import ConfigError
-from controlplane.settings import Settings
+from controlplane.settings import MIN_ADMIN_TOKEN_LENGTH, Settings
 from superagent_shared.gateway_tls import certificate_sha256, format_fingerprint
 
 TIMEOUT = 5.0  # seconds for each remote check (database, model, GitHub)
@@ -58,15 +60,6 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
-def _loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 # --------------------------------------------------------------------------- configuration
 
 
@@ -89,17 +82,60 @@ def check_configuration() -> tuple[Check, Settings | None]:
     token = "admin token set" if settings.admin_token is not None else "no admin token"
     detail = f"{settings.environment.value}, {token}"
     if settings.admin_token is None and not _loopback_host(settings.http.host):
-        # Settings allow it in development, but the console and its status would then be
-        # open to the network.
+        # `up` and `serve` refuse to start so: say it before anyone tries.
         return failed(
             name,
-            f"{detail}, but HTTP listens on {settings.http.host}",
-            "set SUPERAGENT_ADMIN_TOKEN before listening beyond loopback, or set "
-            "SUPERAGENT_HTTP__HOST=127.0.0.1",
+            f"{detail}, but HTTP listens on {settings.http.host}: the server refuses to start",
+            "set SUPERAGENT_ADMIN_TOKEN (32+ random characters: `openssl rand -hex 32`) "
+            "before listening beyond loopback, or set SUPERAGENT_HTTP__HOST=127.0.0.1",
         ), settings
-    if settings.admin_token is None:
-        detail += " (the console, web chat and /metrics answer on this machine only)"
     return passed(name, detail), settings
+
+
+def check_admin_token(settings: Settings) -> Check:
+    """Every HTTP surface needs the admin token: is the one in use strong and private?"""
+    name = "admin token"
+    if settings.admin_token is not None:
+        length = len(settings.admin_token.get_secret_value())
+        if length < MIN_ADMIN_TOKEN_LENGTH:
+            return failed(
+                name,
+                f"SUPERAGENT_ADMIN_TOKEN has {length} characters; production refuses fewer "
+                f"than {MIN_ADMIN_TOKEN_LENGTH}",
+                "make one with `openssl rand -hex 32`",
+            )
+        return passed(name, f"configured ({length} characters)")
+    path = admin_token.token_path(settings)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return passed(name, f"not configured: the first start generates one in {path} (0600)")
+    except OSError as exc:
+        return failed(name, f"{path}: {_first_line(exc)}", "check the state directory")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return failed(
+            name,
+            f"{path} is readable by other users ({stat.filemode(mode)})",
+            f"delete {path}: the next start generates a new token",
+        )
+    return passed(name, f"generated, in {path} (0600, this user only)")
+
+
+def check_http_exposure(settings: Settings) -> Check:
+    """The DNS-rebinding guard, and who can reach the HTTP surfaces at all."""
+    name = "http"
+    hosts = settings.http.allowed_hosts.strip()
+    where = settings.http.host
+    if _loopback_host(where):
+        named = f"; by name also as {hosts}" if hosts else ""
+        return passed(name, f"listens on {where}, reached by IP address or localhost{named}")
+    if not hosts:
+        return passed(
+            name,
+            f"listens on {where}: every surface needs the token; any Host name is accepted "
+            "(set SUPERAGENT_HTTP__ALLOWED_HOSTS to pin the names it is served as)",
+        )
+    return passed(name, f"listens on {where}, served as {hosts}")
 
 
 # --------------------------------------------------------------------------- database
@@ -334,12 +370,7 @@ def check_lark(settings: Settings) -> Check:
 def check_webchat(settings: Settings) -> Check:
     if not settings.webchat.enabled:
         return passed("web chat", "off (SUPERAGENT_WEBCHAT__ENABLED=false)")
-    who = (
-        "signed in with the admin token"
-        if settings.admin_token is not None
-        else "on this machine only (no admin token)"
-    )
-    return passed("web chat", f"on at /chat, {who}")
+    return passed("web chat", "on at /chat, for holders of the admin token")
 
 
 async def check_channels(settings: Settings, http: httpx.AsyncClient) -> list[Check]:
@@ -448,7 +479,12 @@ def diagnose() -> list[Check]:
     configuration, settings = check_configuration()
     if settings is None:
         return [configuration]
-    checks = [configuration, check_gateway_tls(settings)]
+    checks = [
+        configuration,
+        check_admin_token(settings),
+        check_http_exposure(settings),
+        check_gateway_tls(settings),
+    ]
     embedded = EmbeddedPostgres(settings.state_dir).data_dir
     if settings.database_url is None and not embedded.exists():
         # Starting it would create it: a check must not change what it checks.

@@ -167,14 +167,18 @@ async def test_dns_rebinding_names_are_refused_on_a_loopback_bind(
     engine: AsyncEngine, pool: asyncpg.Pool
 ) -> None:
     state = _app(engine, pool, admin_token=TOKEN)
-    good = {"Authorization": f"Bearer {TOKEN}"}
+    async with _client(state) as client:
+        secret = await _sign_in(client)
+    # A page on attacker.example, resolving to 127.0.0.1, with the browser's session.
     async with _client(state, host="attacker.example:8420") as client:
-        answer = await client.get("/console/api/overview", headers=good)
+        client.cookies.set(sessions.COOKIE, secret)
+        answer = await client.get("/console/api/overview")
         assert answer.status_code == 401
         assert "SUPERAGENT_HTTP__ALLOWED_HOSTS" in answer.json()["error"]["message"]
     named = _app(engine, pool, admin_token=TOKEN, http={"allowed_hosts": "agent.example"})
     async with _client(named, host="agent.example") as client:
-        assert (await client.get("/console/api/overview", headers=good)).status_code == 200
+        client.cookies.set(sessions.COOKIE, secret)
+        assert (await client.get("/console/api/overview")).status_code == 200
 
 
 # -- sessions ------------------------------------------------------------------------------

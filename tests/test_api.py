@@ -11,8 +11,11 @@ from controlplane.db.engine import create_engine
 from controlplane.errors import NotFound
 from controlplane.settings import Settings
 
+TOKEN = "api-test-token-8c2e41f0a7d35b96e1c4"
+
 
 def client_for(engine: AsyncEngine, **settings: object) -> tuple[httpx.AsyncClient, AppState]:
+    settings.setdefault("admin_token", TOKEN)
     state = AppState(settings=Settings(**settings), engine=engine, replica_id="test-replica")  # type: ignore[arg-type]
     app = create_app(state)
 
@@ -25,7 +28,9 @@ def client_for(engine: AsyncEngine, **settings: object) -> tuple[httpx.AsyncClie
         raise RuntimeError("internal detail canary-7731")
 
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://test"), state
+    # The probes need no token; the routes added here are protected as every other one.
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    return httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers), state
 
 
 async def test_probes_with_a_live_database(engine: AsyncEngine) -> None:

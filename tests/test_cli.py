@@ -154,10 +154,16 @@ def test_up_serves_on_embedded_postgres_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
         assert ready.json()["status"] == "ready"
         console = httpx.get(f"{base}/", follow_redirects=True)
         assert console.url.path == "/console"
-        assert "No model is set" in httpx.get(f"{base}/console/api/overview").text
-        openapi = httpx.get(f"{base}/openapi.json").json()
+        assert console.status_code == 401  # the sign-in form: nothing is open without the token
+        # No token was configured: `up` generated one, for this user's eyes only.
+        token = (state / "admin-token").read_text().strip()
+        assert (state / "admin-token").stat().st_mode & 0o077 == 0
+        bearer = {"Authorization": f"Bearer {token}"}
+        overview = httpx.get(f"{base}/console/api/overview", headers=bearer)
+        assert "No model is set" in overview.text
+        openapi = httpx.get(f"{base}/openapi.json", headers=bearer).json()
         assert "/healthz" in openapi["paths"]
-        assert httpx.get(f"{base}/no-such-page").status_code == 404
+        assert httpx.get(f"{base}/no-such-page", headers=bearer).status_code == 404
         assert (state / "postgres" / "PG_VERSION").exists()
 
         # The gateway serves TLS from the CA it created in the state directory.

@@ -17,12 +17,13 @@ import pytest
 from cryptography import x509
 
 from controlplane import doctor
+from controlplane.access import admin_token
 from controlplane.gateway.tls import ensure_server_tls
 from controlplane.settings import Settings
 from tests.fakes.github_server import FakeGitHub
 from tests.fakes.openai_server import FAKE_API_KEY, FAKE_MODEL, FakeOpenAIServer
 
-ADMIN_TOKEN = "admin-token-canary-3141"
+ADMIN_TOKEN = "admin-token-canary-3141-5926-5358-9793"
 WEBHOOK_SECRET = "webhook-secret-canary-2718"
 
 
@@ -102,6 +103,8 @@ def test_a_healthy_setup_passes_every_check(healthy_env: dict[str, str]) -> None
     checks = lines_by_check(result.stdout)
     assert list(checks) == [
         "configuration",
+        "admin token",
+        "http",
         "gateway certificate",
         "database",
         "github",
@@ -139,7 +142,7 @@ def test_an_unreachable_model_fails_with_its_fix(healthy_env: dict[str, str]) ->
     assert "fix: check OPENAI_BASE_URL" in model
     # Only the model failed: the other checks still ran, and passed.
     assert all(line.startswith("✓ ") for line in checks.values()), result.stdout
-    assert result.stdout.rstrip().endswith("1 of 6 checks failed")
+    assert result.stdout.rstrip().endswith("1 of 8 checks failed")
     assert_no_secrets(env, result.stdout + result.stderr)
 
     report = json.loads(run_doctor(env, "--json").stdout)
@@ -361,3 +364,29 @@ async def test_model_checks() -> None:
     assert "does not serve gpt-9" in unknown.detail
     assert unknown.fix is not None
     assert "router-m, worker-m" in unknown.fix
+
+
+def test_unsafe_access_settings_are_flagged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in list(os.environ):
+        if name.startswith(("SUPERAGENT_", "OPENAI_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SUPERAGENT_STATE_DIR", str(tmp_path))
+    # A short token: production would refuse it, development is told.
+    monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "short-token-canary")
+    check = doctor.check_admin_token(Settings())
+    assert not check.ok
+    assert "openssl rand" in (check.fix or "")
+    assert "short-token-canary" not in check.detail
+    # No token: the one the first start generates, kept private.
+    monkeypatch.delenv("SUPERAGENT_ADMIN_TOKEN")
+    assert "first start generates" in doctor.check_admin_token(Settings()).detail
+    generated = admin_token.for_server(Settings())
+    assert generated.admin_token is not None
+    assert doctor.check_admin_token(Settings()).ok
+    (tmp_path / "admin-token").chmod(0o644)
+    leaked = doctor.check_admin_token(Settings())
+    assert not leaked.ok
+    assert "readable by other users" in leaked.detail
+    assert generated.admin_token.get_secret_value() not in leaked.detail + (leaked.fix or "")

@@ -49,8 +49,12 @@ def lines_of(stream: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
 
 
+TOKEN = "logs-test-token-5d0a9e3c71b24f68a2e9"
+
+
 def client_for(engine: AsyncEngine) -> httpx.AsyncClient:
-    app = create_app(AppState(settings=Settings(), engine=engine, replica_id="test-replica"))
+    settings = Settings(admin_token=TOKEN)  # type: ignore[arg-type]
+    app = create_app(AppState(settings=settings, engine=engine, replica_id="test-replica"))
 
     @app.get("/work")
     async def work() -> dict[str, str]:
@@ -62,7 +66,8 @@ def client_for(engine: AsyncEngine) -> httpx.AsyncClient:
         raise RuntimeError("a bug")
 
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://test")
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    return httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers)
 
 
 async def test_a_request_s_lines_carry_its_trace_id(
@@ -224,7 +229,9 @@ async def test_a_replica_logs_json_with_the_trace_id_of_each_request(
                     "X-Request-Id": "req-ping-1",
                 },
             )
-            metrics = await client.get("/metrics")
+            # Without a configured token the replica generated one in its state directory.
+            token = (tmp_path / "state" / "admin-token").read_text().strip()
+            metrics = await client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
         assert ping.status_code == 200, ping.text
         assert ping.headers["X-Request-Id"] == "req-ping-1"
         assert metrics.status_code == 200

@@ -33,12 +33,26 @@ Key = tuple[str, frozenset[tuple[str, str]]]
 Samples = dict[Key, float]
 
 
+TOKEN = "metrics-token-canary-1234-5678-90ab-cdef"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
 def client_for(
-    engine: AsyncEngine, *, client: tuple[str, int] = ("127.0.0.1", 5000), **settings: object
+    engine: AsyncEngine,
+    *,
+    client: tuple[str, int] = ("127.0.0.1", 5000),
+    headers: dict[str, str] | None = None,
+    **settings: object,
 ) -> httpx.AsyncClient:
+    """An in-process app whose admin token is TOKEN; the client sends it unless told."""
+    settings.setdefault("admin_token", TOKEN)
     state = AppState(settings=Settings(**settings), engine=engine, replica_id="test-replica")  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=create_app(state), client=client)
-    return httpx.AsyncClient(transport=transport, base_url="http://test")
+    return httpx.AsyncClient(
+        transport=transport,
+        base_url="http://127.0.0.1",
+        headers=BEARER if headers is None else headers,
+    )
 
 
 async def scrape(client: httpx.AsyncClient, **headers: str) -> Samples:
@@ -245,21 +259,23 @@ async def test_a_slow_table_leaves_out_its_metrics_not_the_scrape(
     assert key("superagent_effects", state="dead") in after
 
 
-async def test_without_an_admin_token_only_loopback_may_scrape(engine: AsyncEngine) -> None:
-    for address in ("127.0.0.1", "::1"):
-        async with client_for(engine, client=(address, 5000)) as local:
-            await scrape(local)
-    async with client_for(engine, client=("10.1.2.3", 5000)) as remote:
-        refused = await remote.get("/metrics")
-    assert refused.status_code == 401
-    error = refused.json()["error"]
-    assert error["code"] == "unauthorized"
-    assert "SUPERAGENT_ADMIN_TOKEN" in error["message"]
+async def test_without_an_admin_token_nobody_may_scrape_loopback_included(
+    engine: AsyncEngine,
+) -> None:
+    for address in ("127.0.0.1", "::1", "10.1.2.3"):
+        async with client_for(
+            engine, client=(address, 5000), headers={}, admin_token=None
+        ) as client:
+            refused = await client.get("/metrics")
+        assert refused.status_code == 401
+        error = refused.json()["error"]
+        assert error["code"] == "unauthorized"
+        assert "SUPERAGENT_ADMIN_TOKEN" in error["message"]
 
 
 async def test_with_an_admin_token_the_scrape_needs_it(engine: AsyncEngine) -> None:
-    token = "metrics-token-canary-1234"
-    async with client_for(engine, client=("10.1.2.3", 5000), admin_token=token) as client:
+    token = TOKEN
+    async with client_for(engine, client=("10.1.2.3", 5000), headers={}) as client:
         missing = await client.get("/metrics")
         wrong = await client.get("/metrics", headers={"Authorization": "Bearer nope"})
         basic = await client.get("/metrics", headers={"Authorization": f"Basic {token}"})
@@ -270,8 +286,8 @@ async def test_with_an_admin_token_the_scrape_needs_it(engine: AsyncEngine) -> N
         assert "Authorization: Bearer" in refused.json()["error"]["message"]
         assert token not in refused.text
     assert key("superagent_scrape_up", group="queues") in samples
-    # Loopback is no exception once a token is set.
-    async with client_for(engine, admin_token=token) as local:
+    # Loopback is no exception.
+    async with client_for(engine, headers={}) as local:
         assert (await local.get("/metrics")).status_code == 401
 
 

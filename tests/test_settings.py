@@ -59,7 +59,7 @@ def test_production_requires_an_admin_token(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "  ")  # set, but to nothing
     with pytest.raises(ValidationError, match="ADMIN_TOKEN"):
         Settings()
-    monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "a-real-long-random-token-4d9f")
+    monkeypatch.setenv("SUPERAGENT_ADMIN_TOKEN", "a-real-long-random-token-4d9f-0c7e1b2a")
     assert Settings().admin_token is not None
 
 

@@ -63,13 +63,17 @@ class RequireAccess:
     async def _verify(self, conn: HTTPConnection) -> guard.Principal:
         settings = self.state.settings
         guard.check_origin(conn)
-        guard.check_host(conn, settings)
+        scheme, _, presented = conn.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            # A browser's credential is its cookie, which a DNS-rebinding page cannot
+            # have either; refusing the foreign name is the second lock. A bearer token
+            # is not ambient: a page can only send it if it already knows it.
+            guard.check_host(conn, settings)
         if settings.admin_token is None:
             raise Unauthorized(
                 "this server has no admin token; set SUPERAGENT_ADMIN_TOKEN "
                 "(`superagent up` generates one)"
             )
-        scheme, _, presented = conn.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             if guard.token_matches(settings, presented.strip()):
                 return guard.Principal(guard.ADMIN, "bearer")
@@ -79,7 +83,9 @@ class RequireAccess:
                 limit=settings.http.signin_attempts,
                 window=settings.http.signin_window_seconds,
             )
-            raise Unauthorized("that is not the admin token (SUPERAGENT_ADMIN_TOKEN)")
+            raise Unauthorized(
+                "that is not the admin token: send 'Authorization: Bearer <SUPERAGENT_ADMIN_TOKEN>'"
+            )
         secret = conn.cookies.get(sessions.COOKIE)
         if not secret:
             raise Unauthorized(guard.NEEDS_TOKEN)

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from controlplane import __version__, metrics
 from controlplane.api import console, errors
 from controlplane.api.access import RequireAccess
+from controlplane.api.body_limit import BodyLimit
 from controlplane.api.state import AppState, app_state
 from controlplane.channels import registry as channel_registry
 
@@ -26,6 +27,10 @@ def create_app(state: AppState) -> FastAPI:
     )
     app.state.superagent = state
     errors.install(app)
+    # Every route, those below and any added later, needs the admin token or a session
+    # unless RequireAccess lists it as public (docs/security.md). Added first, it runs
+    # inside the trace-id middleware, so a refusal names its request too.
+    app.add_middleware(RequireAccess, state=state)
     metrics.install(app)
 
     @app.get("/healthz", tags=["health"], summary="Liveness: the process is serving")
@@ -54,7 +59,5 @@ def create_app(state: AppState) -> FastAPI:
     async def index() -> RedirectResponse:
         return RedirectResponse("/console", status_code=303)
 
-    # Every route, those above and any added later, needs the admin token or a session
-    # unless RequireAccess lists it as public (docs/security.md).
-    app.add_middleware(RequireAccess, state=state)
+    app.add_middleware(BodyLimit, settings=state.settings.http)  # last: outermost, first to run
     return app
