@@ -32,6 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.routing import Route
 
 from controlplane.access import sessions
+from controlplane.api import access
 from controlplane.api.access import is_public
 from controlplane.api.app import create_app
 from controlplane.api.state import AppState
@@ -40,6 +41,7 @@ from controlplane.channels.context import ChannelContext
 from controlplane.channels.webchat.adapter import WebChatAdapter
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.intake import Intake
+from controlplane.runtime import HttpService
 from controlplane.settings import Settings
 from tests.cli_output import one_line_error
 from tests.helpers import assert_eventually, free_port
@@ -469,3 +471,27 @@ def test_the_container_image_refuses_to_run_without_a_token(tmp_path: Path) -> N
         check=False,
     )
     assert "SUPERAGENT_ADMIN_TOKEN" in one_line_error(proc)
+
+
+async def test_an_open_websocket_ends_with_its_session(
+    engine: AsyncEngine, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(access, "SESSION_RECHECK_SECONDS", 0.2)
+    state = _app(engine, pool, admin_token=TOKEN, http={"port": 0})
+    http = HttpService(state)
+    await http.start()
+    try:
+        await assert_eventually(lambda: http.server.started)
+        base = f"http://127.0.0.1:{http.port}"
+        async with httpx.AsyncClient(base_url=base) as client:
+            secret = await _sign_in(client)
+            cookie = {"Cookie": f"{sessions.COOKIE}={secret}"}
+            url = f"ws://127.0.0.1:{http.port}/console/ws?topics=tickets"
+            async with websockets.connect(url, additional_headers=cookie) as ws:
+                assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "ready"
+                await client.post("/console/logout")
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 10)
+                assert ws.close_code == 1008
+    finally:
+        await http.stop(5)

@@ -114,6 +114,7 @@ async def test_one_replica_serves_github_slack_and_web_chat(
     slack: FakeSlack,
     pool: asyncpg.Pool,
     db: async_sessionmaker[AsyncSession],
+    tmp_path: Path,
 ) -> None:
     await save_policy(
         db,
@@ -191,7 +192,11 @@ async def test_one_replica_serves_github_slack_and_web_chat(
         *(sys.executable, "-m", "controlplane.cli", "say", "--url", replica, "/devices"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={k: v for k, v in os.environ.items() if k != "SUPERAGENT_ADMIN_TOKEN"},
+        # No token configured: `say` reads the one the replica generated in its state dir.
+        env={
+            **{k: v for k, v in os.environ.items() if k != "SUPERAGENT_ADMIN_TOKEN"},
+            "SUPERAGENT_STATE_DIR": str(tmp_path),
+        },
     )
     out, err = await asyncio.wait_for(say.communicate(), 120)
     assert say.returncode == 0, err.decode()

@@ -15,10 +15,12 @@ browser history and Referer headers.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
 from starlette.requests import HTTPConnection
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from controlplane.access import guard, headers, sessions, throttle
@@ -27,6 +29,7 @@ from controlplane.errors import SuperagentError, TransientError, Unauthorized
 from controlplane.services import is_transient
 
 CLOSE_UNAUTHORIZED = 1008  # a websocket refused for its credentials or its origin
+SESSION_RECHECK_SECONDS = 15.0  # how soon an open websocket notices its session ended
 
 # Public, each for a reason: probes must answer without credentials; webhooks prove
 # themselves with their channel's signature; the sign-in endpoints and the sign-in page's
@@ -54,11 +57,53 @@ class RequireAccess:
             await self.app(scope, receive, send)
             return
         try:
-            scope[guard.PRINCIPAL] = await self._verify(HTTPConnection(scope))
+            who = await self._verify(HTTPConnection(scope))
         except SuperagentError as exc:
             await _refuse(scope, receive, send, exc)
             return
+        scope[guard.PRINCIPAL] = who
+        if scope["type"] == "websocket" and who.via == "session":
+            await self._while_signed_in(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _while_signed_in(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A websocket lives no longer than the session that opened it: signed out or
+        expired, the socket is closed (1008) within ``SESSION_RECHECK_SECONDS``."""
+        secret = HTTPConnection(scope).cookies.get(sessions.COOKIE, "")
+        ended = asyncio.Event()
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(SESSION_RECHECK_SECONDS)
+                token = self.state.settings.admin_token
+                try:
+                    ok = token is not None and await sessions.valid(
+                        self.state.engine, secret, token.get_secret_value()
+                    )
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    continue  # a database away for a moment ends nobody's session
+                if not ok:
+                    ended.set()
+                    with contextlib.suppress(Exception):
+                        await send({"type": "websocket.close", "code": CLOSE_UNAUTHORIZED})
+                    return
+
+        async def receive_until_ended() -> Message:
+            if ended.is_set():
+                return {"type": "websocket.disconnect", "code": CLOSE_UNAUTHORIZED}
+            message = await receive()
+            return message
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await self.app(scope, receive_until_ended, send)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
     async def _verify(self, conn: HTTPConnection) -> guard.Principal:
         settings = self.state.settings
