@@ -84,7 +84,7 @@ def _routes(routes: list[Any]) -> Iterator[Any]:
 def _protected_routes(state: AppState) -> list[tuple[str, str]]:
     """(method, path) of every route that is not public, path parameters filled in: the
     API docs, the channels' and the console's routes, and any route added later."""
-    found = []
+    found: list[tuple[str, str]] = []
     for route in _routes(create_app(state).routes):
         if not isinstance(route, Route) or is_public(route.path):
             continue
@@ -298,8 +298,8 @@ async def test_wrong_bearer_tokens_count_too(engine: AsyncEngine) -> None:
 
 def test_production_refuses_an_admin_token_under_32_characters() -> None:
     with pytest.raises(ValidationError, match="at least 32 characters"):
-        Settings(environment="production", admin_token=SecretStr("x7" * 15 + "y"))  # type: ignore[arg-type]
-    assert Settings(environment="production", admin_token=SecretStr("x7" * 16)).admin_token  # type: ignore[arg-type]
+        Settings(environment="production", admin_token=SecretStr("x7" * 15 + "y"))
+    assert Settings(environment="production", admin_token=SecretStr("x7" * 16)).admin_token
 
 
 # -- real processes ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from controlplane import versions
 from controlplane.api.app import create_app
 from controlplane.api.state import AppState
+from controlplane.authorization import devices as access
 from controlplane.console.hub import TOPICS, ConsoleHub, Watcher
 from controlplane.db.engine import transaction
 from controlplane.db.models import PromptVersion
@@ -149,12 +150,27 @@ async def _ticket(
         extra.get("cost", 0),
     )
     await pool.execute(
-        "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, scope) "
-        "VALUES ($1, $2, 'explicit', 'web:alice', 'alice', $3)",
+        "INSERT INTO people (id, name) VALUES ($1, 'alice') ON CONFLICT (name) DO NOTHING",
+        new_id("prs"),
+    )
+    await pool.execute(
+        "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, scope, "
+        "person_id) VALUES ($1, $2, 'explicit', 'web:alice', 'alice', $3, "
+        "(SELECT id FROM people WHERE name = 'alice'))",
         new_id("mnd"),
         ticket_id,
         f"scope of {title}",
     )
+    if device is not None:  # checked as the router checks it: alice may use her devices
+        async with pool.acquire() as conn:
+            await access.grant_ticket(
+                conn,
+                ticket_id,
+                await access.device(conn, device),
+                await access.requester_of_ticket(conn, ticket_id),
+                by="the test",
+                what=title,
+            )
     return ticket_id
 
 
@@ -167,6 +183,11 @@ async def seed(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> Seed
         "now(), now()), ($2, 'old-laptop', 'bob', NULL, '0.1.0', NULL, NULL, "
         "now() - interval '3 days')",
         build_box,
+        old_laptop,
+    )
+    # Bob lets alice use his old laptop (her tickets may be moved there).
+    await pool.execute(
+        "INSERT INTO device_shares (device_id, grantee, created_by) VALUES ($1, 'alice', 'bob')",
         old_laptop,
     )
     running = await _ticket(
@@ -292,8 +313,11 @@ async def _open(page: Page, link: str, address: str) -> None:
 
 async def _sign_in(page: Page, url: str) -> None:
     """A wrong token, refused; then the right one."""
-    await page.goto(f"{url}/console")
-    assert page.url.startswith(f"{url}/console/login?next=")
+    shown = await page.goto(f"{url}/console")
+    # No session: the sign-in form in place (401), leading back to the page asked for.
+    assert shown is not None
+    assert shown.status == 401
+    await expect(page.locator("input[name=next]")).to_have_value("/console")
     await screenshot(page, "login")
     await page.fill("input[name=token]", "not-the-token")
     await page.click("button[type=submit]")

@@ -53,7 +53,7 @@ TOKEN = "logs-test-token-5d0a9e3c71b24f68a2e9"
 
 
 def client_for(engine: AsyncEngine) -> httpx.AsyncClient:
-    settings = Settings(admin_token=TOKEN)  # type: ignore[arg-type]
+    settings = Settings(admin_token=TOKEN)
     app = create_app(AppState(settings=settings, engine=engine, replica_id="test-replica"))
 
     @app.get("/work")

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Awaitable
-from importlib import resources
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qs, quote
 
@@ -30,7 +28,7 @@ from fastapi import APIRouter, Depends, Query, Request, WebSocket
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from controlplane.access import guard, headers, sessions, signin
+from controlplane.access import guard, headers, sessions, signin, static_files
 from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat.connection import refuse
 from controlplane.console import (
@@ -45,7 +43,7 @@ from controlplane.console import (
     tickets,
 )
 from controlplane.console import versions as documents
-from controlplane.errors import InvalidInput, NotFound, TransientError, Unauthorized
+from controlplane.errors import InvalidInput, TransientError, Unauthorized
 from controlplane.gateway.queue import CommandQueue
 from controlplane.services import is_transient
 
@@ -60,10 +58,7 @@ CLOSE_BAD_REQUEST = 4400  # unknown topics
 CLOSE_TOO_SLOW = 1013  # fell behind, or the hub failed: the page reconnects
 OUTPUT_LIMIT = 1 << 20  # bytes of a command's output per request
 LOGIN_BODY_LIMIT = 4096
-_STATIC_TYPES = {
-    "console.js": "text/javascript; charset=utf-8",
-    "console.css": "text/css; charset=utf-8",
-}
+_STATIC = frozenset({"console.js", "console.css"})
 
 
 async def admin(request: Request, state: State) -> AppState:
@@ -158,18 +153,7 @@ async def chat_page(request: Request, state: State) -> Response:
 
 @routes.get("/console/static/{name}", include_in_schema=False)
 async def static(name: str) -> Response:
-    if name not in _STATIC_TYPES:
-        raise NotFound(f"no console file {name!r}")
-    return Response(
-        _static(name),
-        media_type=_STATIC_TYPES[name],
-        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
-    )
-
-
-@functools.cache
-def _static(name: str) -> bytes:
-    return (resources.files("controlplane.console") / "static" / name).read_bytes()
+    return static_files.serve("controlplane.console", name, _STATIC, "console")
 
 
 # -- signing in ----------------------------------------------------------------------------
@@ -327,7 +311,17 @@ async def devices_data(state: Admin) -> dict[str, Any]:
 
 class PairRequest(BaseModel):
     name: str = Field(max_length=1000, description="The new device's name, e.g. alice-laptop.")
-    owner: str | None = Field(None, max_length=200, description="The person it belongs to.")
+    owner: str | None = Field(
+        None,
+        max_length=200,
+        description="Who it belongs to: a person, or an account SOURCE:ID (default: the "
+        "admin, web:admin). Only its owner may direct work to it.",
+    )
+    shared: str | None = Field(
+        None,
+        max_length=200,
+        description="A team device: the group (SOURCE:GROUP) whose members may use it.",
+    )
 
 
 @routes.post(
@@ -337,7 +331,10 @@ class PairRequest(BaseModel):
 )
 async def pair_device(state: Admin, body: PairRequest) -> dict[str, Any]:
     owner = (body.owner or "").strip() or None
-    return await _read(devices.pair(state.settings, state.engine, name=body.name, owner=owner))
+    shared = (body.shared or "").strip() or None
+    return await _read(
+        devices.pair(state.settings, state.engine, name=body.name, owner=owner, shared=shared)
+    )
 
 
 @routes.post(

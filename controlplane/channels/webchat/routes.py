@@ -13,15 +13,13 @@ Every endpoint but the sign-in needs the admin token or a session (the middlewar
 
 from __future__ import annotations
 
-import functools
-from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from controlplane.access import guard, headers, sessions, signin
+from controlplane.access import guard, headers, sessions, signin, static_files
 from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat import auth, connection, history, inbound
 from controlplane.channels.webchat.adapter import WebChatAdapter
@@ -40,34 +38,20 @@ def _adapter(state: AppState) -> WebChatAdapter:
     return adapter
 
 
-_STATIC_TYPES = {
-    "chat.js": "text/javascript; charset=utf-8",
-    "chat.css": "text/css; charset=utf-8",
-}
-
-
-@functools.cache
-def _static(name: str) -> bytes:
-    return (resources.files(__package__) / "static" / name).read_bytes()
+_STATIC = frozenset({"chat.js", "chat.css"})
 
 
 @routes.get("/chat", include_in_schema=False)
 async def chat_page(request: Request, state: State) -> Response:
     _adapter(state)
     auth.check(request, state.settings)
-    return HTMLResponse(_static("chat.html"), headers=headers.PAGE_HEADERS)
+    page = static_files.read(__package__, "chat.html")
+    return HTMLResponse(page, headers=headers.PAGE_HEADERS)
 
 
 @routes.get("/chat/static/{name}", include_in_schema=False)
 async def chat_static(name: str) -> Response:
-    # Served apart from the page because the page's CSP forbids inline scripts and styles.
-    if name not in _STATIC_TYPES:
-        raise NotFound(f"no chat file {name!r}")
-    return Response(
-        _static(name),
-        media_type=_STATIC_TYPES[name],
-        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
-    )
+    return static_files.serve(__package__, name, _STATIC, "chat")
 
 
 class SignIn(BaseModel):
