@@ -258,7 +258,7 @@ class Models:
             seconds = minutes * 60 / self.scale
             return ModelReply(tool_calls=[ToolCall("shell", {"command": f"sleep {seconds:.3f}"})])
         last = request.messages[-1]
-        if last.get("role") == "user" and " ended:" in str(last.get("content")):
+        if last.get("role") == "user" and '"type": "job_ended"' in str(last.get("content")):
             return ModelReply(
                 tool_calls=[ToolCall("report", {"status": "ready", "summary": "fixed"})]
             )

@@ -138,6 +138,26 @@ def check_http_exposure(settings: Settings) -> Check:
     return passed(name, f"listens on {where}, served as {hosts}")
 
 
+def check_worker_holds(settings: Settings) -> Check:
+    """Does a worker wait for people before acting outside the device on input without
+    authority (a stranger's comment, CI output)?"""
+    name = "worker holds"
+    mode = settings.workers.hold_untrusted
+    if mode == "off":
+        return failed(
+            name,
+            "SUPERAGENT_WORKERS__HOLD_UNTRUSTED is off: a stranger's comment on a public issue "
+            "can lead a worker to push, open a pull request or use credentials unconfirmed",
+            "set it to `public` (the default) or `always`",
+        )
+    where = "after any" if mode == "always" else "after public (or not known private)"
+    return passed(
+        name,
+        f"pushes, pull requests and credential uses wait {where} input "
+        "without authority until the requester confirms",
+    )
+
+
 # --------------------------------------------------------------------------- database
 
 
@@ -483,6 +503,7 @@ def diagnose() -> list[Check]:
         configuration,
         check_admin_token(settings),
         check_http_exposure(settings),
+        check_worker_holds(settings),
         check_gateway_tls(settings),
     ]
     embedded = EmbeddedPostgres(settings.state_dir).data_dir

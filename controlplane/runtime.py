@@ -17,7 +17,9 @@ import uvicorn
 
 from controlplane.access import sessions
 from controlplane.api.app import create_app
+from controlplane.api.request_head import BoundedHttpToolsProtocol
 from controlplane.api.state import AppState
+from controlplane.authorization.approvals import ApprovalService
 from controlplane.channels import registry as channel_registry
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.github.pull_requests import (
@@ -76,6 +78,11 @@ class HttpService(Service):
             access_log=False,
             timeout_graceful_shutdown=2,
             lifespan="off",
+            # Bounds before any ASGI code runs (bodies are capped in api/body_limit.py): the
+            # request head, for httptools as for h11, and each websocket message.
+            http=BoundedHttpToolsProtocol,
+            h11_max_incomplete_event_size=state.settings.http.max_header_bytes,
+            ws_max_size=state.settings.http.ws_max_message_bytes,
         )
         self.server = _Uvicorn(config)
 
@@ -198,6 +205,8 @@ async def replica(
                 log.info("no model configured: the router runs in rules-only mode")
                 router = RulesOnlyRouter(pool, queue)
             services.append(RouterService(router, leadership, dsn, pool))
+            # In every mode: owners' answers to requests for their devices, and expiries.
+            services.append(ApprovalService(pool, settings))
             try:
                 yield services
             finally:

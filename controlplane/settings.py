@@ -26,6 +26,9 @@ def _default_state_dir() -> Path:
     return Path("~/.local/share/superagent").expanduser()
 
 
+MIN_ADMIN_TOKEN_LENGTH = 32  # production refuses shorter admin tokens
+
+
 class Environment(StrEnum):
     development = "development"
     production = "production"
@@ -34,6 +37,65 @@ class Environment(StrEnum):
 class HttpSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Address the HTTP API and console listen on.")
     port: int = Field(8420, ge=0, le=65535, description="HTTP port (0 picks a free port).")
+    allowed_hosts: str = Field(
+        "",
+        description="Comma-separated host names browsers may use to reach the console and "
+        "chat, beside IP addresses and localhost (a guard against DNS rebinding). Empty: "
+        "any name when listening beyond loopback, none when on loopback.",
+    )
+    session_hours: float = Field(
+        12.0,
+        gt=0,
+        description="How long a console or chat sign-in lasts; signing out ends it at once.",
+    )
+    signin_attempts: int = Field(
+        10,
+        ge=1,
+        description="Wrong admin tokens one peer (an IPv4 address or IPv6 /64) may present "
+        "per `signin_window_seconds` before it is refused with 429.",
+    )
+    signin_window_seconds: float = Field(
+        300.0, gt=0, description="The window of `signin_attempts`."
+    )
+    # Bounds on what one request may make the server hold (docs/operations.md, "Request
+    # limits"): enforced before routing, authentication or parsing.
+    max_body_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="Largest request body an HTTP endpoint takes unless named below: a bigger "
+        "one gets 413 before anything reads it (a declared Content-Length at once, a chunked "
+        "body as soon as it passes the limit).",
+    )
+    github_webhook_max_body_bytes: int = Field(
+        25 << 20,
+        ge=1024,
+        description="Largest body POST /webhooks/github takes (GitHub sends at most 25 MB).",
+    )
+    slack_webhook_max_body_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="Largest body POST /webhooks/slack takes (events are a few KB; a message "
+        "is at most 40,000 characters).",
+    )
+    lark_webhook_max_body_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="Largest body POST /webhooks/lark takes (events are a few KB; a text "
+        "message is at most 150 KB, a third more when encrypted).",
+    )
+    max_header_bytes: int = Field(
+        32 << 10,
+        ge=4096,
+        le=1 << 20,
+        description="Largest request line and headers together: a longer head gets 431 and "
+        "the connection is closed.",
+    )
+    ws_max_message_bytes: int = Field(
+        256 << 10,
+        ge=4096,
+        description="Largest websocket message (chat, console) the server takes: a bigger one "
+        "closes the socket with 1009. A chat frame is at most 64 Ki characters.",
+    )
 
 
 class GrpcSettings(BaseModel):
@@ -67,6 +129,19 @@ class GrpcSettings(BaseModel):
     )
     output_inline_bytes: int = Field(
         8192, ge=0, description="Bytes of a command's output head and tail kept inline."
+    )
+    pairing_failures_per_peer: int = Field(
+        10,
+        ge=1,
+        description="Failed pairing attempts one peer (an IPv4 address or IPv6 /64) may make "
+        "in 10 minutes; past it, its codes are refused without being compared.",
+    )
+    pairing_failures_global: int = Field(
+        1000,
+        ge=1,
+        description="Failed pairing attempts all peers together may make in 10 minutes, a "
+        "bound on guessing spread over many addresses; past it, every pairing waits for the "
+        "window to end.",
     )
 
 
@@ -379,7 +454,21 @@ class WorkerSettings(BaseModel):
         description="How long a ticket waits for its device to come back before people are "
         "asked whether to reroute or drop it.",
     )
+    device_approval_seconds: float = Field(
+        30 * 60.0,
+        gt=0,
+        description="How long a request to use someone else's device waits for its owner's "
+        "answer in chat (`approve apr_…` / `deny apr_…`); no answer by then counts as a deny.",
+    )
     prices: LlmPrices = Field(default_factory=LlmPrices, description="The worker model's prices.")
+    hold_untrusted: Literal["public", "always", "off"] = Field(
+        "public",
+        description="Hold a worker's push, pull request or credential use that comes right "
+        "after it read only input without authority (not allowlisted people, bots, CI) until "
+        "the requester confirms. `public`: when some of that input was said in public or "
+        "where it is not known to be private (a private GitHub repository is known); "
+        "`always`; `off`.",
+    )
 
     @model_validator(mode="after")
     def _renew_well_within_the_lease(self) -> WorkerSettings:
@@ -529,6 +618,11 @@ class Settings(BaseSettings):
             value: SecretStr | None = getattr(self, name)
             if value is not None and value.get_secret_value().lower() in PLACEHOLDER_SECRETS:
                 raise ValueError(f"{name} is a placeholder value; set a real secret for production")
+        if len(self.admin_token.get_secret_value()) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"SUPERAGENT_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_LENGTH} characters "
+                "in production (`openssl rand -hex 32` makes one)"
+            )
         return self
 
     @property

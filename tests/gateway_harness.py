@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -54,10 +54,13 @@ class Gateway:
         return await pairing_code(self.sessions, name)
 
 
-async def pairing_code(sessions: async_sessionmaker[AsyncSession], name: str) -> str:
+async def pairing_code(
+    sessions: async_sessionmaker[AsyncSession], name: str, *, owner: str = "tester"
+) -> str:
+    """A code for a device ``owner`` will own (only they may direct work to it)."""
     async with transaction(sessions) as session:
         issued = await pairing.create_code(
-            session, device_name=name, owner="tester", created_by="test"
+            session, device_name=name, owner=owner, created_by="test"
         )
     return issued.display
 
@@ -69,10 +72,14 @@ async def running_gateway(
     state_dir: Path,
     *,
     heartbeat_seconds: float = 15.0,
+    grpc_settings: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Gateway]:
+    """A gateway on an ephemeral port; ``grpc_settings`` sets other GrpcSettings fields."""
     dsn = asyncpg_dsn(database_url)
     pool = await create_pool(dsn, size=10)
-    settings = GrpcSettings(port=0, heartbeat_seconds=heartbeat_seconds)
+    settings = GrpcSettings.model_validate(
+        {"port": 0, "heartbeat_seconds": heartbeat_seconds, **(grpc_settings or {})}
+    )
     tls = ensure_server_tls(state_dir / "tls")
     queue = CommandQueue(pool, ttl=timedelta(hours=1), inline=64)
     hub = DeviceHub(dsn, queue, "test-replica")

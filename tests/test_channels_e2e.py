@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.channels.github.webhooks import sign
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Policy, SourcePolicy
 from tests.fakes.github_server import FakeGitHub
-from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, FakeSlack
+from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, TEAM_ID, FakeSlack
 from tests.helpers import assert_eventually, free_port, save_policy
 
 SECRET = "e2e-webhook-secret"
@@ -120,8 +120,9 @@ async def test_one_replica_serves_github_slack_and_web_chat(
         db,
         Policy(
             sources={
-                "github": SourcePolicy(users=["alice"]),
-                "slack": SourcePolicy(users=[ALICE_SLACK]),
+                # Allowlisted by immutable ids: alice's GitHub user id, her Slack TEAM/USER.
+                "github": SourcePolicy(users=[str(github.user("alice")["id"])]),
+                "slack": SourcePolicy(users=[f"{TEAM_ID}/{ALICE_SLACK}"]),
                 "web": SourcePolicy(groups=[WEB_CONSOLE_GROUP]),
             }
         ),

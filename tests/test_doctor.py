@@ -105,6 +105,7 @@ def test_a_healthy_setup_passes_every_check(healthy_env: dict[str, str]) -> None
         "configuration",
         "admin token",
         "http",
+        "worker holds",
         "gateway certificate",
         "database",
         "github",
@@ -142,7 +143,7 @@ def test_an_unreachable_model_fails_with_its_fix(healthy_env: dict[str, str]) ->
     assert "fix: check OPENAI_BASE_URL" in model
     # Only the model failed: the other checks still ran, and passed.
     assert all(line.startswith("✓ ") for line in checks.values()), result.stdout
-    assert result.stdout.rstrip().endswith("1 of 8 checks failed")
+    assert result.stdout.rstrip().endswith("1 of 9 checks failed")
     assert_no_secrets(env, result.stdout + result.stderr)
 
     report = json.loads(run_doctor(env, "--json").stdout)

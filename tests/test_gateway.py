@@ -23,13 +23,14 @@ from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
 from controlplane.gateway import hub as hub_module
-from controlplane.gateway.pairing import MAX_FAILURES_PER_SOURCE, MAX_WRONG_PER_CODE
+from controlplane.gateway.pairing import MAX_WRONG_PER_CODE
 from controlplane.gateway.queue import (
     COMMANDS_CHANNEL,
     CommandQueue,
     CommandResult,
     PendingCommand,
 )
+from controlplane.settings import GrpcSettings
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.gateway_harness import FakeDevice, Gateway, connected, paired, running_gateway
 from tests.helpers import assert_eventually
@@ -123,7 +124,7 @@ async def test_five_wrong_guesses_lock_a_code(gateway: Gateway, database_url: st
 
 
 async def test_failures_are_throttled_per_source(gateway: Gateway) -> None:
-    for _ in range(MAX_FAILURES_PER_SOURCE):
+    for _ in range(GrpcSettings().pairing_failures_per_peer):
         with pytest.raises(grpc.aio.AioRpcError):
             await FakeDevice(gateway).pair("ZZZZ-ZZZZ")
     good = await gateway.pairing_code("after-storm")

@@ -227,7 +227,8 @@ async def test_an_explicit_request_is_acknowledged_end_to_end(
     pool: asyncpg.Pool,
     db: async_sessionmaker[AsyncSession],
 ) -> None:
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=["alice"])}))
+    alice = str(github.user("alice")["id"])  # her numeric id: logins can change hands
+    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[alice])}))
     comment = github.comment(REPO, 1, "@superagent please fix")
     issue = {"number": 1, "title": "Flaky test", "html_url": "https://github.com/acme/app/issues/1"}
     body = json.dumps(

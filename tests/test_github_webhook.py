@@ -165,6 +165,12 @@ async def test_bad_deliveries_get_clear_errors_and_store_nothing(
         broken = await _deliver(client, "issue_comment", {"action": "created", "repository": REPO})
         assert broken.status_code == 400
         assert "malformed issue_comment" in broken.json()["error"]["message"]
+        # A user is its numeric id; a login alone names nobody for sure.
+        no_id = _comment()
+        no_id["comment"]["user"] = no_id["sender"] = {"login": "alice", "type": "User"}
+        unidentified = await _deliver(client, "issue_comment", no_id, delivery="d-no-id")
+        assert unidentified.status_code == 400
+        assert "numeric id" in unidentified.json()["error"]["message"]
         ignored = await _deliver(client, "push", {"ref": "main", "repository": REPO})
         assert ignored.status_code == 200
         assert "push" in ignored.json()["ignored"]
@@ -225,7 +231,8 @@ async def test_an_ingest_too_slow_for_github_answers_503_in_time(
 async def test_explicit_requests_get_an_acknowledge_effect_on_what_asked(
     engine: AsyncEngine, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=["alice"])}))
+    # Allowlisted by her numeric user id: logins can be renamed and registered again.
+    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"])])}))
     opened = {
         "action": "opened",
         "issue": {"number": 8, "title": "@superagent add a flag", "body": "", "html_url": "x"},

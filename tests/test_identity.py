@@ -1,7 +1,9 @@
 """One person across channels, and the channels' reply style.
 
 * ``superagent users link`` makes a person's accounts one initiator: allowlists may name the
-  person, triggers and mandates record them, and "my laptop" is a device they own.
+  person, triggers and mandates record them, and "my laptop" is a device they own. Accounts
+  are the channels' immutable actor ids, never names (tests/test_identities.py plays the
+  attacker).
 * Chat replies are at most 100 words (the router's tool refuses longer; the outbox cuts
   what other writers send); GitHub replies are not cut.
 """
@@ -9,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Callable
@@ -34,6 +37,11 @@ TURN = Turn(session_id=None, llm_call_id=None, batch=())
 
 def _unique(prefix: str) -> str:
     return f"{prefix}-{new_id('dev')[4:].lower()}"
+
+
+def _github_id() -> str:
+    """A GitHub numeric user id no other test links."""
+    return str(10**8 + secrets.randbelow(10**9))
 
 
 @pytest.fixture
@@ -75,15 +83,16 @@ async def _say(
 async def test_linked_accounts_on_two_channels_are_one_initiator(
     pool: asyncpg.Pool, intake: Intake, person: str
 ) -> None:
-    gh_login, slack_id = _unique("gh"), _unique("U")
+    gh_login, gh_id = _unique("gh"), _github_id()
+    slack_id = f"T0ACME/{_unique('U').upper()}"
     await people.link(
         pool,
         person,
-        [people.AccountRef("github", gh_login), people.AccountRef("slack", slack_id.upper())],
+        [people.AccountRef("github", gh_id, gh_login), people.AccountRef("slack", slack_id)],
     )
-    from_github = await _say(intake, "github", Actor("9001", gh_login))
-    from_slack = await _say(intake, "slack", Actor(slack_id.upper(), "Dana D."))
-    stranger = await _say(intake, "slack", Actor(_unique("U"), "Dana D."))
+    from_github = await _say(intake, "github", Actor(gh_id, gh_login))
+    from_slack = await _say(intake, "slack", Actor(slack_id, "Dana D."))
+    stranger = await _say(intake, "slack", Actor(f"T0ACME/{_unique('U').upper()}", "Dana D."))
 
     assert (from_github.verdict, from_slack.verdict) == ("explicit", "explicit")
     assert stranger.verdict == "ignored"  # same display name, not a linked account
@@ -145,7 +154,7 @@ def _ticket(trigger: Ingested, device: str, title: str = "Fix it") -> dict[str, 
 async def test_my_laptop_is_the_initiators_device_whatever_the_channel(
     pool: asyncpg.Pool, intake: Intake, person: str
 ) -> None:
-    slack_id = _unique("U").upper()
+    slack_id = f"T0ACME/{_unique('U').upper()}"
     await people.link(pool, person, [people.AccountRef("slack", slack_id)])
     laptop = await _device(pool, _unique(f"{person}-laptop"), person)
     desktop = await _device(pool, _unique(f"{person}-desktop"), person)
@@ -180,8 +189,9 @@ async def test_my_laptop_is_the_initiators_device_whatever_the_channel(
 async def test_my_laptop_for_someone_without_devices_is_refused_with_the_fix(
     pool: asyncpg.Pool, intake: Intake, person: str
 ) -> None:
-    await people.link(pool, person, [people.AccountRef("github", person)])
-    request = await _say(intake, "github", Actor("77", person))
+    gh_id = _github_id()
+    await people.link(pool, person, [people.AccountRef("github", gh_id, person)])
+    request = await _say(intake, "github", Actor(gh_id, person))
     refused = await Toolbox(pool, intake.policy).call(
         "create_ticket", _ticket(request, "my laptop"), TURN
     )
@@ -203,8 +213,11 @@ async def test_web_chat_users_are_explicit_under_the_default_policy(
 async def test_an_explicit_request_is_acknowledged_and_others_are_not(
     pool: asyncpg.Pool, intake: Intake, person: str
 ) -> None:
-    asked = await _say(intake, "github", Actor("1", person), ack_ref="issue_comment:1")
-    chatter = await _say(intake, "github", Actor("2", _unique("zed")), ack_ref="issue_comment:2")
+    gh_id = _github_id()
+    await people.link(pool, person, [people.AccountRef("github", gh_id)])
+    asked = await _say(intake, "github", Actor(gh_id, person), ack_ref="issue_comment:1")
+    # Someone else, whatever they call themselves, is not the person.
+    chatter = await _say(intake, "github", Actor(_github_id(), person), ack_ref="issue_comment:2")
     acks = await pool.fetch(
         "SELECT key, payload->>'message_ref' AS ref FROM effects WHERE kind = $1 "
         "AND key = ANY($2::text[])",
@@ -275,10 +288,12 @@ def test_users_cli_links_lists_and_unlinks(database_url: str) -> None:
             env=env,
         )
 
-    linked = cli("link", person, f"github:{person}", "matrix:@g:example.org")
+    # Ids need no lookup (a handle would be resolved through the channel's API).
+    gh_id = _github_id()
+    linked = cli("link", person, f"github:{gh_id}", "matrix:@g:example.org")
     assert linked.returncode == 0, linked.stderr
     listed = cli("list")
-    assert f"{person}: github:{person}, matrix:@g:example.org" in listed.stdout
+    assert f"{person}: github:{gh_id}, matrix:@g:example.org" in listed.stdout
     bad = cli("link", person, "myspace:tom")
     assert bad.returncode != 0
     assert "unknown channel 'myspace'" in bad.stderr

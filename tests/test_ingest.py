@@ -39,9 +39,12 @@ MALLORY = Actor("u-6666", "mallory")
 CI_BOT = Actor("b-1", "ci[bot]", is_bot=True)
 SPAM_BOT = Actor("b-2", "spam[bot]", is_bot=True)
 
+AGENT = Actor("a-1", "superagent[bot]", is_bot=True)
+
+# Everyone is named by actor id (the channel's immutable id), never by name.
 POLICY = Policy(
-    agent_ids=["superagent[bot]"],
-    default=SourcePolicy(users=["alice"], groups=["team-core"], bots=["spam[bot]"]),
+    agent_ids=[AGENT.id],
+    default=SourcePolicy(users=[ALICE.id], groups=["team-core"], bots=[SPAM_BOT.id]),
     sources={
         "slack": SourcePolicy(
             mode="candidate",
@@ -89,7 +92,7 @@ def test_candidates_follow_the_source_and_inferred_modes() -> None:
 def test_noise_is_dropped_everywhere() -> None:
     for verdict in (
         _verdict("lark", ALICE, "@superagent hi"),
-        _verdict("github", Actor("superagent[bot]", "superagent[bot]", is_bot=True), "done"),
+        _verdict("github", AGENT, "done"),
         _verdict("github", SPAM_BOT, "@superagent buy now"),
     ):
         assert (verdict.kind, verdict.noise) == ("ignored", True), verdict

@@ -116,7 +116,8 @@ class Models:
             if m.get("role") == "tool" and '"exit_code": 0' in str(m.get("content"))
         ]
         ended = any(
-            m.get("role") == "user" and " ended:" in str(m.get("content")) for m in request.messages
+            m.get("role") == "user" and '"type": "job_ended"' in str(m.get("content"))
+            for m in request.messages
         )
         if ran or ended:
             return Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "ran"})])
@@ -188,7 +189,6 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
     fake_llm: FakeOpenAIServer,
     devices: list[Endpointd],
 ) -> None:
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=["alice"])}))
     workdirs = {}
     for daemon in devices:
         work = daemon.root / "work"
@@ -197,6 +197,9 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
     models = Models(workdirs)
     fake_llm.respond_with(models)
     with FakeGitHub() as github:
+        # Allowlisted by her numeric user id: a login can be renamed and registered again.
+        alice = str(github.user("alice")["id"])
+        await save_policy(db, Policy(sources={"github": SourcePolicy(users=[alice])}))
         github.add_repo(REPO)
         for number in range(1, TASKS + CHATS + 1):
             github.open_issue(REPO, f"issue {number}")
@@ -241,7 +244,8 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
             for replica in replicas:
                 await assert_eventually(replica.up, timeout=90, interval=0.3, message="replica up")
             for daemon in devices:
-                code = await pairing_code(db, daemon.root.name)
+                # Alice's devices: work goes only to a device its requester may use.
+                code = await pairing_code(db, daemon.root.name, owner=f"github:{alice}")
                 paired = await asyncio.to_thread(
                     daemon.pair,
                     f"https://127.0.0.1:{balancer.port}",

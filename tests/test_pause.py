@@ -39,7 +39,7 @@ def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
     """The shared pool, with this module's policy saved."""
-    await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
+    await save_policy(db, Policy(default=SourcePolicy(users=["u-1"])))  # alice's actor id
     return pool
 
 

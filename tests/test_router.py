@@ -24,7 +24,7 @@ from tests.fakes.openai_server import (
 from tests.helpers import assert_eventually, save_policy
 
 ALICE = Actor("u-1", "alice")
-POLICY = Policy(default=SourcePolicy(users=["alice"]))
+POLICY = Policy(default=SourcePolicy(users=[ALICE.id]))  # by actor id, never by name
 TRIGGER = re.compile(r"\[(trg_\w+)\]")
 
 

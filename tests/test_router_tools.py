@@ -22,13 +22,13 @@ RULES = [
     Rule(name="security", description="a dependency has a known CVE"),
 ]
 POLICY = Policy(
-    default=SourcePolicy(users=["alice"]),
+    default=SourcePolicy(users=[ALICE.id]),  # by actor id, never by name
     sources={
-        "slack": SourcePolicy(mode="candidate", users=["alice"], inferred="observe", rules=RULES),
-        "matrix": SourcePolicy(mode="candidate", users=["alice"], inferred="auto", rules=RULES),
+        "slack": SourcePolicy(mode="candidate", users=[ALICE.id], inferred="observe", rules=RULES),
+        "matrix": SourcePolicy(mode="candidate", users=[ALICE.id], inferred="auto", rules=RULES),
         # Tickets from this source's accepted candidates quietly reproduce and fix first.
         "lark": SourcePolicy(
-            mode="candidate", users=["alice"], inferred="auto", rules=RULES, speculative=True
+            mode="candidate", users=[ALICE.id], inferred="auto", rules=RULES, speculative=True
         ),
     },
 )

@@ -37,7 +37,7 @@ CI = Actor("ci-1", "ci-bot", is_bot=True)
 
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
+    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))  # by actor id
     return pool
 
 
@@ -211,6 +211,8 @@ async def test_the_single_session_baseline_runs_the_work_inside_its_tool_call(
 ) -> None:
     off = Intake(pool, pass_through=False)
     request = await _say(off, f"acme/calc#{new_id('thr')}", "@superagent say hello")
+    # The device is the requester's (work goes only to a device its requester may use).
+    await pool.execute("UPDATE devices SET owner = 'github:u-1' WHERE id = $1", device.id)
     seen: list[str] = []
 
     def model(req: ChatRequest) -> Reply:

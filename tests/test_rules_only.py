@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.authorization import devices as access
 from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
@@ -32,11 +33,12 @@ MALLORY = Actor("u-6", "mallory")
 
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    """The shared pool, with this module's policy saved and a device paired."""
-    await save_policy(db, Policy(default=SourcePolicy(users=["alice"])))
+    """The shared pool, with this module's policy saved and a device paired (Alice's: only
+    she may run things there)."""
+    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))  # by actor id
     await pool.execute(
         "INSERT INTO devices (id, name, owner, public_key, version) "
-        "VALUES ($1, 'laptop', 'alice', $2, '1')",
+        "VALUES ($1, 'laptop', 'github:u-1', $2, '1')",
         new_id("dev"),
         b"k" * 32,
     )
@@ -179,15 +181,26 @@ async def test_run_queues_once_and_reports_the_result(
 async def test_stop_revokes_the_mandate_and_subscriptions(
     router: RulesOnlyRouter, pool: asyncpg.Pool, queue: CommandQueue
 ) -> None:
-    thread = (await _say(pool, 1, "first message")).thread_id
+    first = await _say(pool, 1, "first message")
+    thread = first.thread_id
     ticket = new_id("tkt")
     await pool.execute("INSERT INTO tickets (id, title, state) VALUES ($1, 'x', 'running')", ticket)
     await pool.execute(
-        "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, scope) "
-        "VALUES ($1, $2, 'explicit', 'u-1', 'alice', 'x')",
+        "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, scope, "
+        "trigger_id) VALUES ($1, $2, 'explicit', 'u-1', 'alice', 'x', $3)",
         new_id("mnd"),
         ticket,
+        first.trigger_id,
     )
+    async with pool.acquire() as conn:  # on Alice's laptop, for Alice
+        await access.grant_ticket(
+            conn,
+            ticket,
+            await access.device(conn, "laptop"),
+            await access.requester_of_ticket(conn, ticket),
+            by="the test",
+            what=ticket,
+        )
     await pool.execute(
         "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)", thread, ticket
     )

@@ -28,11 +28,12 @@ from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import EffectsSettings, Settings, SlackSettings
 from superagent_shared.ids import new_id
-from tests.fakes.slack_server import BOT_ID, BOT_TOKEN, BOT_USER, Failure, FakeSlack
+from tests.fakes.slack_server import BOT_ID, BOT_TOKEN, BOT_USER, TEAM_ID, Failure, FakeSlack
 from tests.helpers import assert_eventually, save_policy
 
 SECRET = "slack-signing-secret-4411"
 ALICE, BOB, MALLORY = "U0ALICE", "U0BOB", "U0MALLORY"
+ALICE_ID = f"{TEAM_ID}/{ALICE}"  # her actor id: a user id is unique only within its team
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ async def adapter(slack: FakeSlack, pool: asyncpg.Pool) -> AsyncIterator[SlackAd
 
 @pytest.fixture
 async def allowlist(db: async_sessionmaker[AsyncSession]) -> None:
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[ALICE])}))
+    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[ALICE_ID])}))
 
 
 def _client(
@@ -189,7 +190,7 @@ async def test_a_mention_is_an_explicit_request_on_its_slack_thread(
     row = await _trigger(pool, root["event_id"])
     assert row["thread_external_id"] == f"C0GENERAL:{ts}"
     assert row["thread_title"] == f"<@{BOT_USER}> the deploy is failing, have a look"
-    assert (row["actor_id"], row["actor_name"], row["actor_is_bot"]) == (ALICE, "alice", False)
+    assert (row["actor_id"], row["actor_name"], row["actor_is_bot"]) == (ALICE_ID, "alice", False)
     assert (row["kind"], row["verdict"], row["route"]) == ("app_mention", "explicit", "router")
     stored = await pool.fetchval("SELECT data FROM blobs WHERE id = $1", row["payload_blob_id"])
     assert "legacy-verification-token" not in bytes(stored).decode()  # no secrets kept
@@ -327,8 +328,8 @@ async def test_bots_never_make_requests(
         "WHERE actor_is_bot ORDER BY actor_id"
     )
     assert [(r["actor_id"], r["actor_name"], r["verdict"]) for r in rows] == [
-        ("B0HOOK", "deploy-hook", "ignored"),
-        ("U0CIBOT", "ci-bot", "ignored"),
+        (f"{TEAM_ID}/B0HOOK", "deploy-hook", "ignored"),
+        (f"{TEAM_ID}/U0CIBOT", "ci-bot", "ignored"),
     ]
     assert await pool.fetchval("SELECT count(*) FROM effects WHERE kind = $1", ACK_EFFECT) == 1
 

@@ -16,10 +16,11 @@ from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.services import Service
 from controlplane.settings import SlackSettings
-from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, Failure, FakeSlack
+from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, TEAM_ID, Failure, FakeSlack
 from tests.helpers import assert_eventually, save_policy
 
 ALICE = "U0ALICE"
+ALICE_ID = f"{TEAM_ID}/{ALICE}"  # her actor id: team and user
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ async def _running(adapter: SlackAdapter) -> Service:
 async def connected(
     slack: FakeSlack, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> AsyncIterator[SlackAdapter]:
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[ALICE])}))
+    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[ALICE_ID])}))
     adapter = _adapter(slack, pool)
     service = await _running(adapter)
     try:
@@ -86,7 +87,7 @@ async def test_an_envelope_becomes_a_trigger_and_is_acknowledged(
     row = await _trigger(pool, event["event_id"])
     assert row is not None
     assert row["thread_external_id"] == f"C0GENERAL:{event['event']['ts']}"
-    assert (row["actor_id"], row["actor_name"], row["verdict"]) == (ALICE, "alice", "explicit")
+    assert (row["actor_id"], row["actor_name"], row["verdict"]) == (ALICE_ID, "alice", "explicit")
     # Slack redelivers (say the ack was lost): acknowledged again, nothing new recorded.
     again = slack.push(event, retry_attempt=1)
     await assert_eventually(lambda: again in slack.acks)

@@ -42,7 +42,10 @@ def test_policy_edits_are_versions_and_a_stale_edit_is_refused(
     assert json.loads(shown.stdout)["default"]["mode"] == "explicit"
 
     first = tmp_path / "policy.json"
-    first.write_text(json.dumps({"default": {"users": ["alice"]}}))
+    # Allowlisted by Matrix ids: ids need no lookup (handles are resolved on save, see
+    # tests/test_identities.py).
+    alice, bob, mallory = "@alice:example.org", "@bob:example.org", "@mallory:example.org"
+    first.write_text(json.dumps({"default": {"users": [alice]}}))
     saved = _cli(database_url, "policy", "edit", "--file", str(first), "--author", "alice")
     assert saved.returncode == 0, saved.stderr
     assert "version 1" in saved.stdout
@@ -51,18 +54,18 @@ def test_policy_edits_are_versions_and_a_stale_edit_is_refused(
     shown = _cli(database_url, "policy", "show")
     assert f"version 1 ({v1}), by alice" in shown.stderr
     body = json.loads(shown.stdout)
-    assert body["default"]["users"] == ["alice"]
+    assert body["default"]["users"] == [alice]
     assert body["default"]["inferred"] == "off"  # stored complete, defaults filled in
 
     second = tmp_path / "second.json"
-    second.write_text(json.dumps({"default": {"users": ["alice", "bob"]}}))
+    second.write_text(json.dumps({"default": {"users": [alice, bob]}}))
     saved = _cli(database_url, "policy", "edit", "--file", str(second), "--base", v1)
     assert saved.returncode == 0, saved.stderr
     assert "version 2" in saved.stdout
 
     # Someone else's edit, still based on version 1: refused, naming the latest.
     third = tmp_path / "third.json"
-    third.write_text(json.dumps({"default": {"users": ["mallory"]}}))
+    third.write_text(json.dumps({"default": {"users": [mallory]}}))
     refused = _cli(database_url, "policy", "edit", "--file", str(third), "--base", v1)
     assert refused.returncode == 1
     assert "latest is version 2" in refused.stderr
@@ -71,7 +74,7 @@ def test_policy_edits_are_versions_and_a_stale_edit_is_refused(
 
     # An old version stays readable.
     old = _cli(database_url, "policy", "show", "--version", v1)
-    assert json.loads(old.stdout)["default"]["users"] == ["alice"]
+    assert json.loads(old.stdout)["default"]["users"] == [alice]
 
 
 def test_an_invalid_policy_is_refused_with_the_field_named(

@@ -19,7 +19,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Origin
 
@@ -39,7 +40,14 @@ from controlplane.settings import HttpSettings, Settings, WebChatSettings
 from superagent_shared.ids import new_id
 from tests.helpers import assert_eventually, free_port, save_policy
 
-TOKEN = "chat-token-5521"
+TOKEN = "chat-token-5521-0a9b8c7d6e5f4a3b2c1d"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def connect(url: str, **options: Any) -> ws_connect:
+    """A chat socket that sends the admin token, unless ``additional_headers`` says else."""
+    options.setdefault("additional_headers", BEARER)
+    return ws_connect(url, **options)
 
 
 @dataclass
@@ -56,7 +64,7 @@ async def serving(
     pool: asyncpg.Pool,
     database_url: str,
     *,
-    token: str | None = None,
+    token: str | None = TOKEN,
     enabled: bool = True,
     replica: str = "replica-a",
 ) -> AsyncIterator[Served]:
@@ -254,14 +262,15 @@ async def test_history_and_conversation_list_survive_a_reload(
             assert (await recv(ws))["id"] == first_reply
             await say(ws, "Thanks", thread=thread)
             assert (await recv(ws))["thread"] == thread
-        async with httpx.AsyncClient(base_url=served.url) as http:
+        async with httpx.AsyncClient(base_url=served.url, headers=BEARER) as http:
             listed = (await http.get("/chat/api/threads", params={"name": "carol"})).json()
-            assert listed["actor"] == "web:carol"
+            # Every holder of the admin token is one principal; the name is only a label.
+            assert listed["actor"] == "web:admin"
             assert [(t["thread"], t["title"]) for t in listed["threads"]] == [
                 (thread, "Deploy the staging branch")
             ]
             others = (await http.get("/chat/api/threads")).json()  # name defaults to admin
-            assert others == {"actor": "web:admin", "threads": []}
+            assert others == listed  # another name is the same principal, not another user
 
             history = await http.get(f"/chat/api/threads/{thread}/messages")
             assert history.status_code == 200
@@ -281,7 +290,9 @@ async def test_history_and_conversation_list_survive_a_reload(
             assert page.status_code == 200
             assert page.headers["content-type"].startswith("text/html")
             assert 'id="text"' in page.text
-            assert "/chat/ws" in page.text
+            script = await http.get("/chat/static/chat.js")  # the page's CSP forbids inline
+            assert script.headers["content-type"].startswith("text/javascript")
+            assert "/chat/ws" in script.text
 
 
 async def test_a_resent_frame_records_nothing_twice(
@@ -346,10 +357,10 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
         assert [t["text"] for t in await web_triggers(pool)] == ["now a good one"]
 
 
-async def test_with_an_admin_token_only_its_holders_chat(
+async def test_only_holders_of_the_admin_token_chat(
     engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
-    async with serving(engine, pool, database_url, token=TOKEN) as served:
+    async with serving(engine, pool, database_url) as served:
         for headers in ({}, {"Authorization": "Bearer wrong-token"}):
             async with connect(served.ws_url, additional_headers=headers) as ws:
                 refused = await recv(ws)
@@ -358,7 +369,8 @@ async def test_with_an_admin_token_only_its_holders_chat(
                 with pytest.raises(ConnectionClosed):
                     await recv(ws)
                 assert ws.close_code == 1008
-        async with connect(served.ws_url + "?token=wrong") as ws:
+        # A token in the URL is never read, the right one included.
+        async with connect(served.ws_url + f"?token={TOKEN}", additional_headers={}) as ws:
             await recv(ws)
             await ws.wait_closed()
             assert ws.close_code == 1008
@@ -367,33 +379,26 @@ async def test_with_an_admin_token_only_its_holders_chat(
             assert (await http.get("/chat/api/threads")).status_code == 401
             wrong = {"Authorization": "Bearer nope"}
             assert (await http.get("/chat/api/threads", headers=wrong)).status_code == 401
-            right = {"Authorization": f"Bearer {TOKEN}"}
-            assert (await http.get("/chat/api/threads", headers=right)).status_code == 200
-            # The page itself holds no data; its sign-in sets a cookie that is not the token.
-            assert (await http.get("/chat")).status_code == 200
+            assert (await http.get("/chat/api/threads", headers=BEARER)).status_code == 200
+            assert (await http.get("/chat")).status_code == 401  # the page too
+            assert (await http.get("/chat", params={"token": TOKEN})).status_code == 401
+            # Its sign-in makes a session whose cookie is not the token.
             assert (await http.post("/chat/session", json={"token": "nope"})).status_code == 401
             signed = await http.post("/chat/session", json={"token": TOKEN})
             assert signed.status_code == 200
-            cookie = signed.cookies.get("superagent_chat")
+            cookie = signed.cookies.get("superagent_session")
             assert cookie
             assert TOKEN not in cookie
             assert (await http.get("/chat/api/threads")).status_code == 200  # by the cookie
-
-        async with httpx.AsyncClient(base_url=served.url) as http:
-            link = await http.get("/chat", params={"token": TOKEN})
-            assert link.status_code == 303
-            assert link.headers["location"] == "/chat"  # the token leaves the address bar
-            assert link.cookies.get("superagent_chat") == cookie
+            assert (await http.get("/chat")).status_code == 200
 
         assert await web_triggers(pool) == []  # nothing refused was recorded
-        async with connect(
-            served.ws_url, additional_headers={"Authorization": f"Bearer {TOKEN}"}
-        ) as ws:
+        async with connect(served.ws_url) as ws:
             await ready(ws)
             await say(ws, "with the token")
             assert (await recv(ws))["verdict"] == "explicit"
         async with connect(
-            served.ws_url, additional_headers={"Cookie": f"superagent_chat={cookie}"}
+            served.ws_url, additional_headers={"Cookie": f"superagent_session={cookie}"}
         ) as ws:
             await ready(ws)
 
@@ -410,11 +415,11 @@ async def test_other_sites_pages_cannot_use_the_chat(
             assert ws.close_code == 1008
         async with connect(served.ws_url, origin=Origin(served.url)) as ws:
             await ready(ws)
-        # DNS rebinding: another name resolving to this address, without a token.
+        # DNS rebinding: another name resolving to this address.
         async with httpx.AsyncClient(base_url=served.url) as http:
             rebound = await http.get("/chat/api/threads", headers={"Host": "rebind.example"})
             assert rebound.status_code == 401
-            assert "SUPERAGENT_ADMIN_TOKEN" in rebound.json()["error"]["message"]
+            assert "SUPERAGENT_HTTP__ALLOWED_HOSTS" in rebound.json()["error"]["message"]
         assert await web_triggers(pool) == []
 
 
@@ -451,7 +456,7 @@ async def test_a_turned_off_chat_says_how_to_turn_it_on(
 ) -> None:
     async with serving(engine, pool, database_url, enabled=False) as served:
         assert served.adapter is None
-        async with httpx.AsyncClient(base_url=served.url) as http:
+        async with httpx.AsyncClient(base_url=served.url, headers=BEARER) as http:
             page = await http.get("/chat")
             assert page.status_code == 404
             assert "SUPERAGENT_WEBCHAT__ENABLED" in page.json()["error"]["message"]
@@ -465,10 +470,14 @@ async def test_a_turned_off_chat_says_how_to_turn_it_on(
 
 
 def cli_env(**extra: str) -> dict[str, str]:
+    """The CLI's environment: the admin token unless ``extra`` says otherwise, and a state
+    directory of its own (so no token generated by another `superagent up` is found)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
     env.pop("DATABASE_URL", None)
+    env["SUPERAGENT_ADMIN_TOKEN"] = TOKEN
+    env["SUPERAGENT_STATE_DIR"] = "/nonexistent/superagent-test-state"
     env.update(extra)
-    return env
+    return {k: v for k, v in env.items() if v}
 
 
 async def superagent_say(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -559,7 +568,8 @@ async def test_superagent_say_explains_each_failure_in_one_line(
         assert code == 1
         assert "refused the admin token" in err
         assert "wrong-token" not in err
-        code, _, err = await superagent_say("--url", served.url, "hello")
+        no_token = cli_env(SUPERAGENT_ADMIN_TOKEN="")
+        code, _, err = await superagent_say("--url", served.url, "hello", env=no_token)
         assert code == 1
         assert "needs its admin token" in err
         assert await web_triggers(pool) == []

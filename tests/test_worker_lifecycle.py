@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -130,6 +131,16 @@ def _events(request: ChatRequest) -> str:
         for m in request.messages
         if m.get("role") == "user" and message_text(m).startswith("Events since")
     )
+
+
+def _records(request: ChatRequest) -> list[dict[str, Any]]:
+    """The inbox records the worker was shown (after each events header, one JSON per line)."""
+    return [
+        json.loads(line)
+        for m in request.messages
+        if m.get("role") == "user" and message_text(m).startswith("Events since")
+        for line in message_text(m).splitlines()[1:]
+    ]
 
 
 def _by_ticket(steps: dict[str, Step]) -> Callable[[ChatRequest], Awaitable[Reply]]:
@@ -441,11 +452,15 @@ async def test_after_blocked_or_failed_only_a_person_wakes_the_worker(
         await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
     _, woken = await _assignments(pool, ticket_id)
     assert woken["woken_by"] == "human"
-    shown = _events(_requests(fake_llm, ticket_id)[1])
-    assert f"[{ci.trigger_id}] check_run.completed" in shown
-    assert "ci-bot (bot): CI: lint failed" in shown
-    assert f"[{person.trigger_id}] message" in shown
-    assert "bob: Try the mirror." in shown
+    shown = [
+        (r["trigger"], r["kind"], r["from"], r["authority"], r["text"])
+        for r in _records(_requests(fake_llm, ticket_id)[1])
+        if r["type"] == "event"
+    ]
+    assert shown == [
+        (ci.trigger_id, "check_run.completed", "ci-bot", "CI", "CI: lint failed"),
+        (person.trigger_id, "message", "bob", "not allowlisted", "Try the mirror."),
+    ]
     fake_llm.respond_with(None)
 
 
@@ -615,9 +630,8 @@ async def test_a_command_for_a_device_gone_mid_task_stays_queued_and_reports_lat
     (done,) = await _commands(pool, ticket_id)
     assert (done["id"], done["state"], done["exit_code"]) == (command["id"], "finished", 0)
     assert [r["argv"][-1] for r in device.ran] == ["echo resumed-$((40+2))"]
-    shown = _events(_requests(fake_llm, ticket_id)[-1])
-    assert f"Job {command['id']}" in shown
-    assert "resumed-42" in shown
+    (job,) = [r for r in _records(_requests(fake_llm, ticket_id)[-1]) if r["type"] == "job_ended"]
+    assert (job["job"], job["output"]) == (command["id"], "resumed-42\n")
     fake_llm.respond_with(None)
 
 
@@ -893,9 +907,12 @@ async def test_retry_wakes_a_worker_waiting_for_people(
         await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
     _, woken = await _assignments(pool, ticket_id)
     assert (woken["woken_by"], woken["outcome"]) == ("event", "ready")
-    assert "retry: alice asks you to try again. Use port 8080." in _events(
-        _requests(fake_llm, ticket_id)[1]
-    )
+    assert {
+        "type": "notice",
+        "kind": "retry",
+        "authority": "operator",
+        "text": "alice asks you to try again. Use port 8080.",
+    } in _records(_requests(fake_llm, ticket_id)[1])
     assert not await pool.fetchval(
         "SELECT count(*) FROM worker_events WHERE ticket_id = $1 AND read_at IS NULL", ticket_id
     )

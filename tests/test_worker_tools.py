@@ -153,9 +153,11 @@ async def test_a_long_command_becomes_a_background_job_whose_end_is_an_event(
     event = third.last_message()
     assert event is not None
     assert event["role"] == "user"
-    assert f"Job {job} (sleep 3; echo done) ended" in event["content"]
-    assert "output: done" in event["content"]
-    assert "exit_code: 0" in event["content"]
+    # The header, then one JSON record: the job that ended.
+    (ended,) = [json.loads(line) for line in event["content"].splitlines()[1:]]
+    assert ended["type"] == "job_ended"
+    assert (ended["job"], ended["command"]) == (job, "sleep 3; echo done")
+    assert (ended["output"], ended["exit_code"]) == ("done\n", 0)
     (report,) = await _router_reports(pool, ticket_id)
     assert report["kind"] == "report.ready"
     assert await pool.fetchval(

@@ -113,7 +113,14 @@ def _comment_payload(comment_id: int, body: str, login: str) -> dict[str, Any]:
     payload["comment"]["body"] = body
     payload["comment"]["user"]["login"] = login
     payload["sender"]["login"] = login
+    # Whoever the recorded example was, the comment is by this login's account.
+    payload["comment"]["user"]["id"] = payload["sender"]["id"] = _user_id(login)
     return payload
+
+
+def _user_id(login: str) -> int:
+    """The GitHub numeric user id of ``login``'s account in these tests."""
+    return {"alice": 1001}.get(login, 9999)
 
 
 # ------------------------------------------------------------------------------ the models
@@ -185,7 +192,7 @@ class Script:
                 finished = finished or '"pull_request": "http' in content
                 done += 1 if finished else 0
             else:
-                done += content.count(" ended:\n")
+                done += content.count('"type": "job_ended"')
         if last["role"] == "tool" and '"note"' in str(last.get("content")):
             return Reply(content="waiting for the job")  # its result arrives as an event
         recovering = last["role"] == "user" and last["content"] == RECOVERY_NOTE
@@ -342,7 +349,8 @@ async def _pair_and_start(world: World, db: async_sessionmaker[AsyncSession]) ->
         timeout=60,
     )
     assert stored.returncode == 0, stored.stderr.decode()
-    code = await pairing_code(db, DEVICE)
+    # Alice's laptop: work goes only to a device its requester may use.
+    code = await pairing_code(db, DEVICE, owner=f"github:{_user_id('alice')}")
     tls = gateway_tls(Settings(state_dir=Path(world.replica.env["SUPERAGENT_STATE_DIR"])))
     assert tls is not None
     paired = await asyncio.to_thread(
@@ -431,7 +439,9 @@ async def _finished(world: World, pool: asyncpg.Pool) -> tuple[asyncpg.Record, s
 
 
 async def _start(world: World, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> None:
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=["alice"])}))
+    # Allowlisted by her numeric user id: a login can be renamed and registered again.
+    alice = str(_user_id("alice"))
+    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[alice])}))
     await assert_eventually(world.replica.up, timeout=60, interval=0.2, message="replica up")
     await _pair_and_start(world, db)
     await assert_eventually(lambda: _connected(pool), timeout=30, message="endpointd connected")

@@ -5,6 +5,10 @@ connected, takes its commands from the real queue (``CommandQueue.pending``), ru
 commands as real subprocesses (``sh -c`` in a temporary directory), does file operations
 on the real filesystem, and records results through the gateway's own queue API. The
 end-to-end test (``test_workers_e2e``) uses the real endpointd instead.
+
+Below it: tickets filed as the router files them, the service running, and the readers
+several worker test files share (what the model was shown, the service's passes, the
+ticket's state and replies).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,14 +27,23 @@ import asyncpg
 import openai
 import pytest
 
+from controlplane.authorization import devices as access
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
-from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
 from controlplane.settings import Settings, WorkerSettings
 from superagent_shared.ids import new_id
-from tests.fakes.openai_server import FAKE_API_KEY, FakeOpenAIServer
+from tests.fakes.openai_server import (
+    FAKE_API_KEY,
+    ChatRequest,
+    FakeOpenAIServer,
+    Reply,
+    ToolCall,
+    message_text,
+)
+from tests.helpers import assert_eventually
 
 
 @dataclass
@@ -45,7 +59,9 @@ class LocalDevice:
     _busy: set[str] = field(default_factory=set)
     _running: dict[str, list[asyncio.Task[None]]] = field(default_factory=dict)
 
-    async def pair(self, owner: str = "alice") -> None:
+    async def pair(self, owner: str = "web:alice") -> None:
+        """Paired for ``owner``: by default the web chat account that asks for every
+        :func:`ticket` (work goes only to a device its requester may use)."""
         await self.pool.execute(
             "INSERT INTO devices (id, name, owner, public_key, version) "
             "VALUES ($1, $2, $3, $4, '1')",
@@ -72,6 +88,12 @@ class LocalDevice:
             self._task = None
         await self.pool.execute(
             "UPDATE devices SET connected_replica = NULL WHERE id = $1", self.id
+        )
+
+    def shell_runs(self, command: str) -> int:
+        """How many times this device ran ``command`` as a shell command (``sh -c``)."""
+        return sum(
+            1 for ran in self.ran if ran["kind"] == "exec" and ran["argv"] == ["sh", "-c", command]
         )
 
     async def _serve(self) -> None:
@@ -178,8 +200,8 @@ async def ticket(
     speculative: bool = False,
     thread: str | None = None,
 ) -> tuple[str, str]:
-    """A ticket as the router makes one (mandate from an explicit request, its thread
-    subscribed); returns (ticket id, thread id)."""
+    """alice asks for ``title`` in the web chat, and the router files the ticket
+    (:func:`file_ticket`); returns (ticket id, thread id)."""
     ingested = await Intake(pool).ingest(
         IncomingTrigger(
             source="web",
@@ -191,32 +213,64 @@ async def ticket(
             direct=True,
         )
     )
+    ticket_id = await file_ticket(
+        pool, ingested, device, title=title, workdir=workdir, speculative=speculative
+    )
+    return ticket_id, ingested.thread_id
+
+
+async def file_ticket(
+    pool: asyncpg.Pool,
+    request: Ingested,
+    device: LocalDevice | None,
+    *,
+    title: str,
+    initiator_id: str = "alice",
+    workdir: str | None = None,
+    speculative: bool = False,
+    repo: str | None = None,
+) -> str:
+    """The ticket the router files for alice's ``request`` (``initiator_id`` is her id on
+    its channel), recorded as the router records it: the ticket, her mandate, the request's
+    thread subscribed, the device check for her, and the request done with (the router's
+    turn is not under test). Returns the ticket id."""
     ticket_id = new_id("tkt")
     await pool.execute(
-        "INSERT INTO tickets (id, title, device_id, workdir, speculative) "
-        "VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO tickets (id, title, device_id, workdir, speculative, repo) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
         ticket_id,
         title,
         device.id if device else None,
         workdir,
         speculative,
+        repo,
     )
     await pool.execute(
         "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, trigger_id, "
-        "scope) VALUES ($1, $2, 'explicit', 'alice', 'alice', $3, $4)",
+        "scope) VALUES ($1, $2, 'explicit', $3, 'alice', $4, $5)",
         new_id("mnd"),
         ticket_id,
-        ingested.trigger_id,
+        initiator_id,
+        request.trigger_id,
         title,
     )
     await pool.execute(
         "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)",
-        ingested.thread_id,
+        request.thread_id,
         ticket_id,
     )
-    # The router's turn is not under test: its inbox entry is done with.
-    await pool.execute("UPDATE triggers SET routed_at = now() WHERE id = $1", ingested.trigger_id)
-    return ticket_id, ingested.thread_id
+    if device is not None:  # the device check, recorded as the router records it
+        async with pool.acquire() as conn:
+            await access.grant_ticket(
+                conn,
+                ticket_id,
+                await access.device(conn, device.id),
+                await access.requester_of_ticket(conn, ticket_id),
+                by="the test",
+                what=f"{ticket_id} ({title})",
+            )
+    await pool.execute("UPDATE triggers SET routed_at = now() WHERE id = $1", request.trigger_id)
+    return ticket_id
 
 
 def settings_for(llm: FakeOpenAIServer, **workers: Any) -> Settings:
@@ -258,3 +312,79 @@ async def ticket_state(pool: asyncpg.Pool, ticket_id: str) -> tuple[str, str | N
     row = await pool.fetchrow("SELECT state, hold FROM tickets WHERE id = $1", ticket_id)
     assert row is not None
     return row["state"], row["hold"]
+
+
+async def state_is(pool: asyncpg.Pool, ticket_id: str, state: str, hold: Any = ...) -> bool:
+    """Whether the ticket is in ``state`` (and, if given, has ``hold``): for waiting on."""
+    now = await ticket_state(pool, ticket_id)
+    return now[0] == state and (hold is ... or now[1] == hold)
+
+
+async def replies_on(pool: asyncpg.Pool, thread_id: str) -> list[str]:
+    """The texts of the replies the program queued on a thread (outbox effects), oldest first."""
+    rows = await pool.fetch(
+        "SELECT payload->>'text' AS text FROM effects "
+        "WHERE kind = 'reply' AND payload->>'thread_id' = $1 ORDER BY created_at",
+        thread_id,
+    )
+    return [row["text"] for row in rows]
+
+
+class Passes:
+    """Counts the service's completed passes: after two more, a pass has started and
+    finished since now, so whatever it would have started, it has. Tests that show
+    something does *not* happen wait for these instead of sleeping."""
+
+    def __init__(self, service: Any) -> None:
+        self.count = 0
+        claim = service._claim
+
+        async def counted() -> None:
+            await claim()
+            self.count += 1
+
+        service._claim = counted
+
+    async def wait(self, more: int = 2) -> None:
+        target = self.count + more
+        await assert_eventually(
+            lambda: self.count >= target, timeout=10, message=f"{more} passes of the service"
+        )
+
+
+# -- what the model was shown, and its answers ---------------------------------------------
+
+
+def turn_of(request: ChatRequest) -> int:
+    """How many answers the model already gave in this session (0 on its first call)."""
+    return sum(1 for m in request.messages if m.get("role") == "assistant")
+
+
+def inbox_records(request: ChatRequest) -> list[dict[str, Any]]:
+    """Every inbox record the worker was shown in ``request``: each events message is a
+    header line, then one JSON object per line (every line after the header parses)."""
+    found: list[dict[str, Any]] = []
+    for message in request.messages:
+        text = message_text(message)
+        if message.get("role") != "user" or not text.startswith("Events since"):
+            continue
+        for line in text.splitlines()[1:]:
+            record = json.loads(line)
+            assert isinstance(record, dict), line
+            found.append(record)
+    return found
+
+
+def tool_results(request: ChatRequest) -> list[dict[str, Any]]:
+    """The tool results (parsed) the worker sent in one model request, oldest first."""
+    out = []
+    for message in request.tool_results():
+        parsed = json.loads(message["content"])
+        assert isinstance(parsed, dict)
+        out.append(parsed)
+    return out
+
+
+def report_reply(status: str, summary: str, **extra: Any) -> Reply:
+    """The model's answer that ends a turn: a call of the ``report`` tool."""
+    return Reply(tool_calls=[ToolCall("report", {"status": status, "summary": summary, **extra})])

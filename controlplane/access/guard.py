@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
-from controlplane.access import throttle
 from controlplane.access.admin_token import loopback_host
 from controlplane.errors import Unauthorized
+from controlplane.peers import peer_group
 from controlplane.settings import Settings
 
 PRINCIPAL = "superagent.principal"
@@ -63,7 +63,7 @@ def session_ttl(settings: Settings) -> timedelta:
 
 
 def peer(conn: HTTPConnection) -> str:
-    return throttle.peer_group(conn.client.host if conn.client else None)
+    return peer_group(conn.client.host if conn.client else None)
 
 
 def _host_name(host_header: str) -> str:

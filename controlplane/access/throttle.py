@@ -9,7 +9,6 @@ right token clears the count. A wrong ``Authorization: Bearer`` header counts as
 
 from __future__ import annotations
 
-import ipaddress
 import math
 
 from sqlalchemy import text
@@ -27,21 +26,6 @@ _COUNT = text(
     "RETURNING failures, "
     "  EXTRACT(EPOCH FROM t.window_start + make_interval(secs => :window) - now())::float"
 )
-
-
-def peer_group(host: str | None) -> str:
-    """The address a peer's attempts are counted under."""
-    if not host:
-        return "unknown"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host[:100]
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network(f"{address}/64", strict=False))
-    return str(address)
 
 
 async def count(engine: AsyncEngine, peer: str, *, limit: int, window: float) -> None:

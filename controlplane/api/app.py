@@ -27,10 +27,13 @@ def create_app(state: AppState) -> FastAPI:
     )
     app.state.superagent = state
     errors.install(app)
-    # Every route, those below and any added later, needs the admin token or a session
-    # unless RequireAccess lists it as public (docs/security.md). Added first, it runs
-    # inside the trace-id middleware, so a refusal names its request too.
+    # The middlewares, outermost last: trace ids (metrics.install), then the body cap (a
+    # body over its route's cap gets 413 unread, before anyone authenticates or parses
+    # it), then the access rule: every route, those below and any added later, needs the
+    # admin token or a session unless RequireAccess lists it as public (docs/security.md).
+    # Inside the trace middleware, a 413 or a refusal names its request too.
     app.add_middleware(RequireAccess, state=state)
+    app.add_middleware(BodyLimit, settings=state.settings.http)
     metrics.install(app)
 
     @app.get("/healthz", tags=["health"], summary="Liveness: the process is serving")
@@ -59,5 +62,4 @@ def create_app(state: AppState) -> FastAPI:
     async def index() -> RedirectResponse:
         return RedirectResponse("/console", status_code=303)
 
-    app.add_middleware(BodyLimit, settings=state.settings.http)  # last: outermost, first to run
     return app

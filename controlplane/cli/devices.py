@@ -1,22 +1,30 @@
-"""``superagent devices``: pair, list and revoke the machines that run the agent's work."""
+"""``superagent devices``: pair, list, share and revoke the machines that run the agent's work.
+
+Work goes to a device only for its owner, for whom it is shared with, or with its owner's
+approval in chat (controlplane.authorization).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import asyncpg
 import click
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from controlplane.authorization import devices as access
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
-from controlplane.cli.dbsession import run_in_session
+from controlplane.cli.dbsession import run_in_session, run_with_pool
 from controlplane.console.devices import pair_command
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing
 from controlplane.status import ago
 
 T = TypeVar("T")
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 @click.group()
@@ -27,13 +35,26 @@ def devices() -> None:
 
 @devices.command()
 @click.option("--name", required=True, help="Name of the new device, e.g. alice-laptop.")
-@click.option("--owner", help="The person the device belongs to.")
+@click.option(
+    "--owner",
+    help="Who it belongs to: a person (superagent users) or an account SOURCE:ID with the "
+    "channel's immutable id (github:583231). Default: you, the admin (web:admin).",
+)
+@click.option(
+    "--shared",
+    "shared_with",
+    metavar="GROUP",
+    help="A team device (CI box, shared dev server): usable by this group's members, "
+    "SOURCE:GROUP as the channel reports it (slack:S0123ABCD, github:acme/devs).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def pair(name: str, owner: str | None, as_json: bool) -> None:
+def pair(name: str, owner: str | None, shared_with: str | None, as_json: bool) -> None:
     """Create a one-time pairing code for a new device.
 
     The code is valid for 10 minutes, works once, and is locked after 5 wrong attempts.
-    Run the printed `endpointd pair` command on the device.
+    Run the printed `endpointd pair` command on the device. Only the device's owner may
+    direct work to it; others need a share (superagent devices share) or the owner's
+    approval in chat.
     """
     settings = load_settings()
 
@@ -43,6 +64,7 @@ def pair(name: str, owner: str | None, as_json: bool) -> None:
             device_name=name,
             owner=owner,
             created_by="cli",
+            shared_with=shared_with,
         )
 
     issued = run_in_session(settings, work)
@@ -54,6 +76,8 @@ def pair(name: str, owner: str | None, as_json: bool) -> None:
                 {
                     "code": issued.display,
                     "device_name": issued.device_name,
+                    "owner": issued.owner,
+                    "shared_with": issued.shared_with,
                     "expires_at": issued.expires_at.isoformat(),
                     "url": url,
                     "fingerprint": fingerprint,
@@ -66,6 +90,8 @@ def pair(name: str, owner: str | None, as_json: bool) -> None:
     click.echo(
         f"Pairing code for {issued.device_name}: {issued.display} (single use, until {expires})"
     )
+    team = f", shared with {issued.shared_with}" if issued.shared_with else ""
+    click.echo(f"Owner: {issued.owner}{team}")
     click.echo("On the device, run:")
     click.echo(f"  {command}")
 
@@ -74,7 +100,7 @@ def pair(name: str, owner: str | None, as_json: bool) -> None:
 @click.option("--all", "include_revoked", is_flag=True, help="Include revoked devices.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(include_revoked: bool, as_json: bool) -> None:
-    """Show devices: online or offline, last seen, queue depth, policy hash."""
+    """Show devices: owner and shares, online or offline, last seen, queue depth, policy."""
     settings = load_settings()
 
     async def work(session: AsyncSession) -> list[device_registry.DeviceView]:
@@ -90,15 +116,83 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
     if not views:
         click.echo("No devices yet. Pair one with: superagent devices pair --name NAME")
         return
-    header = f"{'NAME':<20} {'ID':<17} {'STATUS':<8} {'LAST SEEN':<10} {'QUEUE':>5}  POLICY"
+    header = (
+        f"{'NAME':<20} {'ID':<17} {'OWNER':<16} {'STATUS':<8} {'LAST SEEN':<10} {'QUEUE':>5}  "
+        f"{'POLICY':<12}  SHARED WITH"
+    )
     click.echo(header)
     for view in views:
         status = "revoked" if view.revoked else ("online" if view.online else "offline")
         policy = (view.policy_hash or "-")[:12]
         click.echo(
-            f"{view.name:<20} {view.id:<17} {status:<8} {ago(view.last_seen_at):<10} "
-            f"{view.queue_depth:>5}  {policy}"
+            f"{view.name:<20} {view.id:<17} {view.owner or access.ADMIN:<16} {status:<8} "
+            f"{ago(view.last_seen_at):<10} {view.queue_depth:>5}  {policy:<12}  "
+            f"{', '.join(view.shares) or '-'}"
         )
+
+
+def _grantees_option(help_text: str) -> Callable[[FC], FC]:
+    """The ``--with`` option of share and unshare: one spelling for both, so that a share
+    is taken back exactly as it was given; each command says in its own words what it does."""
+    return click.option(
+        "--with",
+        "grantees",
+        multiple=True,
+        required=True,
+        metavar="PERSON|ACCOUNT|GROUP",
+        help=help_text,
+    )
+
+
+def _change_shares(
+    device: str,
+    grantees: tuple[str, ...],
+    change: Callable[[asyncpg.Pool, str, str], Awaitable[access.Device]],
+) -> access.Device:
+    """Find DEVICE (name or id) and apply ``change`` for each grantee in turn; the device as
+    the last change left it. share and unshare differ only in the change and in what they
+    print, so the lookup, the pool and the error handling are the same for both."""
+    settings = load_settings()
+
+    async def work(pool: asyncpg.Pool) -> access.Device:
+        found = await access.device(pool, device)
+        for grantee in grantees:
+            found = await change(pool, found.id, grantee)
+        return found
+
+    return run_with_pool(settings, work)
+
+
+@devices.command()
+@click.argument("device")
+@_grantees_option(
+    "A person (superagent users), an account SOURCE:ID, or a group group:SOURCE:ID "
+    "(e.g. group:slack:S0123ABCD). Repeat for several."
+)
+def share(device: str, grantees: tuple[str, ...]) -> None:
+    """Let others direct work to DEVICE (name or id), on its owner's behalf.
+
+    \b
+    Examples:
+      superagent devices share alice-laptop --with bob
+      superagent devices share build-box --with group:github:acme/devs
+    """
+
+    async def share_as_cli(pool: asyncpg.Pool, device_id: str, grantee: str) -> access.Device:
+        return await access.share(pool, device_id, grantee, by="cli")
+
+    found = _change_shares(device, grantees, share_as_cli)
+    click.echo(f"{found.name} (owner {found.owner}) is shared with {', '.join(found.shares)}")
+
+
+@devices.command()
+@click.argument("device")
+@_grantees_option("Whom to take the share back from, as it was given.")
+def unshare(device: str, grantees: tuple[str, ...]) -> None:
+    """Take back shares of DEVICE: their tickets' next commands there are refused."""
+    found = _change_shares(device, grantees, access.unshare)
+    rest = ", ".join(found.shares) or "nobody else"
+    click.echo(f"{found.name} (owner {found.owner}) is now shared with {rest}")
 
 
 @devices.command()

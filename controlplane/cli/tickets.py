@@ -78,6 +78,8 @@ def show(ticket: str, as_json: bool) -> None:
     click.echo(
         f"  device:   {view.device or '-'}" + ("  [speculative]" if view.speculative else "")
     )
+    if view.device_grant is not None:
+        click.echo(f"  access:   {views.describe_grant(view.device_grant)}")
     click.echo(f"  spent:    {view.tokens:,} tokens, ${view.cost_usd:.4f}")
     if view.pr_url:
         click.echo(f"  pull request: {view.pr_url}")
@@ -127,11 +129,17 @@ def retry(ticket: str, note: str) -> None:
 @click.argument("ticket")
 @click.argument("device")
 def reroute(ticket: str, device: str) -> None:
-    """Move TICKET to DEVICE (name or id); what was queued for the old one is cancelled."""
+    """Move TICKET to DEVICE (name or id); what was queued for the old one is cancelled.
+
+    DEVICE must be the ticket's requester's, shared with them, or yours (the admin's);
+    otherwise the ticket waits for DEVICE's owner to approve in chat.
+    """
     setup_logging("WARNING")
     settings = load_settings()
     wait = timedelta(seconds=settings.workers.device_wait_seconds)
-    name = run_with_pool(
+    # As the admin (web:admin): on the admin's own devices that is the owner's direction;
+    # on anyone else's the ticket's requester must be let in, or the owner is asked.
+    moved = run_with_pool(
         settings, lambda pool: control.reroute(pool, ticket, device, by="the CLI", wait=wait)
     )
-    click.echo(f"{ticket} moves to {name}; it resumes once {name} is online")
+    click.echo(moved.message)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import asyncpg
 import click
 
-from controlplane import people
+from controlplane import handles, people
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput
@@ -21,11 +22,15 @@ def users() -> None:
     instead of each account, and "my laptop" means a device that person owns (a device
     paired with `superagent devices pair NAME --owner PERSON`).
 
+    An account is linked by the channel's immutable id. A handle you give is looked up
+    once, now, through the channel's API, and the link keeps the id: a later rename, or
+    someone else taking a freed handle, changes nothing.
+
     \b
     Examples:
-      superagent users link alice github:alice-gh slack:U024BE7LH matrix:@alice:example.org
+      superagent users link alice github:alice-gh slack:alice@acme.example matrix:@alice:example.org
       superagent users list
-      superagent users unlink slack:U024BE7LH
+      superagent users unlink github:alice-gh
     """
 
 
@@ -42,20 +47,34 @@ def _accounts(texts: tuple[str, ...]) -> list[people.AccountRef]:
 def link(person: str, accounts: tuple[str, ...]) -> None:
     """Link ACCOUNTS (SOURCE:HANDLE) to PERSON, creating PERSON if new.
 
-    SOURCE is github, slack, matrix, lark or web. HANDLE is the account's id or name as
-    the channel reports it: a GitHub login, a Slack user id (U…), a Matrix id
-    (@name:server), a Lark open_id (ou_…), a web chat name. Takes effect within a second.
+    SOURCE is github, slack, matrix, lark or web. HANDLE is the account's immutable id, or
+    a handle to look it up by: GitHub, a login or the numeric id; Slack, @handle, an
+    email, a user id or TEAM/USER; Lark, an email or the open_id (ou_…); Matrix, the user
+    id (@name:server); web, admin (the one web chat identity: whoever holds the admin
+    token). Display names are refused. Takes effect within a second.
     """
     setup_logging("WARNING")
     refs = _accounts(accounts)
-    linked = run_with_pool(load_settings(), lambda pool: people.link(pool, person, refs))
-    click.echo(f"{linked.name}: linked {', '.join(str(ref) for ref in refs)}")
+    settings = load_settings()
+
+    async def work(pool: asyncpg.Pool) -> tuple[people.Person, list[people.AccountRef]]:
+        async with handles.Resolver(settings, pool) as resolver:
+            found = [await resolver.account(ref.source, ref.handle) for ref in refs]
+        ids = [
+            people.AccountRef(f.source, f.id, ref.handle if f.label is not None else None)
+            for f, ref in zip(found, refs, strict=True)
+        ]
+        return await people.link(pool, person, ids), ids
+
+    linked, ids = run_with_pool(settings, work)
+    shown = [f"{ref} ({ref.label})" if ref.label else str(ref) for ref in ids]
+    click.echo(f"{linked.name}: linked {', '.join(shown)}")
 
 
 @users.command()
 @click.argument("account")
 def unlink(account: str) -> None:
-    """Unlink one ACCOUNT (SOURCE:HANDLE) from its person."""
+    """Unlink one ACCOUNT (SOURCE:ID, or the SOURCE:HANDLE it was linked by)."""
     setup_logging("WARNING")
     ref = _accounts((account,))[0]
     owner = run_with_pool(load_settings(), lambda pool: people.unlink(pool, ref))

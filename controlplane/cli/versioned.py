@@ -2,7 +2,8 @@
 
 Every edit is saved as a new version on top of the one it was based on; if someone else
 saved in between, the edit is refused and kept, so nothing is lost and nothing silently
-overwritten.
+overwritten. A policy's handles (``github:octocat``, ``@alice``) are resolved to ids before
+it is saved (:mod:`controlplane.handles`); one that cannot be is refused the same way.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import click
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane import prompts, versions
+from controlplane import handles, prompts, versions
 from controlplane.cli.common import fail, load_settings, setup_logging
-from controlplane.cli.dbsession import run_in_session
+from controlplane.cli.dbsession import run_in_session, run_with_pool
 from controlplane.db.models import PolicyVersion, PromptVersion
 from controlplane.errors import InvalidInput
 from controlplane.ingest import policy as ingest_policy
+from controlplane.settings import Settings
 from controlplane.status import ago
 
 
@@ -77,6 +80,19 @@ def _policy_body(text: str) -> Any:
     return ingest_policy.parse(body).model_dump(mode="json")
 
 
+def _resolve_policy(settings: Settings, body: Any) -> Any:
+    """The policy with its handles replaced by ids, looked up before any transaction."""
+
+    async def work(pool: asyncpg.Pool) -> tuple[Any, list[str]]:
+        async with handles.Resolver(settings, pool) as resolver:
+            return await resolver.policy(body)
+
+    resolved, notes = run_with_pool(settings, work)
+    for note in notes:
+        click.echo(f"resolved {note}", err=True)
+    return resolved
+
+
 @click.group()
 def policy() -> None:
     """Show and edit the ingest policy (who may ask the agent for what, per source).
@@ -123,6 +139,7 @@ def policy_edit(path: str | None, base_id: str | None, author: str) -> None:
         to_body=_policy_body,
         to_text=_policy_text,
         suffix=".json",
+        prepare=_resolve_policy,
     )
 
 
@@ -221,6 +238,7 @@ def _edit(
     to_body: Callable[[str], Any],
     to_text: Callable[[Any], str],
     suffix: str,
+    prepare: Callable[[Settings, Any], Any] | None = None,
 ) -> None:
     settings = load_settings()
     if path is None:
@@ -240,6 +258,13 @@ def _edit(
     except InvalidInput as exc:
         kept = _keep(text, suffix) if path is None else Path(path)
         fail(f"{exc.message}\nnothing saved; your text is in {kept}")
+    if prepare is not None:
+        try:
+            body = prepare(settings, body)
+        except SystemExit:  # the reason is printed already
+            kept = _keep(text, suffix) if path is None else Path(path)
+            click.echo(f"nothing saved; your text is in {kept}", err=True)
+            raise
 
     async def work(session: AsyncSession) -> versions.Version:
         return await versions.save(

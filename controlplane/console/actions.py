@@ -38,11 +38,13 @@ async def retry(pool: asyncpg.Pool, ticket_id: str, note: str) -> dict[str, Any]
 async def reroute(
     settings: Settings, pool: asyncpg.Pool, ticket_id: str, device: str
 ) -> dict[str, Any]:
-    """Move the ticket to a paired device (name or id); NotFound when there is none."""
+    """Move the ticket to a paired device (name or id); NotFound when there is none. As the
+    admin (web:admin): a device the ticket's requester may not use waits for its owner."""
     wait = timedelta(seconds=settings.workers.device_wait_seconds)
-    name = await control.reroute(pool, ticket_id, device, by=BY, wait=wait)
+    moved = await control.reroute(pool, ticket_id, device, by=BY, wait=wait)
     return {
         "ticket": ticket_id,
-        "device": name,
-        "message": f"{ticket_id} moves to {name}; it resumes once {name} is online.",
+        "device": moved.device,
+        "approval": moved.approval,
+        "message": f"{moved.message}.",
     }

@@ -51,18 +51,30 @@ def pair_command(settings: Settings, code: str) -> tuple[str, str, str | None]:
 
 
 async def pair(
-    settings: Settings, engine: AsyncEngine, *, name: str, owner: str | None
+    settings: Settings,
+    engine: AsyncEngine,
+    *,
+    name: str,
+    owner: str | None,
+    shared: str | None = None,
 ) -> dict[str, Any]:
-    """A one-time pairing code for a new device (PairingRefused says why not)."""
+    """A one-time pairing code for a new device (PairingRefused says why not). Owned by
+    ``owner``, else by the admin (web:admin); ``shared``: a team device's group."""
     async with transaction(session_factory(engine)) as session:
         issued = await pairing.create_code(
-            session, device_name=name, owner=owner or None, created_by=CREATED_BY
+            session,
+            device_name=name,
+            owner=owner or None,
+            created_by=CREATED_BY,
+            shared_with=shared or None,
         )
     # Reads (or on first use writes) the TLS material, and may resolve this host's name.
     command, url, fingerprint = await asyncio.to_thread(pair_command, settings, issued.display)
     return {
         "code": issued.display,
         "device_name": issued.device_name,
+        "owner": issued.owner,
+        "shared_with": issued.shared_with,
         "expires_at": issued.expires_at,
         "url": url,
         "fingerprint": fingerprint,

@@ -158,7 +158,9 @@ def devices() -> str:
 <form id="pair">
 <label>Name <input name="name" required maxlength="100" placeholder="alice-laptop"
  autocomplete="off"></label>
-<label>Owner <input name="owner" maxlength="200" placeholder="alice (optional)"
+<label>Owner <input name="owner" maxlength="200" placeholder="alice (default: you)"
+ autocomplete="off"></label>
+<label>Team device for <input name="shared" maxlength="200" placeholder="slack:S0123 (optional)"
  autocomplete="off"></label>
 <button type="submit" class="primary">Create pairing code</button>
 </form>

@@ -25,6 +25,9 @@ async def listing(pool: asyncpg.Pool, *, everything: bool) -> dict[str, Any]:
 async def detail(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
     """One ticket; NotFound when there is none."""
     data = (await views.detail(pool, ticket_id)).as_json()
+    # Why its requester may use the device, in one line (the grant itself is device_grant).
+    grant = data.get("device_grant")
+    data["device_access"] = views.describe_grant(grant) if grant else None
     threads = await pool.fetch(
         "SELECT th.id, th.source, th.external_id, th.title, th.url, 'handles' AS relation, "
         "s.created_at FROM subscriptions s JOIN threads th ON th.id = s.thread_id "
@@ -44,6 +47,9 @@ async def detail(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
     data["worker"] = dict(worker) if worker else None
     data["commands"] = await commands.of_ticket(pool, ticket_id)
     # Where the Reroute action may send it.
-    paired = await pool.fetch("SELECT id, name FROM devices WHERE revoked_at IS NULL ORDER BY name")
+    # (Moving it to a device its requester may not use waits for that device's owner.)
+    paired = await pool.fetch(
+        "SELECT id, name, owner FROM devices WHERE revoked_at IS NULL ORDER BY name"
+    )
     data["paired_devices"] = [dict(row) for row in paired]
     return data

@@ -73,6 +73,7 @@ REPORT_STATUSES = ("progress", "ready", "question", "blocked", "failed")
 # Which slot an assignment holds: one of max_workers, or the one kept for human wake-ups.
 SLOT_KINDS = ("regular", "human")
 FINDING_SEVERITIES = ("info", "warning", "critical")
+APPROVAL_STATES = ("pending", "approved", "denied", "expired", "cancelled")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -179,6 +180,13 @@ class Trigger(Base):
             "created_at",
             postgresql_where=text("route = 'subscribers' AND digested_at IS NULL"),
         ),
+        # Messages that may answer an owner's approval (``approve apr_…`` / ``deny apr_…``):
+        # the approvals sweep reads only these (controlplane.authorization.approvals).
+        Index(
+            "ix_triggers_approval_answers",
+            "created_at",
+            postgresql_where=text("text LIKE '%apr\\_%'"),
+        ),
         CheckConstraint(_one_of("route", TRIGGER_ROUTES), name="route"),
     )
     id: Mapped[str] = _id("trg")
@@ -188,6 +196,11 @@ class Trigger(Base):
     actor_id: Mapped[str] = mapped_column(String(200))
     actor_name: Mapped[str] = mapped_column(String(200))
     actor_is_bot: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The actor's groups as the channel reported them (Slack user groups, Matrix rooms...):
+    # a device shared with a group is usable by its members (device_shares).
+    actor_groups: Mapped[list[str]] = mapped_column(
+        ARRAY(String(200)), default=list, server_default=text("'{}'")
+    )
     # The person behind the actor's account, when linked (``superagent users link``).
     person_id: Mapped[str | None] = mapped_column(ForeignKey("people.id"))
     kind: Mapped[str] = mapped_column(String(100))
@@ -196,6 +209,11 @@ class Trigger(Base):
     verdict: Mapped[str | None] = mapped_column(String(50))
     verdict_reason: Mapped[str | None] = mapped_column(Text)
     policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))
+    # The actor is a human on the source's allowlist, whether or not the event addressed the
+    # agent (a follow-up's verdict is "ignored"): in a worker's inbox, it carries authority.
+    allowlisted: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # Whether it was said in public (GitHub: not repository.private); None: not known.
+    public: Mapped[bool | None] = mapped_column(Boolean)
     # Where ingest sent it: the router's inbox, the subscribed tickets' inboxes, or nowhere.
     route: Mapped[str | None] = mapped_column(String(20))
     created_at: Mapped[datetime] = _created()
@@ -250,6 +268,8 @@ class PairingCode(Base):
     code_sha256: Mapped[str] = mapped_column(String(64))
     device_name: Mapped[str] = mapped_column(String(100))
     owner: Mapped[str | None] = mapped_column(String(200))
+    # A team device: the group (``group:SOURCE:ID``) it is shared with once paired.
+    shared_with: Mapped[str | None] = mapped_column(String(200))
     created_by: Mapped[str] = mapped_column(String(200))
     expires_at: Mapped[datetime]
     failed_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
@@ -258,11 +278,106 @@ class PairingCode(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class DeviceShare(Base):
+    """The owner's delegation: ``grantee`` (a person, an account ``SOURCE:ID`` or a group
+    ``group:SOURCE:ID``) may direct work to the device (``superagent devices share``)."""
+
+    __tablename__ = "device_shares"
+    __table_args__ = (PrimaryKeyConstraint("device_id", "grantee"),)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    grantee: Mapped[str] = mapped_column(String(200))
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
+
+
+class DeviceApproval(Base):
+    """A request to use someone else's device, waiting for (or decided by) its owner.
+
+    For a ticket (``ticket_id``) or for a rules-only ``/run`` (``run``: the command to queue
+    once approved). ``owner`` is who may answer; ``principals`` who asked (their person,
+    account and groups), recorded in the ticket's grant once approved.
+    """
+
+    __tablename__ = "device_approvals"
+    __table_args__ = (
+        CheckConstraint(_one_of("state", APPROVAL_STATES), name="state"),
+        Index(
+            "ix_device_approvals_pending", "created_at", postgresql_where=text("state = 'pending'")
+        ),
+        Index(None, "ticket_id"),
+    )
+    id: Mapped[str] = _id("apr")
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"))
+    ticket_id: Mapped[str | None] = mapped_column(ForeignKey("tickets.id"))
+    trigger_id: Mapped[str | None] = mapped_column(ForeignKey("triggers.id"))
+    thread_id: Mapped[str | None] = mapped_column(ForeignKey("threads.id"))
+    owner: Mapped[str] = mapped_column(String(200))
+    requester: Mapped[str] = mapped_column(String(200))  # for messages only
+    principals: Mapped[list[str]] = mapped_column(
+        ARRAY(String(200)), default=list, server_default=text("'{}'")
+    )
+    what: Mapped[str] = mapped_column(Text)
+    run: Mapped[dict[str, Any] | None]
+    # The ticket's state once approved: open (never ran) or waiting_device (rerouted).
+    resume: Mapped[str | None] = mapped_column(String(20))
+    state: Mapped[str] = mapped_column(String(20), default="pending", server_default="pending")
+    created_at: Mapped[datetime] = _created()
+    asked_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+    decided_at: Mapped[datetime | None]
+    decided_by: Mapped[str | None] = mapped_column(String(200))
+    decision_trigger_id: Mapped[str | None] = mapped_column(ForeignKey("triggers.id"))
+
+
+class ApprovalAnswer(Base):
+    """Every message read as an answer to an approval, accepted or ignored, and why."""
+
+    __tablename__ = "approval_answers"
+    __table_args__ = (PrimaryKeyConstraint("trigger_id", "approval_id"),)
+    trigger_id: Mapped[str] = mapped_column(ForeignKey("triggers.id"))
+    approval_id: Mapped[str] = mapped_column(String(16))  # as written: it may name nothing
+    verb: Mapped[str] = mapped_column(String(10))
+    outcome: Mapped[str] = mapped_column(String(10))  # accepted | ignored
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+
+
 class PairingThrottle(Base):
-    """Failed pairing attempts per source address in the current window."""
+    """Failed pairing attempts in the current window: per peer (``source``: an IPv4 address
+    or an IPv6 /64) and, in the row ``*``, from all peers together (gateway/pairing.py)."""
 
     __tablename__ = "pairing_throttle"
     source: Mapped[str] = mapped_column(String(100), primary_key=True)
+    window_start: Mapped[datetime]
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ConsoleSession(Base):
+    """A browser's sign-in (``kind`` session) or a one-time login link (``kind`` link).
+
+    Only a SHA-256 of the secret is stored, so a read of this table opens nothing. A
+    session ends at ``expires_at`` or when ``revoked_at`` is set (sign-out); a link is
+    spent by its first use (``revoked_at``) and turns into a session.
+    """
+
+    __tablename__ = "console_sessions"
+    __table_args__ = (CheckConstraint("kind IN ('session', 'link')", name="kind"),)
+    secret_hash: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(10))
+    # Which admin token made it (a keyed digest, not the token): rotating the token ends
+    # every session made from the old one.
+    token_tag: Mapped[bytes] = mapped_column(LargeBinary)
+    peer: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+    revoked_at: Mapped[datetime | None]
+
+
+class SignInThrottle(Base):
+    """Failed admin-token sign-ins per peer (an IPv4 address or an IPv6 /64) per window."""
+
+    __tablename__ = "signin_throttle"
+    peer: Mapped[str] = mapped_column(String(100), primary_key=True)
     window_start: Mapped[datetime]
     failures: Mapped[int] = mapped_column(Integer, default=0)
 
@@ -285,6 +400,11 @@ class Ticket(Base):
     title: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(20), default="open", server_default="open")
     device_id: Mapped[str | None] = mapped_column(ForeignKey("devices.id"))
+    # Why the requester may use that device, checked in code when it was chosen: rule
+    # (owner | delegated | shared | approved, or pending while the owner is asked), what
+    # matched, by whom, when. The gateway queues none of the ticket's commands on a device
+    # this does not cover (controlplane.authorization.devices).
+    device_grant: Mapped[dict[str, Any] | None]
     pr_url: Mapped[str | None] = mapped_column(Text)
     # Why it waits (waiting_device, waiting_human) or what it last reported: "question",
     # "blocked", "failed", "device_expired", ...; and until when (waiting_device).
@@ -298,6 +418,14 @@ class Ticket(Base):
     repo: Mapped[str | None] = mapped_column(String(300))
     workdir: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(300))
+    # The last event without authority (not allowlisted, a bot, CI) the worker read since
+    # its last input with authority; NULL once an allowlisted person spoke after it. While
+    # set, actions with effects outside the device wait for people (workers.hold_untrusted).
+    untrusted_trigger_id: Mapped[str | None] = mapped_column(ForeignKey("triggers.id"))
+    # Some of that input was said in public, or where it is not known to be private.
+    untrusted_public: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=text("false")
+    )
     tokens_used: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     cost_usd: Mapped[Decimal] = mapped_column(
         Numeric(12, 6), default=Decimal(0), server_default=text("0")
@@ -408,14 +536,17 @@ class Person(Base):
 
 
 class Account(Base):
-    """One of a person's channel accounts. ``handle`` is matched against an event's actor
-    id or name (GitHub login or numeric id, Slack user id, Matrix user id, Lark open_id)."""
+    """One of a person's channel accounts. ``handle`` is the channel's immutable actor id
+    (controlplane.identities), matched exactly against an event's actor id, never its name.
+    """
 
     __tablename__ = "accounts"
     __table_args__ = (PrimaryKeyConstraint("source", "handle"), Index(None, "person_id"))
     source: Mapped[str] = mapped_column(String(50))
     handle: Mapped[str] = mapped_column(String(200))
     person_id: Mapped[str] = mapped_column(ForeignKey("people.id", ondelete="CASCADE"))
+    # The handle it was linked by (``octocat`` for github:583231), for display; never matched.
+    label: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = _created()
 
 

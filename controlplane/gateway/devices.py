@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.db.models import Command, Device
+from controlplane.db.models import Command, Device, DeviceShare
 from controlplane.errors import NotFound
 
 # A stream sends heartbeats every 15 s and replicas batch last_seen writes every 5 s; a
@@ -27,6 +27,8 @@ class DeviceView:
     policy_hash: str | None
     version: str | None
     revoked: bool
+    # Whom the owner shares it with: people, accounts (SOURCE:ID), groups (group:SOURCE:ID).
+    shares: tuple[str, ...] = ()
 
 
 async def list_devices(session: AsyncSession, *, include_revoked: bool = False) -> list[DeviceView]:
@@ -44,6 +46,9 @@ async def list_devices(session: AsyncSession, *, include_revoked: bool = False) 
     if not include_revoked:
         query = query.where(Device.revoked_at.is_(None))
     now = datetime.now(UTC)
+    shares: dict[str, list[str]] = {}
+    for share in await session.scalars(select(DeviceShare).order_by(DeviceShare.grantee)):
+        shares.setdefault(share.device_id, []).append(share.grantee)
     views = []
     for device, queue_depth in (await session.execute(query)).all():
         online = (
@@ -63,6 +68,7 @@ async def list_devices(session: AsyncSession, *, include_revoked: bool = False) 
                 policy_hash=device.policy_hash,
                 version=device.version,
                 revoked=device.revoked_at is not None,
+                shares=tuple(shares.get(device.id, ())),
             )
         )
     return views

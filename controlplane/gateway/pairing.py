@@ -3,13 +3,16 @@
 A code is 8 characters from an alphabet without look-alikes, shown as ``ABCD-EFGH``. It is
 valid for 10 minutes and once. The first half (``lookup``) finds the code's row so that
 wrong guesses are counted per code (5 burn it); the stored proof is a hash of the whole
-code. Failures are also counted per source address, so one client cannot sweep codes.
+code. Every attempt is counted as a failure before its code is compared, in single atomic
+statements, per peer (an IPv4 address or an IPv6 /64) and across all peers; a success takes
+its count back. So a burst of concurrent guesses gets exactly the limit's worth compared,
+one client cannot sweep codes, and many cannot either.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
+import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,17 +20,21 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from controlplane.db.models import Device, PairingCode
+from controlplane.authorization import devices as access
+from controlplane.db.models import Device, DeviceShare, PairingCode
 from controlplane.errors import SuperagentError
+from controlplane.peers import peer_group
 
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"  # no 0/O, 1/I/L, U
 CODE_LENGTH = 8
 LOOKUP_LENGTH = 4
 CODE_TTL = timedelta(minutes=10)
 MAX_WRONG_PER_CODE = 5
-MAX_FAILURES_PER_SOURCE = 10
-SOURCE_WINDOW = timedelta(minutes=10)
+WINDOW = timedelta(minutes=10)  # of the failure counts per peer and across all peers
+EVERYONE = "*"  # the pairing_throttle row of all peers together (never an address)
 ED25519_PUBLIC_KEY_BYTES = 32
+
+log = logging.getLogger(__name__)
 
 
 class PairingRefused(SuperagentError):
@@ -39,7 +46,7 @@ class PairingRefused(SuperagentError):
     def __init__(self, reason: str, message: str, *, counts: bool = True) -> None:
         super().__init__(message)
         self.reason = reason
-        self.counts = counts  # a failed attempt to record with record_failure()
+        self.counts = counts  # False: not a failed guess; its count is taken back (uncount)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class IssuedCode:
     code: str  # shown once, never stored
     device_name: str
     expires_at: datetime
+    owner: str = ""  # who will own the device
+    shared_with: str | None = None  # a team device's group
 
     @property
     def display(self) -> str:
@@ -71,9 +80,20 @@ def validate_device_name(name: str) -> str:
 
 
 async def create_code(
-    session: AsyncSession, *, device_name: str, owner: str | None, created_by: str
+    session: AsyncSession,
+    *,
+    device_name: str,
+    owner: str | None,
+    created_by: str,
+    shared_with: str | None = None,
 ) -> IssuedCode:
+    """A code for a device that ``owner`` will own (a person or an account ``SOURCE:ID``;
+    by default whoever makes the code: the admin, ``web:admin``, from the CLI and the
+    console). ``shared_with`` (``SOURCE:GROUP``) makes it a team device, usable by that
+    group's members (controlplane.authorization.devices)."""
     device_name = validate_device_name(device_name)
+    owner = access.parse(owner, groups=False) if owner and owner.strip() else access.ADMIN
+    team = access.parse_group(shared_with) if shared_with and shared_with.strip() else None
     taken = await session.scalar(
         select(Device.id).where(Device.name == device_name, Device.revoked_at.is_(None))
     )
@@ -91,98 +111,154 @@ async def create_code(
             code_sha256=_digest(code),
             device_name=device_name,
             owner=owner,
+            shared_with=team,
             created_by=created_by,
             expires_at=expires_at,
         )
     )
-    return IssuedCode(code=code, device_name=device_name, expires_at=expires_at)
-
-
-async def _count_source_failure(session: AsyncSession, source: str) -> None:
-    await session.execute(
-        text(
-            """
-            INSERT INTO pairing_throttle (source, window_start, failures)
-            VALUES (:source, now(), 1)
-            ON CONFLICT (source) DO UPDATE SET
-                failures = CASE
-                    WHEN pairing_throttle.window_start < now() - CAST(:window AS interval)
-                    THEN 1 ELSE pairing_throttle.failures + 1 END,
-                window_start = CASE
-                    WHEN pairing_throttle.window_start < now() - CAST(:window AS interval)
-                    THEN now() ELSE pairing_throttle.window_start END
-            """
-        ),
-        {"source": source, "window": SOURCE_WINDOW},
+    return IssuedCode(
+        code=code,
+        device_name=device_name,
+        expires_at=expires_at,
+        owner=owner,
+        shared_with=team,
     )
 
 
-async def _source_blocked(session: AsyncSession, source: str) -> bool:
-    failures = await session.scalar(
-        text(
-            "SELECT failures FROM pairing_throttle "
-            "WHERE source = :source AND window_start >= now() - CAST(:window AS interval)"
-        ),
-        {"source": source, "window": SOURCE_WINDOW},
-    )
-    return failures is not None and failures >= MAX_FAILURES_PER_SOURCE
+@dataclass(frozen=True)
+class Limits:
+    """Failed attempts per :data:`WINDOW`: from one peer, and from all peers together."""
+
+    per_peer: int
+    everyone: int
 
 
-async def record_failure(session: AsyncSession, *, code: str, source: str) -> None:
-    """Count a failed attempt against its source address and against the code it targeted.
+@dataclass(frozen=True)
+class Attempt:
+    """One pairing attempt, counted as a failure before anything about it was compared.
 
-    Run in its own transaction after :func:`redeem` refused: the refusal rolls back, the
-    count must not.
+    ``counted`` names the throttle rows it was counted in (with their windows) so that a
+    success can take the count back; ``refusal``, when set, is the answer: the attempt was
+    over a limit, or its code is malformed.
     """
-    await _count_source_failure(session, source)
-    normalized = normalize(code)
-    if len(normalized) != CODE_LENGTH:
-        return
-    digest = _digest(normalized)
-    rows = (
-        await session.scalars(
-            select(PairingCode)
-            .where(PairingCode.lookup == normalized[:LOOKUP_LENGTH], PairingCode.used_at.is_(None))
-            .with_for_update()
+
+    code: str
+    counted: tuple[tuple[str, datetime], ...]
+    refusal: PairingRefused | None = None
+
+
+# One statement per count, so that concurrent attempts each see the others: a burst cannot
+# all read "under the limit" before any of them is written.
+_COUNT = text(
+    """
+    INSERT INTO pairing_throttle AS t (source, window_start, failures)
+    VALUES (:source, now(), 1)
+    ON CONFLICT (source) DO UPDATE SET
+        failures = CASE WHEN t.window_start < now() - CAST(:window AS interval)
+                        THEN 1 ELSE t.failures + 1 END,
+        window_start = CASE WHEN t.window_start < now() - CAST(:window AS interval)
+                            THEN now() ELSE t.window_start END
+    RETURNING failures, window_start
+    """
+)
+# A guess counts against every unpaired code that shares its lookup half but not its
+# secret, and the one that reaches MAX_WRONG_PER_CODE burns the code; all in the same
+# statement, so no guess is compared against a code already burnt.
+_GUESS = text(
+    """
+    UPDATE pairing_codes SET
+        failed_attempts = failed_attempts + 1,
+        used_at = CASE WHEN used_at IS NULL AND failed_attempts + 1 >= :max_wrong
+                       THEN now() ELSE used_at END
+    WHERE lookup = :lookup AND code_sha256 <> :digest AND device_id IS NULL
+    """
+)
+_UNCOUNT = text(
+    "UPDATE pairing_throttle SET failures = failures - 1 "
+    "WHERE source = :source AND window_start = :window_start AND failures > 0"
+)
+
+
+async def _count(session: AsyncSession, source: str) -> tuple[int, datetime]:
+    row = (await session.execute(_COUNT, {"source": source, "window": WINDOW})).one()
+    return int(row.failures), row.window_start
+
+
+async def count_attempt(
+    session: AsyncSession, *, code: str, public_key: bytes, source: str, limits: Limits
+) -> Attempt:
+    """Count a pairing attempt as a failure, before its code is compared; say if it may be.
+
+    Run in a transaction of its own and commit it, whatever comes next: a refusal later
+    rolls its own transaction back, the count must stay. :func:`redeem` takes it back on
+    success. Over the peer's limit, an attempt counts against its peer only (one peer
+    cannot spend the budget of everyone); nothing over a limit reaches a code.
+    """
+    if len(public_key) != ED25519_PUBLIC_KEY_BYTES:  # the client's mistake, not a guess
+        raise PairingRefused(
+            "invalid_key", "public_key must be a raw 32-byte Ed25519 key", counts=False
         )
-    ).all()
-    for row in rows:
-        if not hmac.compare_digest(row.code_sha256, digest):
-            row.failed_attempts += 1
-            if row.failed_attempts >= MAX_WRONG_PER_CODE:
-                row.used_at = datetime.now(UTC)  # burnt: too many wrong guesses against it
+    peer = peer_group(source)
+    failures, window = await _count(session, peer)
+    counted: tuple[tuple[str, datetime], ...] = ((peer, window),)
+    if failures > limits.per_peer:
+        return Attempt(code, counted, _throttled("from this address"))
+    failures, window = await _count(session, EVERYONE)
+    counted += ((EVERYONE, window),)
+    if failures > limits.everyone:
+        if failures == limits.everyone + 1:  # said once per window, not once per attempt
+            log.warning(
+                "pairing paused: %d failed attempts from all addresses in %s",
+                limits.everyone,
+                WINDOW,
+            )
+        return Attempt(code, counted, _throttled("from all addresses"))
+    normalized = normalize(code)
+    if len(normalized) != CODE_LENGTH or any(ch not in CODE_ALPHABET for ch in normalized):
+        refusal = PairingRefused(
+            "invalid_code", "that is not a pairing code (expected 8 characters like ABCD-EFGH)"
+        )
+        return Attempt(code, counted, refusal)
+    await session.execute(
+        _GUESS,
+        {
+            "lookup": normalized[:LOOKUP_LENGTH],
+            "digest": _digest(normalized),
+            "max_wrong": MAX_WRONG_PER_CODE,
+        },
+    )
+    return Attempt(normalized, counted)
+
+
+def _throttled(where: str) -> PairingRefused:
+    return PairingRefused("throttled", f"too many failed pairing attempts {where}; wait 10 minutes")
+
+
+async def uncount(session: AsyncSession, attempt: Attempt) -> None:
+    """Take back the counts of an attempt that turned out not to be a failure."""
+    for source, window_start in attempt.counted:
+        await session.execute(_UNCOUNT, {"source": source, "window_start": window_start})
 
 
 async def redeem(
     session: AsyncSession,
+    attempt: Attempt,
     *,
-    code: str,
     public_key: bytes,
-    source: str,
     version: str,
     labels: dict[str, str],
     requested_name: str = "",
 ) -> Device:
-    """Trade ``code`` for a new device; raise :class:`PairingRefused` saying why not."""
-    if await _source_blocked(session, source):
-        raise PairingRefused(
-            "throttled",
-            "too many failed pairing attempts from this address; wait 10 minutes",
-            counts=False,
-        )
-    if len(public_key) != ED25519_PUBLIC_KEY_BYTES:
-        raise PairingRefused(
-            "invalid_key", "public_key must be a raw 32-byte Ed25519 key", counts=False
-        )
-    normalized = normalize(code)
-    if len(normalized) != CODE_LENGTH or any(ch not in CODE_ALPHABET for ch in normalized):
-        raise PairingRefused(
-            "invalid_code", "that is not a pairing code (expected 8 characters like ABCD-EFGH)"
-        )
-    digest = _digest(normalized)
+    """Trade a counted attempt's code for a new device; raise :class:`PairingRefused` saying
+    why not. On success the attempt's counts are taken back, in the same transaction."""
+    if attempt.refusal is not None:
+        raise attempt.refusal
     row = await session.scalar(
         select(PairingCode)
-        .where(PairingCode.lookup == normalized[:LOOKUP_LENGTH], PairingCode.code_sha256 == digest)
+        .where(
+            PairingCode.lookup == attempt.code[:LOOKUP_LENGTH],
+            PairingCode.code_sha256 == _digest(attempt.code),
+        )
         .with_for_update()
     )
     now = datetime.now(UTC)
@@ -209,7 +285,7 @@ async def redeem(
         )
     device = Device(
         name=row.device_name,
-        owner=row.owner,
+        owner=row.owner or access.ADMIN,
         public_key=public_key,
         version=version,
         labels={k: v for k, v in labels.items() if v}
@@ -217,6 +293,11 @@ async def redeem(
     )
     session.add(device)
     await session.flush()
+    if row.shared_with:
+        session.add(
+            DeviceShare(device_id=device.id, grantee=row.shared_with, created_by=row.created_by)
+        )
     row.used_at = now
     row.device_id = device.id
+    await uncount(session, attempt)  # a success: not a failure after all
     return device

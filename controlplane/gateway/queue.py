@@ -26,6 +26,7 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.authorization.devices import covered_sql, refusal
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -122,13 +123,16 @@ _RESULT_COLUMNS = ", ".join(CommandResult.__dataclass_fields__)
 _MAX_NOTIFY_PAYLOAD = 7900
 
 # Allocate the device's next seq, create the output blob, insert the command and wake the
-# replica holding the device's stream: one statement, so one round trip and atomic. The
+# replica holding the device's stream: one statement, so one round trip and atomic. A
+# ticket's command is queued only on a device the ticket's recorded grant still covers
+# (defence in depth below every entry point's own check; controlplane.authorization). The
 # notification carries the command itself when it fits (see ``announced_command``), so the
 # replica can send it without a query.
 _SUBMIT = f"""
 WITH dev AS (
     UPDATE devices SET next_seq = next_seq + 1
     WHERE (id = $1 OR name = $1) AND revoked_at IS NULL
+      AND ($4::text IS NULL OR {covered_sql("devices.id", "$4::text")})
     RETURNING id, next_seq - 1 AS seq
 ), blob AS (
     INSERT INTO blobs (id, content_type, size)
@@ -294,6 +298,12 @@ class CommandQueue:
             origin,
         )
         if command_id is None:
+            found = await self.pool.fetchval(
+                "SELECT id FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
+                device,
+            )
+            if found is not None and ticket_id is not None:
+                raise await refusal(self.pool, str(found), ticket_id)
             raise NotFound(f"no paired device {device!r}")
         assert isinstance(command_id, str)
         if listening and self._listening() and generation == self._listener_generation:

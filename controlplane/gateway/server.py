@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import urllib.parse
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -51,8 +52,12 @@ def status_for(exc: SuperagentError) -> grpc.StatusCode:
 
 
 def peer_address(context: grpc.aio.ServicerContext) -> str:
-    """The client's IP from gRPC's peer string (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``)."""
-    peer = context.peer() or "unknown"
+    """The client's IP from gRPC's peer string (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``).
+
+    gRPC escapes the brackets (``ipv6:%5B::1%5D:5678``): unescaped first, or every IPv6
+    connection, with its own port, would look like a new client.
+    """
+    peer = urllib.parse.unquote(context.peer() or "unknown")
     kind, _, rest = peer.partition(":")
     if kind == "ipv6" and rest.startswith("["):
         return rest[1 : rest.index("]")]
@@ -77,6 +82,9 @@ class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
         self.settings = settings
         self.tls = tls
         self.server_name = server_name
+        self.pairing_limits = pairing.Limits(
+            per_peer=settings.pairing_failures_per_peer, everyone=settings.pairing_failures_global
+        )
 
     async def Pair(
         self, request: pb.PairRequest, context: grpc.aio.ServicerContext
@@ -88,24 +96,30 @@ class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
             )
         try:
             async with self.sessions() as session:
+                # Counted (and committed) first: a refusal below rolls back only its own
+                # transaction, and a burst cannot all be compared before any is counted.
+                async with session.begin():
+                    attempt = await pairing.count_attempt(
+                        session,
+                        code=request.pairing_code,
+                        public_key=request.public_key,
+                        source=peer_address(context),
+                        limits=self.pairing_limits,
+                    )
                 try:
                     async with session.begin():
                         device = await pairing.redeem(
                             session,
-                            code=request.pairing_code,
+                            attempt,
                             public_key=request.public_key,
-                            source=peer_address(context),
                             version=request.daemon_version,
                             labels={"platform": request.platform, "hostname": request.hostname},
                             requested_name=request.device_name,
                         )
                 except pairing.PairingRefused as refused:
-                    # The refusal rolled its transaction back; the count must stay.
-                    if refused.counts:
+                    if not refused.counts:  # not a failed guess: take its count back
                         async with session.begin():
-                            await pairing.record_failure(
-                                session, code=request.pairing_code, source=peer_address(context)
-                            )
+                            await pairing.uncount(session, attempt)
                     raise
         except SuperagentError as exc:
             log.info("pairing refused from %s: %s", peer_address(context), exc.message)
@@ -180,7 +194,10 @@ class GatewayService(Service):
     async def run(self) -> None:
         server = grpc.aio.server(options=self._options())
         endpoint_pb2_grpc.add_EndpointGatewayServicer_to_server(self.gateway, server)
-        address = f"{self.settings.host}:{self.settings.port}"
+        host = self.settings.host
+        address = (
+            f"[{host}]:{self.settings.port}" if ":" in host else f"{host}:{self.settings.port}"
+        )
         tls = self.gateway.tls
         if tls is None:
             self.port = server.add_insecure_port(address)

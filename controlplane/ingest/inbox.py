@@ -31,6 +31,10 @@ class InboxEvent:
     kind: str
     text: str
     created_at: datetime
+    actor_id: str = ""
+    person_id: str | None = None
+    allowlisted: bool = False  # a human on the source's allowlist (policy.Verdict)
+    public: bool | None = None  # said in public; None: not known
 
 
 async def read(db: Db, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
@@ -49,7 +53,7 @@ async def read(db: Db, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
             RETURNING trigger_id
         )
         SELECT t.id, t.thread_id, t.source, t.actor_name, t.actor_is_bot, t.kind, t.text,
-               t.created_at
+               t.created_at, t.actor_id, t.person_id, t.allowlisted, t.public
         FROM triggers t JOIN taken ON taken.trigger_id = t.id
         ORDER BY t.created_at, t.id
         """,
@@ -66,6 +70,10 @@ async def read(db: Db, ticket_id: str, limit: int = 100) -> list[InboxEvent]:
             kind=row["kind"],
             text=row["text"],
             created_at=row["created_at"],
+            actor_id=row["actor_id"],
+            person_id=row["person_id"],
+            allowlisted=row["allowlisted"],
+            public=row["public"],
         )
         for row in rows
     ]

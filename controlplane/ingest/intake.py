@@ -72,6 +72,9 @@ class IncomingTrigger:
     payload_type: str = "application/json"
     # The channel's id of the message to mark as seen (👀) if this is an explicit request.
     ack_ref: str | None = None
+    # Whether it was said in public (a public repository); None when the channel cannot
+    # tell, which workers treat as public (workers.hold_untrusted).
+    public: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,11 @@ WITH new_thread AS (
 ), t AS (
     INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name,
                           actor_is_bot, kind, text, payload_blob_id, verdict, verdict_reason,
-                          policy_version_id, route, routed_at, person_id)
+                          policy_version_id, route, routed_at, person_id, allowlisted, public,
+                          actor_groups)
     SELECT $6, $2, $7, decided.thread_id, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-           decided.route, CASE WHEN decided.route = 'router' THEN NULL ELSE now() END, $23
+           decided.route, CASE WHEN decided.route = 'router' THEN NULL ELSE now() END, $23,
+           $25, $26, $27
     FROM decided
     ON CONFLICT (source, external_id) DO NOTHING
     RETURNING id, thread_id, route
@@ -223,7 +228,7 @@ class Intake:
         _validate(trigger)
         policy_id, policy = await self.policy.current()
         actor = trigger.actor
-        person = await self.people.resolve(trigger.source, actor.id, actor.name)
+        person = await self.people.resolve(trigger.source, actor.id)
         if person is not None:
             actor = dataclasses.replace(actor, person=person.name)
         verdict = policies.evaluate(
@@ -262,6 +267,10 @@ class Intake:
                 trigger.ack_ref if verdict.kind == "explicit" else None,
                 person.id if person is not None else None,
                 self.pass_through,
+                verdict.allowlisted,
+                trigger.public,
+                # Kept for device authorization (a device may be shared with a group).
+                [group[:200] for group in trigger.actor.groups],
             )
             if row is not None:
                 return Ingested(

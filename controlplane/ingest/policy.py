@@ -1,9 +1,10 @@
 """The programmatic policy: the fast, deterministic first judgement of every event.
 
 No model is involved. Who is authorized comes only from what the channel adapter verified
-about the event (its source and its actor's id, name, bot flag and groups); the event's
-text is read for one thing only, whether it addresses the agent, and can never make its
-author someone else.
+about the event (its source and its actor's immutable id, bot flag and groups, and the
+person that id is linked to); the actor's name is for display only, and the event's text is
+read for one thing only, whether it addresses the agent, and can never make its author
+someone else.
 
 Verdicts:
 
@@ -49,11 +50,14 @@ class Rule(BaseModel):
 class SourcePolicy(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: SourceMode = "explicit"
-    # Actor ids or names (as the channel reports them) whose requests are explicit.
+    # Whose requests are explicit: immutable actor ids (controlplane.identities: a GitHub
+    # numeric id, a Slack TEAM/USER, a Lark open_id, a Matrix id, web:admin) or the names
+    # of people (``superagent users link``). Never display names or handles: a handle given
+    # on save is resolved to its id then (controlplane.handles).
     users: list[str] = Field(default_factory=list)
     # Group ids (GitHub teams, Slack user groups, Matrix rooms...) whose members' are.
     groups: list[str] = Field(default_factory=list)
-    # Bots whose events are dropped outright, even on subscribed threads.
+    # Bots whose events are dropped outright, even on subscribed threads (actor ids).
     bots: list[str] = Field(default_factory=list)
     # How people address the agent in text, e.g. "@superagent". Case-insensitive, and only
     # as a whole word: "@superagents" does not count.
@@ -78,7 +82,7 @@ class Policy(BaseModel):
     """The whole policy as stored (one JSON document per version)."""
 
     model_config = ConfigDict(extra="forbid")
-    # The agent's own identities on every channel: its messages are never triggers.
+    # The agent's own actor ids on every channel: its messages are never triggers.
     agent_ids: list[str] = Field(default_factory=list)
     default: SourcePolicy = Field(default_factory=SourcePolicy)
     # The built-in web chat is reached only by console users (the admin token, or loopback
@@ -87,6 +91,12 @@ class Policy(BaseModel):
     sources: dict[str, SourcePolicy] = Field(
         default_factory=lambda: {"web": SourcePolicy(groups=[WEB_CONSOLE_GROUP])}
     )
+    # For people reading the document: the handle each id was resolved from on save
+    # (``"583231": "github:octocat"``). Display only: never matched.
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Entries a migration could not turn into ids, with where they were: inert, kept on
+    # record until someone resolves them (``superagent policy edit``).
+    unresolved: list[str] = Field(default_factory=list)
 
     def for_source(self, source: str) -> SourcePolicy:
         return self.sources.get(source, self.default)
@@ -108,8 +118,8 @@ def parse(body: object) -> Policy:
 class Actor:
     """Who sent an event, as verified by the channel adapter (never from the text)."""
 
-    id: str
-    name: str
+    id: str  # the channel's immutable id (controlplane.identities): what authority matches
+    name: str  # for display only: a handle or display name anyone may choose or reuse
     is_bot: bool = False
     groups: tuple[str, ...] = ()
     # The person linked to this account (``superagent users link``): allowlists may name
@@ -123,6 +133,9 @@ class Verdict:
     reason: str
     noise: bool = False  # dropped even where a ticket is subscribed
     inferred: InferredMode | None = None  # for candidates: what the router may do with it
+    # A human on the source's allowlist, addressing the agent or not: a follow-up on a
+    # ticket's thread carries authority in its worker's inbox (controlplane.workers.events).
+    allowlisted: bool = False
 
     @property
     def needs_router(self) -> bool:
@@ -148,12 +161,16 @@ def _mentioned(text: str, mentions: list[str]) -> bool:
     return False
 
 
-def _listed(actor: Actor, names: list[str]) -> bool:
-    wanted = {name.casefold() for name in names}
+def _listed(actor: Actor, entries: list[str], *, people: bool = False) -> bool:
+    """Whether ``entries`` name the actor by its immutable id (exactly: ids are the
+    channel's, not typed by people) or, with ``people``, name the person it is linked to.
+    Never by its name: anyone can choose a display name, and a handle can change hands."""
+    if actor.id in entries:
+        return True
     return (
-        actor.id.casefold() in wanted
-        or actor.name.casefold() in wanted
-        or (actor.person is not None and actor.person.casefold() in wanted)
+        people
+        and actor.person is not None
+        and actor.person.casefold() in {entry.casefold() for entry in entries}
     )
 
 
@@ -167,12 +184,15 @@ def evaluate(policy: Policy, event: Event) -> Verdict:
         return Verdict("ignored", "the agent's own message", noise=True)
     if actor.is_bot and _listed(actor, source.bots):
         return Verdict("ignored", f"bot {actor.name} is blocklisted", noise=True)
-    allowlisted = _listed(actor, source.users) or bool(
+    allowlisted = _listed(actor, source.users, people=True) or bool(
         {g.casefold() for g in actor.groups} & {g.casefold() for g in source.groups}
     )
     addressed = event.direct or _mentioned(event.text, source.mentions)
     if allowlisted and addressed and not actor.is_bot:
-        return Verdict("explicit", f"{actor.name} is allowlisted and addressed the agent")
+        return Verdict(
+            "explicit", f"{actor.name} is allowlisted and addressed the agent", allowlisted=True
+        )
+    heard = allowlisted and not actor.is_bot  # bots never carry authority
     why = (
         "bots never make explicit requests"
         if actor.is_bot
@@ -181,10 +201,20 @@ def evaluate(policy: Policy, event: Event) -> Verdict:
         else "the agent was not addressed"
     )
     if source.mode == "explicit":
-        return Verdict("ignored", f"not an explicit request ({why}); source takes only those")
+        return Verdict(
+            "ignored",
+            f"not an explicit request ({why}); source takes only those",
+            allowlisted=heard,
+        )
     if source.inferred == "off":
-        return Verdict("ignored", f"inferred candidate ({why}); inferred requests are off")
-    return Verdict("candidate", f"inferred candidate ({why})", inferred=source.inferred)
+        return Verdict(
+            "ignored",
+            f"inferred candidate ({why}); inferred requests are off",
+            allowlisted=heard,
+        )
+    return Verdict(
+        "candidate", f"inferred candidate ({why})", inferred=source.inferred, allowlisted=heard
+    )
 
 
 @dataclass(frozen=True)

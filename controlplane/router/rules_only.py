@@ -3,7 +3,8 @@
 Explicit requests can still do four things, as slash commands (after a mention or not):
 
 * ``/run <device> <command>``: queue a command on a device; the result is posted back
-  when it is final.
+  when it is final. Only on the requester's own device or one shared with them; on any
+  other, nothing runs until its owner approves in chat (controlplane.authorization).
 * ``/tickets``: the active tickets.
 * ``/devices``: paired devices, online or not.
 * ``/stop <ticket>``: stop a ticket. Its mandate is revoked, its subscriptions end, and its
@@ -23,11 +24,12 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.authorization import devices as access
 from controlplane.channels.base import IM_MAX_WORDS, Style, clip_words, style_of
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
-from controlplane.errors import SuperagentError
+from controlplane.errors import NotFound, SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import TERMINAL, CommandQueue
@@ -149,28 +151,36 @@ class RulesOnlyRouter:
             raise ValueError("usage: /run <device> <command>")
         device, argv = words[0], words[1:]
         specs.validate(specs.Exec(argv))
-        known = await self.pool.fetchval(
-            "SELECT name FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
-            device,
-        )
-        if known is None:
-            raise ValueError(f"no paired device {device!r} (/devices lists them)")
-        # Submitted by the outbox, keyed by this event: a turn that runs twice (a new leader
-        # after a crash) queues the command once.
-        async with self.pool.acquire() as conn:
-            await _enqueue(
-                conn,
-                RUN_EFFECT,
-                event.id,
-                {
-                    "trigger_id": event.id,
-                    "thread_id": event.thread_id,
-                    "device": device,
-                    "argv": argv,
-                    "actor": event.actor_name,
-                },
-            )
-        return f"Running on {known}: {shlex.join(argv)} (the result follows here)"
+        async with self.pool.acquire() as conn, conn.transaction():
+            try:
+                found = await access.device(conn, device)
+            except NotFound:
+                raise ValueError(f"no paired device {device!r} (/devices lists them)") from None
+            requester = await access.requester_of_trigger(conn, event.id)
+            grant = access.check(found, requester, by="/run")
+            run = {
+                "trigger_id": event.id,
+                "thread_id": event.thread_id,
+                "device": found.id,
+                "argv": argv,
+                "actor": event.actor_name,
+            }
+            if not access.covers(grant):
+                # Someone else's device: its owner is asked; the command is queued only once
+                # they approve (controlplane.authorization.approvals).
+                approval = await access.ask(
+                    conn, grant, requester, what=f"`{shlex.join(argv)[:200]}`", run=run
+                )
+                return (
+                    f"{found.name} is {found.owner}'s: nothing runs until they approve "
+                    f"({approval}); they are asked here. To use it without asking, its owner "
+                    f"or an admin can run `superagent devices share {found.name} --with "
+                    f"{requester.handle}`."
+                )
+            # Submitted by the outbox, keyed by this event: a turn that runs twice (a new
+            # leader after a crash) queues the command once.
+            await _enqueue(conn, RUN_EFFECT, event.id, run)
+        return f"Running on {found.name}: {shlex.join(argv)} (the result follows here)"
 
     async def _tickets(self, event: batches.Event, argument: str) -> str:
         rows = await self.pool.fetch(
@@ -239,6 +249,29 @@ async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[st
         return True, commands
 
 
+async def _not_allowed(pool: asyncpg.Pool, payload: dict[str, Any]) -> str | None:
+    """Why a /run may not be queued now (None: it may). Checked again at submit, the last
+    moment: a share taken back or a device that changed hands since the request counts."""
+    async with pool.acquire() as conn:
+        try:
+            found = await access.device(conn, str(payload["device"]))
+        except NotFound:
+            return None  # the submit says so
+        approval = payload.get("approval")
+        if approval is not None and await conn.fetchval(
+            "SELECT 1 FROM device_approvals WHERE id = $1 AND state = 'approved' "
+            "AND device_id = $2 AND trigger_id = $3",
+            approval,
+            found.id,
+            payload["trigger_id"],
+        ):
+            return None
+        requester = await access.requester_of_trigger(conn, str(payload["trigger_id"]))
+        if access.covers(access.check(found, requester, by="/run")):
+            return None
+        return f"{found.name} is {found.owner}'s, and {requester.name} may not use it"
+
+
 async def _enqueue(conn: Any, kind: str, key: str, payload: dict[str, Any]) -> None:
     await enqueue(conn, kind, key, payload)
 
@@ -253,6 +286,10 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
         tools = Toolbox(pool, PolicySource(pool))
         thread = str(effect.payload["thread_id"])
         if command_id is None:
+            refused = await _not_allowed(pool, effect.payload)
+            if refused is not None:  # unshared or unapproved since: checked again, said once
+                await reply(tools, thread, f"/run refused: {refused}", Turn(None, None, ()))
+                return
             try:
                 command_id = await queue.submit(
                     str(effect.payload["device"]),

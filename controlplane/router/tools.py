@@ -11,7 +11,9 @@ Tools (OpenAI function-calling schemas in :data:`TOOL_SPECS`):
 * ``create_ticket(title, scope, threads, device, mandate_from, repo?, workdir?,
   speculative?)``: work, resting on one trigger's authority. That trigger must be an
   explicit request, or a candidate that this source's ``auto`` mode accepted through
-  ``assess``. A worker picks the ticket up (:mod:`controlplane.workers`).
+  ``assess``. A worker picks the ticket up (:mod:`controlplane.workers`). The device must
+  be the requester's own or shared with them; any other waits, with nothing run, for its
+  owner's approval in chat (:mod:`controlplane.authorization`).
 * ``reply(thread, text)``: a message to people, sent through the outbox.
 * ``subscribe(thread, ticket)`` / ``link(thread, ticket)``: "handled by" (its events go
   to the ticket) versus "related to" (context only).
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from controlplane.authorization import devices as access
 from controlplane.channels.base import IM_MAX_WORDS, Style, style_of, word_count
 from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.db.pool import Conn
@@ -199,21 +202,9 @@ class SubagentRunner(Protocol):
 
 async def devices_of(conn: asyncpg.Connection, trigger: asyncpg.Record) -> list[tuple[str, str]]:
     """(id, lowercased name + labels) of the active devices the trigger's initiator owns:
-    a device's owner is the person's name, or one of their account handles, or (unlinked)
-    the actor's own name or id."""
-    rows = await conn.fetch(
-        "WITH who AS ("
-        "  SELECT lower(name) AS handle FROM people WHERE id = $1"
-        "  UNION SELECT lower(handle) FROM accounts WHERE person_id = $1"
-        "  UNION SELECT lower($2::text) UNION SELECT lower($3::text)"
-        ") SELECT d.id, lower(d.name || ' ' || d.labels::text) AS about FROM devices d "
-        "WHERE d.revoked_at IS NULL AND lower(d.owner) IN (SELECT handle FROM who) "
-        "ORDER BY d.last_seen_at DESC NULLS LAST, d.name",
-        trigger["person_id"],
-        trigger["actor_name"],
-        trigger["actor_id"],
-    )
-    return [(row["id"], row["about"]) for row in rows]
+    owned by their person (``superagent users link``) or by their account (``SOURCE:ID``),
+    never matched by a display name or a handle."""
+    return await access.owned(conn, await access.requester_of_trigger(conn, trigger["id"]))
 
 
 class Refused(Exception):
@@ -323,8 +314,8 @@ class Toolbox:
     ) -> ToolResult:
         """create_ticket, then the work itself, outside any transaction (it takes minutes)."""
         created = await self.call("create_ticket", arguments, turn)
-        if not created.ok:
-            return created
+        if not created.ok or "waits_for_approval" in created.content:
+            return created  # nothing runs before the device's owner approves
         ticket_id = str(created.content["ticket"])
         report = await subagent.run(ticket_id)
         decision_id = new_id("dec")
@@ -369,12 +360,14 @@ class Toolbox:
         words = device.strip().casefold().split()
         if words[0] not in ("my", "mine"):
             raise Refused(f"no paired device {device!r}")
-        owned = await devices_of(conn, trigger)
-        who = trigger["actor_name"]
+        requester = await access.requester_of_trigger(conn, trigger["id"])
+        owned = await access.owned(conn, requester)
+        who = requester.name
         if not owned:
             raise Refused(
-                f"{who} owns no paired device (pair one with `superagent devices pair NAME "
-                f"--owner {who}`, or link their accounts with `superagent users link`)"
+                f"{who} owns no paired device (pair one with `superagent devices pair --name "
+                f"NAME --owner {requester.handle}`, or link their accounts to the person who "
+                "owns one with `superagent users link`)"
             )
         kind = words[1:]  # "my laptop" → prefer a device called or labelled laptop
         fitting = [d for d in owned if not kind or any(k in d[1] for k in kind)]
@@ -486,7 +479,28 @@ class Toolbox:
         content: dict[str, Any] = {"ticket": ticket_id, "subscribed": threads, "mandate": kind}
         if speculative:
             content["speculative"] = True
-        return content, f"created {ticket_id} ({kind}, for {trigger['actor_name']})", [source_id]
+        outcome = f"created {ticket_id} ({kind}, for {trigger['actor_name']})"
+        if device_id is not None:
+            # Checked here in code, whatever the model chose: the requester's own device, one
+            # shared with them, or else nothing runs until the device's owner approves.
+            grant = await access.grant_ticket(
+                conn,
+                ticket_id,
+                await access.device(conn, device_id),
+                await access.requester_of_trigger(conn, source_id),
+                by="the router",
+                what=f"{ticket_id} ({title[:100]})",
+            )
+            content["device_access"] = grant["rule"]
+            if not access.covers(grant):
+                content["waits_for_approval"] = {
+                    "owner": grant["owner"],
+                    "approval": grant["approval"],
+                    "note": f"the device is {grant['owner']}'s: nothing runs until they "
+                    "approve; they are asked on the request's thread",
+                }
+                outcome += f"; waits for {grant['owner']}'s approval ({grant['approval']})"
+        return content, outcome, [source_id]
 
     async def _reply(
         self, conn: asyncpg.Connection, args: dict[str, Any], turn: Turn

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.authorization import devices as access
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import TERMINAL
 from controlplane.watchdog.findings import open_findings
@@ -20,7 +21,7 @@ from controlplane.watchdog.findings import open_findings
 async def facts(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any] | None:
     ticket = await pool.fetchrow(
         "SELECT t.id, t.title, t.state, t.hold, t.wait_until, t.pr_url, t.tokens_used, "
-        "t.updated_at, d.name AS device, d.last_seen_at, "
+        "t.updated_at, t.device_grant, d.name AS device, d.last_seen_at, "
         "d.connected_replica IS NOT NULL AND d.last_seen_at > now() - $2::interval AS online "
         "FROM tickets t LEFT JOIN devices d ON d.id = t.device_id WHERE t.id = $1",
         ticket_id,
@@ -39,6 +40,8 @@ async def facts(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any] | None:
         "waits_until": _iso(ticket["wait_until"]),
         "pull_request": ticket["pr_url"],
         "tokens": ticket["tokens_used"],
+        # Why its requester may use the device, or whose approval it waits for.
+        "device_access": access.loads(ticket["device_grant"]),
     }
     round_ = await pool.fetchrow(
         "SELECT a.id, a.created_at, a.lease_owner, a.lease_expires_at, a.turns, a.woken_by, "
@@ -115,6 +118,12 @@ def render(found: dict[str, Any]) -> str:
             else f"offline (last seen {found['device_last_seen']})"
         )
         lines.append(f"Device {found['device']}: {where}.")
+    grant = found.get("device_access") or {}
+    if grant.get("rule") == access.PENDING:
+        lines.append(
+            f"It waits for {grant.get('owner')}, the device's owner, to approve "
+            f"{grant.get('approval')}: nothing runs before."
+        )
     if found.get("waits_until"):
         lines.append(f"It waits for its device until {found['waits_until']}.")
     round_ = found.get("round")

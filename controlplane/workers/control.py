@@ -2,14 +2,21 @@
 
 Each is one transaction; the round that was running notices at its next step (its
 assignment ended) and leaves without writing, and its lease is not renewed.
+
+A reroute is checked like any choice of device (controlplane.authorization): the new device
+must be the ticket's requester's, shared with them, or directed to by its owner (the CLI and
+the console act as the admin, ``web:admin``); otherwise the ticket waits for the owner's
+approval, and nothing runs there before it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
 
+from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway.queue import CommandQueue
@@ -39,6 +46,7 @@ async def stop(conn: Conn, ticket_id: str, *, by: str) -> str:
         "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
         ticket_id,
     )
+    await access.cancel_pending(conn, ticket_id, by=f"stopped by {by}")
     active = await conn.fetchval(
         "SELECT id FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL", ticket_id
     )
@@ -54,7 +62,33 @@ async def retry(pool: asyncpg.Pool, ticket_id: str, *, by: str, note: str = "") 
         state = await _state(conn, ticket_id)
         if state != "waiting_human":
             raise InvalidInput(f"{ticket_id} is {state}; only a ticket waiting for people retries")
+        hold = await conn.fetchval("SELECT hold FROM tickets WHERE id = $1", ticket_id)
+        if hold == access.HOLD:
+            raise InvalidInput(
+                f"{ticket_id} waits for its device's owner to approve; it goes on once they "
+                "do (or reroute it to a device its requester may use)"
+            )
         await events.add(conn, ticket_id, "retry", f"{by} asks you to try again. {note}".strip())
+
+
+@dataclass(frozen=True)
+class Rerouted:
+    """Where a reroute sent the ticket; ``approval`` when it waits for the owner first."""
+
+    ticket: str
+    device: str  # its name
+    owner: str
+    approval: str | None = None
+
+    @property
+    def message(self) -> str:
+        if self.approval is not None:
+            return (
+                f"{self.ticket} moves to {self.device} once {self.owner}, its owner, gives "
+                f"approval ({self.approval}); they are asked on the ticket's thread, and "
+                "nothing runs there before"
+            )
+        return f"{self.ticket} moves to {self.device}; it resumes once {self.device} is online"
 
 
 async def reroute(
@@ -64,36 +98,47 @@ async def reroute(
     *,
     by: str,
     wait: timedelta,
-) -> str:
+    director: frozenset[str] = frozenset({access.ADMIN}),
+) -> Rerouted:
     """Move the ticket to another device; what was queued for the old one is cancelled.
-    The worker resumes once the new device is connected. Returns the device's name."""
+    The worker resumes once the new device is connected, if the ticket's requester may use
+    it; otherwise once its owner approves. ``director`` is who asks for the move (the CLI and
+    the console: the admin): a device's owner moving work onto it approves it."""
     async with pool.acquire() as conn, conn.transaction():
         state = await _state(conn, ticket_id)
         if state in CLOSED_TICKET_STATES:
             raise InvalidInput(f"{ticket_id} is {state}")
-        found = await conn.fetchrow(
-            "SELECT id, name FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
-            device,
-        )
-        if found is None:
-            raise NotFound(f"no paired device {device!r}")
+        found = await access.device(conn, device)
+        title = await conn.fetchval("SELECT title FROM tickets WHERE id = $1", ticket_id)
         active = await conn.fetchval(
             "SELECT id FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL", ticket_id
         )
         if active is not None:
             await slots.end(conn, active, "rerouted")
-        await conn.execute(
-            "UPDATE tickets SET device_id = $2, state = 'waiting_device', hold = 'device', "
-            "wait_until = now() + $3::interval, updated_at = now() WHERE id = $1",
+        await access.cancel_pending(conn, ticket_id, by=f"rerouted by {by}")
+        grant = await access.grant_ticket(
+            conn,
             ticket_id,
-            found["id"],
-            wait,
+            found,
+            await access.requester_of_ticket(conn, ticket_id),
+            by=by,
+            what=f"{ticket_id} ({str(title)[:100]})",
+            director=director,
+            resume="waiting_device",
         )
+        waits = not access.covers(grant)
+        if not waits:
+            await conn.execute(
+                "UPDATE tickets SET state = 'waiting_device', hold = 'device', "
+                "wait_until = now() + $2::interval, updated_at = now() WHERE id = $1",
+                ticket_id,
+                wait,
+            )
         await events.add(
             conn,
             ticket_id,
             "rerouted",
-            f"{by} moved this ticket to the device {found['name']}. Work queued for the old "
+            f"{by} moved this ticket to the device {found.name}. Work queued for the old "
             "device was cancelled: check what exists on this one before going on.",
         )
         # What was queued for the old device must not run there later.
@@ -102,9 +147,9 @@ async def reroute(
             "finished_at = now(), error = 'the ticket moved to another device' "
             "WHERE ticket_id = $1 AND device_id <> $2 AND state = 'queued'",
             ticket_id,
-            found["id"],
+            found.id,
         )
-    return str(found["name"])
+    return Rerouted(ticket_id, found.name, found.owner, grant["approval"] if waits else None)
 
 
 async def cancel_stopped(pool: asyncpg.Pool, queue: CommandQueue) -> int:

@@ -12,7 +12,9 @@ Every replica runs one. Each pass (woken by NOTIFY, at least every second):
 
 Which events wake a waiting ticket: in ``ready`` (a pull request open) any event, CI
 included; after a question, blocked or failed only a person (a human message, a retry),
-while CI and bot events are recorded for the worker to read when it wakes.
+while CI and bot events are recorded for the worker to read when it wakes; an action held
+for confirmation (:mod:`controlplane.workers.authority`) only an allowlisted person or a
+retry.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from datetime import timedelta
 import asyncpg
 import openai
 
+from controlplane.authorization import devices as access
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -34,6 +37,7 @@ from controlplane.ingest.intake import CLOSED_SQL, INBOX_CHANNEL, WORKERS_CHANNE
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.workers import control, reports, slots
+from controlplane.workers.authority import CI_KINDS, HOLD
 from controlplane.workers.worker import RoundOver, Worker
 from superagent_shared.ids import stable_id
 
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
 
+_CI_SQL = ", ".join(f"'{kind}'" for kind in sorted(CI_KINDS))
 # Tickets that need a round, and why; human-woken ones may use the extra slot.
 _WAKE = f"""
 SELECT t.id, t.state, 'new' AS why, false AS human FROM tickets t WHERE t.state = 'open'
@@ -53,7 +58,9 @@ SELECT t.id, t.state, CASE WHEN coalesce(h.human, false) THEN 'human' ELSE 'even
        coalesce(h.human, false)
 FROM tickets t
 LEFT JOIN LATERAL (
-    SELECT bool_or(NOT g.actor_is_bot) AS human, count(*) AS n
+    SELECT bool_or(NOT g.actor_is_bot) AS human, count(*) AS n,
+           bool_or(g.allowlisted AND NOT g.actor_is_bot
+                   AND split_part(g.kind, '.', 1) NOT IN ({_CI_SQL})) AS heard
     FROM ticket_inbox i JOIN triggers g ON g.id = i.trigger_id
     JOIN threads th ON th.id = g.thread_id
     WHERE i.ticket_id = t.id AND i.read_at IS NULL AND i.handed_back_at IS NULL
@@ -62,8 +69,11 @@ LEFT JOIN LATERAL (
       AND NOT (g.kind = 'pull_request.closed' AND th.url IS NOT DISTINCT FROM t.pr_url)
 ) h ON true
 WHERE (t.state = 'ready' AND h.n > 0)
-   OR (t.state = 'waiting_human' AND t.hold IS DISTINCT FROM 'device_expired'
-       AND (coalesce(h.human, false)
+   -- a ticket waiting for its device's owner to approve wakes only by their answer
+   OR (t.state = 'waiting_human'
+       AND coalesce(t.hold, '') NOT IN ('device_expired', '{access.HOLD}')
+       -- a held action waits for someone with authority: a stranger cannot wake it
+       AND (coalesce(CASE WHEN t.hold = '{HOLD}' THEN h.heard ELSE h.human END, false)
             OR EXISTS (SELECT 1 FROM worker_events w
                        WHERE w.ticket_id = t.id AND w.read_at IS NULL AND w.kind = 'retry')))
 LIMIT 100
@@ -300,14 +310,24 @@ class WorkerService(Service):
         rerouted = _REROUTE.search(text)
         if rerouted and rerouted.group(1):
             try:
-                name = await control.reroute(
+                # Checked like any choice of device, for the ticket's requester; the one who
+                # answered counts only as the new device's owner, if they are.
+                director = await access.requester_of_trigger(self.pool, answer["trigger_id"])
+                moved = await control.reroute(
                     self.pool,
                     ticket_id,
                     rerouted.group(1),
                     by=who,
                     wait=timedelta(seconds=self.limits.device_wait_seconds),
+                    director=director.principals,
                 )
-                said = f"{ticket_id} moves to the device {name}; it resumes once {name} is online."
+                name = moved.device
+                said = (
+                    f"{moved.message}."
+                    if moved.approval
+                    else f"{ticket_id} moves to the device {name}; it resumes once {name} is "
+                    "online."
+                )
             except SuperagentError as exc:  # no such device, ...: said back to the person
                 said = f"Could not reroute {ticket_id}: {exc}"
         elif _DROP.search(text):

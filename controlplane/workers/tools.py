@@ -14,7 +14,7 @@ import asyncio
 import json
 import posixpath
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
@@ -33,7 +33,7 @@ from controlplane.router.tools import (
     tool_spec,
 )
 from controlplane.settings import WorkerSettings
-from controlplane.workers import output, reports
+from controlplane.workers import authority, output, reports
 from controlplane.workers.devices import device_online
 from superagent_shared.ids import id_prefix
 
@@ -174,6 +174,10 @@ class Outcome:
 
     report: dict[str, Any] | None = None  # a final report to apply (the round ends)
     device_away: bool = False  # a command is queued for a device that is not connected
+    # Calls not run for lack of authority (authority.external), and the input behind it:
+    # the round ends and the ticket waits for people to confirm.
+    held: list[str] = field(default_factory=list)
+    held_by: authority.Untrusted | None = None
 
 
 def _arg(args: dict[str, Any], name: str, *, required: bool = True, limit: int = 200_000) -> str:
@@ -242,11 +246,35 @@ class WorkerToolbox:
             handler: Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]] = getattr(
                 self, f"_{name}"
             )
-            return await handler(args, call_id)
+            held = await self._hold(name, args)
+            return held if held is not None else await handler(args, call_id)
         except Refused as refused:
             return {"error": str(refused)}
         except SuperagentError as exc:
             return {"error": str(exc)}
+
+    async def _hold(self, name: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer to a call held for lack of authority, or None to run it."""
+        what = authority.external(name, args)
+        if what is None:
+            return None
+        reason = await authority.untrusted(self.pool, self.ticket.id, self.settings.hold_untrusted)
+        if reason is None:
+            return None
+        if self.ticket.speculative:
+            # A speculative ticket says nothing to anyone, so it cannot ask: refused.
+            raise Refused(
+                f"not run: you want to {what} right after reading {reason.trigger_id} "
+                f"({reason.authority}), and this speculative ticket cannot ask anyone to "
+                "confirm; work on the device until you can report a confirmed fix"
+            )
+        self.outcome.held.append(what)
+        self.outcome.held_by = reason
+        asked = await authority.requester(self.pool, self.ticket.id)
+        return {
+            "held": True,
+            "note": authority.held_note(what, reason, asked.name or "the requester"),
+        }
 
     # -- on the device -------------------------------------------------------------------
 
@@ -474,6 +502,11 @@ class WorkerToolbox:
                 "Push the branch and open the pull request (open_pull_request), then "
                 "report ready again.",
             }
+        if status in FINAL_STATUSES and self.outcome.held:
+            raise Refused(
+                "not reported: a call in this step is held for confirmation, so the ticket "
+                "waits for people; report once it is answered"
+            )
         if status in FINAL_STATUSES:
             self.outcome.report = report
             return {"reported": status, "note": "your turn ends here"}

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.authorization import devices as access
 from controlplane.errors import NotFound
 from controlplane.ingest.intake import CLOSED_SQL
 
@@ -27,6 +28,8 @@ class TicketView:
     wait_until: datetime | None
     updated_at: datetime
     initiator: str | None
+    # Why the requester may use the device (controlplane.authorization): rule, match, when.
+    device_grant: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class TicketView:
             "wait_until": self.wait_until.isoformat() if self.wait_until else None,
             "updated_at": self.updated_at.isoformat(),
             "initiator": self.initiator,
+            "device_grant": self.device_grant,
         }
 
 
@@ -49,9 +53,30 @@ _SELECT = """
 SELECT t.id, t.title, t.state, t.hold, d.name AS device, t.speculative, t.pr_url,
        t.tokens_used AS tokens, t.cost_usd, t.wait_until, t.updated_at,
        (SELECT initiator_name FROM mandates m WHERE m.ticket_id = t.id
-        ORDER BY m.created_at LIMIT 1) AS initiator
+        ORDER BY m.created_at LIMIT 1) AS initiator, t.device_grant
 FROM tickets t LEFT JOIN devices d ON d.id = t.device_id
 """
+
+
+def _view(row: asyncpg.Record) -> TicketView:
+    return TicketView(**(dict(row) | {"device_grant": access.loads(row["device_grant"])}))
+
+
+def describe_grant(grant: dict[str, Any]) -> str:
+    """A ticket's device check in one line, for people."""
+    rule, at = grant.get("rule"), str(grant.get("at"))[:16]
+    if rule == access.PENDING:
+        return (
+            f"waits for {grant.get('owner')} to approve {grant.get('approval')} "
+            f"(for {grant.get('requester')}, since {at})"
+        )
+    detail = {
+        "owner": f"{grant.get('matched')} owns {grant.get('device')}",
+        "delegated": f"shared with {grant.get('matched')}",
+        "shared": f"shared with {grant.get('matched')}",
+        "approved": f"{grant.get('owner')} approved {grant.get('approval')}",
+    }.get(str(rule), str(grant.get("matched")))
+    return f"{rule}: {detail} (for {grant.get('requester')}; {grant.get('by')}, {at})"
 
 
 async def tickets(
@@ -60,7 +85,7 @@ async def tickets(
     """Open tickets, newest first (``everything``: closed ones too)."""
     where = "" if everything else f"WHERE t.state NOT IN ({CLOSED_SQL}) "
     rows = await pool.fetch(f"{_SELECT}{where}ORDER BY t.created_at DESC LIMIT $1", limit)
-    return [TicketView(**dict(row)) for row in rows]
+    return [_view(row) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -104,7 +129,7 @@ async def detail(pool: asyncpg.Pool, ticket_id: str) -> TicketDetail:
         ticket_id,
     )
     return TicketDetail(
-        ticket=TicketView(**dict(row)),
+        ticket=_view(row),
         scope=scope,
         threads=[r["url"] or f"{r['source']} {r['external_id']}" for r in threads],
         reports=[

@@ -6,6 +6,10 @@ and persists every message as it goes. The round ends when the worker reports to
 ``waiting_device`` and the slot is freed), or when a limit stops it. A worker whose turn
 is over while background jobs run keeps its slot and waits for their events.
 
+A call with effects outside the device made right after input without authority is held
+(:mod:`controlplane.workers.authority`): the round ends and the ticket waits in
+``waiting_human`` for the requester to confirm.
+
 Limits, on by default: model calls per round, tokens per ticket, and the same tool call
 repeated ``repeat_limit`` times in a row. Hitting one stops the worker with a ``blocked``
 report saying which.
@@ -33,7 +37,7 @@ from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Db
 from controlplane.gateway.queue import CommandQueue
 from controlplane.settings import Settings
-from controlplane.workers import events, reports, session, slots
+from controlplane.workers import authority, events, reports, session, slots
 from controlplane.workers.devices import device_gone, device_online
 from controlplane.workers.tools import TOOL_SPECS, Outcome, Ticket, WorkerToolbox
 from superagent_shared.ids import stable_id
@@ -213,6 +217,8 @@ class Worker:
                 )
             if repeated:
                 return await self._final(ticket, {"status": "blocked", "summary": repeated})
+            if toolbox.outcome.held_by is not None:
+                return await self._await_confirmation(ticket, toolbox.outcome)
             if toolbox.outcome.report is not None:
                 return await self._report(ticket, toolbox)
             if toolbox.outcome.device_away:
@@ -368,6 +374,16 @@ class Worker:
         )
         log.info("worker %s: %s, ticket now %s", ticket.id, report["status"], state)
         return str(report["status"])
+
+    async def _await_confirmation(self, ticket: Ticket, outcome: Outcome) -> str:
+        """A call was held for lack of authority: free the slot, wait for people, ask once."""
+        assert outcome.held_by is not None
+        async with self.pool.acquire() as conn, conn.transaction():
+            await authority.wait_for_confirmation(
+                conn, ticket.id, self.assignment.id, outcome.held, outcome.held_by
+            )
+        log.info("worker %s: %s held after %s", ticket.id, outcome.held, outcome.held_by)
+        return authority.HOLD
 
     async def _await_device(self, ticket: Ticket) -> str:
         """The device is away: free the slot, wait in waiting_device, tell the thread once."""

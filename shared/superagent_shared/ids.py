@@ -38,6 +38,7 @@ PREFIXES = frozenset(
         "wev",
         "wfd",
         "wac",
+        "apr",
     }
 )
 

@@ -21,9 +21,11 @@ What it checks, like GitHub:
 * ``X-RateLimit-Limit/Remaining/Used/Reset/Resource`` on every authenticated answer, per
   credential (the PAT, or each installation); an exhausted budget is a 403.
 
-Scripting the world: :meth:`add_repo`, :meth:`user`, :meth:`open_issue` (``pull=True`` for
-a PR), :meth:`comment`, :meth:`review_comment`, :meth:`edit_comment`. Knobs:
-:attr:`poll_interval` (sent as ``X-Poll-Interval``), :meth:`limit_rate` (403 with
+Scripting the world: :meth:`add_repo`, :meth:`user` (an account: its id stays with it),
+:meth:`rename_user` (the old login may then be registered again, with a new id),
+:meth:`open_issue` (``pull=True`` for a PR), :meth:`comment`, :meth:`review_comment`,
+:meth:`edit_comment`; ``GET /users/{login}`` answers with the account holding that login.
+Knobs: :attr:`poll_interval` (sent as ``X-Poll-Interval``), :meth:`limit_rate` (403 with
 ``X-RateLimit-Remaining: 0`` or 429 with ``Retry-After``), :meth:`fail` (5xx for the next
 requests). Time comes from ``clock`` (a :class:`FakeClock` shared with the code under test
 makes expiry and resets deterministic).
@@ -160,10 +162,14 @@ class FakeGitHub(LoopbackFake):
         ).decode()
         self.public_key = self._key.public_key()
         self.pat = "ghp_" + secrets.token_hex(18)
-        self.pat_user = self._user("octo-agent", bot=False)
-        self.app_user = self._user(f"{app_slug}[bot]", bot=True)
         self.poll_interval: int | None = None
         self._lock = threading.RLock()
+        # Accounts by lowercased login: an account keeps its id when renamed, and a login
+        # set free by a rename can be registered again, by someone else, with a new id.
+        self._accounts: dict[str, dict[str, Any]] = {}
+        self._account_ids = itertools.count(90_000_000)
+        self.pat_user = self.user("octo-agent")
+        self.app_user = self.user(f"{app_slug}[bot]", bot=True)
         self._ids = itertools.count(1000)
         self._repos: dict[str, _Repo] = {}
         self._tokens: dict[str, tuple[str, float]] = {}  # token -> (installation, expiry)
@@ -201,8 +207,25 @@ class FakeGitHub(LoopbackFake):
         }
 
     def user(self, login: str, *, bot: bool = False) -> dict[str, Any]:
-        """A GitHub user object (stable id per login)."""
-        return self._user(login, bot=bot)
+        """The account with this login, registered on first use (its id stays with it)."""
+        with self._lock:
+            account = self._accounts.get(login.lower())
+            if account is None:
+                account = self._user(login, bot=bot)
+                if any(a["id"] == account["id"] for a in self._accounts.values()):
+                    # The login was someone else's before a rename: a new account, a new id.
+                    ident = next(self._account_ids)
+                    account = {**account, "id": ident, "node_id": f"U_{ident}"}
+                self._accounts[login.lower()] = account
+            return dict(account)
+
+    def rename_user(self, login: str, new_login: str) -> dict[str, Any]:
+        """GitHub's rename: same account and id, a new login; the old login is free again."""
+        with self._lock:
+            account = self._accounts.pop(login.lower())
+            account.update(login=new_login, html_url=f"https://github.com/{new_login}")
+            self._accounts[new_login.lower()] = account
+            return dict(account)
 
     def add_repo(self, full_name: str, *, installation_id: str | None = None) -> None:
         """A repository, on the App's installation (or another one)."""
@@ -619,6 +642,13 @@ class FakeGitHub(LoopbackFake):
             raise _Reject(400, "Problems parsing JSON") from None
         if credential == "jwt":
             return self._app_call(method, path)
+        if method == "GET" and (login := re.fullmatch(r"/users/([^/]+)", path)):
+            self._gate(credential)
+            spent = self._rate_headers(credential, spend=True)
+            account = self._accounts.get(login[1].lower())
+            if account is None:
+                raise _Reject(404, "Not Found", spent)
+            return JSONResponse(self._public_profile(account), headers=spent)
         match = re.fullmatch(r"/repos/([^/]+/[^/]+)(/.*)?", path)
         if match is None:
             raise _Reject(404, "Not Found")
@@ -668,6 +698,18 @@ class FakeGitHub(LoopbackFake):
         if page > 1:
             links += [link(1, "first"), link(page - 1, "prev")]
         return chosen, ", ".join(links)
+
+    def _public_profile(self, account: dict[str, Any]) -> dict[str, Any]:
+        """``GET /users/{login}``: the account and its public profile fields."""
+        return {
+            **account,
+            "url": f"{self.url}/users/{account['login']}",
+            "name": None,
+            "company": None,
+            "public_repos": 0,
+            "followers": 0,
+            "created_at": "2020-01-01T00:00:00Z",
+        }
 
     def _app_call(self, method: str, path: str) -> Response:
         if method == "POST" and (

@@ -7,8 +7,9 @@ uvicorn on a background thread with its own event loop. Point ``LarkSettings.dom
 * ``POST /open-apis/auth/v3/tenant_access_token/internal``: checks the app id and secret,
   issues ``t-<n>`` tokens valid ``token_expire`` seconds (``revoke_tokens()`` makes every
   issued token invalid: the next call gets code 99991663);
-* ``GET /open-apis/bot/v3/info``, ``GET /open-apis/contact/v3/users/{open_id}`` (code
-  99991672, "no scope", unless ``contact_scope``);
+* ``GET /open-apis/bot/v3/info``, ``GET /open-apis/contact/v3/users/{open_id}`` and
+  ``POST /open-apis/contact/v3/users/batch_get_id`` (emails → open_ids, from ``emails``;
+  code 99991672, "no scope", unless ``contact_scope``);
 * ``POST /open-apis/im/v1/messages/{id}/reply``: a reply is recorded once per ``uuid``, as
   Lark does (a repeated uuid answers the first message's id);
 * ``POST /open-apis/im/v1/messages/{id}/reactions``;
@@ -102,6 +103,7 @@ class FakeLark(LoopbackFake):
         self.token_expire = token_expire
         self.contact_scope = True
         self.users: dict[str, str] = {}  # open_id -> display name
+        self.emails: dict[str, str] = {}  # email -> open_id
         self.calls: list[Call] = []
         self.replies: list[dict[str, Any]] = []  # one per uuid: {"message_id", "to", "body"}
         self.reactions: list[dict[str, Any]] = []
@@ -120,6 +122,9 @@ class FakeLark(LoopbackFake):
                     "/open-apis/auth/v3/tenant_access_token/internal", self._token, methods=["POST"]
                 ),
                 Route("/open-apis/bot/v3/info", self._bot_info, methods=["GET"]),
+                Route(
+                    "/open-apis/contact/v3/users/batch_get_id", self._batch_get_id, methods=["POST"]
+                ),
                 Route("/open-apis/contact/v3/users/{user_id}", self._user, methods=["GET"]),
                 Route(
                     "/open-apis/im/v1/messages/{message_id}/reply", self._reply, methods=["POST"]
@@ -329,6 +334,28 @@ class FakeLark(LoopbackFake):
         return JSONResponse(
             {"code": 0, "msg": "success", "data": {"user": {"open_id": open_id, "name": name}}}
         )
+
+    async def _batch_get_id(self, request: Request) -> JSONResponse:
+        _, body, error = await self._record(request)
+        if error is not None:
+            return error
+        if not self.contact_scope:
+            return JSONResponse(
+                {
+                    "code": 99991672,
+                    "msg": "Access denied. One of the following scopes is required: "
+                    "[contact:user.id:readonly]",
+                },
+                status_code=400,
+            )
+        if request.query_params.get("user_id_type", "open_id") != "open_id":
+            return JSONResponse({"code": 99992402, "msg": "field validation failed"}, 400)
+        found = []
+        for email in (body or {}).get("emails") or []:
+            open_id = self.emails.get(str(email).lower())
+            # Lark lists an email it cannot match without a user_id.
+            found.append({"email": email, **({"user_id": open_id} if open_id else {})})
+        return JSONResponse({"code": 0, "msg": "success", "data": {"user_list": found}})
 
     async def _reply(self, request: Request) -> JSONResponse:
         _, body, error = await self._record(request)

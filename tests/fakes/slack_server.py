@@ -3,14 +3,14 @@
 This module owns ``FakeSlack``, a real HTTP server on ``127.0.0.1`` (ephemeral port), run by
 uvicorn in a background thread with its own event loop (like ``openai_server``):
 
-* Web API at ``{url}/api/{method}``: ``auth.test``, ``users.info``, ``usergroups.list``,
-  ``chat.postMessage``, ``conversations.replies``, ``reactions.add``,
-  ``apps.connections.open``. Slack's wire habits: HTTP 200 with ``{"ok": false, "error":
-  ...}`` for failures; bearer tokens checked (``not_authed``, ``invalid_auth``,
-  ``not_allowed_token_type``: the app-level token only opens connections); form or query
-  arguments everywhere, JSON bodies only on write methods; cursor pagination
-  (``response_metadata.next_cursor``); message metadata returned only with
-  ``include_all_metadata``.
+* Web API at ``{url}/api/{method}``: ``auth.test``, ``users.info``, ``users.list``,
+  ``users.lookupByEmail``, ``usergroups.list``, ``chat.postMessage``,
+  ``conversations.replies``, ``reactions.add``, ``apps.connections.open``. Slack's wire
+  habits: HTTP 200 with ``{"ok": false, "error": ...}`` for failures; bearer tokens
+  checked (``not_authed``, ``invalid_auth``, ``not_allowed_token_type``: the app-level
+  token only opens connections); form or query arguments everywhere, JSON bodies only on
+  write methods; cursor pagination (``response_metadata.next_cursor``); message metadata
+  returned only with ``include_all_metadata``.
 * Failure injection (:meth:`FakeSlack.fail_next`): a 429 with ``Retry-After``, a 5xx, an
   ``ok: false`` error, optionally after the call took effect (a response lost on the way).
 * Socket Mode: ``apps.connections.open`` hands out single-use ``ws://.../link/?ticket=``
@@ -18,7 +18,9 @@ uvicorn in a background thread with its own event loop (like ``openai_server``):
   :meth:`disconnect` a ``disconnect`` message followed by a close; acknowledgements
   (``{"envelope_id": ...}``) are recorded in :attr:`acks`.
 * :meth:`say` records a person's message in a channel and returns the ``event_callback``
-  body Slack would deliver for it.
+  body Slack would deliver for it. ``team=`` makes it a Slack Connect message from another
+  organisation's member (``team``, ``user_team`` and ``source_team`` name their workspace,
+  and the channel is externally shared), as Slack delivers those.
 """
 
 from __future__ import annotations
@@ -120,15 +122,27 @@ class FakeSlack(LoopbackFake):
 
     # ---------------------------------------------------------------- scripting
 
-    def add_user(self, user_id: str, name: str, *, is_bot: bool = False) -> None:
+    def add_user(
+        self,
+        user_id: str,
+        name: str,
+        *,
+        is_bot: bool = False,
+        team_id: str = TEAM_ID,
+        email: str | None = None,
+    ) -> None:
+        """A member (``team_id``: another organisation's, seen through Slack Connect)."""
+        profile: dict[str, Any] = {"display_name": name, "real_name": name.title()}
+        if email is not None:
+            profile["email"] = email
         self.users[user_id] = {
             "id": user_id,
-            "team_id": TEAM_ID,
+            "team_id": team_id,
             "name": name,
             "real_name": name.title(),
             "deleted": False,
             "is_bot": is_bot,
-            "profile": {"display_name": name, "real_name": name.title()},
+            "profile": profile,
         }
 
     def add_usergroup(self, group_id: str, handle: str, users: list[str]) -> None:
@@ -152,8 +166,12 @@ class FakeSlack(LoopbackFake):
         thread_ts: str | None = None,
         bot_id: str | None = None,
         subtype: str | None = None,
+        team: str = TEAM_ID,
     ) -> dict[str, Any]:
-        """Record ``user``'s message and return the ``event_callback`` Slack sends for it."""
+        """Record ``user``'s message and return the ``event_callback`` Slack sends for it.
+
+        ``team`` is the author's workspace; another one than ours is a Slack Connect
+        message."""
         ts = self._next_ts()
         message: dict[str, Any] = {"type": "message", "user": user, "text": text, "ts": ts}
         if thread_ts:
@@ -169,14 +187,17 @@ class FakeSlack(LoopbackFake):
             "type": event_type,
             "channel": channel,
             "event_ts": ts,
-            "team": TEAM_ID,
+            "team": team,
         }
+        if team != TEAM_ID:
+            event.update(user_team=team, source_team=team)
         if event_type == "message":
             event["channel_type"] = channel_type or _channel_type(channel)
-        return self.callback(event)
+        return self.callback(event, shared=team != TEAM_ID)
 
-    def callback(self, event: dict[str, Any]) -> dict[str, Any]:
-        """``event`` wrapped as Slack wraps events (an ``event_callback`` body)."""
+    def callback(self, event: dict[str, Any], *, shared: bool = False) -> dict[str, Any]:
+        """``event`` wrapped as Slack wraps events (an ``event_callback`` body); ``shared``:
+        in a channel shared with another organisation."""
         return {
             "token": "legacy-verification-token",
             "team_id": TEAM_ID,
@@ -188,7 +209,7 @@ class FakeSlack(LoopbackFake):
             "authorizations": [
                 {"team_id": TEAM_ID, "user_id": BOT_USER, "is_bot": True, "enterprise_id": None}
             ],
-            "is_ext_shared_channel": False,
+            "is_ext_shared_channel": shared,
         }
 
     def thread(self, channel: str, ts: str) -> list[dict[str, Any]]:
@@ -318,6 +339,8 @@ class FakeSlack(LoopbackFake):
         handler = {
             "auth.test": self._auth_test,
             "users.info": self._users_info,
+            "users.list": self._users_list,
+            "users.lookupByEmail": self._users_lookup_by_email,
             "usergroups.list": self._usergroups_list,
             "chat.postMessage": self._post_message,
             "conversations.replies": self._replies,
@@ -346,6 +369,27 @@ class FakeSlack(LoopbackFake):
         if user is None:
             return {"ok": False, "error": "user_not_found"}
         return {"ok": True, "user": user}
+
+    def _users_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        members = sorted(self.users.values(), key=lambda user: str(user["id"]))
+        limit = min(int(args.get("limit") or 1000), self.page_size_cap)
+        cursor = str(args.get("cursor") or "")
+        start = int(base64.b64decode(cursor).decode()) if cursor else 0
+        more = start + limit < len(members)
+        next_cursor = base64.b64encode(str(start + limit).encode()).decode() if more else ""
+        return {
+            "ok": True,
+            "members": members[start : start + limit],
+            "cache_ts": int(time.time()),
+            "response_metadata": {"next_cursor": next_cursor},
+        }
+
+    def _users_lookup_by_email(self, args: dict[str, Any]) -> dict[str, Any]:
+        email = str(args.get("email", "")).lower()
+        for user in self.users.values():
+            if str(user["profile"].get("email", "")).lower() == email and email:
+                return {"ok": True, "user": user}
+        return {"ok": False, "error": "users_not_found"}
 
     def _usergroups_list(self, args: dict[str, Any]) -> dict[str, Any]:
         with_users = _true(args.get("include_users"))

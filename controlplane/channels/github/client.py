@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -75,8 +76,10 @@ class GithubClient:
         json: Any = None,
         params: dict[str, str] | None = None,
         etag: str | None = None,
+        allow: frozenset[int] = frozenset(),
     ) -> httpx.Response:
-        """``method url`` on behalf of ``repo``; the response if it is a success or a 304."""
+        """``method url`` on behalf of ``repo``; the response if it is a success, a 304, or
+        one of the ``allow`` statuses the caller reads itself."""
         what = f"{method} {httpx.URL(url).path}"
         for attempt in (1, 2):
             credential = await self.auth.credential(self.http, repo)
@@ -94,6 +97,8 @@ class GithubClient:
             # An installation token can be revoked before it expires: one fresh try.
             if response.status_code == 401 and attempt == 1 and self.auth.forget(repo):
                 continue
+            if response.status_code in allow:
+                return response
             raise_for_status(response, what, self.clock())
             return response
         raise AssertionError("unreachable")
@@ -155,6 +160,17 @@ class GithubClient:
             if page.next_url is None:
                 return
             page = await self.page(repo, page.next_url)
+
+    # ------------------------------------------------------------------ users
+
+    async def user(self, login: str, *, repo: str = "") -> dict[str, Any] | None:
+        """The account that holds ``login`` now (``GET /users/{login}``), or None when no
+        account does. ``repo`` picks the credential (a GitHub App's installation)."""
+        path = f"/users/{quote(login, safe='[]')}"
+        response = await self.request("GET", repo, path, allow=frozenset({404}))
+        if response.status_code == 404:
+            return None
+        return self._object(response, f"GET {path}")
 
     # ------------------------------------------------------------------ comments
 

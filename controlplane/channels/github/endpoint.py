@@ -44,7 +44,9 @@ async def receive_github(request: Request) -> JSONResponse:
     secret, intake = settings.webhook_secret, state.intake
     if secret is None or intake is None:
         raise NotFound("GitHub webhooks are not configured: set SUPERAGENT_GITHUB__WEBHOOK_SECRET")
-    body = await read_body(request, webhooks.MAX_BODY, "GitHub's limit for webhook payloads")
+    # Capped before the app too (api/body_limit.py); read here within the same setting.
+    limit = state.settings.http.github_webhook_max_body_bytes
+    body = await read_body(request, limit, "the limit for webhook payloads")
     signature = request.headers.get("x-hub-signature-256")
     if not webhooks.signature_valid(secret.get_secret_value().encode(), body, signature):
         raise Unauthorized("X-Hub-Signature-256 does not match this body and the webhook secret")

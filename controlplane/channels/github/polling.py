@@ -8,7 +8,8 @@ Per repository, three listings sorted by ``updated`` ascending, from a cursor:
 
 Each object becomes the trigger its webhook would make (the webhook mapping is reused on a
 webhook-shaped payload), with the same stable external id (``issue_comment:<id>``...): an
-object listed twice, or seen by a webhook too, is ingested once.
+object listed twice, or seen by a webhook too, is ingested once. Its actor is the same too:
+the user's numeric id, never the login (an object whose user has no id is skipped).
 
 What is kept, per listing, in ``channel_state`` (key ``poll:<owner/repo>:<listing>``): the
 cursor (the newest ``updated_at`` ingested), when polling began, and the ETag of the last

@@ -9,6 +9,8 @@
   ``X-GitHub-Delivery``.
 * ``ack_ref`` names what gets the 👀 when the event is an explicit request: the comment,
   the review comment, or the issue/PR itself (``issue:<number>``).
+* The actor is the account's numeric id; its login is only its name (logins are renamed,
+  and a freed one can be registered by someone else). A user without an id is refused.
 * The agent's own comments, issues and PRs (``agent_login``) are not triggers.
 * One issue or PR is one thread (``owner/repo#number``). Review comments and reviews land
   on their PR's thread; CI results (``check_run``, ``check_suite``, ``workflow_run``) land
@@ -24,6 +26,7 @@ import hmac
 import logging
 from typing import Any
 
+from controlplane import identities
 from controlplane.channels.base import Ignored
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
@@ -49,10 +52,15 @@ def sign(secret: bytes, body: bytes) -> str:
 
 
 def _actor(user: Any) -> Actor:
+    """The account's numeric id is who it is; its login, which can be renamed and then
+    registered again by someone else, is only its name. No id, no actor."""
     if not isinstance(user, dict) or "login" not in user:
         raise InvalidInput("the payload names no user")
+    ident = user.get("id")
+    if isinstance(ident, bool) or not identities.is_id(SOURCE, str(ident)):
+        raise InvalidInput("the payload's user has no numeric id")
     return Actor(
-        id=str(user.get("id", user["login"])),
+        id=str(ident),
         name=str(user["login"]),
         is_bot=user.get("type") == "Bot" or str(user["login"]).endswith("[bot]"),
     )
@@ -94,6 +102,9 @@ def to_triggers(
         return Ignored(f"{event} is not about a repository")
     repo = str(repository["full_name"])
     name = f"{event}.{action}" if action else event
+    # Said in public unless the repository says it is private; unknown stays unknown.
+    private = repository.get("private")
+    public = (not private) if isinstance(private, bool) else None
 
     def one(
         thread: ThreadRef,
@@ -114,6 +125,7 @@ def to_triggers(
             direct=direct,
             payload=body,
             ack_ref=ack,
+            public=public,
         )
 
     if event == "issue_comment" and action == "created":
@@ -188,6 +200,7 @@ def to_triggers(
                 kind=name,
                 text=text,
                 payload=body,
+                public=public,
             )
             for pr in prs
         ]

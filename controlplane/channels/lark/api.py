@@ -1,4 +1,5 @@
-"""Lark's Open API, the few calls the channel makes: replies, reactions, who the bot is.
+"""Lark's Open API, the few calls the channel makes: replies, reactions, who the bot is,
+display names, and an email's open_id (to resolve ``lark:EMAIL`` in a policy or a link).
 
 Every call carries a ``tenant_access_token``, fetched from the app's credentials and cached
 until five minutes before it expires; one Lark says is invalid (revoked, rotated secret) is
@@ -138,6 +139,21 @@ class LarkApi:
         user = (data.get("data") or {}).get("user") or {}
         name = user.get("name")
         return str(name) if name else None
+
+    async def open_id_by_email(self, email: str) -> str | None:
+        """The open_id of the member with this email, or None when Lark knows none
+        (``batch_get_id``; needs the contact:user.id:readonly permission)."""
+        data = await self._call(
+            "POST",
+            "/open-apis/contact/v3/users/batch_get_id",
+            body=json.dumps({"emails": [email], "include_resigned": False}),
+            params={"user_id_type": "open_id"},
+        )
+        for user in (data.get("data") or {}).get("user_list") or []:
+            if isinstance(user, dict) and str(user.get("email", "")).lower() == email.lower():
+                found = user.get("user_id")
+                return str(found) if found else None
+        return None
 
     # ------------------------------------------------------------------ plumbing
 

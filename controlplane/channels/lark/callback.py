@@ -2,7 +2,8 @@
 
 The checks run in this order, each before anything is parsed further:
 
-1. size: a body over :data:`MAX_BODY` is refused (413) before it is read whole;
+1. size: a body over ``SUPERAGENT_HTTP__LARK_WEBHOOK_MAX_BODY_BYTES`` is refused (413)
+   before it is read whole (by api/body_limit.py, before this module runs);
 2. signature, when an encrypt key is set: ``X-Lark-Signature`` is the SHA-256 (hex) of
    ``X-Lark-Request-Timestamp + X-Lark-Request-Nonce + encrypt key + raw body``, compared
    in constant time (401 on a mismatch);
@@ -34,6 +35,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from lark_oapi.core.utils import AESCipher
 
+from controlplane.api.state import app_state
 from controlplane.channels.base import Ignored
 from controlplane.channels.webhook_body import json_object, read_body, recorded
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 1 << 20  # Lark's events are a few KB; a text message is at most 150 KB
 SIGNATURE = "x-lark-signature"
 TIMESTAMP = "x-lark-request-timestamp"
 NONCE = "x-lark-request-nonce"
@@ -132,7 +133,8 @@ async def receive(request: Request, adapter: LarkAdapter) -> JSONResponse:
             "Lark event callbacks are not configured: set SUPERAGENT_LARK__VERIFICATION_TOKEN "
             "(the event subscription's Verification Token)"
         )
-    body = await read_body(request, MAX_BODY)
+    limit = (await app_state(request)).settings.http.lark_webhook_max_body_bytes
+    body = await read_body(request, limit)
     opened = open_callback(
         body,
         request.headers,

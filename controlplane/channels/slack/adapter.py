@@ -87,8 +87,12 @@ class SlackAdapter(ChannelAdapter):
                 user_id = body.get("user_id")
                 if not isinstance(user_id, str) or not user_id:
                     raise TransientError("Slack auth.test named no user_id")
-                bot_id = body.get("bot_id")
-                self._identity = Identity(user_id, bot_id if isinstance(bot_id, str) else None)
+                bot_id, team_id = body.get("bot_id"), body.get("team_id")
+                self._identity = Identity(
+                    user_id,
+                    bot_id if isinstance(bot_id, str) else None,
+                    team_id if isinstance(team_id, str) and team_id else None,
+                )
             return self._identity
 
     async def receive(self, callback: Any, *, retried: bool = False) -> Ingested | Ignored:
@@ -99,11 +103,12 @@ class SlackAdapter(ChannelAdapter):
                 return await self.intake.original(SOURCE, event_id)
             except NotFound:
                 pass  # the first delivery never got recorded: this one counts
-        message = events.parse(callback, await self.identity())
+        me = await self.identity()
+        message = events.parse(callback, me)
         if isinstance(message, Ignored):
             return message
         assert isinstance(callback, dict)
-        actor = await self.directory.actor(message)
+        actor = await self.directory.actor(message, home_team=me.team_id)
         title = None
         if message.starts_thread and message.text.strip():
             title = message.text.strip().splitlines()[0][:_TITLE_CHARS]

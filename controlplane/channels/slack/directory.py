@@ -1,8 +1,12 @@
 """Who wrote a Slack message: the verified actor behind an event (users.info, usergroups).
 
-An event names its author by user id only. The policy matches actors by id, name or
-group, so the id is resolved to the user's handle (``users.info``) and to the ids of the
-user groups they belong to (``usergroups.list``), both cached for a few minutes.
+The actor's id is ``TEAM/USER`` (:func:`controlplane.identities.slack_id`): the author's
+workspace and user id, because a user id alone is unique only within one workspace and a
+Slack Connect channel holds other organisations' members. The workspace is the event's
+(``user_team``, ``team``), else the user's own record (``users.info``), else the workspace
+the event was delivered for. The user's handle (``users.info``) is only the actor's name,
+for display. User groups (``usergroups.list``) are our workspace's, so they count only for
+our workspace's members. Both are cached for a few minutes.
 
 A missing scope (``users:read``, ``usergroups:read``) degrades rather than blocks: the
 name falls back to the id, the groups to none, with one warning. A transient failure with
@@ -17,10 +21,11 @@ import logging
 import time
 from dataclasses import dataclass
 
+from controlplane import identities
 from controlplane.channels.base import RateLimited
 from controlplane.channels.slack.events import SlackMessage
 from controlplane.channels.slack.web_api import SlackError, WebApi
-from controlplane.errors import TransientError
+from controlplane.errors import InvalidInput, TransientError
 from controlplane.ingest.policy import Actor
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,7 @@ _MAX_USERS = 10_000  # cached at once; past that the cache starts over
 class _User:
     name: str
     is_bot: bool
+    team: str | None = None
 
 
 class Directory:
@@ -43,16 +49,28 @@ class Directory:
         self._groups_lock = asyncio.Lock()
         self._warned: set[str] = set()
 
-    async def actor(self, message: SlackMessage) -> Actor:
+    async def actor(self, message: SlackMessage, *, home_team: str | None = None) -> Actor:
+        """The author, ``home_team`` being the workspace the app is installed in."""
         if message.user is None:  # an integration's message: a bot with no user behind it
-            bot = message.bot_id or "unknown-bot"
-            return Actor(id=bot, name=message.bot_name or bot, is_bot=True)
+            team = message.team
+            if team is None:
+                raise InvalidInput("the event names no Slack team")
+            bot = message.bot_id or "BUNKNOWN"
+            return Actor(
+                id=identities.slack_id(team, bot), name=message.bot_name or bot, is_bot=True
+            )
         user = await self._user(message.user)
+        team = message.user_team or user.team or message.workspace
+        if team is None:
+            raise InvalidInput("the event names no Slack team")
+        ours = home_team is None or team == home_team
         return Actor(
-            id=message.user,
+            id=identities.slack_id(team, message.user),
             name=user.name,
             is_bot=user.is_bot or message.bot_id is not None,
-            groups=await self._groups_of(message.user),
+            # Our workspace's groups list our members' user ids; another team's member with
+            # the same user id is not in them.
+            groups=await self._groups_of(message.user) if ours else (),
         )
 
     async def _user(self, user_id: str) -> _User:
@@ -77,9 +95,11 @@ class Directory:
         else:
             info = body.get("user") if isinstance(body.get("user"), dict) else {}
             assert isinstance(info, dict)
+            team = info.get("team_id")
             found = _User(
                 name=str(info.get("name") or user_id),
                 is_bot=bool(info.get("is_bot")) or user_id == "USLACKBOT",
+                team=team if isinstance(team, str) and team else None,
             )
         if len(self._users) >= _MAX_USERS:
             self._users.clear()

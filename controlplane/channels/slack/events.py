@@ -20,6 +20,11 @@ topic changes...), hidden messages and every other event type.
 
 A thread is Slack's thread: ``{channel}:{thread_ts}``, or ``{channel}:{ts}`` for a
 message that starts one (replies go under it, in its thread).
+
+Who wrote it is a user id *and the workspace it belongs to*: a user id is unique only within
+its workspace, and a Slack Connect channel carries members of other organisations. The
+author's workspace is the event's ``user_team`` (or ``team``), as Slack sends them, and
+otherwise the workspace the event was delivered for (``team_id``, ``authorizations``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ _KIND_BY_CHANNEL_TYPE = {
     "mpim": "message.mpim",
 }
 _CHANNEL_ID = re.compile(r"^[A-Z0-9]{2,40}$")
+_TEAM_ID = re.compile(r"^[TE][A-Z0-9]{2,30}$")
 _TS = re.compile(r"^\d{1,12}\.\d{1,9}$")
 
 
@@ -50,6 +56,7 @@ class Identity:
 
     user_id: str
     bot_id: str | None = None
+    team_id: str | None = None  # the workspace the app is installed in
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,13 @@ class SlackMessage:
     bot_name: str | None
     text: str
     direct: bool
+    user_team: str | None = None  # the author's workspace, as the event names it
+    workspace: str | None = None  # the workspace the event was delivered for
+
+    @property
+    def team(self) -> str | None:
+        """The author's workspace: the event's word for it, else the delivering one."""
+        return self.user_team or self.workspace
 
     @property
     def thread_external_id(self) -> str:
@@ -157,4 +171,22 @@ def parse(callback: Any, me: Identity) -> SlackMessage | Ignored:
         bot_name=bot_name,
         text=text,
         direct=direct,
+        user_team=_team(_str(event, "user_team") or _str(event, "team")),
+        workspace=_team(_workspace(callback)),
     )
+
+
+def _workspace(callback: dict[str, Any]) -> str | None:
+    team = callback.get("team_id")
+    if isinstance(team, str) and team:
+        return team
+    for grant in callback.get("authorizations") or []:
+        if isinstance(grant, dict) and isinstance(grant.get("team_id"), str):
+            return str(grant["team_id"])
+    return None
+
+
+def _team(team: str | None) -> str | None:
+    if team is not None and not _TEAM_ID.match(team):
+        raise InvalidInput(f"{team[:40]!r} is not a Slack team id")
+    return team

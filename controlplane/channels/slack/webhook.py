@@ -1,11 +1,12 @@
 """The Events API endpoint, POST /webhooks/slack: verify, answer Slack, ingest.
 
-Checked in this order, none of the failures storing anything: Slack configured (else 404
-naming the setting), body size (413), the v0 signature and its 5-minute window on the raw
-body (401), JSON (400). Then ``url_verification`` is answered with its challenge, and an
-``event_callback`` goes to :meth:`SlackAdapter.receive`. Slack wants an answer within three
-seconds; a delivery it marks as a retry (``X-Slack-Retry-Num``) of an event already
-recorded is answered from the record, without calling Slack or judging it again.
+Checked in this order, none of the failures storing anything: body size (413, before the
+app runs: api/body_limit.py), Slack configured (else 404 naming the setting), the v0
+signature and its 5-minute window on the raw body (401), JSON (400). Then
+``url_verification`` is answered with its challenge, and an ``event_callback`` goes to
+:meth:`SlackAdapter.receive`. Slack wants an answer within three seconds; a delivery it
+marks as a retry (``X-Slack-Retry-Num``) of an event already recorded is answered from the
+record, without calling Slack or judging it again.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from controlplane.channels.webhook_body import json_object, read_body, recorded
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
 
 log = logging.getLogger(__name__)
-
-MAX_BODY = 1 << 20  # Slack's event bodies are a few kB; a message's text is at most 40k chars
 
 routes = APIRouter()
 
@@ -46,7 +45,7 @@ async def slack_events(
     adapter = state.channels.get(SOURCE)
     if not isinstance(adapter, SlackAdapter):
         raise NotFound("Slack is not configured: set SUPERAGENT_SLACK__BOT_TOKEN")
-    body = await read_body(request, MAX_BODY)
+    body = await read_body(request, state.settings.http.slack_webhook_max_body_bytes)
     problem = signing.problem(
         secret.get_secret_value().encode(),
         body,

@@ -63,7 +63,7 @@ LIMIT $3
 
 
 def client_id_of(trigger_external_id: str) -> str:
-    """The client id in a trigger's external id (``web:<name>:<client id>``)."""
+    """The client id in a trigger's external id (``<actor id>:<client id>``)."""
     return trigger_external_id.rpartition(":")[2]
 
 

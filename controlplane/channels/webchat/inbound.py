@@ -1,9 +1,16 @@
 """Client frames on the chat socket, checked, and what a said message becomes.
 
-A said message is a Trigger of source ``web`` with external id ``web:<name>:<client id>``:
-a client resending a frame it is unsure about (its socket dropped before ``accepted``)
-records nothing twice. A new conversation's id is derived from the same pair, so a resent
-first message does not open a second, empty conversation either.
+Who says it is the authenticated principal, not the name the page sends: every holder of
+the admin token is one principal, the admin, so every chat user's actor id is
+``web:admin`` (:data:`controlplane.identities.WEB_ADMIN`). The chosen ``name`` is the
+actor's name, a label for who said what, and grants nothing: choosing someone's name does
+not make a chat user that person.
+
+A said message is a Trigger of source ``web`` with external id
+``<actor id>:<client id>`` (``web:admin:<client id>``): a client resending a frame it is
+unsure about (its socket dropped before ``accepted``) records nothing twice. A new
+conversation's id is derived from the same pair, so a resent first message does not open a
+second, empty conversation either.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ from typing import Any
 
 from controlplane.channels.webhook_body import parse_json
 from controlplane.errors import InvalidInput
+from controlplane.identities import WEB_ADMIN
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor
 
 SOURCE = "web"
+ADMIN_PRINCIPAL = WEB_ADMIN.removeprefix(f"{SOURCE}:")  # every holder of the admin token
 GROUP = WEB_CONSOLE_GROUP  # every chat user: the default ingest policy allowlists it for "web"
 MAX_FRAME_CHARS = 64 * 1024
 MAX_TEXT_CHARS = 16_000
@@ -48,8 +57,10 @@ class Unwatch:
 Frame = Say | Watch | Unwatch
 
 
-def actor(name: str) -> Actor:
-    return Actor(id=f"web:{name}", name=name, is_bot=False, groups=(GROUP,))
+def actor(name: str, principal: str = ADMIN_PRINCIPAL) -> Actor:
+    """The chat user: ``principal`` is who authenticated (the admin token's holder), and is
+    the identity; ``name`` is what they chose to be called, for display only."""
+    return Actor(id=f"{SOURCE}:{principal}", name=name, is_bot=False, groups=(GROUP,))
 
 
 def client_id_in(raw: str) -> str | None:

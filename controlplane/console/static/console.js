@@ -231,6 +231,7 @@
       ["Spent", `${num(d.tokens)} tokens, ${usd(d.cost_usd)}`],
       ["Updated", when(d.updated_at)],
     ];
+    if (d.device_access) facts.splice(3, 0, ["Device access", d.device_access]);
     if (d.speculative) facts.push(["Speculative", "yes: nothing is said unless the worker confirms a fix"]);
     if (d.wait_until) facts.push(["Waits until", when(d.wait_until)]);
     if (d.worker) facts.push(["Worker", [`round ${d.worker.id} on ${d.worker.lease_owner || "?"}, lease until `, when(d.worker.lease_expires_at)]]);
@@ -274,6 +275,7 @@
     {h: "Name", f: (v) => v.name},
     {h: "Status", f: (v) => badge(v.revoked ? "revoked" : v.online ? "online" : "offline")},
     {h: "Owner", f: (v) => v.owner || "–"},
+    {h: "Shared with", f: (v) => (v.shares && v.shares.length ? v.shares.join(", ") : "–")},
     {h: "Last seen", f: (v) => when(v.last_seen_at)},
     {h: "Queue", f: (v) => [num(v.queue_depth), v.oldest_queued ? el("div", {class: "quiet"}, "oldest ", when(v.oldest_queued)) : null], num: true},
     {h: "Policy hash", f: (v) => (v.policy_hash ? el("code", {title: v.policy_hash}, v.policy_hash.slice(0, 12)) : "–")},
@@ -502,7 +504,7 @@
       box.hidden = false;
       const fields = new FormData(pairForm);
       try {
-        const issued = await call("/console/api/devices/pair", {name: fields.get("name"), owner: fields.get("owner")});
+        const issued = await call("/console/api/devices/pair", {name: fields.get("name"), owner: fields.get("owner"), shared: fields.get("shared")});
         box.replaceChildren(
           el("p", {}, `Pairing code for ${issued.device_name}: `, el("span", {class: "code"}, issued.code),
             ` (single use, until ${new Date(issued.expires_at).toLocaleTimeString()})`),
