@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import sqlalchemy.exc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
+from sqlalchemy import text
 
 from controlplane.access import admin_token
 from controlplane.access.admin_token import loopback_host as _loopback_host
@@ -479,6 +481,41 @@ async def check_model(settings: Settings, http: httpx.AsyncClient) -> Check:
     return passed(name, f"{shown} serves {', '.join(sorted(wanted))}")
 
 
+async def check_identities(url: str) -> Check:
+    """Policy entries and account links a migration could not turn into immutable ids:
+    inert (they match nobody), but someone meant them to grant authority."""
+    name = "identities"
+    engine = create_engine(url, pool_size=1)
+    try:
+        async with asyncio.timeout(TIMEOUT), engine.connect() as conn:
+            body = await conn.scalar(
+                text(
+                    "SELECT body FROM policy_versions WHERE name = 'ingest' "
+                    "ORDER BY version DESC LIMIT 1"
+                )
+            )
+            accounts = await conn.scalar(
+                text("SELECT count(*) FROM accounts WHERE handle LIKE 'unresolved:%'")
+            )
+    except (TimeoutError, OSError, sqlalchemy.exc.DBAPIError) as exc:
+        return failed(name, f"not read: {_first_line(exc)}", "check the database first")
+    finally:
+        await engine.dispose()
+    if isinstance(body, str):  # jsonb through a plain text() query
+        body = json.loads(body)
+    entries = list(body.get("unresolved") or []) if isinstance(body, dict) else []
+    if not entries and not accounts:
+        return passed(name, "allowlists and account links name immutable ids only")
+    found = [f"{len(entries)} policy entries"] if entries else []
+    found += [f"{accounts} account links"] if accounts else []
+    return failed(
+        name,
+        f"{' and '.join(found)} could not be turned into ids and match nobody",
+        "give them again by id or by a resolvable handle: `superagent policy edit`, "
+        "`superagent users link` (docs/ingest.md, Who is who)",
+    )
+
+
 async def check_services(settings: Settings, database: Database | None) -> list[Check]:
     """The checks that reach out, run at once: the database (unless there is none to
     reach), the channels and the model."""
@@ -491,6 +528,8 @@ async def check_services(settings: Settings, database: Database | None) -> list[
             if database.embedded is not None:
                 where = f"embedded Postgres in {database.embedded.data_dir}"
             reached.append(await check_database(database.url, where))
+            if reached[-1].ok:
+                reached.append(await check_identities(database.url))
         return [*reached, *await channels, await model]
 
 

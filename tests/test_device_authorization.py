@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,30 @@ async def _ticket(pool: asyncpg.Pool, ticket_id: str) -> asyncpg.Record:
     return row
 
 
+async def _waits_for_alice(world: World, queue: CommandQueue, ticket_id: str) -> asyncpg.Record:
+    """The ticket waits for Alice to approve it, and meanwhile none of its commands can be
+    queued on her laptop (what every way in must end with). Returns the ticket's row."""
+    ticket = await _ticket(world.pool, ticket_id)
+    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
+    await _cannot_queue(queue, world.laptop, ticket_id)
+    return ticket
+
+
+@contextlib.asynccontextmanager
+async def _laptop_online(
+    world: World, llm: FakeOpenAIServer, model: Callable[[ChatRequest], Reply]
+) -> AsyncIterator[None]:
+    """Alice's laptop connected and ``model`` answering, for the tests where a worker gets
+    as far as the device; both undone even when the test fails."""
+    llm.respond_with(model)
+    await world.laptop.online()
+    try:
+        yield
+    finally:
+        await world.laptop.offline()
+        llm.respond_with(None)
+
+
 def _grant(row: asyncpg.Record) -> dict[str, Any]:
     grant = row.get("device_grant")
     return _json(grant) if grant is not None else {}
@@ -225,10 +250,8 @@ async def test_create_ticket_on_someone_elses_device_waits_for_the_owner(
     world: World, pool: asyncpg.Pool, queue: CommandQueue
 ) -> None:
     created, _ = await world.ask_ticket(BOB, "alice-laptop")
-    ticket = await _ticket(pool, created["ticket"])
-    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
+    ticket = await _waits_for_alice(world, queue, created["ticket"])
     assert _grant(ticket).get("rule") not in ("owner", "shared", "delegated", "approved")
-    await _cannot_queue(queue, world.laptop, created["ticket"])
     # A path that forgot the check (here: SQL) gets nothing queued either.
     await pool.execute(
         "UPDATE tickets SET device_id = $2, device_grant = NULL, state = 'running' WHERE id = $1",
@@ -297,9 +320,7 @@ async def test_a_router_and_worker_never_run_bobs_request_on_alices_laptop(
             return Reply(tool_calls=[ToolCall("shell", {"command": "touch pwned"})])
         return Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "ran"})])
 
-    fake_llm.respond_with(model)
-    await world.laptop.online()
-    try:
+    async with _laptop_online(world, fake_llm, model):
         router = Router(
             pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=world.intake.policy
         )
@@ -310,9 +331,6 @@ async def test_a_router_and_worker_never_run_bobs_request_on_alices_laptop(
                 await asyncio.sleep(0.5)
         assert world.laptop.ran == []
         assert await _commands_on(pool, world.laptop) == 0
-    finally:
-        await world.laptop.offline()
-        fake_llm.respond_with(None)
 
 
 async def test_reroute_to_someone_elses_device_waits_for_the_owner(
@@ -321,9 +339,7 @@ async def test_reroute_to_someone_elses_device_waits_for_the_owner(
     created, _ = await world.ask_ticket(BOB, "bob-desktop")
     wait = timedelta(seconds=Settings().workers.device_wait_seconds)
     moved = await control.reroute(pool, created["ticket"], "alice-laptop", by="the CLI", wait=wait)
-    ticket = await _ticket(pool, created["ticket"])
-    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
-    await _cannot_queue(queue, world.laptop, created["ticket"])
+    await _waits_for_alice(world, queue, created["ticket"])
     assert moved.approval is not None
     assert moved.owner == "alice"
 
@@ -335,9 +351,7 @@ async def test_cli_reroute_to_someone_elses_device_waits_for_the_owner(
     moved = await cli(database_url, "tickets", "reroute", created["ticket"], "alice-laptop")
     assert "approval" in moved.stdout
     assert "alice" in moved.stdout
-    ticket = await _ticket(pool, created["ticket"])
-    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
-    await _cannot_queue(queue, world.laptop, created["ticket"])
+    await _waits_for_alice(world, queue, created["ticket"])
     shown = json.loads(
         (await cli(database_url, "tickets", "show", created["ticket"], "--json")).stdout
     )
@@ -357,9 +371,7 @@ async def test_console_reroute_to_someone_elses_device_waits_for_the_owner(
     created, _ = await world.ask_ticket(BOB, "bob-desktop")
     answer = await actions.reroute(Settings(), pool, created["ticket"], "alice-laptop")
     assert "approval" in answer["message"]
-    ticket = await _ticket(pool, created["ticket"])
-    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
-    await _cannot_queue(queue, world.laptop, created["ticket"])
+    await _waits_for_alice(world, queue, created["ticket"])
     page = await ticket_pages.detail(pool, created["ticket"])
     assert page["device_grant"]["rule"] == "pending"
 
@@ -384,9 +396,7 @@ async def test_the_device_wait_answer_cannot_reroute_to_someone_elses_device(
             lambda: _said(pool, request.thread_id, "approval"), timeout=10
         )
     assert "alice" in said
-    ticket = await _ticket(pool, ticket_id)
-    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
-    await _cannot_queue(queue, world.laptop, ticket_id)
+    await _waits_for_alice(world, queue, ticket_id)
 
 
 async def _said(pool: asyncpg.Pool, thread_id: str, word: str) -> str | None:
@@ -515,7 +525,6 @@ async def test_the_owners_approval_in_chat_lets_the_work_run(
     assert ticket_id in text
     assert "alice-laptop" in text
     assert _grant(await _ticket(pool, ticket_id))["owner"] == "alice"
-    await world.laptop.online()
     seen: list[str] = []
 
     def worker(req: ChatRequest) -> Reply:
@@ -524,8 +533,7 @@ async def test_the_owners_approval_in_chat_lets_the_work_run(
         seen.append(req.text())
         return Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "ran"})])
 
-    fake_llm.respond_with(worker)
-    try:
+    async with _laptop_online(world, fake_llm, worker):
         async with workers_running(pool, queue, fake_llm, dsn) as service:
             await asyncio.sleep(1.0)
             assert world.laptop.ran == []  # nothing before she answers
@@ -537,9 +545,6 @@ async def test_the_owners_approval_in_chat_lets_the_work_run(
         grant = _grant(await _ticket(pool, ticket_id))
         assert (grant["rule"], grant["by"], grant["approval"]) == ("approved", "alice", approval)
         assert any("approved" in said for said in await _replies(pool, request.thread_id))
-    finally:
-        await world.laptop.offline()
-        fake_llm.respond_with(None)
 
 
 async def test_the_owners_denial_stops_the_ticket(
@@ -584,9 +589,7 @@ async def test_an_approval_from_anyone_but_the_owner_is_ignored_and_recorded(
     by_bob = await world.say(BOB, f"approve {approval}")
     by_name = await world.say(IMPOSTOR, f"@superagent approve {approval}")
     await _pass(pool)
-    ticket = await _ticket(pool, created["ticket"])
-    assert (ticket["state"], ticket["hold"]) == ("waiting_human", "device_approval")
-    await _cannot_queue(queue, world.laptop, created["ticket"])
+    await _waits_for_alice(world, queue, created["ticket"])
     answers = {
         row["trigger_id"]: row
         for row in await pool.fetch(

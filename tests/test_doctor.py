@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from cryptography import x509
@@ -108,6 +109,7 @@ def test_a_healthy_setup_passes_every_check(healthy_env: dict[str, str]) -> None
         "worker holds",
         "gateway certificate",
         "database",
+        "identities",
         "github",
         "web chat",
         "model",
@@ -143,7 +145,7 @@ def test_an_unreachable_model_fails_with_its_fix(healthy_env: dict[str, str]) ->
     assert "fix: check OPENAI_BASE_URL" in model
     # Only the model failed: the other checks still ran, and passed.
     assert all(line.startswith("✓ ") for line in checks.values()), result.stdout
-    assert result.stdout.rstrip().endswith("1 of 9 checks failed")
+    assert result.stdout.rstrip().endswith("1 of 10 checks failed")
     assert_no_secrets(env, result.stdout + result.stderr)
 
     report = json.loads(run_doctor(env, "--json").stdout)
@@ -391,3 +393,24 @@ def test_unsafe_access_settings_are_flagged(
     assert not leaked.ok
     assert "readable by other users" in leaked.detail
     assert generated.admin_token.get_secret_value() not in leaked.detail + (leaked.fix or "")
+
+
+async def test_identities_a_migration_could_not_convert_are_flagged(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    clean = await doctor.check_identities(database_url)
+    assert clean.ok, clean
+    await pool.execute(
+        "INSERT INTO policy_versions (id, name, version, body, author) "
+        "VALUES ('pol_doctor01', 'ingest', 9999, $1::jsonb, 'test')",
+        json.dumps({"unresolved": ["sources.slack.users: alice"]}),
+    )
+    await pool.execute("INSERT INTO people (id, name) VALUES ('prs_doctor01', 'dana')")
+    await pool.execute(
+        "INSERT INTO accounts (source, handle, person_id) "
+        "VALUES ('github', 'unresolved:dana-gh', 'prs_doctor01')"
+    )
+    flagged = await doctor.check_identities(database_url)
+    assert not flagged.ok
+    assert "1 policy entries and 1 account links" in flagged.detail
+    assert "superagent policy edit" in (flagged.fix or "")

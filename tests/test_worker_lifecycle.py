@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -47,12 +46,18 @@ from tests.fakes.openai_server import (
 from tests.helpers import assert_eventually
 from tests.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
+    Passes,
     device_fixture,
     dsn_fixture,
+    inbox_records,
     local_device,
     queue_fixture,
+    replies_on,
+    report_reply,
+    state_is,
     ticket,
     ticket_state,
+    turn_of,
     workers_running,
 )
 
@@ -119,11 +124,6 @@ def _ticket_of(request: ChatRequest) -> str:
     return found.group(1)
 
 
-def _turn(request: ChatRequest) -> int:
-    """How many answers the model already gave in this session."""
-    return sum(1 for m in request.messages if m.get("role") == "assistant")
-
-
 def _events(request: ChatRequest) -> str:
     """Every events message the worker was shown, joined."""
     return "\n".join(
@@ -131,16 +131,6 @@ def _events(request: ChatRequest) -> str:
         for m in request.messages
         if m.get("role") == "user" and message_text(m).startswith("Events since")
     )
-
-
-def _records(request: ChatRequest) -> list[dict[str, Any]]:
-    """The inbox records the worker was shown (after each events header, one JSON per line)."""
-    return [
-        json.loads(line)
-        for m in request.messages
-        if m.get("role") == "user" and message_text(m).startswith("Events since")
-        for line in message_text(m).splitlines()[1:]
-    ]
 
 
 def _by_ticket(steps: dict[str, Step]) -> Callable[[ChatRequest], Awaitable[Reply]]:
@@ -155,27 +145,23 @@ def _requests(llm: FakeOpenAIServer, ticket_id: str) -> list[ChatRequest]:
     return [r for r in llm.chat_requests if _ticket_of(r) == ticket_id]
 
 
-def _report(status: str, summary: str, **extra: str) -> Reply:
-    return Reply(tool_calls=[ToolCall("report", {"status": status, "summary": summary, **extra})])
-
-
 def _shell(command: str, call_id: str | None = None) -> Reply:
     return Reply(tool_calls=[ToolCall("shell", {"command": command}, id=call_id)])
 
 
 def _one_command(command: str, summary: str) -> Step:
     """A worker that runs one command, then reports ready."""
-    return lambda r: _shell(command) if _turn(r) == 0 else _report("ready", summary)
+    return lambda r: _shell(command) if turn_of(r) == 0 else report_reply("ready", summary)
 
 
 def _holds_a_job(request: ChatRequest) -> Reply:
     """Start a job that keeps running, wait for it, report once it ended."""
-    turn = _turn(request)
+    turn = turn_of(request)
     if turn == 0:
         return _shell(JOB)
     if "job-done" not in _events(request):
         return Reply(content="The job runs in the background; I wait for its result.")
-    return _report("ready", "the job is done")
+    return report_reply("ready", "the job is done")
 
 
 async def _on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
@@ -184,36 +170,7 @@ async def _on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> 
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
-# -- the service ---------------------------------------------------------------------------
-
-
-class Passes:
-    """Counts the service's completed passes: after two more, a pass has started and
-    finished since now, so whatever it would have started, it has."""
-
-    def __init__(self, service: Any) -> None:
-        self.count = 0
-        claim = service._claim
-
-        async def counted() -> None:
-            await claim()
-            self.count += 1
-
-        service._claim = counted
-
-    async def wait(self, more: int = 2) -> None:
-        target = self.count + more
-        await assert_eventually(
-            lambda: self.count >= target, timeout=10, message=f"{more} passes of the service"
-        )
-
-
 # -- the database --------------------------------------------------------------------------
-
-
-async def _state_is(pool: asyncpg.Pool, ticket_id: str, state: str, hold: Any = ...) -> bool:
-    now = await ticket_state(pool, ticket_id)
-    return now[0] == state and (hold is ... or now[1] == hold)
 
 
 async def _assignments(pool: asyncpg.Pool, ticket_id: str) -> list[asyncpg.Record]:
@@ -230,15 +187,6 @@ async def _active(pool: asyncpg.Pool, ticket_ids: list[str]) -> list[asyncpg.Rec
         "WHERE ticket_id = ANY($1::text[]) AND ended_at IS NULL",
         ticket_ids,
     )
-
-
-async def _replies(pool: asyncpg.Pool, thread_id: str) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT payload->>'text' AS text FROM effects "
-        "WHERE kind = 'reply' AND payload->>'thread_id' = $1 ORDER BY created_at",
-        thread_id,
-    )
-    return [row["text"] for row in rows]
 
 
 async def _commands(pool: asyncpg.Pool, ticket_id: str) -> list[asyncpg.Record]:
@@ -300,7 +248,7 @@ async def test_a_round_with_a_running_job_keeps_the_only_slot(
 
     async def step(request: ChatRequest) -> Reply:
         ticket_id = _ticket_of(request)
-        if _turn(request) == 0:
+        if turn_of(request) == 0:
             row = await _on(
                 loop,
                 pool.fetchrow(
@@ -330,7 +278,7 @@ async def test_a_round_with_a_running_job_keeps_the_only_slot(
         assert [r["ticket_id"] for r in await _active(pool, [one, two])] == [first]
 
         (workdir[first] / "release").touch()
-        await assert_eventually(lambda: _state_is(pool, first, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, first, "completed"), timeout=10)
         (started,) = await assert_eventually(lambda: _assignments(pool, second), timeout=10)
         (ended,) = await _assignments(pool, first)
         assert ended["outcome"] == "ready"
@@ -338,7 +286,7 @@ async def test_a_round_with_a_running_job_keeps_the_only_slot(
         assert started["created_at"] >= ended["ended_at"]
         await assert_eventually(lambda: len(_requests(fake_llm, second)) >= 2, timeout=10)
         (workdir[second] / "release").touch()
-        await assert_eventually(lambda: _state_is(pool, second, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, second, "completed"), timeout=10)
     # The slot was taken before the model was first asked anything, by a running ticket.
     assert seen_at_first_call == {one: ("regular", "running"), two: ("regular", "running")}
     fake_llm.respond_with(None)
@@ -362,9 +310,9 @@ async def test_a_human_message_uses_the_extra_slot_when_the_regular_one_is_busy(
     asked, _ = await ticket(pool, device, title="ask first", thread=asked_thread)
     steps: dict[str, Step] = {
         asked: lambda r: (
-            _report("question", "need a branch", question="Which branch?")
-            if _turn(r) == 0
-            else _report("ready", "worked on main")
+            report_reply("question", "need a branch", question="Which branch?")
+            if turn_of(r) == 0
+            else report_reply("ready", "worked on main")
         )
     }
     fake_llm.respond_with(_by_ticket(steps))
@@ -373,7 +321,7 @@ async def test_a_human_message_uses_the_extra_slot_when_the_regular_one_is_busy(
     ) as s:
         passes = Passes(s)
         await assert_eventually(
-            lambda: _state_is(pool, asked, "waiting_human", "question"), timeout=10
+            lambda: state_is(pool, asked, "waiting_human", "question"), timeout=10
         )
         busy, _ = await ticket(pool, device, title="busy", workdir=str(tmp_path))
         steps[busy] = _holds_a_job
@@ -389,7 +337,7 @@ async def test_a_human_message_uses_the_extra_slot_when_the_regular_one_is_busy(
 
         human = await _post(pool, asked_thread, BOB, "Use main.")
         assert human.tickets == (asked,)
-        await assert_eventually(lambda: _state_is(pool, asked, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, asked, "completed"), timeout=10)
         _first, woken = await _assignments(pool, asked)
         assert (woken["slot"], woken["woken_by"], woken["outcome"]) == ("human", "human", "ready")
         # The regular slot was busy all along: its round is still on.
@@ -398,7 +346,7 @@ async def test_a_human_message_uses_the_extra_slot_when_the_regular_one_is_busy(
         assert "Use main." in _events(_requests(fake_llm, asked)[-1])
 
         (tmp_path / "release").touch()
-        await assert_eventually(lambda: _state_is(pool, busy, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, busy, "completed"), timeout=10)
     fake_llm.respond_with(None)
 
 
@@ -422,9 +370,9 @@ async def test_after_blocked_or_failed_only_a_person_wakes_the_worker(
         _by_ticket(
             {
                 ticket_id: lambda r: (
-                    _report(status, "the registry is unreachable")
-                    if _turn(r) == 0
-                    else _report("ready", "used the mirror")
+                    report_reply(status, "the registry is unreachable")
+                    if turn_of(r) == 0
+                    else report_reply("ready", "used the mirror")
                 )
             }
         )
@@ -432,7 +380,7 @@ async def test_after_blocked_or_failed_only_a_person_wakes_the_worker(
     async with workers_running(pool, queue, fake_llm, dsn) as service:
         passes = Passes(service)
         await assert_eventually(
-            lambda: _state_is(pool, ticket_id, "waiting_human", status), timeout=10
+            lambda: state_is(pool, ticket_id, "waiting_human", status), timeout=10
         )
         ci = await _post(pool, thread, CI_BOT, "CI: lint failed", kind="check_run.completed")
         assert ci.tickets == (ticket_id,)
@@ -449,12 +397,12 @@ async def test_after_blocked_or_failed_only_a_person_wakes_the_worker(
         assert len(_requests(fake_llm, ticket_id)) == 1
 
         person = await _post(pool, thread, BOB, "Try the mirror.")
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=10)
     _, woken = await _assignments(pool, ticket_id)
     assert woken["woken_by"] == "human"
     shown = [
         (r["trigger"], r["kind"], r["from"], r["authority"], r["text"])
-        for r in _records(_requests(fake_llm, ticket_id)[1])
+        for r in inbox_records(_requests(fake_llm, ticket_id)[1])
         if r["type"] == "event"
     ]
     assert shown == [
@@ -479,15 +427,15 @@ async def test_in_ready_a_bot_event_wakes_the_worker(
         _by_ticket(
             {
                 ticket_id: lambda r: (
-                    _report("ready", "opened the PR", pr_url=pr_url)
+                    report_reply("ready", "opened the PR", pr_url=pr_url)
                     if "CI failed" not in _events(r)
-                    else _report("ready", "fixed CI")
+                    else report_reply("ready", "fixed CI")
                 )
             }
         )
     )
     async with workers_running(pool, queue, fake_llm, dsn):
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "ready"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "ready"), timeout=10)
         assert await pool.fetchval("SELECT pr_url FROM tickets WHERE id = $1", ticket_id) == pr_url
         ci = await _post(pool, thread, CI_BOT, "CI failed: test_x", kind="check_suite.completed")
         assert ci.tickets == (ticket_id,)
@@ -517,9 +465,9 @@ async def test_a_closed_pull_request_completes_a_ready_ticket_without_the_model(
 ) -> None:
     ticket_id, _ = await ticket(pool, device)
     pr_url = "https://github.com/acme/widgets/pull/7"
-    fake_llm.script(_report("ready", "opened the PR", pr_url=pr_url))
+    fake_llm.script(report_reply("ready", "opened the PR", pr_url=pr_url))
     async with workers_running(pool, queue, fake_llm, dsn):
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "ready"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "ready"), timeout=10)
     pr_thread = await _handle_pr_thread(pool, ticket_id, pr_url, 7)
     calls = len(fake_llm.chat_requests)
     closed = await _post(
@@ -534,7 +482,7 @@ async def test_a_closed_pull_request_completes_a_ready_ticket_without_the_model(
     assert (closed.thread_id, closed.tickets) == (pr_thread, (ticket_id,))
     async with workers_running(pool, queue, fake_llm, dsn):
         await assert_eventually(
-            lambda: _state_is(pool, ticket_id, "completed", "pull request closed"), timeout=10
+            lambda: state_is(pool, ticket_id, "completed", "pull request closed"), timeout=10
         )
     assert len(fake_llm.chat_requests) == calls
     assert len(await _assignments(pool, ticket_id)) == 1
@@ -563,7 +511,7 @@ async def test_a_ticket_waits_for_its_offline_device_and_resumes_when_it_is_back
     async with workers_running(pool, queue, fake_llm, dsn, device_wait_seconds=3600) as service:
         passes = Passes(service)
         await assert_eventually(
-            lambda: _state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
+            lambda: state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
         )
         until: datetime | None = await pool.fetchval(
             "SELECT wait_until FROM tickets WHERE id = $1", ticket_id
@@ -572,7 +520,7 @@ async def test_a_ticket_waits_for_its_offline_device_and_resumes_when_it_is_back
         (waited,) = await _assignments(pool, ticket_id)
         assert waited["outcome"] == "waiting_device"
         assert waited["ended_at"] is not None
-        (told,) = await _replies(pool, thread_id)
+        (told,) = await replies_on(pool, thread_id)
         assert away.name in told
         assert f"{until:%Y-%m-%d %H:%M} UTC" in told
         assert fake_llm.chat_requests == []
@@ -582,10 +530,10 @@ async def test_a_ticket_waits_for_its_offline_device_and_resumes_when_it_is_back
         assert len(await _assignments(pool, ticket_id)) == 1
 
         await away.online()
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=10)
     _, resumed = await _assignments(pool, ticket_id)
     assert (resumed["woken_by"], resumed["outcome"]) == ("device", "ready")
-    assert len(await _replies(pool, thread_id)) == 1
+    assert len(await replies_on(pool, thread_id)) == 1
     assert '"output": "back-2\\n"' in _requests(fake_llm, ticket_id)[-1].text()
     fake_llm.respond_with(None)
 
@@ -605,18 +553,18 @@ async def test_a_command_for_a_device_gone_mid_task_stays_queued_and_reports_lat
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
 
     async def step(request: ChatRequest) -> Reply:
-        if _turn(request) == 0:
+        if turn_of(request) == 0:
             await _on(loop, device.offline())
             return _shell("echo resumed-$((40+2))")
         if "resumed-42" in _events(request):
-            return _report("ready", "the queued command ran")
+            return report_reply("ready", "the queued command ran")
         return Reply(content="Waiting for the queued command.")
 
     fake_llm.respond_with(_by_ticket({ticket_id: step}))
     async with workers_running(pool, queue, fake_llm, dsn, device_wait_seconds=3600) as service:
         passes = Passes(service)
         await assert_eventually(
-            lambda: _state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
+            lambda: state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
         )
         (command,) = await _commands(pool, ticket_id)
         assert (command["state"], command["background"]) == ("queued", True)
@@ -626,11 +574,13 @@ async def test_a_command_for_a_device_gone_mid_task_stays_queued_and_reports_lat
         assert (await _commands(pool, ticket_id))[0]["state"] == "queued"
 
         await device.online()
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=10)
     (done,) = await _commands(pool, ticket_id)
     assert (done["id"], done["state"], done["exit_code"]) == (command["id"], "finished", 0)
     assert [r["argv"][-1] for r in device.ran] == ["echo resumed-$((40+2))"]
-    (job,) = [r for r in _records(_requests(fake_llm, ticket_id)[-1]) if r["type"] == "job_ended"]
+    (job,) = [
+        r for r in inbox_records(_requests(fake_llm, ticket_id)[-1]) if r["type"] == "job_ended"
+    ]
     assert (job["job"], job["output"]) == (command["id"], "resumed-42\n")
     fake_llm.respond_with(None)
 
@@ -653,14 +603,14 @@ async def test_a_device_that_sleeps_during_a_job_frees_the_slot_and_resumes(
         await assert_eventually(lambda: len(_requests(fake_llm, ticket_id)) == 2, timeout=10)
         await device.offline()
         await assert_eventually(
-            lambda: _state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
+            lambda: state_is(pool, ticket_id, "waiting_device", "device"), timeout=10
         )
         rounds = await _assignments(pool, ticket_id)
         assert [r["outcome"] for r in rounds] == ["waiting_device"]
         await Passes(service).wait()
         (tmp_path / "release").touch()
         await device.online()
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=15)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=15)
     assert "job-done" in _events(_requests(fake_llm, ticket_id)[-1])
     fake_llm.respond_with(None)
 
@@ -671,9 +621,9 @@ async def test_a_device_that_sleeps_during_a_job_frees_the_slot_and_resumes(
 async def _expire(pool: asyncpg.Pool, ticket_id: str, thread_id: str, away: LocalDevice) -> None:
     """Wait for the device wait to expire, and check people were asked once."""
     await assert_eventually(
-        lambda: _state_is(pool, ticket_id, "waiting_human", "device_expired"), timeout=10
+        lambda: state_is(pool, ticket_id, "waiting_human", "device_expired"), timeout=10
     )
-    asked = [text for text in await _replies(pool, thread_id) if "has not come back" in text]
+    asked = [text for text in await replies_on(pool, thread_id) if "has not come back" in text]
     assert len(asked) == 1
     assert away.name in asked[0]
     assert "reroute <device>" in asked[0]
@@ -701,14 +651,14 @@ async def test_an_expired_device_wait_is_rerouted_by_the_requester(
         await _expire(pool, ticket_id, thread_id, away)  # asked once, not every pass
         await other.online()
         await _post(pool, thread, ALICE, f"reroute {other.name}")
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=10)
     assert await pool.fetchval("SELECT device_id FROM tickets WHERE id = $1", ticket_id) == (
         other.id
     )
     assert [r["argv"][-1] for r in other.ran] == ["echo here-$((2+3))"]
     assert away.ran == []
     assert any(
-        f"moves to the device {other.name}" in text for text in await _replies(pool, thread_id)
+        f"moves to the device {other.name}" in text for text in await replies_on(pool, thread_id)
     )
     requests = _requests(fake_llm, ticket_id)
     assert f"alice moved this ticket to the device {other.name}" in _events(requests[0])
@@ -731,11 +681,11 @@ async def test_an_expired_device_wait_is_dropped_by_the_requester(
     async with workers_running(pool, queue, fake_llm, dsn, device_wait_seconds=1):
         await _expire(pool, ticket_id, thread_id, away)
         await _post(pool, thread, ALICE, "drop")
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "stopped"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "stopped"), timeout=10)
     assert await pool.fetchval(
         "SELECT revoked_at IS NOT NULL FROM mandates WHERE ticket_id = $1", ticket_id
     )
-    assert any(f"Dropped {ticket_id}" in text for text in await _replies(pool, thread_id))
+    assert any(f"Dropped {ticket_id}" in text for text in await replies_on(pool, thread_id))
     assert fake_llm.chat_requests == []
 
 
@@ -759,8 +709,8 @@ async def test_another_replica_takes_over_an_orphaned_round_in_the_same_session(
             {
                 ticket_id: lambda r: (
                     _shell(JOB, call_id="call_orphaned")
-                    if _turn(r) == 0
-                    else _report("ready", "checked the state, all done")
+                    if turn_of(r) == 0
+                    else report_reply("ready", "checked the state, all done")
                 )
             }
         )
@@ -794,7 +744,7 @@ async def test_another_replica_takes_over_an_orphaned_round_in_the_same_session(
         assert await ticket_state(pool, ticket_id) == ("running", None)
 
         async with workers_running(pool, queue, fake_llm, dsn, owner="replica-b"):
-            await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
+            await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=10)
     finally:
         (tmp_path / "release").touch()
     (taken,) = await _assignments(pool, ticket_id)
@@ -841,7 +791,7 @@ async def test_stop_in_an_explicit_request_stops_the_ticket_and_its_job(
     thinking = threading.Event()  # set by the test: the held model call may answer
 
     async def step(request: ChatRequest) -> Reply:
-        if _turn(request) == 0:
+        if turn_of(request) == 0:
             return _shell(JOB)
         await asyncio.to_thread(thinking.wait, 20)
         return Reply(content="Still waiting for the job.")
@@ -856,7 +806,7 @@ async def test_stop_in_an_explicit_request_stops_the_ticket_and_its_job(
             stop = await _post(pool, thread, ALICE, "@superagent /stop")
             assert (stop.verdict, stop.tickets) == ("explicit", (ticket_id,))
             await assert_eventually(
-                lambda: _state_is(pool, ticket_id, "stopped", "stopped by alice"), timeout=10
+                lambda: state_is(pool, ticket_id, "stopped", "stopped by alice"), timeout=10
             )
             await assert_eventually(
                 lambda: _command_state_is(pool, ticket_id, "cancelled"), timeout=10
@@ -872,7 +822,7 @@ async def test_stop_in_an_explicit_request_stops_the_ticket_and_its_job(
     )
     (stopped,) = await _assignments(pool, ticket_id)
     assert stopped["outcome"] == "stopped"
-    assert f"Stopped {ticket_id}, as alice asked." in await _replies(pool, thread_id)
+    assert f"Stopped {ticket_id}, as alice asked." in await replies_on(pool, thread_id)
     assert all("/stop" not in _events(r) for r in _requests(fake_llm, ticket_id))
     fake_llm.respond_with(None)
 
@@ -892,19 +842,19 @@ async def test_retry_wakes_a_worker_waiting_for_people(
         _by_ticket(
             {
                 ticket_id: lambda r: (
-                    _report("blocked", "the port is taken")
-                    if _turn(r) == 0
-                    else _report("ready", "used another port")
+                    report_reply("blocked", "the port is taken")
+                    if turn_of(r) == 0
+                    else report_reply("ready", "used another port")
                 )
             }
         )
     )
     async with workers_running(pool, queue, fake_llm, dsn):
         await assert_eventually(
-            lambda: _state_is(pool, ticket_id, "waiting_human", "blocked"), timeout=10
+            lambda: state_is(pool, ticket_id, "waiting_human", "blocked"), timeout=10
         )
         await control.retry(pool, ticket_id, by="alice", note="Use port 8080.")
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=10)
     _, woken = await _assignments(pool, ticket_id)
     assert (woken["woken_by"], woken["outcome"]) == ("event", "ready")
     assert {
@@ -912,7 +862,7 @@ async def test_retry_wakes_a_worker_waiting_for_people(
         "kind": "retry",
         "authority": "operator",
         "text": "alice asks you to try again. Use port 8080.",
-    } in _records(_requests(fake_llm, ticket_id)[1])
+    } in inbox_records(_requests(fake_llm, ticket_id)[1])
     assert not await pool.fetchval(
         "SELECT count(*) FROM worker_events WHERE ticket_id = $1 AND read_at IS NULL", ticket_id
     )
@@ -935,9 +885,11 @@ async def test_a_pull_request_closed_just_before_a_claim_still_completes_the_tic
     a webhook against a pass): the ticket must still complete, without a round."""
     ticket_id, _ = await ticket(pool, device)
     pr_url = "https://github.com/acme/widgets/pull/8"
-    fake_llm.respond_with(_by_ticket({ticket_id: lambda r: _report("ready", "PR", pr_url=pr_url)}))
+    fake_llm.respond_with(
+        _by_ticket({ticket_id: lambda r: report_reply("ready", "PR", pr_url=pr_url)})
+    )
     async with workers_running(pool, queue, fake_llm, dsn):
-        await assert_eventually(lambda: _state_is(pool, ticket_id, "ready"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, ticket_id, "ready"), timeout=10)
     await _handle_pr_thread(pool, ticket_id, pr_url, 8)
     calls = len(fake_llm.chat_requests)
     posted: list[Ingested] = []
@@ -963,7 +915,7 @@ async def test_a_pull_request_closed_just_before_a_claim_still_completes_the_tic
         await assert_eventually(
             lambda: (
                 len(fake_llm.chat_requests) > calls
-                or _state_is(pool, ticket_id, "completed", "pull request closed")
+                or state_is(pool, ticket_id, "completed", "pull request closed")
             ),
             timeout=10,
         )
@@ -989,7 +941,7 @@ async def test_a_stop_is_never_read_by_the_worker_and_still_stops_the_ticket(
     shown: list[str] = []  # the events of each later request
 
     def step(request: ChatRequest) -> Reply:
-        if _turn(request) == 0:
+        if turn_of(request) == 0:
             return _shell(JOB)
         shown.append(_events(request))
         return Reply(content="Waiting for the job.")

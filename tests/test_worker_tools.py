@@ -24,8 +24,11 @@ from tests.worker_harness import (  # noqa: F401 - fixtures
     dsn_fixture,
     local_device,
     queue_fixture,
+    report_reply,
+    state_is,
     ticket,
     ticket_state,
+    tool_results,
     workers_running,
 )
 
@@ -35,18 +38,8 @@ from tests.worker_harness import (  # noqa: F401 - fixtures
 # -- helpers -----------------------------------------------------------------------------
 
 
-def _results(request: ChatRequest) -> list[dict[str, Any]]:
-    """The tool results (parsed) the worker sent in one model request, oldest first."""
-    out = []
-    for message in request.tool_results():
-        parsed = json.loads(message["content"])
-        assert isinstance(parsed, dict)
-        out.append(parsed)
-    return out
-
-
 def _last_result(request: ChatRequest) -> dict[str, Any]:
-    results = _results(request)
+    results = tool_results(request)
     assert results, "no tool result yet"
     return results[-1]
 
@@ -60,13 +53,9 @@ async def _router_reports(pool: asyncpg.Pool, ticket_id: str) -> list[asyncpg.Re
     )
 
 
-async def _state_is(pool: asyncpg.Pool, ticket_id: str, state: str) -> bool:
-    return (await ticket_state(pool, ticket_id))[0] == state
-
-
 async def _until_state(pool: asyncpg.Pool, ticket_id: str, state: str) -> None:
     await assert_eventually(
-        lambda: _state_is(pool, ticket_id, state), timeout=12, message=f"{ticket_id} {state}"
+        lambda: state_is(pool, ticket_id, state), timeout=12, message=f"{ticket_id} {state}"
     )
 
 
@@ -86,12 +75,6 @@ async def _assert_blocked_by(pool: asyncpg.Pool, ticket_id: str, *words: str) ->
     assert outcome == "blocked"
 
 
-def _shell_runs(device: LocalDevice, command: str) -> int:
-    return sum(
-        1 for ran in device.ran if ran["kind"] == "exec" and ran["argv"] == ["sh", "-c", command]
-    )
-
-
 def _git(repo: Path, *args: str) -> None:
     subprocess.run(
         ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *args],
@@ -99,10 +82,6 @@ def _git(repo: Path, *args: str) -> None:
         check=True,
         capture_output=True,
     )
-
-
-def _report(status: str, summary: str, **extra: Any) -> Reply:
-    return Reply(tool_calls=[ToolCall("report", {"status": status, "summary": summary, **extra})])
 
 
 # -- 1. background jobs ------------------------------------------------------------------
@@ -122,7 +101,7 @@ async def test_a_long_command_becomes_a_background_job_whose_end_is_an_event(
     fake_llm.script(
         Reply(tool_calls=[ToolCall("shell", {"command": "sleep 3; echo done"})]),
         Reply(content="The build runs; I wait for it."),
-        _report("ready", "built"),
+        report_reply("ready", "built"),
     )
     async with workers_running(pool, queue, fake_llm, dsn, foreground_seconds=1):
         await assert_eventually(
@@ -182,19 +161,19 @@ async def test_large_output_is_inlined_as_head_and_tail_and_read_by_slices(
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
 
     def model(request: ChatRequest) -> Reply:
-        results = _results(request)
+        results = tool_results(request)
         if not results:
             return Reply(tool_calls=[ToolCall("shell", {"command": "seq 10000 17999"})])
         if len(results) == 1:
             job = results[0]["job"]
             args = {"job": job, "offset": 20_000, "limit": 1000}
             return Reply(tool_calls=[ToolCall("job_output", args)])
-        return _report("ready", "read it")
+        return report_reply("ready", "read it")
 
     fake_llm.respond_with(model)
     async with workers_running(pool, queue, fake_llm, dsn):
         await _until_state(pool, ticket_id, "completed")
-    shown, sliced = _results(fake_llm.chat_requests[-1])
+    shown, sliced = tool_results(fake_llm.chat_requests[-1])
     assert shown["state"] == "finished"
     assert shown["exit_code"] == 0
     assert "output" not in shown
@@ -257,11 +236,11 @@ async def test_apply_patch_applies_a_clean_diff_and_refuses_a_conflicting_one_wh
     fake_llm.script(
         Reply(tool_calls=[ToolCall("apply_patch", {"patch": _CLEAN})]),
         Reply(tool_calls=[ToolCall("apply_patch", {"patch": _CONFLICT})]),
-        _report("ready", "patched"),
+        report_reply("ready", "patched"),
     )
     async with workers_running(pool, queue, fake_llm, dsn):
         await _until_state(pool, ticket_id, "completed")
-    clean, conflict = _results(fake_llm.chat_requests[-1])
+    clean, conflict = tool_results(fake_llm.chat_requests[-1])
     assert clean["applied"] is True
     assert "error" not in clean
     assert conflict["applied"] is False
@@ -298,13 +277,13 @@ async def test_file_tools_resolve_relative_paths_against_the_workdir(
                 ToolCall("read_file", {"path": "sub/new.txt"}),
             ]
         ),
-        _report("ready", "files done"),
+        report_reply("ready", "files done"),
     )
     async with workers_running(pool, queue, fake_llm, dsn):
         await _until_state(pool, ticket_id, "completed")
     assert (workdir / "sub" / "new.txt").read_text() == "fresh\n"
     assert not (tmp_path / "sub").exists()
-    wrote, read, listed, read_back = _results(fake_llm.chat_requests[-1])
+    wrote, read, listed, read_back = tool_results(fake_llm.chat_requests[-1])
     assert wrote == {"path": str(workdir / "sub" / "new.txt"), "written_bytes": 6}
     assert read["path"] == str(workdir / "notes.txt")
     assert read["output"] == "remember the milk\n"
@@ -329,7 +308,7 @@ async def test_the_same_call_three_times_in_a_row_is_not_run_and_blocks(
     fake_llm.script(same, same, same)
     async with workers_running(pool, queue, fake_llm, dsn):
         await _assert_blocked_by(pool, ticket_id, "same shell call 3 times")
-    assert _shell_runs(device, "echo again") == 2
+    assert device.shell_runs("echo again") == 2
     assert len(fake_llm.chat_requests) == 3
     last = await pool.fetchval(
         "SELECT m.content FROM session_messages m JOIN sessions s ON s.id = m.session_id "
@@ -359,8 +338,8 @@ async def test_max_turns_stops_the_worker(
         await _assert_blocked_by(pool, ticket_id, "2 model calls", "workers.max_turns = 2")
     assert len(fake_llm.chat_requests) == 2
     assert fake_llm.pending_replies == 1
-    assert _shell_runs(device, "echo two") == 1
-    assert _shell_runs(device, "echo three") == 0
+    assert device.shell_runs("echo two") == 1
+    assert device.shell_runs("echo three") == 0
 
 
 async def test_the_token_budget_stops_the_worker(
@@ -386,7 +365,7 @@ async def test_the_token_budget_stops_the_worker(
         == usage["total_tokens"]
     )
     assert len(fake_llm.chat_requests) == 1
-    assert _shell_runs(device, "echo more") == 0
+    assert device.shell_runs("echo more") == 0
 
 
 # -- 6. speculative tickets --------------------------------------------------------------
@@ -401,7 +380,7 @@ async def test_a_speculative_ticket_that_fails_is_discarded_silently(
     tmp_path: Path,
 ) -> None:
     ticket_id, thread_id = await ticket(pool, device, workdir=str(tmp_path), speculative=True)
-    fake_llm.script(_report("failed", "could not reproduce"))
+    fake_llm.script(report_reply("failed", "could not reproduce"))
     async with workers_running(pool, queue, fake_llm, dsn):
         await _until_state(pool, ticket_id, "stopped")
     assert await ticket_state(pool, ticket_id) == ("stopped", "discarded")
@@ -437,12 +416,12 @@ async def test_a_speculative_ticket_delivers_only_once_it_confirms_a_fix(
     ticket_id, thread_id = await ticket(pool, device, workdir=str(tmp_path), speculative=True)
     fake_llm.script(
         Reply(tool_calls=[ToolCall("open_pull_request", {"title": "fix", "body": "fixed"})]),
-        _report("ready", "reproduced and fixed it", reproduced=True, fixed=True),
-        _report("ready", "delivered"),
+        report_reply("ready", "reproduced and fixed it", reproduced=True, fixed=True),
+        report_reply("ready", "delivered"),
     )
     async with workers_running(pool, queue, fake_llm, dsn):
         await _until_state(pool, ticket_id, "completed")
-    refused, confirmed = _results(fake_llm.chat_requests[-1])
+    refused, confirmed = tool_results(fake_llm.chat_requests[-1])
     assert "speculative" in refused["error"]
     assert confirmed["confirmed"] is True
     assert await pool.fetchval("SELECT speculative FROM tickets WHERE id = $1", ticket_id) is False
@@ -527,11 +506,11 @@ async def test_bad_tool_input_is_an_error_the_model_reads_and_the_worker_goes_on
                 ToolCall("shell", {"command": "echo still here"}),
             ]
         ),
-        _report("ready", "went on"),
+        report_reply("ready", "went on"),
     )
     async with workers_running(pool, queue, fake_llm, dsn):
         await _until_state(pool, ticket_id, "completed")
-    unknown, bad_json, not_ours, shell = _results(fake_llm.chat_requests[-1])
+    unknown, bad_json, not_ours, shell = tool_results(fake_llm.chat_requests[-1])
     assert list(unknown) == ["error"]
     assert "no tool 'frobnicate'" in unknown["error"]
     assert list(bad_json) == ["error"]
