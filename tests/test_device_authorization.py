@@ -62,12 +62,15 @@ APPROVAL_ID = re.compile(r"\bapprove (apr_[0-9a-z]{12})\b")
 
 
 class World:
-    def __init__(self, pool: asyncpg.Pool, laptop: LocalDevice, desktop: LocalDevice) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, queue: CommandQueue, laptop: LocalDevice, desktop: LocalDevice
+    ) -> None:
         self.pool = pool
         self.laptop = laptop
         self.desktop = desktop
         self.intake = Intake(pool)
         self.tools = Toolbox(pool, self.intake.policy)
+        self.rules_only = RulesOnlyRouter(pool, queue)
         self._n = 0
 
     async def say(self, actor: Actor, text: str, thread: str = "C1/1000.0001") -> Ingested:
@@ -82,6 +85,13 @@ class World:
                 text=text,
             )
         )
+
+    async def slash(self, actor: Actor, text: str, thread: str = "C1/1000.0001") -> Ingested:
+        """``actor`` sends a slash command (``/run``), and the rules-only router takes its
+        turn on it, as it does when no model is configured."""
+        said = await self.say(actor, text, thread)
+        await self.rules_only.turn()
+        return said
 
     async def ask_ticket(
         self, actor: Actor, device: str | None, *, thread: str = "C1/1000.0001", title: str = ""
@@ -120,7 +130,19 @@ async def world(
     await laptop.pair(owner="alice")  # superagent devices pair --name alice-laptop --owner alice
     desktop = LocalDevice(pool, queue, tmp_path / "bob", name="bob-desktop")
     await desktop.pair(owner="bob")
-    return World(pool, laptop, desktop)
+    return World(pool, queue, laptop, desktop)
+
+
+Workers = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+
+
+@pytest.fixture
+def workers(
+    pool: asyncpg.Pool, queue: CommandQueue, fake_llm: FakeOpenAIServer, dsn: str
+) -> Workers:
+    """``async with workers() as service``: a ``WorkerService`` over this test's database,
+    queue and model, for the tests that follow Bob's request as far as a worker."""
+    return lambda: workers_running(pool, queue, fake_llm, dsn)
 
 
 async def _link(pool: asyncpg.Pool, person: str, source: str, actor_id: str) -> None:
@@ -230,17 +252,14 @@ async def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]
 async def test_rules_only_run_on_someone_elses_device_runs_nothing(
     world: World, pool: asyncpg.Pool, queue: CommandQueue
 ) -> None:
-    router = RulesOnlyRouter(pool, queue)
-    asked = await world.say(BOB, "@superagent /run alice-laptop touch pwned")
-    await router.turn()
+    asked = await world.slash(BOB, "@superagent /run alice-laptop touch pwned")
     await _run_effects(pool, queue)
     assert await _commands_on(pool, world.laptop) == 0
     (said,) = await _replies(pool, asked.thread_id)
     assert "alice" in said
     assert "approv" in said
     # His own device is his to use.
-    own = await world.say(BOB, "@superagent /run bob-desktop true", thread="C1/2000.0001")
-    await router.turn()
+    own = await world.slash(BOB, "@superagent /run bob-desktop true", thread="C1/2000.0001")
     await _run_effects(pool, queue)
     assert await _commands_on(pool, world.desktop) == 1
     assert (await _replies(pool, own.thread_id))[0].startswith("Running on bob-desktop")
@@ -286,11 +305,7 @@ async def test_my_laptop_is_never_matched_by_display_name(world: World) -> None:
 
 
 async def test_a_router_and_worker_never_run_bobs_request_on_alices_laptop(
-    world: World,
-    pool: asyncpg.Pool,
-    queue: CommandQueue,
-    fake_llm: FakeOpenAIServer,
-    dsn: str,
+    world: World, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, workers: Workers
 ) -> None:
     """The whole path with a model: the router picks Alice's laptop for Bob, the worker
     tries a command there; nothing reaches the device."""
@@ -325,7 +340,7 @@ async def test_a_router_and_worker_never_run_bobs_request_on_alices_laptop(
             pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=world.intake.policy
         )
         assert await router.turn() == 1
-        async with workers_running(pool, queue, fake_llm, dsn) as service:
+        async with workers() as service:
             for _ in range(3):
                 service._wake.set()
                 await asyncio.sleep(0.5)
@@ -345,7 +360,7 @@ async def test_reroute_to_someone_elses_device_waits_for_the_owner(
 
 
 async def test_cli_reroute_to_someone_elses_device_waits_for_the_owner(
-    world: World, pool: asyncpg.Pool, queue: CommandQueue, database_url: str
+    world: World, queue: CommandQueue, database_url: str
 ) -> None:
     created, _ = await world.ask_ticket(BOB, "bob-desktop")
     moved = await cli(database_url, "tickets", "reroute", created["ticket"], "alice-laptop")
@@ -377,11 +392,7 @@ async def test_console_reroute_to_someone_elses_device_waits_for_the_owner(
 
 
 async def test_the_device_wait_answer_cannot_reroute_to_someone_elses_device(
-    world: World,
-    pool: asyncpg.Pool,
-    queue: CommandQueue,
-    fake_llm: FakeOpenAIServer,
-    dsn: str,
+    world: World, pool: asyncpg.Pool, queue: CommandQueue, workers: Workers
 ) -> None:
     created, request = await world.ask_ticket(BOB, "bob-desktop")
     ticket_id = created["ticket"]
@@ -391,7 +402,7 @@ async def test_the_device_wait_answer_cannot_reroute_to_someone_elses_device(
         ticket_id,
     )
     await world.say(BOB, "reroute alice-laptop")
-    async with workers_running(pool, queue, fake_llm, dsn):
+    async with workers():
         said = await assert_eventually(
             lambda: _said(pool, request.thread_id, "approval"), timeout=10
         )
@@ -421,9 +432,7 @@ async def test_a_share_lets_bob_and_unsharing_takes_it_back(
     assert (grant["rule"], grant["matched"]) == ("delegated", "bob")
     command = await queue.submit(world.laptop.id, specs.Exec(["true"]), ticket_id=created["ticket"])
     assert command.startswith("cmd_")
-    router = RulesOnlyRouter(pool, queue)
-    await world.say(BOB, "@superagent /run alice-laptop true", thread="C1/3000.0001")
-    await router.turn()
+    await world.slash(BOB, "@superagent /run alice-laptop true", thread="C1/3000.0001")
     await _run_effects(pool, queue)
     assert await _commands_on(pool, world.laptop) == 2
 
@@ -511,12 +520,7 @@ async def _pass(pool: asyncpg.Pool) -> None:
 
 
 async def test_the_owners_approval_in_chat_lets_the_work_run(
-    world: World,
-    pool: asyncpg.Pool,
-    queue: CommandQueue,
-    fake_llm: FakeOpenAIServer,
-    dsn: str,
-    tmp_path: Path,
+    world: World, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, workers: Workers
 ) -> None:
     created, request = await world.ask_ticket(BOB, "alice-laptop")
     ticket_id = created["ticket"]
@@ -534,7 +538,7 @@ async def test_the_owners_approval_in_chat_lets_the_work_run(
         return Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "ran"})])
 
     async with _laptop_online(world, fake_llm, worker):
-        async with workers_running(pool, queue, fake_llm, dsn) as service:
+        async with workers() as service:
             await asyncio.sleep(1.0)
             assert world.laptop.ran == []  # nothing before she answers
             await world.say(ALICE, f"approve {approval}")  # no mention needed
@@ -605,9 +609,7 @@ async def test_an_approval_from_anyone_but_the_owner_is_ignored_and_recorded(
 async def test_a_rules_only_run_approved_by_the_owner_runs_once(
     world: World, pool: asyncpg.Pool, queue: CommandQueue
 ) -> None:
-    router = RulesOnlyRouter(pool, queue)
-    asked = await world.say(BOB, "@superagent /run alice-laptop echo hi")
-    await router.turn()
+    asked = await world.slash(BOB, "@superagent /run alice-laptop echo hi")
     _, approval = await _asked(pool, asked.thread_id)
     await _run_effects(pool, queue)
     assert await _commands_on(pool, world.laptop) == 0

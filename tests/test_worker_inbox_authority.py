@@ -182,8 +182,7 @@ class Issue:
             ALICE, "@superagent please fix the flaky test", private=private
         )
         assert request.verdict == "explicit"
-        # alice's own device, checked for her as the router checks it (per-device
-        # authorization).
+        # Her own device, checked for her as the router checks it (per-device authorization).
         await self.pool.execute(
             "UPDATE devices SET owner = $2 WHERE id = $1",
             self.device.id,
