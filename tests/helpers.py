@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -70,3 +73,15 @@ async def save_policy(db: async_sessionmaker[AsyncSession], policy: Policy) -> s
             author="test",
         )
         return saved.id
+
+
+def run_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``superagent ARGS`` as a user runs it, against ``database_url``."""
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DATABASE_URL": database_url},
+        check=False,
+    )

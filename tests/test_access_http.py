@@ -13,13 +13,12 @@ import asyncio
 import json
 import os
 import re
-import signal
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from controlplane.runtime import HttpService
 from controlplane.settings import Settings
 from tests.cli_output import one_line_error
 from tests.helpers import assert_eventually, free_port
+from tests.replica_process import ReplicaProcess
 from tests.test_deploy import final_stage, image_env, instruction
 
 TOKEN = "access-test-token-0123456789abcdef-canary"
@@ -321,26 +321,6 @@ def _env(tmp_path: Path, database_url: str, port: int, **extra: str) -> dict[str
     return env
 
 
-@contextmanager
-def _up(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.cli", "up"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
 @asynccontextmanager
 async def _tcp_proxy(port: int) -> AsyncIterator[int]:
     """A reverse proxy on loopback: every client it forwards is 127.0.0.1 to the server."""
@@ -382,7 +362,9 @@ async def test_up_generates_a_private_token_prints_a_link_and_say_uses_it(
     port = free_port()
     env = _env(tmp_path, database_url, port)
     log = tmp_path / "up.log"
-    with _up(env, log):
+    up = ReplicaProcess(env, log, port, command="up")
+    up.start()
+    try:
         link = await assert_eventually(
             lambda: re.search(r"http://\S+/console/login\?once=\S+", log.read_text()),
             timeout=90,
@@ -431,6 +413,8 @@ async def test_up_generates_a_private_token_prints_a_link_and_say_uses_it(
             assert (
                 await client.get(f"{base}/console/api/overview", headers=good)
             ).status_code == 200
+    finally:
+        up.stop()
     assert token not in log.read_text(), "the admin token reached the log"
 
 

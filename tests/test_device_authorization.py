@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -43,7 +42,7 @@ from controlplane.settings import Settings, WorkerSettings
 from controlplane.workers import control
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
-from tests.helpers import assert_eventually, save_policy
+from tests.helpers import assert_eventually, run_cli, save_policy
 from tests.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
     dsn_fixture,
@@ -230,18 +229,8 @@ def _grant(row: asyncpg.Record) -> dict[str, Any]:
     return _json(grant) if grant is not None else {}
 
 
-def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controlplane.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "DATABASE_URL": database_url},
-    )
-
-
 async def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    done = await asyncio.to_thread(_cli, database_url, *args)
+    done = await asyncio.to_thread(run_cli, database_url, *args)
     assert done.returncode == 0, done.stderr
     return done
 
@@ -448,12 +437,12 @@ async def test_owners_and_shares_name_ids_never_handles(database_url: str, world
     to give the id instead."""
     for option in (("--owner", "github:octocat"), ("--shared", "nochannel")):
         refused = await asyncio.to_thread(
-            _cli, database_url, "devices", "pair", "--name", "box", *option
+            run_cli, database_url, "devices", "pair", "--name", "box", *option
         )
         assert refused.returncode != 0
         assert "id" in refused.stderr or "group" in refused.stderr, refused.stderr
     refused = await asyncio.to_thread(
-        _cli, database_url, "devices", "share", "alice-laptop", "--with", "slack:U0BOB"
+        run_cli, database_url, "devices", "share", "alice-laptop", "--with", "slack:U0BOB"
     )
     assert refused.returncode != 0
     assert "TEAM/USER" in refused.stderr

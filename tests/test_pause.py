@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import asyncpg
 import pytest
@@ -23,17 +20,7 @@ from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.leadership import Leadership
 from controlplane.router.router import RouterService
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
-from tests.helpers import assert_eventually, save_policy
-
-
-def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controlplane.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "DATABASE_URL": database_url},
-    )
+from tests.helpers import assert_eventually, run_cli, save_policy
 
 
 @pytest.fixture
@@ -46,17 +33,17 @@ async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyn
 def test_pause_and_resume_from_the_command_line(
     db: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
-    paused = _cli(database_url, "pause", "--reason", "deploying", "--by", "ops")
+    paused = run_cli(database_url, "pause", "--reason", "deploying", "--by", "ops")
     assert paused.returncode == 0, paused.stderr
     assert "paused" in paused.stdout
-    again = _cli(database_url, "pause", "--by", "someone-else")
+    again = run_cli(database_url, "pause", "--by", "someone-else")
     assert "by ops" in again.stdout  # the first pause's record stands
-    status = json.loads(_cli(database_url, "status", "--json").stdout)
+    status = json.loads(run_cli(database_url, "status", "--json").stdout)
     assert (status["paused_by"], status["paused_reason"]) == ("ops", "deploying")
-    assert "PAUSED" in _cli(database_url, "status").stdout
-    assert "resumed" in _cli(database_url, "resume").stdout
-    assert "was not paused" in _cli(database_url, "resume").stdout
-    assert json.loads(_cli(database_url, "status", "--json").stdout)["paused_at"] is None
+    assert "PAUSED" in run_cli(database_url, "status").stdout
+    assert "resumed" in run_cli(database_url, "resume").stdout
+    assert "was not paused" in run_cli(database_url, "resume").stdout
+    assert json.loads(run_cli(database_url, "status", "--json").stdout)["paused_at"] is None
 
 
 async def test_events_wait_while_paused_and_are_handled_after_resume(
