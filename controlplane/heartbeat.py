@@ -9,7 +9,8 @@ import socket
 import asyncpg
 
 from controlplane import __version__
-from controlplane.services import Service, is_transient, sleep_unless
+from controlplane.db import outage
+from controlplane.services import Service, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,9 @@ class ReplicaHeartbeat(Service):
             except Exception as exc:
                 if not is_transient(exc) and not isinstance(exc, asyncpg.PostgresError):
                     raise
-                log.warning("heartbeat: not recorded (%s)", exc)
-            await sleep_unless(self.stopping, HEARTBEAT_SECONDS)
+                if not await outage.absorbed(exc, "heartbeat"):
+                    log.warning("heartbeat: not recorded (%s)", exc)
+            await outage.wait_back(self.stopping, HEARTBEAT_SECONDS)
         try:
             await self.pool.execute(
                 "UPDATE replicas SET stopped_at = now() WHERE id = $1", self.replica_id

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from controlplane.db import outage
 from controlplane.services import Service, is_transient, sleep_unless
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,8 @@ class Leadership(Service):
                 wait = self.renew_seconds
                 if self.is_leader:
                     wait = min(wait, max(self._deadline - time.monotonic(), 0.0))
-                await sleep_unless(self.stopping, wait)
+                # Woken early too when a database outage ends: leadership resumes at once.
+                await outage.wait_back(self.stopping, wait)
                 self._note()
         finally:
             if self.is_leader or self.gained.is_set():
@@ -130,7 +132,8 @@ class Leadership(Service):
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            log.warning("could not renew the %s lease: %s", self.lease, exc)
+            if not await outage.absorbed(exc, f"{self.lease} lease"):
+                log.warning("could not renew the %s lease: %s", self.lease, exc)
             return  # leader still, until the deadline
         self._deadline = sent + self.lease_seconds - _SAFETY_SECONDS if held else 0.0
         self._note()

@@ -174,6 +174,11 @@ SELECT coalesce(s.kind, 'none') AS kind, c.model, count(*) AS calls,
 FROM llm_calls c LEFT JOIN sessions s ON s.id = c.session_id
 GROUP BY 1, 2 ORDER BY 1, 2
 """
+_LLM_OUTCOMES = """
+SELECT coalesce(s.kind, 'none') AS kind, c.model, c.outcome, count(*) AS calls
+FROM llm_calls c LEFT JOIN sessions s ON s.id = c.session_id
+GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+"""
 
 
 async def _llm(conn: AsyncConnection) -> list[Metric]:
@@ -211,7 +216,15 @@ async def _llm(conn: AsyncConnection) -> list[Metric]:
             (str(float(bound)), getattr(row, f"le_{i}")) for i, bound in enumerate(LATENCY_BUCKETS)
         ]
         latency.add_metric(key, [*buckets, ("+Inf", row.calls)], row.latency_ms / 1000)
-    return [calls, errors, tokens, cost, latency]
+    outcomes = CounterMetricFamily(
+        "superagent_llm_outcomes",
+        "Model call attempts by outcome class: ok, transient (retried), context (the "
+        "prompt did not fit), permanent, malformed.",
+        labels=[*labels, "outcome"],
+    )
+    for row in await conn.execute(text(_LLM_OUTCOMES)):
+        outcomes.add_metric([row.kind, row.model, row.outcome], row.calls)
+    return [calls, errors, tokens, cost, latency, outcomes]
 
 
 async def _devices(conn: AsyncConnection) -> list[Metric]:

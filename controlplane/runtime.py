@@ -47,8 +47,9 @@ from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership, WhileLeading
 from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
-from controlplane.services import Service, run_services
+from controlplane.services import LOOPS_SHARE, DatabaseWatch, Service, run_services
 from controlplane.settings import Settings
+from controlplane.watchdog.supervisor import WatchdogChild
 from controlplane.workers.service import WorkerService
 from controlplane.workers.subagent import Subagent
 
@@ -179,6 +180,7 @@ async def replica(
             handlers.register(ACK_EFFECT, acknowledge_handler(pool, channels))
             handlers.register(OPEN_PULL_REQUEST_EFFECT, open_pull_request_handler(pool, channels))
             services: list[Service] = [
+                DatabaseWatch(dsn, exit_after=settings.database_outage_exit_seconds),
                 ReplicaHeartbeat(pool, replica_id),
                 EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
                 leadership,
@@ -195,9 +197,11 @@ async def replica(
                 if single:
                     log.warning("workers.design = single_session: the baseline, for comparison")
                     subagent = Subagent(pool, queue, client, settings, owner=replica_id)
-                    router = Router(pool, client, settings.llm.router_model, subagent=subagent)
+                    router = Router(
+                        pool, client, settings.llm.router_model, subagent=subagent, llm=settings.llm
+                    )
                 else:
-                    router = Router(pool, client, settings.llm.router_model)
+                    router = Router(pool, client, settings.llm.router_model, llm=settings.llm)
                     services.append(
                         WorkerService(pool, queue, client, settings, owner=replica_id, dsn=dsn)
                     )
@@ -253,10 +257,20 @@ async def serve(
     *,
     apply_migrations: bool,
     announce: Callable[[str], None] | None = None,
+    watchdog_child: bool = False,
 ) -> None:
-    """Run one replica until ``stop``; ``announce`` gets a one-time console sign-in link."""
+    """Run one replica until ``stop``; ``announce`` gets a one-time console sign-in link.
+
+    With ``watchdog_child`` (``superagent up``) the watchdog runs beside it as a supervised
+    child process, started after the schema is in place and stopped first.
+    """
     log.info("database: %s", redacted(database_url))
     async with replica(
         settings, database_url, apply_migrations=apply_migrations, announce=announce
     ) as services:
-        await run_services(services, stop, shutdown_timeout=settings.shutdown_timeout)
+        if watchdog_child:
+            backoff_cap = settings.watchdog.restart_backoff_max_seconds
+            services.append(WatchdogChild(database_url, backoff_cap=backoff_cap))
+        # The loops get most of the shutdown timeout; the rest is for closing pools, channels
+        # and the embedded Postgres before run_until_signalled's deadline cuts it short.
+        await run_services(services, stop, shutdown_timeout=settings.shutdown_timeout * LOOPS_SHARE)

@@ -19,9 +19,16 @@ import asyncpg
 import sqlalchemy.exc
 
 from controlplane import backoff
+from controlplane.db import outage
 from controlplane.errors import TransientError
 
 log = logging.getLogger(__name__)
+
+# Of a process's shutdown timeout, the share its loops get to finish; the rest is for
+# closing pools and the embedded database before the process's deadline ends it anyway.
+LOOPS_SHARE = 0.75
+# How long a cancelled loop may take to unwind before it is left behind.
+_CANCEL_GRACE = 1.0
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
     TransientError,
@@ -32,6 +39,7 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.InternalClientError,  # a connection broken mid-operation by an outage
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
 )
@@ -57,7 +65,11 @@ async def critical_loop(
     *,
     backoff_cap: float = 30.0,
 ) -> None:
-    """Run ``step`` until ``stopping`` is set; ``step`` does its own waiting between rounds."""
+    """Run ``step`` until ``stopping`` is set; ``step`` does its own waiting between rounds.
+
+    A database outage is one episode for the whole process (``db/outage.py``): this loop
+    logs nothing of its own for it, and retries as soon as the database is back.
+    """
     failures = 0
     while not stopping.is_set():
         try:
@@ -68,15 +80,18 @@ async def critical_loop(
                 raise
             failures += 1
             wait = backoff.delay(failures, base=0.2, cap=backoff_cap)
-            log.warning(
-                "%s: transient error (%s: %s); retry %d in %.1fs",
-                name,
-                type(exc).__name__,
-                exc,
-                failures,
-                wait,
-            )
-            await sleep_unless(stopping, wait)
+            if await outage.absorbed(exc, name):
+                log.debug("%s: database unreachable; retry %d in %.1fs", name, failures, wait)
+            else:
+                log.warning(
+                    "%s: transient error (%s: %s); retry %d in %.1fs",
+                    name,
+                    type(exc).__name__,
+                    exc,
+                    failures,
+                    wait,
+                )
+            await outage.wait_back(stopping, wait)
         else:
             failures = 0
 
@@ -116,12 +131,33 @@ class Service(ABC):
         except TimeoutError:
             log.warning("%s did not stop within %.1fs; cancelling", self.name, timeout)
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # A loop that swallows the cancellation must not hold up the rest of the stop.
+            done, _ = await asyncio.wait([task], timeout=_CANCEL_GRACE)
+            if not done:
+                log.warning("%s ignored its cancellation; leaving it behind", self.name)
         except asyncio.CancelledError:
             raise
         except Exception:  # the loop's own failure was already logged
             log.debug("%s ended with an error during stop", self.name, exc_info=True)
+
+
+class DatabaseWatch(Service):
+    """Ends a database outage episode when Postgres answers again (see ``db/outage.py``),
+    and ends the process if it stays away past ``exit_after`` seconds (0: never)."""
+
+    name = "database-watch"
+
+    def __init__(self, dsn: str, *, exit_after: float) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.exit_after = exit_after
+
+    async def run(self) -> None:
+        outage.configure(self.dsn)
+        try:
+            await outage.watch(self.stopping, exit_after=self.exit_after)
+        finally:
+            outage.configure(None)
 
 
 async def run_services(

@@ -389,6 +389,24 @@ class LlmSettings(BaseModel):
     router_model: str = Field("gpt-4o-mini", description="Model of the long-lived router session.")
     worker_model: str = Field("gpt-4o", description="Model of the per-ticket worker sessions.")
     timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
+    attempts: int = Field(
+        4,
+        ge=1,
+        description="Tries of one model call that fails transiently (429, 5xx, timeout, a "
+        "body that is not JSON) before the turn or round counts it as failed.",
+    )
+    retry_base_seconds: float = Field(
+        1.0, gt=0, description="First wait between tries of a model call; it doubles, jittered."
+    )
+    retry_cap: float = Field(
+        30.0, gt=0, description="Longest wait between tries, `Retry-After` included."
+    )
+    max_text_bytes: int = Field(
+        16 * 1024,
+        ge=256,
+        description="A model's text answer longer than this is cut; the whole of it is "
+        "spilled to a blob whose id is given inline.",
+    )
 
 
 def _renewal_fits(section: str, renew: float, lease: float) -> None:
@@ -508,6 +526,17 @@ class WatchdogSettings(BaseModel):
         description="Where alerts go and admins ask the watchdog: SOURCE:THREAD, e.g. "
         "`web:admin` or `slack:C0123ABC` (unset: alerts are only recorded and logged).",
     )
+    embedded: bool = Field(
+        True,
+        description="`superagent up` runs the watchdog as a child process, restarted when it "
+        "dies. Off: run `superagent watchdog` yourself (`serve` never starts one).",
+    )
+    restart_backoff_max_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Longest wait (before jitter) before `up` restarts a watchdog child that "
+        "keeps dying; the wait doubles from 1 s and resets after a minute of uptime.",
+    )
 
 
 class RouterSettings(BaseModel):
@@ -583,7 +612,17 @@ class Settings(BaseSettings):
         "logger, message, trace_id) for log shippers.",
     )
     shutdown_timeout: float = Field(
-        5.0, gt=0, description="Seconds a stopping process waits for its loops to finish."
+        5.0,
+        gt=0,
+        description="Seconds from SIGTERM/SIGINT until the process has exited: its loops get "
+        "three quarters of it to finish, then whatever still hangs is cut short.",
+    )
+    database_outage_exit_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="A replica whose database stays unreachable this long exits (non-zero), "
+        "for a supervisor to restart it. 0: it never does; it keeps serving /healthz and "
+        "retrying, and resumes within a second of the database's return.",
     )
     http: HttpSettings = Field(default_factory=HttpSettings, description="HTTP API and console.")
     grpc: GrpcSettings = Field(default_factory=GrpcSettings, description="Device gateway.")

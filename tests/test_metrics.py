@@ -159,7 +159,13 @@ async def add_rows(db: async_sessionmaker[AsyncSession]) -> None:
                     cached_tokens=0,
                     latency_ms=700,
                 ),
-                LlmCall(session_id=router.id, model="m-router", latency_ms=3000, error="timeout"),
+                LlmCall(
+                    session_id=router.id,
+                    model="m-router",
+                    latency_ms=3000,
+                    error="timeout",
+                    outcome="transient",
+                ),
                 LlmCall(
                     session_id=worker.id,
                     model="m-worker",
@@ -203,6 +209,8 @@ async def test_a_scrape_reads_what_the_database_holds(
     router = {"kind": "router", "model": "m-router"}
     assert grew("superagent_llm_calls_total", **router) == 3
     assert grew("superagent_llm_errors_total", **router) == 1
+    assert grew("superagent_llm_outcomes_total", **router, outcome="ok") == 2
+    assert grew("superagent_llm_outcomes_total", **router, outcome="transient") == 1
     assert grew("superagent_llm_tokens_total", **router, type="prompt") == 150
     assert grew("superagent_llm_tokens_total", **router, type="completion") == 15
     assert grew("superagent_llm_tokens_total", **router, type="cached") == 64

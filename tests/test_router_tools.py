@@ -322,7 +322,7 @@ async def test_malformed_calls_are_refused_with_a_reason(tools: Toolbox) -> None
         ("launch_missiles", "{}", "no tool 'launch_missiles'"),
         ("recall", {"id": new_id("dev")}, "trg_, thr_ or tkt_"),
         ("ignore", {"trigger": new_id("trg"), "reason": "spam"}, "no trigger"),
-        ("subscribe", {"thread": new_id("thr"), "ticket": 7}, "must be a string"),
+        ("subscribe", {"thread": new_id("thr"), "ticket": 7}, "ticket must be string"),
     ):
         result = await tools.call(name, arguments, TURN)
         assert not result.ok

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from controlplane import logs
+from controlplane.db import outage
 from controlplane.errors import SuperagentError
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,27 @@ def install(app: FastAPI) -> None:
             content={"error": {"code": exc.code, "message": exc.message}},
             headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
         )
+
+    async def database_unreachable(request: Request, exc: Exception) -> JSONResponse:
+        # A request that needed the database during an outage: the caller may retry (a
+        # webhook sender redelivers on 503), and the outage is logged once, not per request.
+        if not await outage.absorbed(exc, f"{request.method} {request.url.path}"):
+            return await unexpected(request, exc)
+        return JSONResponse(
+            status_code=503,
+            content={
+                "error": {
+                    "code": "database_unavailable",
+                    "message": "the database is unreachable; retry shortly",
+                }
+            },
+            headers={"Retry-After": "5", "X-Request-Id": logs.current_trace_id() or ""},
+        )
+
+    # Registered by class: these are handled inside the app, where Starlette does not
+    # re-raise them to the server (which would log a second traceback).
+    for kind in outage.CONNECTION_ERRORS:
+        app.add_exception_handler(kind, database_unreachable)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

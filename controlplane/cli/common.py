@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -54,33 +58,89 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = _QuietOnBrokenPipe(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     logs.apply_format()
     # Third-party chatter that says nothing an operator needs at INFO.
     for noisy in ("pgserver", "uvicorn.error", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def run_until_signalled(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main(stop)``; SIGINT/SIGTERM set ``stop``, a second Ctrl-C exits at once."""
+class _QuietOnBrokenPipe(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stderr handler that, once its reader is gone, writes to /dev/null instead.
+
+    Without it every log line would raise, print "--- Logging error ---" to that same
+    broken stream and fail again: slow, and noisy for nobody.
+    """
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ValueError)):
+            _silence_broken_streams()
+            return
+        super().handleError(record)
+
+
+def _silence_broken_streams() -> None:
+    """Point stdout/stderr at /dev/null, keeping their objects (and any handler on them)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            fd = stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+
+
+def say(message: str) -> None:
+    """A line for the operator on stderr that can never fail: the terminal may be gone."""
+    try:
+        click.echo(message, err=True)
+    except (OSError, ValueError):  # a broken pipe, a closed stream
+        _silence_broken_streams()
+
+
+def run_until_signalled(
+    main: Callable[[asyncio.Event], Coroutine[Any, Any, None]], *, shutdown_timeout: float
+) -> None:
+    """Run ``main(stop)``; SIGINT/SIGTERM set ``stop``, a second Ctrl-C exits at once.
+
+    The process is gone at the latest ``shutdown_timeout`` seconds after the first signal,
+    whatever ``main`` is stuck on (a loop that ignores cancellation, a log line blocked on
+    a full pipe). The signal handlers are plain ``signal.signal`` handlers, not the event
+    loop's: they run even while the loop's thread is blocked in a write, and they set the
+    stop flag before they do anything that could fail.
+    """
+    signalled = threading.Event()
+    received: list[int] = []
+
+    def deadline() -> None:
+        signalled.wait()
+        time.sleep(shutdown_timeout)
+        # Past the deadline nothing may hold the process up: not atexit, not a flush.
+        os._exit(128 + (received[0] if received else signal.SIGTERM))
+
+    threading.Thread(target=deadline, name="shutdown-deadline", daemon=True).start()
 
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
-        def on_signal() -> None:
-            if stop.is_set():
-                click.echo("\nforced exit", err=True)
-                sys.exit(130)
-            click.echo("\nstopping (Ctrl-C again to force)…", err=True)
-            stop.set()
+        def on_signal(signum: int, frame: object) -> None:
+            first = not signalled.is_set()
+            received.append(signum)
+            signalled.set()
+            # call_soon_threadsafe: this handler may interrupt the loop anywhere.
+            loop.call_soon_threadsafe(stop.set)
+            if first:
+                say("\nstopping (Ctrl-C again to force)…")
+            elif signum == signal.SIGINT:
+                say("\nforced exit")
+                # Raised where the main thread is: cleanup still runs (the embedded
+                # Postgres is stopped), and the deadline above still bounds it.
+                raise SystemExit(130)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
+            signal.signal(sig, on_signal)
         await main(stop)
 
     asyncio.run(runner())

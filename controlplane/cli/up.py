@@ -9,7 +9,13 @@ from pathlib import Path
 import click
 
 from controlplane.access import admin_token
-from controlplane.cli.common import clear_errors, load_settings, run_until_signalled, setup_logging
+from controlplane.cli.common import (
+    clear_errors,
+    load_settings,
+    run_until_signalled,
+    say,
+    setup_logging,
+)
 from controlplane.db.database import open_database
 from controlplane.settings import Settings
 
@@ -41,16 +47,15 @@ def _announce_link(settings: Settings) -> Callable[[str], None]:
     where = admin_token.token_path(settings)
 
     def announce(url: str) -> None:
-        click.echo(
+        say(
             f"Sign in to the console: {url}\n"
-            f"  (a one-time link, valid for an hour; the admin token is in {where})",
-            err=True,
+            f"  (a one-time link, valid for an hour; the admin token is in {where})"
         )
 
     return announce
 
 
-def _run(settings: Settings, *, apply_migrations: bool, link: bool) -> None:
+def _run(settings: Settings, *, apply_migrations: bool, link: bool, watchdog: bool) -> None:
     setup_logging(settings.log_level)
     # Imported here: the runtime pulls in uvicorn, grpc and openai, which every other
     # command (`superagent say`, `status`, ...) would otherwise pay for at start.
@@ -59,7 +64,7 @@ def _run(settings: Settings, *, apply_migrations: bool, link: bool) -> None:
     async def main(stop: asyncio.Event) -> None:
         with clear_errors(), open_database(settings) as database:
             where = "embedded Postgres" if database.embedded else "DATABASE_URL"
-            click.echo(
+            say(
                 f"Super-agent on http://{settings.http.host}:{settings.http.port} "
                 f"(devices: {settings.grpc.host}:{settings.grpc.port}, database: {where}). "
                 + (
@@ -67,15 +72,19 @@ def _run(settings: Settings, *, apply_migrations: bool, link: bool) -> None:
                     if settings.webchat.enabled
                     else ""
                 )
-                + "Ctrl-C stops.",
-                err=True,
+                + "Ctrl-C stops."
             )
             announce = _announce_link(settings) if link else None
             await serve(
-                settings, database.url, stop, apply_migrations=apply_migrations, announce=announce
+                settings,
+                database.url,
+                stop,
+                apply_migrations=apply_migrations,
+                announce=announce,
+                watchdog_child=watchdog,
             )
 
-    run_until_signalled(main)
+    run_until_signalled(main, shutdown_timeout=settings.shutdown_timeout)
 
 
 @click.command()
@@ -96,11 +105,19 @@ def up(
     generates one into STATE_DIR/admin-token (0600; `superagent say` reads it there) and
     prints a one-time sign-in link. Listening beyond loopback (SUPERAGENT_HTTP__HOST)
     needs a token you set.
+
+    The watchdog runs beside it as a child process, restarted if it dies
+    (SUPERAGENT_WATCHDOG__EMBEDDED=false: run `superagent watchdog` yourself).
     """
     settings, generated = _settings(state_dir, http_port, grpc_port)
     # The link is printed where the token was generated here: whoever configured their
     # own token knows it, and a deployment's logs must not collect sign-in links.
-    _run(settings, apply_migrations=not no_migrate, link=generated)
+    _run(
+        settings,
+        apply_migrations=not no_migrate,
+        link=generated,
+        watchdog=settings.watchdog.embedded,
+    )
 
 
 @click.command()
@@ -114,4 +131,5 @@ def serve_command(state_dir: Path | None, http_port: int | None, grpc_port: int 
     this release's (run `superagent migrate` once per release, e.g. as a deploy job).
     """
     settings, _ = _settings(state_dir, http_port, grpc_port)
-    _run(settings, apply_migrations=False, link=False)
+    # A deployment runs `superagent watchdog` once, separately: not one per replica.
+    _run(settings, apply_migrations=False, link=False, watchdog=False)

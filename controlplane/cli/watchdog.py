@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 
 import asyncpg
 import click
@@ -13,6 +15,7 @@ from controlplane.cli.common import (
     fail,
     load_settings,
     run_until_signalled,
+    say,
     setup_logging,
 )
 from controlplane.cli.dbsession import run_with_pool
@@ -21,12 +24,19 @@ from controlplane.db.database import open_database
 from controlplane.db.engine import create_engine
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.services import LOOPS_SHARE
 
 
 @click.group(invoke_without_command=True)
 @click.option("--once", is_flag=True, help="Run the checks once, print the findings, exit.")
+@click.option(
+    "--parent-pid",
+    type=int,
+    hidden=True,
+    help="Exit when this process is gone (set by `superagent up` for its watchdog child).",
+)
 @click.pass_context
-def watchdog(ctx: click.Context, once: bool) -> None:
+def watchdog(ctx: click.Context, once: bool, parent_pid: int | None) -> None:
     """Watch the deployment from outside the replicas, and act.
 
     Run it as its own process (one per deployment; a second one only repeats the same
@@ -67,18 +77,33 @@ def watchdog(ctx: click.Context, once: bool) -> None:
                     await dog.check_once()
                     _print_open(await _open(pool))
                     return
-                click.echo(
+                say(
                     f"watchdog: checking every {settings.watchdog.interval_seconds:g} s "
-                    f"(model: {'yes' if client else 'none, no drift checks'}). Ctrl-C stops.",
-                    err=True,
+                    f"(model: {'yes' if client else 'none, no drift checks'}). Ctrl-C stops."
                 )
                 await dog.start()
+                orphaned = (
+                    asyncio.create_task(_parent_gone(parent_pid, stop))
+                    if parent_pid is not None
+                    else None
+                )
                 await stop.wait()
-                await dog.stop(settings.shutdown_timeout)
+                if orphaned is not None:
+                    orphaned.cancel()
+                await dog.stop(settings.shutdown_timeout * LOOPS_SHARE)
             finally:
                 await pool.close()
 
-    run_until_signalled(main)
+    run_until_signalled(main, shutdown_timeout=settings.shutdown_timeout)
+
+
+async def _parent_gone(parent_pid: int, stop: asyncio.Event) -> None:
+    """Stop once ``parent_pid`` is no longer our parent (it died, even by SIGKILL)."""
+    # No event says a parent died (short of Linux-only prctl): its pid is polled.
+    while os.getppid() == parent_pid:  # noqa: ASYNC110
+        await asyncio.sleep(1.0)
+    logging.getLogger(__name__).warning("watchdog: parent %d is gone; stopping", parent_pid)
+    stop.set()
 
 
 async def _open(pool: asyncpg.Pool) -> list[asyncpg.Record]:

@@ -70,6 +70,8 @@ MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MANDATE_KINDS = ("explicit", "inferred")
 TRIGGER_ROUTES = ("router", "subscribers", "dropped")
 REPORT_STATUSES = ("progress", "ready", "question", "blocked", "failed")
+# What came of a model call (controlplane.llm.errors names the classes).
+LLM_OUTCOMES = ("ok", "transient", "context", "permanent", "malformed")
 # Which slot an assignment holds: one of max_workers, or the one kept for human wake-ups.
 SLOT_KINDS = ("regular", "human")
 FINDING_SEVERITIES = ("info", "warning", "critical")
@@ -740,7 +742,10 @@ class LlmCall(Base):
     """Accounting for one model call: what it cost and how long it took."""
 
     __tablename__ = "llm_calls"
-    __table_args__ = (Index(None, "created_at"),)
+    __table_args__ = (
+        Index(None, "created_at"),
+        CheckConstraint(_one_of("outcome", LLM_OUTCOMES), name="outcome"),
+    )
     id: Mapped[str] = _id("llm")
     session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), index=True)
     model: Mapped[str] = mapped_column(String(200))
@@ -751,6 +756,7 @@ class LlmCall(Base):
     batch_size: Mapped[int] = mapped_column(Integer, default=1)
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(12, 6), default=Decimal(0))
     error: Mapped[str | None] = mapped_column(Text)
+    outcome: Mapped[str] = mapped_column(String(20), default="ok", server_default="ok")
     # The versions the call was made with (prompts and policies are immutable versions).
     prompt_version_id: Mapped[str | None] = mapped_column(ForeignKey("prompt_versions.id"))
     policy_version_id: Mapped[str | None] = mapped_column(ForeignKey("policy_versions.id"))

@@ -12,6 +12,8 @@ import json
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from controlplane.db import outage
+
 # A connection as code receives it: its own, or one acquired from a pool.
 Conn = asyncpg.Connection | PoolConnectionProxy
 # Anything to run one statement on (a pool takes a connection for it).
@@ -41,4 +43,5 @@ async def create_pool(
         server_settings={**SERVER_SETTINGS, **(server_settings or {})},
     )
     assert pool is not None
+    outage.track(pool)
     return pool

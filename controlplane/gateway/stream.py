@@ -29,16 +29,22 @@ import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from google.protobuf.message import DecodeError
 
+from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import wire
 from controlplane.gateway.queue import CommandQueue, PendingCommand
 from superagent_proto.v1 import endpoint_pb2 as pb
-from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER, hello_signing_payload
+from superagent_shared.protocol import (
+    MAX_OUTPUT_CHUNK_BYTES,
+    PROTOCOL_VERSION_NUMBER,
+    hello_signing_payload,
+)
 
 if TYPE_CHECKING:
     from controlplane.gateway.hub import DeviceHub
@@ -62,6 +68,9 @@ FALLBACK_FACTOR = 2
 
 # A device's AwaitingApproval.rule is stored up to this many characters.
 MAX_APPROVAL_RULE = 500
+MAX_ID_CHARS = 100  # device and command ids are far shorter (``cmd_`` + 12 characters)
+# Closes that are the device's fault (a protocol violation): logged once, as a warning.
+_VIOLATIONS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 # Shared empty sets, replaced by a stream's own on the first add: most streams of a replica
@@ -204,6 +213,7 @@ class DeviceStream:
         try:
             await self._handshake()
         except StreamClosed as closed:
+            log.info("refused a device stream (%s): %s", self.stream_id, closed.message)
             await self.context.abort(closed.code, closed.message)
         except BaseException:
             # The device went away mid-handshake (its RPC was cancelled) after the handshake
@@ -225,7 +235,7 @@ class DeviceStream:
                 # The loop is here, not in a method of its own: one coroutine frame less
                 # for each of a replica's idle streams to hold.
                 while True:
-                    message = await self.context.read()
+                    message = await _read(self.context)
                     if message is grpc.aio.EOF:
                         raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream")
                     await self._on_message(message)
@@ -249,7 +259,13 @@ class DeviceStream:
             # while this cleanup runs, which must not be cut short.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._flush())
+            if isinstance(failure, (InvalidInput, NotFound)):
+                # The device's message named something it has no business with (another
+                # device's command, one that does not exist): the device's fault, not ours.
+                failure = StreamClosed(grpc.StatusCode.INVALID_ARGUMENT, failure.message)
             if isinstance(failure, StreamClosed):
+                if failure.code in _VIOLATIONS:
+                    log.warning("closed the stream of %s: %s", self.device_id, failure.message)
                 self.close(failure.code, failure.message)
             elif failure is not None and not isinstance(failure, asyncio.CancelledError):
                 log.warning("stream of %s failed: %r", self.device_id, failure)
@@ -364,12 +380,14 @@ class DeviceStream:
             )
         )
         try:
-            first = await asyncio.wait_for(self.context.read(), HELLO_TIMEOUT)
+            first = await asyncio.wait_for(_read(self.context), HELLO_TIMEOUT)
         except TimeoutError as exc:
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "no Hello within 10 s") from exc
         if first is grpc.aio.EOF or not first.HasField("hello"):
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "the first message must be a Hello")
         hello = first.hello
+        if not _valid_id(hello.device_id):
+            raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "unknown device; pair it again")
         if hello.protocol_version != PROTOCOL_VERSION_NUMBER:
             raise StreamClosed(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -416,7 +434,7 @@ class DeviceStream:
         await asyncio.shield(self._marked)
         self._marked = None  # landed; only needed for the undo above
         # Resume: tell the device what is durable, so it resends only what is missing.
-        held = [item.command_id for item in hello.in_flight]
+        held = [item.command_id for item in hello.in_flight if _valid_id(item.command_id)]
         if held:
             self._device_holds = set(held)
         progress = await self.queue.progress(self.device_id, held)
@@ -427,6 +445,8 @@ class DeviceStream:
         if running or awaiting:
             await self.queue.resume_approvals(self.device_id, running=running, awaiting=awaiting)
         for item in hello.in_flight:
+            if not _valid_id(item.command_id):
+                continue  # no such command; nothing to acknowledge
             size, final = progress.get(item.command_id, (0, True))
             self._send(
                 pb.ServerMessage(
@@ -452,6 +472,13 @@ class DeviceStream:
             await self._write_now(self._heartbeat())
             return
         self._last_busy = now
+        if kind is None:
+            raise StreamClosed(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "an empty message, or one of a kind this gateway does not know, after the "
+                "handshake; is endpointd newer than the control plane?",
+            )
+        _check(message, kind)
         if kind == "accepted":
             if isinstance(self._unaccepted, set):
                 self._unaccepted.discard(message.accepted.command_id)
@@ -483,7 +510,7 @@ class DeviceStream:
                 _Result(
                     state="refused",
                     refusal_reason=wire.REFUSAL_REASONS.get(refused.reason, "unspecified"),
-                    error=refused.message or None,
+                    error=_text(refused.message) or None,
                 ),
             )
         else:
@@ -666,12 +693,12 @@ class DeviceStream:
         await self.queue.mark_awaiting_approval(
             self.device_id,
             waiting.command_id,
-            rule=waiting.rule[:MAX_APPROVAL_RULE] or None,
+            rule=_text(waiting.rule)[:MAX_APPROVAL_RULE] or None,
             deadline=_deadline(waiting),
         )
 
     async def _on_finished(self, finished: pb.Finished) -> None:
-        error = finished.error or None
+        error = _text(finished.error) or None
         if finished.timed_out and not error:
             error = "timed out"
         result = _Result(
@@ -733,3 +760,39 @@ def _deadline(waiting: pb.AwaitingApproval) -> datetime | None:
         return waiting.deadline.ToDatetime(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
         return None
+
+
+async def _read(context: grpc.aio.ServicerContext) -> Any:  # as context.read() itself
+    """The next device message; a closed stream for bytes that are not one."""
+    try:
+        return await context.read()
+    except DecodeError:
+        raise StreamClosed(
+            grpc.StatusCode.INVALID_ARGUMENT, "a message that does not parse as a DeviceMessage"
+        ) from None
+
+
+def _valid_id(value: str) -> bool:
+    """Whether ``value`` could be one of our ids (Postgres text holds no NUL)."""
+    return 0 < len(value) <= MAX_ID_CHARS and "\x00" not in value
+
+
+def _check(message: pb.DeviceMessage, kind: str) -> None:
+    """Refuse what no well-behaved device sends: bad ids, chunks over the protocol's size."""
+    body = getattr(message, kind)
+    command_id = getattr(body, "command_id", None)
+    if command_id is not None and not _valid_id(command_id):
+        raise StreamClosed(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{kind}: the command id must be 1 to {MAX_ID_CHARS} characters without NUL",
+        )
+    if kind == "output" and len(message.output.data) > MAX_OUTPUT_CHUNK_BYTES:
+        raise StreamClosed(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"an output chunk of {len(message.output.data)} bytes; the protocol allows 64 KiB",
+        )
+
+
+def _text(value: str) -> str:
+    """A device's text for the database, which stores no NUL characters."""
+    return value.replace("\x00", "")

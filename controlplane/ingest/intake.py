@@ -131,10 +131,36 @@ def _validate(trigger: IncomingTrigger) -> None:
     ):
         if not value or len(value) > limit:
             raise InvalidInput(f"{field} must be 1 to {limit} characters")
-        if "\x00" in value:
-            raise InvalidInput(f"{field} must not contain NUL")
-    if "\x00" in trigger.text:
-        raise InvalidInput("text must not contain NUL")
+    # Postgres text holds neither NUL nor lone surrogates (valid JSON escapes, not UTF-8):
+    # refused here, as this event's failure, rather than by the database as a 500.
+    optional = (
+        ("thread.title", trigger.thread.title),
+        ("thread.url", trigger.thread.url),
+        ("ack_ref", trigger.ack_ref),
+        *(("actor.groups", group) for group in trigger.actor.groups),
+    )
+    for field, text in (
+        ("source", trigger.source),
+        ("external_id", trigger.external_id),
+        ("thread.external_id", trigger.thread.external_id),
+        ("actor.id", trigger.actor.id),
+        ("actor.name", trigger.actor.name),
+        ("kind", trigger.kind),
+        ("text", trigger.text),
+        *((field, value) for field, value in optional if value is not None),
+    ):
+        if not _storable(text):
+            raise InvalidInput(f"{field} must be valid Unicode without NUL characters")
+
+
+def _storable(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # Everything in one statement (one round trip, its own transaction):
@@ -289,6 +315,8 @@ class Intake:
         raise TransientError(f"could not record {trigger.source} event {trigger.external_id}")
 
     async def original(self, source: str, external_id: str) -> Ingested:
+        if not _storable(external_id):
+            raise NotFound(f"no trigger {external_id[:100]!r} from {source}")  # none can be
         row = await self.pool.fetchrow(
             "SELECT t.id, t.thread_id, t.verdict, t.verdict_reason, t.route, "
             "       array_remove(array_agg(i.ticket_id ORDER BY i.ticket_id), NULL) AS tickets "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,8 +29,11 @@ import asyncpg
 import openai
 
 from controlplane import pause, prompts
+from controlplane.db import outage
 from controlplane.ingest.intake import ROUTER_CHANNEL, PolicySource
 from controlplane.leadership import Leadership
+from controlplane.llm import Accounting, LlmClient, LlmError
+from controlplane.llm.client import screen_calls
 from controlplane.router import batch as batches
 from controlplane.router.tools import (
     SUBAGENT_SPEC,
@@ -41,6 +43,7 @@ from controlplane.router.tools import (
     Turn,
 )
 from controlplane.services import Service, sleep_unless
+from controlplane.settings import LlmSettings
 from superagent_shared.ids import new_id, new_ids
 
 log = logging.getLogger(__name__)
@@ -109,9 +112,10 @@ class Router:
         *,
         policy: PolicySource | None = None,
         subagent: SubagentRunner | None = None,
+        llm: LlmSettings | None = None,
     ) -> None:
         self.pool = pool
-        self.client = client
+        self.llm = LlmClient(pool, client, llm)
         self.model = model
         self.policy = policy or PolicySource(pool)
         self.tools = Toolbox(pool, self.policy, subagent)
@@ -224,60 +228,41 @@ class Router:
         pending: list[dict[str, Any]] = [{"role": "user", "content": batches.render(batch)}]
         decisions: list[str] = []
         for _step in range(MAX_STEPS):
-            started = time.monotonic()
-            llm_call_id = new_id("llm")
-            try:
-                response = await self.client.chat.completions.create(
-                    model=self.model,
-                    messages=conversation.messages(pending),  # type: ignore[arg-type]
-                    tools=self.tool_specs,
-                )
-            except openai.OpenAIError as exc:
-                await self._record_call(
-                    llm_call_id, None, started, len(batch.events), policy_version, str(exc)
-                )
-                raise
-            await self._record_call(
-                llm_call_id, response.usage, started, len(batch.events), policy_version, None
+            # A failed call raises (an LlmError): the batch stays queued for a later turn.
+            answer = await self.llm.complete(
+                model=self.model,
+                messages=conversation.messages(pending),
+                tools=self.tool_specs,
+                accounting=Accounting(
+                    self.session_id,
+                    batch_size=len(batch.events),
+                    prompt_version_id=self._prompt_version,
+                    policy_version_id=policy_version,
+                ),
             )
-            message = response.choices[0].message
-            calls = message.tool_calls or []
-            pending.append(
-                {
-                    "role": "assistant",
-                    "content": message.content,
-                    **(
-                        {
-                            "tool_calls": [
-                                {
-                                    "id": call.id,
-                                    "type": "function",
-                                    "function": {
-                                        "name": call.function.name,
-                                        "arguments": call.function.arguments,
-                                    },
-                                }
-                                for call in calls
-                                if call.type == "function"
-                            ]
-                        }
-                        if calls
-                        else {}
-                    ),
-                }
-            )
+            llm_call_id = answer.llm_call_id
+            calls = answer.tool_calls
+            pending.append(answer.message())
             if not calls:
                 break
             turn = Turn(self.session_id, llm_call_id, tuple(batch.trigger_ids))
             settled = True  # every call done and nothing in its result to read
-            for call in calls:
-                if call.type != "function":
+            for call, refusal in screen_calls(calls):
+                if refusal is not None:
+                    settled = False
+                    pending.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": call.id,
+                            "content": json.dumps({"error": refusal}),
+                        }
+                    )
                     continue
                 if not leading():
                     raise LostLeadership
-                result = await self.tools.call(call.function.name, call.function.arguments, turn)
-                settled = settled and result.ok and call.function.name not in READ_RESULTS
-                decisions.append(f"{call.function.name}: {_short(result.content)}")
+                result = await self.tools.call(call.name, call.arguments, turn)
+                settled = settled and result.ok and call.name not in READ_RESULTS
+                decisions.append(f"{call.name}: {_short(result.content)}")
                 pending.append(
                     {"role": "tool", "tool_call_id": call.id, "content": result.as_message()}
                 )
@@ -294,45 +279,6 @@ class Router:
         await batches.mark_routed(self.pool, batch)
         conversation.add(_TurnRecord(pending, summary))
         return len(batch.events)
-
-    async def _record_call(
-        self,
-        llm_call_id: str,
-        usage: Any,
-        started: float,
-        batch_size: int,
-        policy_version: str | None,
-        error: str | None,
-    ) -> None:
-        cached = 0
-        if usage is not None and usage.prompt_tokens_details is not None:
-            cached = usage.prompt_tokens_details.cached_tokens or 0
-        await self.pool.execute(
-            "INSERT INTO llm_calls (id, session_id, model, prompt_tokens, completion_tokens, "
-            "cached_tokens, latency_ms, batch_size, cost_usd, error, prompt_version_id, "
-            "policy_version_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9, $10, $11)",
-            llm_call_id,
-            self.session_id,
-            self.model,
-            usage.prompt_tokens if usage is not None else 0,
-            usage.completion_tokens if usage is not None else 0,
-            cached,
-            int((time.monotonic() - started) * 1000),
-            batch_size,
-            error[:2000] if error else None,
-            self._prompt_version,
-            policy_version,
-        )
-        if usage is not None:
-            await self.pool.execute(
-                "UPDATE sessions SET prompt_tokens = prompt_tokens + $2, "
-                "completion_tokens = completion_tokens + $3, cached_tokens = cached_tokens + $4, "
-                "updated_at = now() WHERE id = $1",
-                self.session_id,
-                usage.prompt_tokens,
-                usage.completion_tokens,
-                cached,
-            )
 
 
 def _short(content: dict[str, Any]) -> str:
@@ -374,7 +320,8 @@ class RouterService(Service):
                 try:
                     paused = await pause.current(self.pool)
                 except (asyncpg.PostgresError, OSError) as exc:
-                    log.warning("router: cannot read the pause flag (%s)", exc)
+                    if not await outage.absorbed(exc, "router"):  # an outage is logged once
+                        log.warning("router: cannot read the pause flag (%s)", exc)
                     paused = None
                 if paused is not None:
                     await sleep_unless(self.stopping, POLL_SECONDS)  # events wait in the inbox
@@ -387,8 +334,22 @@ class RouterService(Service):
                 except LostLeadership:
                     log.warning("router: leadership lost mid-turn; the batch stays queued")
                     continue
+                except LlmError as exc:
+                    # The model's failure is this batch's, never the loop's: it stays queued
+                    # and is decided by a later turn, when the model answers again.
+                    log.warning(
+                        "router turn failed: the model call ended %s (%s); the batch stays "
+                        "queued, retrying in %.0fs",
+                        exc.outcome,
+                        exc.message,
+                        backoff,
+                    )
+                    await sleep_unless(self.stopping, backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+                    continue
                 except (openai.OpenAIError, asyncpg.PostgresError, OSError) as exc:
-                    log.warning("router turn failed (%s); retrying in %.0fs", exc, backoff)
+                    if not await outage.absorbed(exc, "router"):
+                        log.warning("router turn failed (%s); retrying in %.0fs", exc, backoff)
                     await sleep_unless(self.stopping, backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF)
                     continue
@@ -411,6 +372,7 @@ class RouterService(Service):
             conn = await asyncpg.connect(self.dsn)
             await conn.add_listener(ROUTER_CHANNEL, lambda *_: self._wake.set())
         except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("router: no LISTEN connection (%s); polling", exc)
+            if not await outage.absorbed(exc, "router"):
+                log.warning("router: no LISTEN connection (%s); polling", exc)
             return None
         return conn

@@ -49,6 +49,7 @@ from controlplane.ingest.intake import (
     WORKERS_CHANNEL,
     PolicySource,
 )
+from controlplane.llm.schema import arguments_problem, specs_by_name
 from controlplane.watchdog import explain
 from controlplane.workers import control
 from controlplane.workers.reports import Spent
@@ -182,6 +183,7 @@ TOOL_SPECS: list[Any] = [
     ),
 ]
 TOOL_NAMES = frozenset(spec["function"]["name"] for spec in TOOL_SPECS)
+TOOL_SCHEMAS = specs_by_name(TOOL_SPECS)
 SUBAGENT = "subagent"
 # Only in the single-session baseline (workers.design = single_session): the work runs
 # inside the call, and the session waits for its report.
@@ -287,6 +289,9 @@ class Toolbox:
                     raise Refused(
                         f"no tool {name!r}; the tools are {', '.join(sorted(TOOL_NAMES))}"
                     )
+                problem = arguments_problem(name, args, TOOL_SCHEMAS)
+                if problem is not None:
+                    raise Refused(problem)  # the schema it was shown: it can correct itself
                 handler = getattr(self, f"_{name}")
                 content, outcome, triggers = await handler(conn, args, turn)
                 ok = True

@@ -18,6 +18,7 @@ import asyncpg
 import openai
 
 from controlplane import prompts
+from controlplane.llm import Accounting, LlmClient, LlmError
 from controlplane.settings import Settings
 from controlplane.watchdog.findings import Seen
 from controlplane.workers import session as sessions
@@ -36,7 +37,7 @@ QUESTION = (
 class DriftCheck:
     def __init__(self, pool: asyncpg.Pool, client: openai.AsyncOpenAI, settings: Settings) -> None:
         self.pool = pool
-        self.client = client
+        self.llm = LlmClient(pool, client, settings.llm)
         self.model = settings.llm.router_model
         self.every = timedelta(minutes=settings.watchdog.drift_minutes)
         self.prices = settings.workers.prices
@@ -90,30 +91,20 @@ class DriftCheck:
             ticket=row["ticket_id"], title=row["title"], scope=row["scope"], calls="\n".join(lines)
         )
         session_id = await self._session()
-        started = time.monotonic()
         try:
-            response = await self.client.chat.completions.create(
+            answer = await self.llm.complete(
                 model=self.model,
                 messages=[
                     {"role": "system", "content": prompts.DEFAULTS["watchdog"]},
                     {"role": "user", "content": question},
                 ],
+                accounting=Accounting(session_id, prices=self.prices),
             )
-        except openai.OpenAIError as exc:
+        except LlmError as exc:
             log.warning("watchdog: drift check of %s failed (%s)", row["ticket_id"], exc)
             return None
-        await sessions.record_call(
-            self.pool,
-            session_id=session_id,
-            ticket_id=None,
-            model=self.model,
-            usage=response.usage,
-            prices=self.prices,
-            latency_ms=int((time.monotonic() - started) * 1000),
-            error=None,
-        )
         try:
-            verdict = json.loads(response.choices[0].message.content or "")
+            verdict = json.loads(answer.content or "")
         except json.JSONDecodeError:
             return None
         return verdict if isinstance(verdict, dict) else None

@@ -77,9 +77,11 @@ class Watchdog(Service):
             except Exception as exc:
                 if not is_transient(exc) and not isinstance(exc, asyncpg.PostgresError):
                     raise
-                if self.down_since is None:
+                if self.down_since is None:  # one line per outage, not one per pass
                     self.down_since = datetime.now(UTC)
-                log.error("watchdog: Postgres unreachable or failing (%s); retrying", exc)
+                    log.error("watchdog: Postgres unreachable or failing (%s); retrying", exc)
+                else:
+                    log.debug("watchdog: Postgres still unreachable (%s)", exc)
             await sleep_unless(self.stopping, self.config.interval_seconds)
 
     async def check_once(self) -> list[Open]:

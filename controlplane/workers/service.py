@@ -29,11 +29,13 @@ import openai
 
 from controlplane.authorization import devices as access
 from controlplane.channels.outbound import enqueue_reply
+from controlplane.db import outage
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.inbox import IS_STOP
 from controlplane.ingest.intake import CLOSED_SQL, INBOX_CHANNEL, WORKERS_CHANNEL
+from controlplane.llm import LlmError
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.workers import control, reports, slots
@@ -192,7 +194,8 @@ class WorkerService(Service):
             for channel in (WORKERS_CHANNEL, INBOX_CHANNEL):
                 await conn.add_listener(channel, lambda *_: self._wake.set())
         except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("workers: no LISTEN connection (%s); polling", exc)
+            if not await outage.absorbed(exc, "workers"):  # an outage is logged once
+                log.warning("workers: no LISTEN connection (%s); polling", exc)
             return None
         return conn
 
@@ -228,6 +231,16 @@ class WorkerService(Service):
                 log.info("workers: %s", over)
             except asyncio.CancelledError:
                 raise
+            except LlmError as exc:
+                # A model that keeps failing is this round's failure, not the service's.
+                log.warning(
+                    "workers: round %s of %s failed: the model call ended %s (%s); it "
+                    "resumes when its lease ends",
+                    assignment.id,
+                    assignment.ticket_id,
+                    exc.outcome,
+                    exc.message,
+                )
             except Exception as exc:
                 # The lease is left to expire: the round resumes then, here or elsewhere.
                 log.warning(

@@ -1,4 +1,6 @@
-"""A worker's conversation, persisted message by message, and what its model calls cost.
+"""A worker's conversation, persisted message by message.
+
+What its model calls cost is recorded by :mod:`controlplane.llm.client`.
 
 Every message is written before anything acts on it: an assistant message with tool calls
 is stored before the first call runs, and each result as soon as it is known. A replica
@@ -10,13 +12,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-import asyncpg
-
 from controlplane.db.pool import Conn, Db
-from controlplane.settings import LlmPrices
 from superagent_shared.ids import new_id
 
 INTERRUPTED = (
@@ -98,11 +96,14 @@ class WorkerSession:
         return bool(self.messages) and self.messages[-1].get("role") != "assistant"
 
     def recent_calls(self) -> list[str]:
-        """The signature (name and arguments) of each tool call, oldest first."""
+        """The signature (name and arguments) of each tool call, oldest first; the same call
+        repeated within one answer counts once (it runs once)."""
         return [
-            canonical_call(call)
+            signature
             for message in self.messages
-            for call in message.get("tool_calls") or []
+            for signature in dict.fromkeys(
+                canonical_call(call) for call in message.get("tool_calls") or []
+            )
         ]
 
 
@@ -124,71 +125,3 @@ def _canonical(arguments: Any) -> str:
     except json.JSONDecodeError:
         return str(arguments)
     return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
-
-
-def cost_of(usage: Any, prices: LlmPrices) -> tuple[int, int, int, Decimal]:
-    """(prompt, completion, cached tokens, US dollars) of one call's usage."""
-    if usage is None:
-        return 0, 0, 0, Decimal(0)
-    prompt = int(usage.prompt_tokens or 0)
-    completion = int(usage.completion_tokens or 0)
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
-    dollars = (
-        Decimal(str(prices.input_usd_per_mtok)) * (prompt - cached)
-        + Decimal(str(prices.cached_usd_per_mtok)) * cached
-        + Decimal(str(prices.output_usd_per_mtok)) * completion
-    ) / Decimal(1_000_000)
-    return prompt, completion, cached, dollars.quantize(Decimal("0.000001"))
-
-
-async def record_call(
-    pool: asyncpg.Pool,
-    *,
-    session_id: str,
-    ticket_id: str | None,
-    model: str,
-    usage: Any,
-    prices: LlmPrices,
-    latency_ms: int,
-    error: str | None,
-    prompt_version_id: str | None = None,
-) -> None:
-    """One model call on record, and on the session's and the ticket's counters."""
-    prompt, completion, cached, dollars = cost_of(usage, prices)
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "INSERT INTO llm_calls (id, session_id, model, prompt_tokens, completion_tokens, "
-            "cached_tokens, latency_ms, cost_usd, error, batch_size, prompt_version_id) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1, $10)",
-            new_id("llm"),
-            session_id,
-            model,
-            prompt,
-            completion,
-            cached,
-            latency_ms,
-            dollars,
-            error[:2000] if error else None,
-            prompt_version_id,
-        )
-        if prompt or completion:
-            await conn.execute(
-                "UPDATE sessions SET prompt_tokens = prompt_tokens + $2, "
-                "completion_tokens = completion_tokens + $3, cached_tokens = cached_tokens + $4, "
-                "cost_usd = cost_usd + $5, updated_at = now() WHERE id = $1",
-                session_id,
-                prompt,
-                completion,
-                cached,
-                dollars,
-            )
-            if ticket_id is None:  # not a worker's call (the watchdog's): no ticket pays
-                return
-            await conn.execute(
-                "UPDATE tickets SET tokens_used = tokens_used + $2, cost_usd = cost_usd + $3, "
-                "updated_at = now() WHERE id = $1",
-                ticket_id,
-                prompt + completion,
-                dollars,
-            )

@@ -25,6 +25,7 @@ from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue, CommandResult
 from controlplane.ingest import inbox
+from controlplane.llm.schema import arguments_problem, specs_by_name
 from controlplane.router.tools import (
     Refused,
     recall_thread,
@@ -152,6 +153,7 @@ TOOL_SPECS: list[Any] = [
     ),
 ]
 TOOL_NAMES = frozenset(spec["function"]["name"] for spec in TOOL_SPECS)
+TOOL_SCHEMAS = specs_by_name(TOOL_SPECS)
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,9 @@ class WorkerToolbox:
                 raise Refused("arguments must be a JSON object")
             if name not in TOOL_NAMES:
                 raise Refused(f"no tool {name!r}; the tools are {', '.join(sorted(TOOL_NAMES))}")
+            problem = arguments_problem(name, args, TOOL_SCHEMAS)
+            if problem is not None:
+                raise Refused(problem)  # the schema it was shown: it can correct itself
             handler: Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]] = getattr(
                 self, f"_{name}"
             )

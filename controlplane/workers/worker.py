@@ -14,6 +14,11 @@ Limits, on by default: model calls per round, tokens per ticket, and the same to
 repeated ``repeat_limit`` times in a row. Hitting one stops the worker with a ``blocked``
 report saying which.
 
+A model call that fails (:mod:`controlplane.llm`, retried there when transient) ends the
+round: a transient or malformed answer leaves the lease to expire, so the round resumes
+then; a context or permanent one cannot succeed as is, and ends it ``blocked`` with the
+class named.
+
 After a crash the next replica resumes the same session: calls left without a result are
 answered "interrupted", and the worker is told to check the real state (working tree, git
 log, the remote pull request) before repeating anything with effects outside the device.
@@ -24,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -36,6 +40,8 @@ from controlplane import prompts
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Db
 from controlplane.gateway.queue import CommandQueue
+from controlplane.llm import Accounting, ContextExceeded, LlmClient, Permanent
+from controlplane.llm.client import ToolCall, screen_calls
 from controlplane.settings import Settings
 from controlplane.workers import authority, events, reports, session, slots
 from controlplane.workers.devices import device_gone, device_online
@@ -150,7 +156,7 @@ class Worker:
     ) -> None:
         self.pool = pool
         self.queue = queue
-        self.client = client
+        self.llm = LlmClient(pool, client, settings.llm)
         self.settings = settings
         self.limits = settings.workers
         self.model = settings.llm.worker_model
@@ -197,23 +203,32 @@ class Worker:
             stop = await self._limit_hit(ticket.id)
             if stop is not None:
                 return await self._final(ticket, {"status": "blocked", "summary": stop})
-            message = await self._step(convo, ticket)
-            calls = message.get("tool_calls") or []
+            try:
+                calls = await self._step(convo, ticket)
+            except (ContextExceeded, Permanent) as exc:
+                # Trying again as is fails again: the round ends, the class named, and
+                # people are told (compaction will answer ContextExceeded first).
+                return await self._final(
+                    ticket,
+                    {
+                        "status": "blocked",
+                        "summary": f"the model call failed ({exc.outcome}): {exc.message}"[:2000],
+                    },
+                )
             if not calls:
                 continue
             repeated = self._repeated(convo)
             toolbox.outcome = Outcome()
-            for call in calls:
-                function = call["function"]
+            for call, refusal in screen_calls(calls):
                 if repeated:
                     content: dict[str, Any] = {"error": "not run: " + repeated}
+                elif refusal is not None:
+                    content = {"error": refusal}
                 else:
-                    content = await toolbox.call(
-                        function["name"], function["arguments"], call["id"]
-                    )
+                    content = await toolbox.call(call.name, call.arguments, call.id)
                 await convo.add(
                     self.pool,
-                    {"role": "tool", "tool_call_id": call["id"], "content": _json(content)},
+                    {"role": "tool", "tool_call_id": call.id, "content": _json(content)},
                 )
             if repeated:
                 return await self._final(ticket, {"status": "blocked", "summary": repeated})
@@ -251,60 +266,31 @@ class Worker:
         )
         return (row["id"], row["body"]) if row else (None, prompts.DEFAULTS["worker"])
 
-    async def _step(self, convo: session.WorkerSession, ticket: Ticket) -> dict[str, Any]:
-        """One model call; its answer is persisted before any of its tool calls runs."""
+    async def _step(self, convo: session.WorkerSession, ticket: Ticket) -> tuple[ToolCall, ...]:
+        """One model call; its answer is persisted before any of its tool calls runs.
+
+        Raises the call's :class:`LlmError` (already on record in ``llm_calls``).
+        """
         prompt_version, system = await self._system_prompt()
         messages = [{"role": "system", "content": system}, *convo.messages]
-        started = time.monotonic()
-        try:
-            response = await self.client.chat.completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]
-                tools=TOOL_SPECS,
-            )
-        except openai.OpenAIError as exc:
-            await session.record_call(
-                self.pool,
-                session_id=convo.id,
-                ticket_id=ticket.id,
-                model=self.model,
-                usage=None,
-                prices=self.limits.prices,
-                latency_ms=int((time.monotonic() - started) * 1000),
-                error=str(exc),
-                prompt_version_id=prompt_version,
-            )
-            raise
-        await session.record_call(
-            self.pool,
-            session_id=convo.id,
-            ticket_id=ticket.id,
+        answer = await self.llm.complete(
             model=self.model,
-            usage=response.usage,
-            prices=self.limits.prices,
-            latency_ms=int((time.monotonic() - started) * 1000),
-            error=None,
-            prompt_version_id=prompt_version,
+            messages=messages,
+            tools=TOOL_SPECS,
+            accounting=Accounting(
+                convo.id,
+                ticket_id=ticket.id,
+                prompt_version_id=prompt_version,
+                prices=self.limits.prices,
+            ),
         )
-        choice = response.choices[0].message
-        message: dict[str, Any] = {"role": "assistant", "content": choice.content}
-        calls = [c for c in choice.tool_calls or [] if c.type == "function"]
-        if calls:
-            message["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.function.name, "arguments": c.function.arguments},
-                }
-                for c in calls
-            ]
         self.turns += 1
         async with self.pool.acquire() as conn, conn.transaction():
-            await convo.add(conn, message)
+            await convo.add(conn, answer.message())
             await conn.execute(
                 "UPDATE assignments SET turns = $2 WHERE id = $1", self.assignment.id, self.turns
             )
-        return message
+        return answer.tool_calls
 
     # -- limits --------------------------------------------------------------------------
 

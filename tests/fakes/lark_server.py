@@ -204,6 +204,12 @@ class FakeLark(LoopbackFake):
         )
         return answer
 
+    def push_raw(self, data: bytes) -> None:
+        """Send ``data`` as it is, as one binary frame of the long connection (hostile tests)."""
+        if self._ws is None:
+            raise RuntimeError("no long connection is open")
+        asyncio.run_coroutine_threadsafe(self._ws.send_bytes(data), self._http.loop).result(5)
+
     def drop_connection(self) -> None:
         """Close the long connection from the server's side."""
         if self._ws is not None:

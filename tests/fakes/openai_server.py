@@ -35,6 +35,11 @@ This module owns:
 * Auth: when ``api_key`` is set (the default is ``FAKE_API_KEY``), every request must carry
   ``Authorization: Bearer <api_key>``; otherwise 401 in OpenAI's error shape.  Malformed JSON
   bodies get 400.
+* Faults, as real providers and gateways produce them: ``fault(kind)`` is a script item
+  for one call (``server.script(fault("empty_choices"), "ok")``), one of :data:`FAULTS`;
+  ``server.inject_faults(probability, seed=...)`` replaces each chat request's answer by
+  a random fault with that probability (seeded: the same run faults the same calls), for
+  soak tests. ``server.faults_injected`` lists what was injected, in order.
 * The function-scoped pytest fixture ``fake_llm``.
 """
 
@@ -44,6 +49,7 @@ import asyncio
 import inspect
 import json
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -63,6 +69,7 @@ from tests.fakes.loopback import LoopbackFake, LoopbackServer
 __all__ = [
     "FAKE_API_KEY",
     "FAKE_MODEL",
+    "FAULTS",
     "ChatRequest",
     "FakeOpenAIServer",
     "LatencyModel",
@@ -71,6 +78,7 @@ __all__ = [
     "ReplyCallback",
     "ToolCall",
     "fake_llm",
+    "fault",
     "message_text",
 ]
 
@@ -136,6 +144,11 @@ class Reply:
     should_retry: bool | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     model: str | None = None
+    raw_body: str | None = None
+    """Sent verbatim (with ``raw_status`` and ``raw_content_type``) instead of a completion:
+    a proxy's HTML page, a completion without choices."""
+    raw_status: int = 200
+    raw_content_type: str = "application/json"
 
     @property
     def is_error(self) -> bool:
@@ -349,6 +362,90 @@ class _Planned:
 
 
 # --------------------------------------------------------------------------------------------
+# Faults
+# --------------------------------------------------------------------------------------------
+
+_HTML = (
+    "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway"
+    "</h1></center><hr><center>nginx</center></body></html>"
+)
+
+
+def _completion_json(choices: list[Any]) -> str:
+    return json.dumps(
+        {
+            "id": "chatcmpl-fault",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": FAKE_MODEL,
+            "choices": choices,
+            "usage": _usage(10, 0, 0),
+        }
+    )
+
+
+def _first_tool(request: ChatRequest) -> str:
+    names = request.tool_names()
+    return names[0] if names else "some_tool"
+
+
+def _invalid_arguments(request: ChatRequest) -> Reply:
+    # A property that no tool has, of the wrong type: invalid against any strict schema.
+    return Reply(tool_calls=[ToolCall(_first_tool(request), {"__not_a_parameter": 42})])
+
+
+def _parallel_storm(request: ChatRequest) -> Reply:
+    call = ToolCall(_first_tool(request), {"__not_a_parameter": 42})
+    return Reply(tool_calls=[call] * 300)
+
+
+FAULTS: dict[str, ScriptItem] = {
+    "empty_choices": Reply(raw_body=_completion_json([])),
+    "null_message": Reply(
+        raw_body=_completion_json([{"index": 0, "message": None, "finish_reason": "stop"}])
+    ),
+    "html_200": Reply(raw_body=_HTML, raw_content_type="text/html"),
+    "rate_limited": Reply(
+        error_status=429,
+        retry_after=1,
+        error_message="Rate limit reached for requests. Please try again in 1s.",
+    ),
+    "server_error": Reply(error_status=500, error_message="The server had an error."),
+    "bad_gateway": Reply(raw_body=_HTML, raw_status=502, raw_content_type="text/html"),
+    "unavailable": Reply(error_status=503, error_message="The engine is currently overloaded."),
+    "context_length": Reply(
+        error_status=400,
+        error_code="context_length_exceeded",
+        error_message="This model's maximum context length is 8192 tokens. However, your "
+        "messages resulted in 9120 tokens. Please reduce the length of the messages.",
+        should_retry=False,
+    ),
+    "unauthorized": Reply(error_status=401, error_message="Incorrect API key provided: sk-***."),
+    "model_not_found": Reply(
+        error_status=404,
+        error_code="model_not_found",
+        error_message="The model `fake-model` does not exist or you do not have access to it.",
+    ),
+    "slow": Reply(content="too late", delay_ms=5_000),  # past a short client timeout
+    "truncated_tool_call": Reply(
+        tool_calls=[ToolCall("some_tool", '{"command": "echo unfinish')],
+        finish_reason="length",
+    ),
+    "invalid_tool_arguments": _invalid_arguments,
+    "unknown_tool": Reply(tool_calls=[ToolCall("no_such_tool", {"x": 1})]),
+    "parallel_storm": _parallel_storm,
+}
+"""Every fault class the fake can produce, by name (see :func:`fault`)."""
+
+
+def fault(kind: str) -> ScriptItem:
+    """A script item that answers one call with the fault ``kind`` (a key of FAULTS)."""
+    if kind not in FAULTS:
+        raise ValueError(f"no fault {kind!r}; the faults are {', '.join(FAULTS)}")
+    return FAULTS[kind]
+
+
+# --------------------------------------------------------------------------------------------
 # The server
 # --------------------------------------------------------------------------------------------
 
@@ -394,6 +491,10 @@ class FakeOpenAIServer(LoopbackFake):
         self._prompt_history: dict[str, list[str]] = {}
         self._completion_counter = 0
         self._tool_call_counter = 0
+        self._fault_probability = 0.0
+        self._fault_kinds: list[str] = []
+        self._fault_rng = random.Random(0)
+        self._faults_injected: list[str] = []
 
         self._app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=_HTTP_METHODS)])
         self._http = LoopbackServer(self._app, name="FakeOpenAIServer", host=host)
@@ -432,6 +533,26 @@ class FakeOpenAIServer(LoopbackFake):
         """Set (or clear with ``None``) the callback used when the script queue is empty."""
         with self._lock:
             self._callback = callback
+
+    def inject_faults(
+        self, probability: float, *, seed: int = 0, kinds: Sequence[str] | None = None
+    ) -> None:
+        """Answer each chat request, with ``probability``, by a random fault of ``kinds``
+        (default: every fault but ``slow``) instead of its scripted or computed reply,
+        which then answers the next request. ``probability=0`` turns it off."""
+        chosen = list(kinds if kinds is not None else [k for k in FAULTS if k != "slow"])
+        for kind in chosen:
+            fault(kind)
+        with self._lock:
+            self._fault_probability = probability
+            self._fault_kinds = chosen
+            self._fault_rng = random.Random(seed)
+
+    @property
+    def faults_injected(self) -> list[str]:
+        """The faults ``inject_faults`` answered with, in order."""
+        with self._lock:
+            return list(self._faults_injected)
 
     @property
     def pending_replies(self) -> int:
@@ -673,7 +794,13 @@ class FakeOpenAIServer(LoopbackFake):
                 index=len(self._chat_requests),
             )
             self._chat_requests.append(chat)
-            item: ScriptItem | None = self._script.popleft() if self._script else None
+            item: ScriptItem | None = None
+            if self._fault_kinds and self._fault_rng.random() < self._fault_probability:
+                kind = self._fault_rng.choice(self._fault_kinds)
+                self._faults_injected.append(kind)
+                item = FAULTS[kind]
+            elif self._script:
+                item = self._script.popleft()
             callback = self._callback
 
         if item is None:
@@ -705,6 +832,14 @@ class FakeOpenAIServer(LoopbackFake):
             return _error_response(500, message, code="callback_error", headers=no_retry)
         record.reply = reply
 
+        if reply.raw_body is not None:
+            await self._sleep(self.latency.fixed_ms / 1000.0 + reply.delay_ms / 1000.0)
+            return Response(
+                reply.raw_body,
+                status_code=reply.raw_status,
+                media_type=reply.raw_content_type,
+                headers=dict(reply.headers),
+            )
         if reply.is_error:
             return await self._scripted_error(reply, chat)
         planned = self._plan(reply, chat)

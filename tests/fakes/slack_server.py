@@ -240,6 +240,10 @@ class FakeSlack(LoopbackFake):
         self._on_server_loop(self._send_newest(envelope))
         return envelope_id
 
+    def push_raw(self, text: str) -> None:
+        """Send ``text`` as it is, as one frame on the newest connection (hostile tests)."""
+        self._on_server_loop(self._send_newest_text(text))
+
     def disconnect(self, reason: str = "refresh_requested") -> None:
         """Slack's connection refresh: a ``disconnect`` message, then the socket closes."""
         self._on_server_loop(self._disconnect(reason))
@@ -255,6 +259,13 @@ class FakeSlack(LoopbackFake):
                 raise RuntimeError("no open Socket Mode connection")
             ws = self._sockets[-1]
         await ws.send_text(json.dumps(frame))
+
+    async def _send_newest_text(self, text: str) -> None:
+        with self._lock:
+            if not self._sockets:
+                raise RuntimeError("no open Socket Mode connection")
+            ws = self._sockets[-1]
+        await ws.send_text(text)
 
     async def _disconnect(self, reason: str) -> None:
         with self._lock:

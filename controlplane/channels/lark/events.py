@@ -76,10 +76,11 @@ def parse(payload: dict[str, Any]) -> Message | Ignored:
     raw_content = message.get("content")
     try:
         content = json.loads(raw_content) if isinstance(raw_content, str) else None
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or a huge number
         raise InvalidInput("event.message.content is not JSON") from None
     mentions = []
-    for item in message.get("mentions") or []:
+    listed = message.get("mentions")
+    for item in listed if isinstance(listed, list) else []:
         if isinstance(item, dict) and item.get("key"):
             ids = item["id"] if isinstance(item.get("id"), dict) else {}
             mentions.append(
@@ -155,9 +156,16 @@ def to_trigger(message: Message, *, direct: bool, sender_name: str | None) -> In
         kind=KIND,
         text=text,
         direct=direct,
-        payload=json.dumps(message.raw, ensure_ascii=False).encode(),
+        payload=_payload(message.raw),
         ack_ref=message.message_id,
     )
+
+
+def _payload(raw: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(raw, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate, which JSON may escape but UTF-8 cannot hold
+        raise InvalidInput("the event holds text that is not valid Unicode") from None
 
 
 def _post_text(content: dict[str, Any]) -> str:
@@ -167,7 +175,8 @@ def _post_text(content: dict[str, Any]) -> str:
         first = next(iter(content.values()))
         content = first if isinstance(first, dict) else {}
     lines = [str(content.get("title") or "")] if content.get("title") else []
-    for paragraph in content.get("content") or []:
+    paragraphs = content.get("content")
+    for paragraph in paragraphs if isinstance(paragraphs, list) else []:
         if not isinstance(paragraph, list):
             continue
         parts = []

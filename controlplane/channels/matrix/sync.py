@@ -199,14 +199,18 @@ class MatrixSync(Service):
             if event.get("type") == "m.room.encrypted":
                 self._warn_encrypted(room_id)
                 continue
-            message = events.parse_message(room_id, event, bot)
+            try:
+                message = events.parse_message(room_id, event, bot)
+            except Exception:  # our bug, but this event's failure: the batch goes on
+                log.exception("matrix: skipped an event in %s that could not be read", room_id)
+                continue
             if message is None:
                 continue
             direct = message.mentions_bot or await self._is_direct_chat(client, room_id)
             try:
                 await self.intake.ingest(events.to_trigger(message, direct=direct, room_name=title))
             except InvalidInput as exc:  # an event no Trigger can hold; the rest go on
-                log.warning("matrix: skipped %s in %s: %s", message.event_id, room_id, exc)
+                log.warning("matrix: skipped %s in %s: %s", message.event_id[:200], room_id, exc)
 
     async def _read_gap(
         self,

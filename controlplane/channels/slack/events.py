@@ -180,7 +180,8 @@ def _workspace(callback: dict[str, Any]) -> str | None:
     team = callback.get("team_id")
     if isinstance(team, str) and team:
         return team
-    for grant in callback.get("authorizations") or []:
+    grants = callback.get("authorizations")
+    for grant in grants if isinstance(grants, list) else []:
         if isinstance(grant, dict) and isinstance(grant.get("team_id"), str):
             return str(grant["team_id"])
     return None

@@ -1,0 +1,524 @@
+"""The model boundary: every misbehaviour of an OpenAI-compatible endpoint is classified,
+recorded with its class, and contained in the turn or round it happened in.
+
+Real parts throughout: the fake OpenAI server over HTTP (with its fault mode), the official
+client, a real Postgres, a real router turn under a real RouterService, real worker rounds
+under a real WorkerService with a device that runs commands for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import asyncpg
+import openai
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane.db import migrate
+from controlplane.db.engine import create_engine
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.ingest.policy import Actor, Policy, SourcePolicy
+from controlplane.leadership import Leadership
+from controlplane.router.router import Router, RouterService
+from controlplane.settings import LlmSettings, Settings, WorkerSettings
+from tests.fakes.openai_server import (
+    FAKE_API_KEY,
+    FAKE_MODEL,
+    FAULTS,
+    ChatRequest,
+    FakeOpenAIServer,
+    Reply,
+    ToolCall,
+    fault,
+)
+from tests.helpers import assert_eventually, free_port, save_policy
+from tests.replica_process import ReplicaProcess
+from tests.worker_harness import (  # noqa: F401 - fixtures
+    LocalDevice,
+    client_for,
+    device_fixture,
+    dsn_fixture,
+    queue_fixture,
+    replies_on,
+    ticket,
+    tool_results,
+)
+
+# Quick retries, a short timeout: each fault is seen in seconds, not minutes.
+FAST = {"attempts": 2, "retry_base_seconds": 0.01, "retry_cap": 2.0, "timeout": 1.0}
+# What each fault is, as the boundary must classify it.
+CLASSES = {
+    "empty_choices": "malformed",
+    "null_message": "malformed",
+    "html_200": "transient",
+    "rate_limited": "transient",
+    "server_error": "transient",
+    "bad_gateway": "transient",
+    "unavailable": "transient",
+    "context_length": "context",
+    "unauthorized": "permanent",
+    "model_not_found": "permanent",
+    "slow": "transient",
+    "truncated_tool_call": "malformed",
+}
+TOOL_FAULTS = ("invalid_tool_arguments", "unknown_tool", "parallel_storm")
+ALICE = Actor("u-1", "alice")
+TRIGGER = re.compile(r"\[(trg_\w+)\]")
+
+
+def test_every_fault_is_classified_or_a_tool_fault() -> None:
+    assert set(FAULTS) == set(CLASSES) | set(TOOL_FAULTS)
+
+
+def test_random_faults_are_seeded_and_leave_the_script_for_the_next_call() -> None:
+    runs = []
+    for _ in range(2):
+        with FakeOpenAIServer() as server:
+            server.inject_faults(0.5, seed=7, kinds=["server_error", "empty_choices"])
+            server.respond_with(lambda request: "fine")
+            client = server.openai_client()
+            for _ in range(20):
+                with contextlib.suppress(openai.OpenAIError, AttributeError):
+                    client.chat.completions.create(
+                        model=FAKE_MODEL, messages=[{"role": "user", "content": "hi"}]
+                    )
+            runs.append(server.faults_injected)
+    assert runs[0] == runs[1]
+    assert 3 < len(runs[0]) < 17
+    assert set(runs[0]) == {"server_error", "empty_choices"}
+
+
+async def _outcomes(pool: asyncpg.Pool) -> list[str]:
+    rows = await pool.fetch("SELECT outcome FROM llm_calls ORDER BY created_at, id")
+    return [row["outcome"] for row in rows]
+
+
+def _times(kind: str) -> int:
+    """How many answers the fault takes to exhaust the boundary's tries."""
+    return FAST["attempts"] if CLASSES.get(kind) == "transient" else 1  # type: ignore[return-value]
+
+
+# -- the module, against the fake over HTTP ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(CLASSES))
+async def test_each_fault_is_classified_and_recorded(
+    kind: str, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    from controlplane.llm import Accounting, LlmClient, LlmError
+
+    fake_llm.script(*[fault(kind)] * _times(kind))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**FAST))
+    with pytest.raises(LlmError) as raised:
+        await client.complete(
+            model=FAKE_MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            accounting=Accounting(None),
+        )
+    assert raised.value.outcome == CLASSES[kind]
+    assert await _outcomes(pool) == [CLASSES[kind]] * _times(kind)
+    assert raised.value.llm_call_id is not None
+
+
+async def test_a_transient_failure_is_retried_after_retry_after(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    from controlplane.llm import Accounting, LlmClient
+
+    fake_llm.script(fault("rate_limited"), "fine now")
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**FAST))
+    started = time.monotonic()
+    answer = await client.complete(
+        model=FAKE_MODEL, messages=[{"role": "user", "content": "hi"}], accounting=Accounting(None)
+    )
+    assert answer.content == "fine now"
+    assert time.monotonic() - started >= 0.9  # Retry-After: 1, over the 10 ms backoff
+    assert await _outcomes(pool) == ["transient", "ok"]
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "outcome"),
+    [
+        (
+            400,
+            "This model's maximum context length is 16384 tokens. However, you requested "
+            "122946 tokens (112946 in the messages, 10000 in the completion).",
+            "context",
+        ),  # vLLM
+        (
+            400,
+            "The prompt (total length 25938) is too long to fit into the model (context "
+            "length 4096).",
+            "context",
+        ),  # vLLM, later versions
+        (500, "input length exceeds the context length", "context"),  # Ollama
+        (400, "prompt is too long: 210000 tokens > 200000 maximum", "context"),  # gateways
+        (400, "context_length_exceeded: too long", "context"),  # OpenAI's code
+        (429, "You exceeded your current quota: insufficient_quota", "permanent"),
+        (403, "forbidden", "permanent"),
+        (408, "request timeout", "transient"),
+    ],
+)
+def test_provider_wordings_are_classified(status: int, text: str, outcome: str) -> None:
+    from controlplane.llm.client import classify_status
+
+    assert classify_status(status, text, {}).outcome == outcome
+
+
+def test_an_error_a_gateway_wraps_in_a_200_is_classified() -> None:
+    from controlplane.llm import ContextExceeded, Transient
+    from controlplane.llm.client import parse
+
+    with pytest.raises(ContextExceeded):
+        parse("llm_1", b'{"error": {"message": "This model\'s maximum context length is 8192"}}')
+    with pytest.raises(Transient):
+        parse("llm_1", b'{"error": "upstream connect error"}')
+    with pytest.raises(Transient):
+        parse("llm_1", b"[1, 2]")
+
+
+def test_invalid_arguments_are_described_against_the_schema_the_model_saw() -> None:
+    from controlplane.llm.schema import arguments_problem, specs_by_name
+    from controlplane.workers.tools import TOOL_SPECS
+
+    schemas = specs_by_name(TOOL_SPECS)
+    assert arguments_problem("shell", '{"command": "ls"}', schemas) is None
+    assert "must be string" in (arguments_problem("shell", '{"command": 5}', schemas) or "")
+    assert "not valid JSON" in (arguments_problem("shell", '{"command": ', schemas) or "")
+    assert "no tool" in (arguments_problem("rm_rf", "{}", schemas) or "")
+    assert "required" in (arguments_problem("shell", "{}", schemas) or "")
+
+
+# -- the router ------------------------------------------------------------------------------
+
+
+def _router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Router:
+    router = Router(
+        pool, fake_llm.async_openai_client(timeout=1.0), FAKE_MODEL, policy=intake.policy
+    )
+    llm = getattr(router, "llm", None)
+    if llm is not None:
+        llm.settings = LlmSettings(**FAST)
+    return router
+
+
+def _decide(request: ChatRequest) -> Reply:
+    """The model when it is back: a ticket for each trigger, then done."""
+    if any('"ticket"' in str(m.get("content")) for m in request.tool_results()):
+        return Reply(content="Done.")
+    triggers = TRIGGER.findall(request.last_user_message() or "")
+    return Reply(
+        tool_calls=[
+            ToolCall(
+                "create_ticket",
+                {
+                    "title": "fix it",
+                    "scope": "as asked",
+                    "threads": [],
+                    "device": None,
+                    "mandate_from": trigger,
+                },
+            )
+            for trigger in triggers
+        ]
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+async def test_the_router_survives_each_fault_and_decides_the_batch_later(
+    kind: str,
+    pool: asyncpg.Pool,
+    db: async_sessionmaker[AsyncSession],
+    fake_llm: FakeOpenAIServer,
+    database_url: str,
+) -> None:
+    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))
+    intake = Intake(pool)
+    router = _router(pool, fake_llm, intake)
+    fake_llm.script(*[fault(kind)] * _times(kind))
+    fake_llm.respond_with(_decide)
+    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
+    service = RouterService(router, leadership, asyncpg_dsn(database_url), pool)
+    await leadership.start()
+    await service.start()
+    try:
+        await asyncio.wait_for(leadership.gained.wait(), 10)
+        asked = await intake.ingest(
+            IncomingTrigger(
+                source="github",
+                external_id="c-1",
+                thread=ThreadRef("acme/app#1", title="issue 1"),
+                actor=ALICE,
+                kind="issue_comment",
+                text="@superagent fix the flaky test",
+            )
+        )
+
+        async def decided() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM mandates m JOIN triggers g ON g.id = m.trigger_id "
+                    "WHERE g.id = $1 AND g.routed_at IS NOT NULL",
+                    asked.trigger_id,
+                )
+            )
+
+        await assert_eventually(decided, timeout=20, message="the batch decided")
+        assert not service.task.done(), "the router loop ended"
+        assert await pool.fetchval("SELECT count(*) FROM triggers WHERE routed_at IS NULL") == 0
+        assert await pool.fetchval("SELECT count(*) FROM tickets") == 1
+    finally:
+        await service.stop()
+        await leadership.stop()
+    outcomes = await _outcomes(pool)
+    if kind in CLASSES:
+        assert outcomes[: _times(kind)] == [CLASSES[kind]] * _times(kind)
+    assert outcomes[-1] == "ok"
+
+
+# -- the workers -----------------------------------------------------------------------------
+
+
+def _settings(llm: FakeOpenAIServer) -> Settings:
+    return Settings(
+        openai_base_url=llm.url,
+        openai_api_key=FAKE_API_KEY,
+        workers=WorkerSettings(lease_seconds=4, renew_seconds=1, foreground_seconds=2),
+        llm=LlmSettings(**FAST),
+    )
+
+
+def _finish(request: ChatRequest) -> Reply:
+    """The model when it is back: report ready."""
+    return Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "all done"})])
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+async def test_a_worker_round_given_each_fault_ends_without_the_service(
+    kind: str,
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    from controlplane.workers.service import WorkerService
+
+    ticket_id, _thread_id = await ticket(pool, device, workdir=str(tmp_path))
+    fake_llm.script(*[fault(kind)] * _times(kind))
+    fake_llm.respond_with(_finish)
+    service = WorkerService(
+        pool, queue, client_for(fake_llm), _settings(fake_llm), owner="replica-a", dsn=dsn
+    )
+    await service.start()
+    expected = CLASSES.get(kind)
+    try:
+        if expected in ("context", "permanent"):
+            # Trying again would fail again: the round ends blocked, the class named.
+            async def blocked() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) FROM reports WHERE ticket_id = $1 AND status = 'blocked' "
+                        "AND summary LIKE $2",
+                        ticket_id,
+                        f"%({expected})%",
+                    )
+                )
+
+            await assert_eventually(blocked, timeout=20, message="a blocked report")
+        else:
+            # Transient or malformed: the round ends, and resumes when its lease does; a
+            # tool fault goes back to the model, which then reports.
+            async def completed() -> bool:
+                state = await pool.fetchval("SELECT state FROM tickets WHERE id = $1", ticket_id)
+                return bool(state == "completed")
+
+            await assert_eventually(completed, timeout=30, message="the ticket completed")
+        assert not service.task.done(), "the worker service ended"
+    finally:
+        await service.stop(10)
+    outcomes = await _outcomes(pool)
+    if expected is not None:
+        assert outcomes[: _times(kind)] == [expected] * _times(kind)
+    else:
+        assert set(outcomes) == {"ok"}
+        # Every call of the faulty answer got its tool's error back, each exactly once.
+        second = fake_llm.chat_requests[1]
+        errors = [json.loads(m["content"]) for m in second.tool_results()]
+        assert errors
+        assert all("error" in e for e in errors)
+        if kind == "parallel_storm":
+            assert len(errors) == 300
+            assert sum("same call" in e["error"] for e in errors) == 299
+
+
+async def test_wrong_argument_types_go_back_to_the_model_and_the_corrected_call_runs(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    from controlplane.workers.service import WorkerService
+
+    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("shell", {"command": ["echo", "corrected"]})]),
+        Reply(tool_calls=[ToolCall("shell", {"command": "echo corrected"})]),
+        Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "ok"})]),
+    )
+    service = WorkerService(
+        pool, queue, client_for(fake_llm), _settings(fake_llm), owner="replica-a", dsn=dsn
+    )
+    await service.start()
+    try:
+
+        async def completed() -> bool:
+            state = await pool.fetchval("SELECT state FROM tickets WHERE id = $1", ticket_id)
+            return bool(state == "completed")
+
+        await assert_eventually(completed, timeout=30, message="the ticket completed")
+    finally:
+        await service.stop(10)
+    _first, second, _ = fake_llm.chat_requests
+    (refused,) = tool_results(second)
+    assert refused == {"error": "arguments.command must be string, not array"}
+    (ran,) = tool_results(fake_llm.chat_requests[2])[-1:]
+    assert ran["exit_code"] == 0
+    assert ran["output"] == "corrected\n"
+    assert len(device.ran) == 1  # the wrong call never reached the device
+
+
+async def test_a_2mb_text_answer_is_cut_and_spilled_before_people_see_it(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    from controlplane.workers.service import WorkerService
+
+    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
+    huge = "What now? " + "x" * (2 * 1024 * 1024)
+    fake_llm.script(Reply(content=huge))
+    service = WorkerService(
+        pool, queue, client_for(fake_llm), _settings(fake_llm), owner="replica-a", dsn=dsn
+    )
+    await service.start()
+    try:
+
+        async def asked() -> list[str]:
+            # The worker's report, as the router gets it to tell the thread.
+            rows = await pool.fetch(
+                "SELECT text FROM triggers WHERE source = 'agent' AND actor_id = $1 "
+                "AND kind = 'report.question'",
+                ticket_id,
+            )
+            return [row["text"] for row in rows]
+
+        await assert_eventually(asked, timeout=30, message="the worker's question")
+        (question,) = await asked()
+    finally:
+        await service.stop(10)
+    assert len(question.encode()) < 24 * 1024
+    (blob_id,) = re.findall(r"blob (blb_\w+)", question)
+    data = await pool.fetchval("SELECT data FROM blobs WHERE id = $1", blob_id)
+    assert data == huge.encode()
+    # The session holds the cut text too: the next call does not resend 2 MB.
+    stored = await pool.fetchval(
+        "SELECT max(length(content::text)) FROM session_messages s JOIN sessions x "
+        "ON x.id = s.session_id WHERE x.ticket_id = $1",
+        ticket_id,
+    )
+    assert stored < 24 * 1024
+
+
+# -- a real `superagent serve` ---------------------------------------------------------------
+
+
+def _model_of_serve(request: ChatRequest) -> Reply:
+    """The router decides (a ticket per trigger); a worker reports at once."""
+    if "report" in request.tool_names():
+        return Reply(tool_calls=[ToolCall("report", {"status": "question", "summary": "?"})])
+    return _decide(request)
+
+
+async def test_serve_stays_up_and_routes_everything_through_random_faults(
+    empty_database: str, fake_llm: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    engine = create_engine(empty_database, pool_size=1)
+    try:
+        await migrate.upgrade(engine)
+        await save_policy(
+            async_sessionmaker(engine, expire_on_commit=False),
+            Policy(default=SourcePolicy(users=[ALICE.id])),
+        )
+    finally:
+        await engine.dispose()
+    # Scripted faults first (the first batch meets them for sure), then random ones.
+    fake_llm.script(fault("empty_choices"), fault("html_200"), fault("html_200"))
+    fake_llm.inject_faults(0.3, seed=11, kinds=[k for k in FAULTS if k != "slow"])
+    fake_llm.respond_with(_model_of_serve)
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": empty_database,
+        "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
+        "SUPERAGENT_HTTP__PORT": str(port),
+        "SUPERAGENT_GRPC__PORT": str(free_port()),
+        "OPENAI_BASE_URL": fake_llm.url,
+        "OPENAI_API_KEY": FAKE_API_KEY,
+        "SUPERAGENT_LLM__ATTEMPTS": "2",
+        "SUPERAGENT_LLM__RETRY_BASE_SECONDS": "0.05",
+        "SUPERAGENT_LLM__TIMEOUT": "2",
+    }
+    replica = ReplicaProcess(env, tmp_path / "serve.log", port)
+    replica.start()
+    pool = await asyncpg.create_pool(asyncpg_dsn(empty_database), min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        await assert_eventually(replica.up, timeout=60, message=f"serve is up ({replica.log})")
+        intake = Intake(pool)
+        asked = [
+            await intake.ingest(
+                IncomingTrigger(
+                    source="github",
+                    external_id=f"c-{n}",
+                    thread=ThreadRef(f"acme/app#{n}", title=f"issue {n}"),
+                    actor=ALICE,
+                    kind="issue_comment",
+                    text="@superagent fix the flaky test",
+                )
+            )
+            for n in range(1, 6)
+        ]
+
+        async def all_routed() -> bool:
+            assert replica.alive(), f"serve exited (see {replica.log})"
+            assert await replica.up(), "serve stopped answering"
+            routed = await pool.fetchval(
+                "SELECT count(*) FROM triggers g JOIN mandates m ON m.trigger_id = g.id "
+                "WHERE g.id = ANY($1::text[]) AND g.routed_at IS NOT NULL",
+                [a.trigger_id for a in asked],
+            )
+            return bool(routed == len(asked))
+
+        await assert_eventually(all_routed, timeout=120, message="every trigger routed")
+        outcomes = {row["outcome"] for row in await pool.fetch("SELECT outcome FROM llm_calls")}
+        assert {"ok", "malformed", "transient"} <= outcomes
+    finally:
+        await pool.close()
+        replica.stop()
+    assert replica.kills == 0
