@@ -8,13 +8,13 @@ under a real WorkerService with a device that runs commands for real.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import openai
@@ -25,11 +25,10 @@ from controlplane.db import migrate
 from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.queue import CommandQueue
-from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
-from controlplane.leadership import Leadership
-from controlplane.router.router import Router, RouterService
-from controlplane.settings import LlmSettings, Settings, WorkerSettings
+from controlplane.ingest.intake import Intake
+from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.router.router import Router
+from controlplane.settings import LlmSettings
 from tests.fakes.openai_server import (
     FAKE_API_KEY,
     FAKE_MODEL,
@@ -42,15 +41,17 @@ from tests.fakes.openai_server import (
 )
 from tests.helpers import assert_eventually, free_port, save_policy
 from tests.replica_process import ReplicaProcess
+from tests.router_harness import ALICE, ask, router_running, tickets_for_batch
 from tests.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
-    client_for,
     device_fixture,
     dsn_fixture,
     queue_fixture,
-    replies_on,
+    report_reply,
+    state_is,
     ticket,
     tool_results,
+    workers_running,
 )
 
 # Quick retries, a short timeout: each fault is seen in seconds, not minutes.
@@ -71,8 +72,8 @@ CLASSES = {
     "truncated_tool_call": "malformed",
 }
 TOOL_FAULTS = ("invalid_tool_arguments", "unknown_tool", "parallel_storm")
-ALICE = Actor("u-1", "alice")
-TRIGGER = re.compile(r"\[(trg_\w+)\]")
+# Runs the worker service (``async with workers() as service``): the ``workers`` fixture.
+Workers = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
 
 
 def test_every_fault_is_classified_or_a_tool_fault() -> None:
@@ -105,6 +106,12 @@ async def _outcomes(pool: asyncpg.Pool) -> list[str]:
 def _times(kind: str) -> int:
     """How many answers the fault takes to exhaust the boundary's tries."""
     return FAST["attempts"] if CLASSES.get(kind) == "transient" else 1  # type: ignore[return-value]
+
+
+async def _completed(pool: asyncpg.Pool, ticket_id: str) -> None:
+    await assert_eventually(
+        lambda: state_is(pool, ticket_id, "completed"), timeout=30, message="the ticket completed"
+    )
 
 
 # -- the module, against the fake over HTTP ------------------------------------------------
@@ -215,22 +222,7 @@ def _decide(request: ChatRequest) -> Reply:
     """The model when it is back: a ticket for each trigger, then done."""
     if any('"ticket"' in str(m.get("content")) for m in request.tool_results()):
         return Reply(content="Done.")
-    triggers = TRIGGER.findall(request.last_user_message() or "")
-    return Reply(
-        tool_calls=[
-            ToolCall(
-                "create_ticket",
-                {
-                    "title": "fix it",
-                    "scope": "as asked",
-                    "threads": [],
-                    "device": None,
-                    "mandate_from": trigger,
-                },
-            )
-            for trigger in triggers
-        ]
-    )
+    return tickets_for_batch(request)
 
 
 @pytest.mark.parametrize("kind", sorted(FAULTS))
@@ -246,22 +238,8 @@ async def test_the_router_survives_each_fault_and_decides_the_batch_later(
     router = _router(pool, fake_llm, intake)
     fake_llm.script(*[fault(kind)] * _times(kind))
     fake_llm.respond_with(_decide)
-    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
-    service = RouterService(router, leadership, asyncpg_dsn(database_url), pool)
-    await leadership.start()
-    await service.start()
-    try:
-        await asyncio.wait_for(leadership.gained.wait(), 10)
-        asked = await intake.ingest(
-            IncomingTrigger(
-                source="github",
-                external_id="c-1",
-                thread=ThreadRef("acme/app#1", title="issue 1"),
-                actor=ALICE,
-                kind="issue_comment",
-                text="@superagent fix the flaky test",
-            )
-        )
+    async with router_running(router, pool, asyncpg_dsn(database_url)) as service:
+        asked = await ask(intake, 1)
 
         async def decided() -> bool:
             return bool(
@@ -276,9 +254,6 @@ async def test_the_router_survives_each_fault_and_decides_the_batch_later(
         assert not service.task.done(), "the router loop ended"
         assert await pool.fetchval("SELECT count(*) FROM triggers WHERE routed_at IS NULL") == 0
         assert await pool.fetchval("SELECT count(*) FROM tickets") == 1
-    finally:
-        await service.stop()
-        await leadership.stop()
     outcomes = await _outcomes(pool)
     if kind in CLASSES:
         assert outcomes[: _times(kind)] == [CLASSES[kind]] * _times(kind)
@@ -288,41 +263,33 @@ async def test_the_router_survives_each_fault_and_decides_the_batch_later(
 # -- the workers -----------------------------------------------------------------------------
 
 
-def _settings(llm: FakeOpenAIServer) -> Settings:
-    return Settings(
-        openai_base_url=llm.url,
-        openai_api_key=FAKE_API_KEY,
-        workers=WorkerSettings(lease_seconds=4, renew_seconds=1, foreground_seconds=2),
-        llm=LlmSettings(**FAST),
-    )
+@pytest.fixture(name="ticket_id")
+async def ticket_id_fixture(pool: asyncpg.Pool, device: LocalDevice, tmp_path: Path) -> str:
+    """A ticket for the device, to work in the test's temporary directory."""
+    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
+    return ticket_id
 
 
-def _finish(request: ChatRequest) -> Reply:
-    """The model when it is back: report ready."""
-    return Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "all done"})])
+@pytest.fixture(name="workers")
+def workers_fixture(
+    pool: asyncpg.Pool, queue: CommandQueue, fake_llm: FakeOpenAIServer, dsn: str
+) -> Workers:
+    """The worker service, to run (``async with workers() as service``) with quick retries."""
+    return lambda: workers_running(pool, queue, fake_llm, dsn, boundary=LlmSettings(**FAST))
 
 
 @pytest.mark.parametrize("kind", sorted(FAULTS))
 async def test_a_worker_round_given_each_fault_ends_without_the_service(
     kind: str,
     pool: asyncpg.Pool,
-    queue: CommandQueue,
-    device: LocalDevice,
     fake_llm: FakeOpenAIServer,
-    dsn: str,
-    tmp_path: Path,
+    ticket_id: str,
+    workers: Workers,
 ) -> None:
-    from controlplane.workers.service import WorkerService
-
-    ticket_id, _thread_id = await ticket(pool, device, workdir=str(tmp_path))
     fake_llm.script(*[fault(kind)] * _times(kind))
-    fake_llm.respond_with(_finish)
-    service = WorkerService(
-        pool, queue, client_for(fake_llm), _settings(fake_llm), owner="replica-a", dsn=dsn
-    )
-    await service.start()
+    fake_llm.respond_with(lambda request: report_reply("ready", "all done"))
     expected = CLASSES.get(kind)
-    try:
+    async with workers() as service:
         if expected in ("context", "permanent"):
             # Trying again would fail again: the round ends blocked, the class named.
             async def blocked() -> bool:
@@ -339,14 +306,8 @@ async def test_a_worker_round_given_each_fault_ends_without_the_service(
         else:
             # Transient or malformed: the round ends, and resumes when its lease does; a
             # tool fault goes back to the model, which then reports.
-            async def completed() -> bool:
-                state = await pool.fetchval("SELECT state FROM tickets WHERE id = $1", ticket_id)
-                return bool(state == "completed")
-
-            await assert_eventually(completed, timeout=30, message="the ticket completed")
+            await _completed(pool, ticket_id)
         assert not service.task.done(), "the worker service ended"
-    finally:
-        await service.stop(10)
     outcomes = await _outcomes(pool)
     if expected is not None:
         assert outcomes[: _times(kind)] == [expected] * _times(kind)
@@ -354,7 +315,7 @@ async def test_a_worker_round_given_each_fault_ends_without_the_service(
         assert set(outcomes) == {"ok"}
         # Every call of the faulty answer got its tool's error back, each exactly once.
         second = fake_llm.chat_requests[1]
-        errors = [json.loads(m["content"]) for m in second.tool_results()]
+        errors = tool_results(second)
         assert errors
         assert all("error" in e for e in errors)
         if kind == "parallel_storm":
@@ -364,33 +325,18 @@ async def test_a_worker_round_given_each_fault_ends_without_the_service(
 
 async def test_wrong_argument_types_go_back_to_the_model_and_the_corrected_call_runs(
     pool: asyncpg.Pool,
-    queue: CommandQueue,
     device: LocalDevice,
     fake_llm: FakeOpenAIServer,
-    dsn: str,
-    tmp_path: Path,
+    ticket_id: str,
+    workers: Workers,
 ) -> None:
-    from controlplane.workers.service import WorkerService
-
-    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
     fake_llm.script(
         Reply(tool_calls=[ToolCall("shell", {"command": ["echo", "corrected"]})]),
         Reply(tool_calls=[ToolCall("shell", {"command": "echo corrected"})]),
-        Reply(tool_calls=[ToolCall("report", {"status": "ready", "summary": "ok"})]),
+        report_reply("ready", "ok"),
     )
-    service = WorkerService(
-        pool, queue, client_for(fake_llm), _settings(fake_llm), owner="replica-a", dsn=dsn
-    )
-    await service.start()
-    try:
-
-        async def completed() -> bool:
-            state = await pool.fetchval("SELECT state FROM tickets WHERE id = $1", ticket_id)
-            return bool(state == "completed")
-
-        await assert_eventually(completed, timeout=30, message="the ticket completed")
-    finally:
-        await service.stop(10)
+    async with workers():
+        await _completed(pool, ticket_id)
     _first, second, _ = fake_llm.chat_requests
     (refused,) = tool_results(second)
     assert refused == {"error": "arguments.command must be string, not array"}
@@ -402,22 +348,13 @@ async def test_wrong_argument_types_go_back_to_the_model_and_the_corrected_call_
 
 async def test_a_2mb_text_answer_is_cut_and_spilled_before_people_see_it(
     pool: asyncpg.Pool,
-    queue: CommandQueue,
-    device: LocalDevice,
     fake_llm: FakeOpenAIServer,
-    dsn: str,
-    tmp_path: Path,
+    ticket_id: str,
+    workers: Workers,
 ) -> None:
-    from controlplane.workers.service import WorkerService
-
-    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
     huge = "What now? " + "x" * (2 * 1024 * 1024)
     fake_llm.script(Reply(content=huge))
-    service = WorkerService(
-        pool, queue, client_for(fake_llm), _settings(fake_llm), owner="replica-a", dsn=dsn
-    )
-    await service.start()
-    try:
+    async with workers():
 
         async def asked() -> list[str]:
             # The worker's report, as the router gets it to tell the thread.
@@ -430,8 +367,6 @@ async def test_a_2mb_text_answer_is_cut_and_spilled_before_people_see_it(
 
         await assert_eventually(asked, timeout=30, message="the worker's question")
         (question,) = await asked()
-    finally:
-        await service.stop(10)
     assert len(question.encode()) < 24 * 1024
     (blob_id,) = re.findall(r"blob (blb_\w+)", question)
     data = await pool.fetchval("SELECT data FROM blobs WHERE id = $1", blob_id)
@@ -451,7 +386,7 @@ async def test_a_2mb_text_answer_is_cut_and_spilled_before_people_see_it(
 def _model_of_serve(request: ChatRequest) -> Reply:
     """The router decides (a ticket per trigger); a worker reports at once."""
     if "report" in request.tool_names():
-        return Reply(tool_calls=[ToolCall("report", {"status": "question", "summary": "?"})])
+        return report_reply("question", "?")
     return _decide(request)
 
 
@@ -491,19 +426,7 @@ async def test_serve_stays_up_and_routes_everything_through_random_faults(
     try:
         await assert_eventually(replica.up, timeout=60, message=f"serve is up ({replica.log})")
         intake = Intake(pool)
-        asked = [
-            await intake.ingest(
-                IncomingTrigger(
-                    source="github",
-                    external_id=f"c-{n}",
-                    thread=ThreadRef(f"acme/app#{n}", title=f"issue {n}"),
-                    actor=ALICE,
-                    kind="issue_comment",
-                    text="@superagent fix the flaky test",
-                )
-            )
-            for n in range(1, 6)
-        ]
+        asked = [await ask(intake, n) for n in range(1, 6)]
 
         async def all_routed() -> bool:
             assert replica.alive(), f"serve exited (see {replica.log})"

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
 import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
-from controlplane.leadership import Leadership
-from controlplane.router.router import Router, RouterService
+from controlplane.router.router import Router
 from tests.fakes.openai_server import (
     FAKE_MODEL,
     ChatRequest,
@@ -22,10 +20,9 @@ from tests.fakes.openai_server import (
     ToolCall,
 )
 from tests.helpers import assert_eventually, save_policy
+from tests.router_harness import ALICE, ask, batch_of, router_running, tickets_for_batch
 
-ALICE = Actor("u-1", "alice")
 POLICY = Policy(default=SourcePolicy(users=[ALICE.id]))  # by actor id, never by name
-TRIGGER = re.compile(r"\[(trg_\w+)\]")
 
 
 @pytest.fixture
@@ -45,48 +42,16 @@ def router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Ro
     return Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
 
 
-async def _ask(intake: Intake, n: int, text: str = "@superagent fix the flaky test") -> Ingested:
-    return await intake.ingest(
-        IncomingTrigger(
-            source="github",
-            external_id=f"c-{n}",
-            thread=ThreadRef(f"acme/app#{n}", title=f"issue {n}"),
-            actor=ALICE,
-            kind="issue_comment",
-            text=text,
-        )
-    )
-
-
-def _batch_of(request: ChatRequest) -> list[str]:
-    """The trigger ids of the batch this request shows (its last user message)."""
-    return TRIGGER.findall(request.last_user_message() or "")
-
-
 def _ticket_for_each(request: ChatRequest) -> Reply:
     if request.tool_results():
         return Reply(content="Done.")
-    return Reply(
-        tool_calls=[
-            ToolCall(
-                "create_ticket",
-                {
-                    "title": "fix it",
-                    "scope": "as asked",
-                    "threads": [],
-                    "device": None,
-                    "mandate_from": trigger,
-                },
-            )
-            for trigger in _batch_of(request)
-        ]
-    )
+    return tickets_for_batch(request)
 
 
 async def test_a_turn_acts_on_its_batch_and_records_everything(
     router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
 ) -> None:
-    asked = await _ask(intake, 1)
+    asked = await ask(intake, 1)
     fake_llm.respond_with(_ticket_for_each)
     assert await router.turn() == 1
     assert await router.turn() == 0  # nothing left: no model call either
@@ -111,11 +76,11 @@ async def test_a_turn_acts_on_its_batch_and_records_everything(
 async def test_events_arriving_during_a_slow_call_form_the_next_batch(
     router: Router, intake: Intake, fake_llm: FakeOpenAIServer
 ) -> None:
-    first = await _ask(intake, 1)
+    first = await ask(intake, 1)
     slow = asyncio.Event()
 
     def respond(request: ChatRequest) -> Reply:
-        if request.tool_results() or not _batch_of(request):
+        if request.tool_results() or not batch_of(request):
             return Reply(content="ok")
         if request.index == 0:
             slow.set()
@@ -125,17 +90,17 @@ async def test_events_arriving_during_a_slow_call_form_the_next_batch(
     fake_llm.respond_with(respond)
     turn = asyncio.create_task(router.turn())
     await asyncio.wait_for(slow.wait(), 10)
-    later = [await _ask(intake, n) for n in (2, 3, 4)]
+    later = [await ask(intake, n) for n in (2, 3, 4)]
     assert await turn == 1
     assert await router.turn() == 3
-    batches = [_batch_of(r) for r in fake_llm.chat_requests]
+    batches = [batch_of(r) for r in fake_llm.chat_requests]
     assert batches == [[first.trigger_id], [e.trigger_id for e in later]]
 
 
 async def test_a_failed_model_call_leaves_the_batch_queued(
     router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
 ) -> None:
-    asked = await _ask(intake, 1)
+    asked = await ask(intake, 1)
     fake_llm.script(Reply(error_status=500, should_retry=False))
     with pytest.raises(Exception, match="500"):
         await router.turn()
@@ -152,7 +117,7 @@ async def test_the_prefix_stays_the_same_between_turns(
 ) -> None:
     fake_llm.respond_with(lambda request: Reply(content="noted"))
     for n in range(1, 4):
-        await _ask(intake, n)
+        await ask(intake, n)
         assert await router.turn() == 1
     first, second, third = fake_llm.chat_requests
     assert second.messages[: len(first.messages)] == first.messages
@@ -168,28 +133,20 @@ async def test_the_leader_routes_on_notification(
     database_url: str,
 ) -> None:
     fake_llm.respond_with(_ticket_for_each)
-    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
-    service = RouterService(router, leadership, asyncpg_dsn(database_url), pool)
-    await leadership.start()
-    await service.start()
-    try:
-        await asyncio.wait_for(leadership.gained.wait(), 10)
-        await _ask(intake, 1)
+    async with router_running(router, pool, asyncpg_dsn(database_url)):
+        await ask(intake, 1)
 
         async def ticketed() -> bool:
             return bool(await pool.fetchval("SELECT count(*) FROM tickets"))
 
         await assert_eventually(ticketed, timeout=10)
-    finally:
-        await service.stop()
-        await leadership.stop()
 
 
 async def test_pass_through_causes_no_turn_but_the_next_turn_digests_it(
     router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
 ) -> None:
     fake_llm.respond_with(lambda request: Reply(content="noted"))
-    opened = await _ask(intake, 1)
+    opened = await ask(intake, 1)
     assert await router.turn() == 1
     ticket = "tkt_" + opened.trigger_id.removeprefix("trg_")
     await pool.execute("INSERT INTO tickets (id, title, state) VALUES ($1, 'x', 'running')", ticket)
@@ -209,12 +166,12 @@ async def test_pass_through_causes_no_turn_but_the_next_turn_digests_it(
     assert follow_up.tickets == (ticket,)
     assert await router.turn() == 0
     assert len(fake_llm.chat_requests) == 1  # no model call for it
-    await _ask(intake, 2)
+    await ask(intake, 2)
     assert await router.turn() == 1
     digest = fake_llm.chat_requests[-1].last_user_message() or ""
     assert "Delivered to subscribed tickets" in digest
     assert follow_up.trigger_id in digest
-    await _ask(intake, 3)
+    await ask(intake, 3)
     await router.turn()
     assert follow_up.trigger_id not in (fake_llm.chat_requests[-1].last_user_message() or "")
 
@@ -222,7 +179,7 @@ async def test_pass_through_causes_no_turn_but_the_next_turn_digests_it(
 async def test_the_model_sees_what_it_must_act_on_and_nothing_more(
     router: Router, intake: Intake, fake_llm: FakeOpenAIServer
 ) -> None:
-    asked = await _ask(intake, 1)
+    asked = await ask(intake, 1)
     fake_llm.script(
         # A recall, and a refused call: both results go back to the model.
         Reply(
@@ -247,11 +204,11 @@ async def test_a_new_leader_resumes_the_conversation_where_the_last_one_left_it(
     fake_llm.respond_with(lambda request: Reply(content="noted"))
     first = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
     for n in (1, 2):
-        await _ask(intake, n)
+        await ask(intake, n)
         assert await first.turn() == 1
     # The leader dies; another replica's router takes over the same session.
     second = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
-    await _ask(intake, 3)
+    await ask(intake, 3)
     assert await second.turn() == 1
     assert second.session_id == first.session_id
     before, after = fake_llm.chat_requests[1], fake_llm.chat_requests[2]

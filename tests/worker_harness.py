@@ -33,7 +33,7 @@ from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
-from controlplane.settings import Settings, WorkerSettings
+from controlplane.settings import LlmSettings, Settings, WorkerSettings
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import (
     FAKE_API_KEY,
@@ -273,12 +273,18 @@ async def file_ticket(
     return ticket_id
 
 
-def settings_for(llm: FakeOpenAIServer, **workers: Any) -> Settings:
+def settings_for(
+    llm: FakeOpenAIServer, *, boundary: LlmSettings | None = None, **workers: Any
+) -> Settings:
+    """Settings over the fake model: the workers' quick defaults overridden by ``workers``,
+    and the model boundary's settings (``boundary``, if given)."""
     defaults: dict[str, Any] = {"lease_seconds": 4, "renew_seconds": 1, "foreground_seconds": 2}
+    chosen: dict[str, Any] = {} if boundary is None else {"llm": boundary}
     return Settings(
         openai_base_url=llm.url,
         openai_api_key=FAKE_API_KEY,
         workers=WorkerSettings(**(defaults | workers)),
+        **chosen,
     )
 
 
@@ -294,13 +300,13 @@ async def workers_running(
     dsn: str,
     *,
     owner: str = "replica-a",
+    boundary: LlmSettings | None = None,
     **limits: Any,
 ) -> AsyncIterator[Any]:
     from controlplane.workers.service import WorkerService
 
-    service = WorkerService(
-        pool, queue, client_for(llm), settings_for(llm, **limits), owner=owner, dsn=dsn
-    )
+    settings = settings_for(llm, boundary=boundary, **limits)
+    service = WorkerService(pool, queue, client_for(llm), settings, owner=owner, dsn=dsn)
     await service.start()
     try:
         yield service

@@ -1,0 +1,75 @@
+"""Pieces for router tests: alice's requests on GitHub, the model deciding a ticket for
+each of them, and the router service running under its own leadership."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+
+import asyncpg
+
+from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
+from controlplane.ingest.policy import Actor
+from controlplane.leadership import Leadership
+from controlplane.router.router import Router, RouterService
+from tests.fakes.openai_server import ChatRequest, Reply, ToolCall
+
+ALICE = Actor("u-1", "alice")
+TRIGGER = re.compile(r"\[(trg_\w+)\]")
+
+
+async def ask(intake: Intake, n: int, text: str = "@superagent fix the flaky test") -> Ingested:
+    """alice comments ``text`` on issue ``n`` of acme/app."""
+    return await intake.ingest(
+        IncomingTrigger(
+            source="github",
+            external_id=f"c-{n}",
+            thread=ThreadRef(f"acme/app#{n}", title=f"issue {n}"),
+            actor=ALICE,
+            kind="issue_comment",
+            text=text,
+        )
+    )
+
+
+def batch_of(request: ChatRequest) -> list[str]:
+    """The trigger ids of the batch this request shows (its last user message)."""
+    return TRIGGER.findall(request.last_user_message() or "")
+
+
+def tickets_for_batch(request: ChatRequest) -> Reply:
+    """The model's answer that files a ticket for each trigger of the batch."""
+    return Reply(
+        tool_calls=[
+            ToolCall(
+                "create_ticket",
+                {
+                    "title": "fix it",
+                    "scope": "as asked",
+                    "threads": [],
+                    "device": None,
+                    "mandate_from": trigger,
+                },
+            )
+            for trigger in batch_of(request)
+        ]
+    )
+
+
+@contextlib.asynccontextmanager
+async def router_running(
+    router: Router, pool: asyncpg.Pool, dsn: str
+) -> AsyncIterator[RouterService]:
+    """``router`` under a running ``RouterService``, once its leadership is gained."""
+    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
+    service = RouterService(router, leadership, dsn, pool)
+    await leadership.start()
+    await service.start()
+    try:
+        await asyncio.wait_for(leadership.gained.wait(), 10)
+        yield service
+    finally:
+        await service.stop()
+        await leadership.stop()
