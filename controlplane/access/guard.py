@@ -87,8 +87,9 @@ def check_host(conn: HTTPConnection, settings: Settings) -> None:
         ) from None
 
 
-def check_origin(conn: HTTPConnection) -> None:
-    """Refuse requests a browser sends on behalf of another site's page."""
+def check_origin(conn: HTTPConnection, surface: str = "") -> None:
+    """Refuse requests a browser sends on behalf of another site's page (``surface``
+    names what was asked for, in the refusal: "console", "chat")."""
     origin = conn.headers.get("origin")
     if origin is None:
         return  # not a browser (or a same-origin GET)
@@ -97,4 +98,5 @@ def check_origin(conn: HTTPConnection) -> None:
     hosts = {conn.headers.get("host", ""), *conn.headers.get("x-forwarded-host", "").split(",")}
     # Any Origin, "null" (sandboxed frames) included, must name this host.
     if urlsplit(origin).netloc.lower() not in {h.strip().lower() for h in hosts if h.strip()}:
-        raise Unauthorized("cross-origin requests are refused")
+        what = f"cross-origin {surface} requests" if surface else "cross-origin requests"
+        raise Unauthorized(f"{what} are refused")

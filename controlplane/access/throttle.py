@@ -43,15 +43,3 @@ async def count(engine: AsyncEngine, peer: str, *, limit: int, window: float) ->
 async def clear(engine: AsyncEngine, peer: str) -> None:
     async with engine.begin() as conn:
         await conn.execute(text("DELETE FROM signin_throttle WHERE peer = :peer"), {"peer": peer})
-
-
-async def blocked(engine: AsyncEngine, peer: str, *, limit: int, window: float) -> bool:
-    async with engine.connect() as conn:
-        failures = await conn.scalar(
-            text(
-                "SELECT failures FROM signin_throttle WHERE peer = :peer "
-                "AND window_start >= now() - make_interval(secs => :window)"
-            ),
-            {"peer": peer, "window": window},
-        )
-    return failures is not None and int(failures) >= limit

@@ -22,10 +22,7 @@ _NEXT = (HOME, "/chat")  # where a sign-in may lead
 
 def check_origin(conn: HTTPConnection) -> None:
     """Refuse what a browser sends on behalf of another site's page."""
-    try:
-        guard.check_origin(conn)
-    except Unauthorized:
-        raise Unauthorized("cross-origin console requests are refused") from None
+    guard.check_origin(conn, "console")
 
 
 def check(conn: HTTPConnection, settings: Settings) -> None:

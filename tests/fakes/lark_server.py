@@ -325,14 +325,7 @@ class FakeLark(LoopbackFake):
         if error is not None:
             return error
         if not self.contact_scope:
-            return JSONResponse(
-                {
-                    "code": 99991672,
-                    "msg": "Access denied. One of the following scopes is required: "
-                    "[contact:user.base:readonly]",
-                },
-                status_code=400,
-            )
+            return _missing_scope("contact:user.base:readonly")
         open_id = request.path_params["user_id"]
         name = self.users.get(open_id)
         if name is None:
@@ -346,14 +339,7 @@ class FakeLark(LoopbackFake):
         if error is not None:
             return error
         if not self.contact_scope:
-            return JSONResponse(
-                {
-                    "code": 99991672,
-                    "msg": "Access denied. One of the following scopes is required: "
-                    "[contact:user.id:readonly]",
-                },
-                status_code=400,
-            )
+            return _missing_scope("contact:user.id:readonly")
         if request.query_params.get("user_id_type", "open_id") != "open_id":
             return JSONResponse({"code": 99992402, "msg": "field validation failed"}, 400)
         found = []
@@ -397,3 +383,14 @@ class FakeLark(LoopbackFake):
             "operator": {"operator_id": BOT_OPEN_ID, "operator_type": "app"},
         }
         return JSONResponse({"code": 0, "msg": "success", "data": data})
+
+
+def _missing_scope(scope: str) -> JSONResponse:
+    """Lark's answer to a call the app's granted scopes do not cover."""
+    return JSONResponse(
+        {
+            "code": 99991672,
+            "msg": f"Access denied. One of the following scopes is required: [{scope}]",
+        },
+        status_code=400,
+    )

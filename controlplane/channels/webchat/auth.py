@@ -23,10 +23,7 @@ _NAME_MAX = 64
 
 def check_origin(conn: HTTPConnection) -> None:
     """Refuse requests a browser sends on behalf of another site's page."""
-    try:
-        guard.check_origin(conn)
-    except Unauthorized:
-        raise Unauthorized("cross-origin chat requests are refused") from None
+    guard.check_origin(conn, "chat")
 
 
 def check(conn: HTTPConnection, settings: Settings) -> None:
