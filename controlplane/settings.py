@@ -407,6 +407,25 @@ class LlmSettings(BaseModel):
         description="A model's text answer longer than this is cut; the whole of it is "
         "spilled to a blob whose id is given inline.",
     )
+    router_context_tokens: int = Field(
+        128_000,
+        ge=4096,
+        description="The router model's context window, in tokens (the provider's usual "
+        "window for its model).",
+    )
+    worker_context_tokens: int = Field(
+        128_000,
+        ge=4096,
+        description="The worker model's context window, in tokens.",
+    )
+    compact_share: float = Field(
+        0.75,
+        gt=0.1,
+        lt=1.0,
+        description="A session is compacted before a call would fill more than this share "
+        "of its model's window: old tool outputs are cut first, then older turns are "
+        "summarised by the model.",
+    )
 
 
 def _renewal_fits(section: str, renew: float, lease: float) -> None:
@@ -479,6 +498,19 @@ class WorkerSettings(BaseModel):
         "answer in chat (`approve apr_…` / `deny apr_…`); no answer by then counts as a deny.",
     )
     prices: LlmPrices = Field(default_factory=LlmPrices, description="The worker model's prices.")
+    failed_rounds_limit: int = Field(
+        3,
+        ge=1,
+        description="Rounds of a ticket that fail in a row (the model unreachable or "
+        "malformed, an internal error) before it ends blocked, with the error class said on "
+        "its thread. Between them the round is retried with backoff.",
+    )
+    retry_base_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Wait before retrying a failed round; it doubles each time, jittered, "
+        "up to five minutes.",
+    )
     hold_untrusted: Literal["public", "always", "off"] = Field(
         "public",
         description="Hold a worker's push, pull request or credential use that comes right "
@@ -555,6 +587,19 @@ class RouterSettings(BaseModel):
         True,
         description="Events on threads a ticket handles go straight to its worker. Off "
         "(for comparison only): they go through the router, which forwards them.",
+    )
+    quarantine_after: int = Field(
+        3,
+        ge=1,
+        description="Failed turns over an event (a malformed or refused model answer, an "
+        "internal error; an unreachable model does not count) before it is set aside as "
+        "undecidable, the admin told. `superagent triggers retry ID` puts it back.",
+    )
+    model_notice_seconds: float = Field(
+        180.0,
+        gt=0,
+        description="How long the router's model may be unreachable before each thread "
+        "waiting for a reply is told, once, that its message is queued.",
     )
 
     @model_validator(mode="after")

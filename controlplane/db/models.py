@@ -76,6 +76,9 @@ LLM_OUTCOMES = ("ok", "transient", "context", "permanent", "malformed")
 SLOT_KINDS = ("regular", "human")
 FINDING_SEVERITIES = ("info", "warning", "critical")
 APPROVAL_STATES = ("pending", "approved", "denied", "expired", "cancelled")
+# Why one item (a router turn, a worker round, an effect...) failed: a model call's class
+# (controlplane.llm.errors), or ``internal``: an exception in our own code.
+FAILURE_CLASSES = ("transient", "context", "permanent", "malformed", "internal")
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> str:
@@ -190,6 +193,12 @@ class Trigger(Base):
             postgresql_where=text("text LIKE '%apr\\_%'"),
         ),
         CheckConstraint(_one_of("route", TRIGGER_ROUTES), name="route"),
+        # What the router gave up on (quarantined): few, listed by status and the console.
+        Index(
+            "ix_triggers_undecidable",
+            "undecidable_at",
+            postgresql_where=text("undecidable_at IS NOT NULL"),
+        ),
     )
     id: Mapped[str] = _id("trg")
     source: Mapped[str] = mapped_column(String(50))
@@ -222,6 +231,14 @@ class Trigger(Base):
     routed_at: Mapped[datetime | None]
     # Passed through to subscribed tickets and not yet in a router turn's digest.
     digested_at: Mapped[datetime | None]
+    # Router turns over a batch holding it that failed (not counting an unreachable model),
+    # and the last reason; past router.quarantine_after it is undecidable: out of the inbox
+    # (routed_at set too) with its reason, until ``superagent triggers retry``.
+    route_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    route_error: Mapped[str | None] = mapped_column(Text)
+    undecidable_at: Mapped[datetime | None]
+    # When its thread was told the model is unreachable and this waits (once per thread).
+    model_notice_at: Mapped[datetime | None]
 
 
 class Device(Base):
@@ -432,6 +449,11 @@ class Ticket(Base):
     cost_usd: Mapped[Decimal] = mapped_column(
         Numeric(12, 6), default=Decimal(0), server_default=text("0")
     )
+    # Rounds that failed in a row (reset by a model step that succeeds), when the next one
+    # may start, and why the last failed; past workers.failed_rounds_limit: blocked.
+    failed_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    retry_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
 
@@ -736,6 +758,26 @@ class Effect(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
     dead_at: Mapped[datetime | None]
+
+
+class ItemFailure(Base):
+    """One item that failed while a loop handled it: recorded, then retried or quarantined
+    (controlplane.failures). ``/metrics`` counts them by loop and class."""
+
+    __tablename__ = "item_failures"
+    __table_args__ = (
+        Index(None, "created_at"),
+        Index(None, "item_id"),
+        CheckConstraint(_one_of("error_class", FAILURE_CLASSES), name="error_class"),
+    )
+    id: Mapped[str] = _id("ifl")
+    loop: Mapped[str] = mapped_column(String(30))  # router, workers, effects, ...
+    item_id: Mapped[str] = mapped_column(String(500))  # trg_…, tkt_…, eff_…
+    error_class: Mapped[str] = mapped_column(String(20))
+    error: Mapped[str] = mapped_column(Text)
+    # This failure was the last try: the item is quarantined.
+    quarantined: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    created_at: Mapped[datetime] = _created()
 
 
 class LlmCall(Base):

@@ -8,11 +8,12 @@ from datetime import datetime
 import asyncpg
 
 from controlplane import pause
+from controlplane.alerts import alert_admin
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.settings import WatchdogSettings
 from controlplane.watchdog.findings import Open, acted
 from controlplane.workers import control, events, reports
-from superagent_shared.ids import new_id, stable_id
+from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
 
@@ -66,31 +67,12 @@ async def pause_agent(pool: asyncpg.Pool, finding: Open, why: str) -> None:
 
 async def alert(pool: asyncpg.Pool, settings: WatchdogSettings, finding: Open, text: str) -> bool:
     """Tell the admin channel, once per finding. Without one, the finding is the record."""
-    if not settings.admin_thread or ":" not in settings.admin_thread:
-        await acted(pool, finding.id, "alert", f"(no admin channel configured) {text}")
-        log.warning("watchdog alert: %s", text)
-        return False
-    source, external_id = settings.admin_thread.split(":", 1)
     async with pool.acquire() as conn, conn.transaction():
-        thread_id = await conn.fetchval(
-            "INSERT INTO threads (id, source, external_id, title) VALUES ($1, $2, $3, $4) "
-            "ON CONFLICT (source, external_id) DO UPDATE SET source = EXCLUDED.source "
-            "RETURNING id",
-            new_id("thr"),
-            source,
-            external_id,
-            "Super-agent admin",
+        sent = await alert_admin(conn, settings.admin_thread, f"watchdog-alert:{finding.id}", text)
+        await acted(
+            conn, finding.id, "alert", text if sent else f"(no admin channel configured) {text}"
         )
-        await enqueue_reply(
-            conn,
-            str(thread_id),
-            f"⚠ {text}",
-            stable_id("msg", f"watchdog-alert:{finding.id}"),
-            clip=False,
-        )
-        await acted(conn, finding.id, "alert", text)
-    log.warning("watchdog alert: %s", text)
-    return True
+    return sent
 
 
 def ago(at: datetime, now: datetime) -> str:

@@ -290,6 +290,11 @@ class Worker:
             await conn.execute(
                 "UPDATE assignments SET turns = $2 WHERE id = $1", self.assignment.id, self.turns
             )
+            # The model answered: the failures in a row that block a ticket start over.
+            await conn.execute(
+                "UPDATE tickets SET failed_rounds = 0 WHERE id = $1 AND failed_rounds > 0",
+                ticket.id,
+            )
         return answer.tool_calls
 
     # -- limits --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ PREFIXES = frozenset(
         "rpt",
         "wev",
         "wfd",
+        "ifl",
         "wac",
         "apr",
     }

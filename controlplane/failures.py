@@ -1,0 +1,73 @@
+"""One item's failure, never the process's: classify it, log it once, put it on record.
+
+Every loop that handles items (router turns, worker rounds, effects, channel events, device
+messages, the console hub, the watchdog's checks) catches what goes wrong with one item and
+hands it here. What the loop then does (retry with backoff, quarantine after N attempts) is
+the loop's business; this module only says what kind of failure it was, writes the
+``item_failures`` row ``/metrics`` counts, and logs it: one line for a model's failure, the
+traceback for an exception in our own code (``internal``), which is a bug to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Literal
+
+from controlplane.db.pool import Db
+from controlplane.llm.errors import LlmError
+from superagent_shared.ids import new_id
+
+log = logging.getLogger(__name__)
+
+FailureClass = Literal["transient", "context", "permanent", "malformed", "internal"]
+MAX_ERROR = 2000  # characters of an error kept on record
+
+
+def classify(exc: BaseException) -> FailureClass:
+    """A model call's class, or ``internal`` for anything raised by our own code."""
+    if isinstance(exc, LlmError) and exc.outcome != "ok":
+        return exc.outcome
+    return "internal"
+
+
+def describe(exc: BaseException) -> str:
+    """One line people can read: ``malformed: the answer has no choices``,
+    ``internal: IndexError: list index out of range``."""
+    if isinstance(exc, LlmError):
+        return str(exc)[:MAX_ERROR]
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"internal: {type(exc).__name__}" + (f": {text}" if text else "")[:MAX_ERROR]
+
+
+def logged(logger: logging.Logger, loop: str, item_id: str, exc: BaseException, then: str) -> None:
+    """Log the failure: with its traceback when it is our own bug."""
+    if classify(exc) == "internal":
+        logger.error(
+            "%s: %s failed (%s); %s\n%s",
+            loop,
+            item_id,
+            describe(exc),
+            then,
+            "".join(traceback.format_exception(exc)).rstrip(),
+        )
+    else:
+        logger.warning("%s: %s failed (%s); %s", loop, item_id, describe(exc), then)
+
+
+async def record(
+    db: Db, loop: str, item_id: str, exc: BaseException, *, quarantined: bool = False
+) -> FailureClass:
+    """The failure on record (``item_failures``); returns its class."""
+    kind = classify(exc)
+    await db.execute(
+        "INSERT INTO item_failures (id, loop, item_id, error_class, error, quarantined) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        new_id("ifl"),
+        loop,
+        item_id,
+        kind,
+        describe(exc),
+        quarantined,
+    )
+    return kind
