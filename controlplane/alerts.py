@@ -38,5 +38,7 @@ async def alert_admin(conn: Conn, admin_thread: str | None, key: str, text: str)
         external_id,
         ADMIN_TITLE,
     )
-    await enqueue_reply(conn, str(thread_id), f"⚠ {text}", stable_id("msg", key), clip=False)
+    # Its own namespace of message ids: an alert about a thread's message never replaces it.
+    reply_id = stable_id("msg", f"admin-alert:{key}")
+    await enqueue_reply(conn, str(thread_id), f"⚠ {text}", reply_id, clip=False)
     return True

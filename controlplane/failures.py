@@ -15,6 +15,7 @@ import traceback
 from typing import Literal
 
 from controlplane.db.pool import Db
+from controlplane.errors import TransientError
 from controlplane.llm.errors import LlmError
 from superagent_shared.ids import new_id
 
@@ -25,9 +26,16 @@ MAX_ERROR = 2000  # characters of an error kept on record
 
 
 def classify(exc: BaseException) -> FailureClass:
-    """A model call's class, or ``internal`` for anything raised by our own code."""
+    """A model call's class; ``transient`` for a peer or the network that may answer later;
+    what the exception says of itself (``failure_class``); else ``internal``: our own code
+    raised it."""
     if isinstance(exc, LlmError) and exc.outcome != "ok":
         return exc.outcome
+    declared = getattr(exc, "failure_class", None)
+    if declared in ("transient", "permanent"):
+        return declared  # type: ignore[no-any-return]
+    if isinstance(exc, TransientError | OSError):
+        return "transient"
     return "internal"
 
 
@@ -37,7 +45,8 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, LlmError):
         return str(exc)[:MAX_ERROR]
     text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"internal: {type(exc).__name__}" + (f": {text}" if text else "")[:MAX_ERROR]
+    line = f"{classify(exc)}: {type(exc).__name__}" + (f": {text}" if text else "")
+    return line[:MAX_ERROR]
 
 
 def logged(logger: logging.Logger, loop: str, item_id: str, exc: BaseException, then: str) -> None:

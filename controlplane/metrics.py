@@ -251,12 +251,60 @@ async def _devices(conn: AsyncConnection) -> list[Metric]:
     ]
 
 
+async def _failures(conn: AsyncConnection) -> list[Metric]:
+    """Items that failed (controlplane.failures), and what is quarantined now."""
+    rows = await conn.execute(
+        text(
+            "SELECT loop, error_class, count(*) AS n, count(*) FILTER (WHERE quarantined) AS q "
+            "FROM item_failures GROUP BY loop, error_class ORDER BY 1, 2"
+        )
+    )
+    failed = CounterMetricFamily(
+        "superagent_item_failures",
+        "Items a loop failed to handle (a router turn, a worker round, an effect, a check), "
+        "by loop and class; class internal is an exception in our own code (a bug).",
+        labels=["loop", "class"],
+    )
+    given_up = CounterMetricFamily(
+        "superagent_item_quarantines",
+        "Failures that were an item's last try: it was set aside with its reason.",
+        labels=["loop", "class"],
+    )
+    for row in rows:
+        failed.add_metric([row.loop, row.error_class], row.n)
+        given_up.add_metric([row.loop, row.error_class], row.q)
+    held = (
+        await conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM triggers WHERE undecidable_at IS NOT NULL "
+                "  AND routed_at IS NOT NULL) AS triggers, "
+                "(SELECT count(*) FROM tickets WHERE state = 'waiting_human' "
+                "  AND hold = 'blocked') AS tickets, "
+                "(SELECT count(*) FROM effects WHERE dead_at IS NOT NULL) AS effects"
+            )
+        )
+    ).one()
+    return [
+        failed,
+        given_up,
+        _gauge_by(
+            "superagent_quarantined",
+            "What waits for people now: undecidable events (superagent triggers retry), "
+            "blocked tickets (superagent tickets retry), dead effects.",
+            "kind",
+            ("triggers", "tickets", "effects"),
+            {"triggers": held.triggers, "tickets": held.tickets, "effects": held.effects},
+        ),
+    ]
+
+
 GROUPS: dict[str, Read] = {
     "queues": _queues,
     "effects": _effects,
     "decisions": _decisions,
     "llm": _llm,
     "devices": _devices,
+    "failures": _failures,
 }
 
 

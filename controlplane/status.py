@@ -5,7 +5,7 @@ Shown by ``superagent status`` and on the console.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sqlalchemy import text
@@ -13,6 +13,22 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.leadership import ROUTER_LEASE
+
+WATCHDOG_MARK = "watchdog"  # the watchdog's row in leases (controlplane.watchdog.service)
+
+
+QUARANTINE_SHOWN = 10  # items of each kind listed; the count says how many there are
+
+
+@dataclass
+class Quarantined:
+    """Something set aside after failing, waiting for people."""
+
+    kind: str  # trigger (undecidable), ticket (blocked), effect (dead)
+    id: str
+    reason: str
+    since: datetime
+    release: str  # the command that puts it back
 
 
 @dataclass
@@ -32,6 +48,31 @@ class Status:
     paused_at: datetime | None
     paused_by: str | None
     paused_reason: str | None
+    watchdog: str | None = None  # who runs it, when it last checked; None: not seen
+    watchdog_last_pass: datetime | None = None
+    watchdog_alive: bool = False
+    quarantined_counts: dict[str, int] = field(default_factory=dict)
+    quarantined: list[Quarantined] = field(default_factory=list)
+
+
+_QUARANTINED = """
+(SELECT 'trigger' AS kind, id, coalesce(route_error, '') AS reason, undecidable_at AS since,
+        'superagent triggers retry ' || id AS release, count(*) OVER () AS total
+ FROM triggers WHERE undecidable_at IS NOT NULL AND routed_at IS NOT NULL
+ ORDER BY undecidable_at DESC LIMIT :shown)
+UNION ALL
+(SELECT 'ticket', t.id, coalesce(t.last_error, r.summary, ''), t.updated_at,
+        'superagent tickets retry ' || t.id, count(*) OVER ()
+ FROM tickets t
+ LEFT JOIN LATERAL (SELECT summary FROM reports WHERE ticket_id = t.id
+                    ORDER BY created_at DESC LIMIT 1) r ON true
+ WHERE t.state = 'waiting_human' AND t.hold = 'blocked'
+ ORDER BY t.updated_at DESC LIMIT :shown)
+UNION ALL
+(SELECT 'effect', id, kind || ': ' || coalesce(last_error, ''), dead_at,
+        'superagent effects retry ' || id, count(*) OVER ()
+ FROM effects WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT :shown)
+"""
 
 
 async def read(session: AsyncSession, model: str) -> Status:
@@ -45,6 +86,16 @@ async def read(session: AsyncSession, model: str) -> Status:
         )
     ).first()
     paused = (await session.execute(text("SELECT paused_at, paused_by, reason FROM pause"))).first()
+    watchdog = (
+        await session.execute(
+            text(
+                "SELECT holder, renewed_at, expires_at > now() AS alive FROM leases "
+                "WHERE name = :name"
+            ),
+            {"name": WATCHDOG_MARK},
+        )
+    ).first()
+    quarantined = (await session.execute(text(_QUARANTINED), {"shown": QUARANTINE_SHOWN})).all()
     counts = (
         await session.execute(
             text(
@@ -80,6 +131,14 @@ async def read(session: AsyncSession, model: str) -> Status:
         paused_at=paused.paused_at if paused else None,
         paused_by=paused.paused_by if paused else None,
         paused_reason=paused.reason if paused else None,
+        watchdog=watchdog.holder if watchdog else None,
+        watchdog_last_pass=watchdog.renewed_at if watchdog else None,
+        watchdog_alive=bool(watchdog.alive) if watchdog else False,
+        quarantined_counts={row.kind: int(row.total) for row in quarantined},
+        quarantined=[
+            Quarantined(row.kind, row.id, row.reason[:300], row.since, row.release)
+            for row in quarantined
+        ],
     )
 
 
@@ -108,3 +167,12 @@ def ago(when: datetime | None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit} ago"
     return f"{seconds}s ago"
+
+
+def watchdog_line(status: Status) -> str:
+    if status.watchdog is None:
+        return "never seen (`superagent up` runs it; with `serve`, run `superagent watchdog`)"
+    when = ago(status.watchdog_last_pass)
+    if not status.watchdog_alive:
+        return f"NOT RUNNING: last pass {when} by {status.watchdog}"
+    return f"{status.watchdog}, last pass {when}"

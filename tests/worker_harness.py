@@ -278,7 +278,12 @@ def settings_for(
 ) -> Settings:
     """Settings over the fake model: the workers' quick defaults overridden by ``workers``,
     and the model boundary's settings (``boundary``, if given)."""
-    defaults: dict[str, Any] = {"lease_seconds": 4, "renew_seconds": 1, "foreground_seconds": 2}
+    defaults: dict[str, Any] = {
+        "lease_seconds": 4,
+        "renew_seconds": 1,
+        "foreground_seconds": 2,
+        "retry_base_seconds": 0.5,
+    }
     chosen: dict[str, Any] = {} if boundary is None else {"llm": boundary}
     return Settings(
         openai_base_url=llm.url,

@@ -9,6 +9,7 @@ from controlplane.cli.config import config
 from controlplane.cli.db import migrate
 from controlplane.cli.devices import devices
 from controlplane.cli.doctor import doctor
+from controlplane.cli.effects import effects
 from controlplane.cli.pausing import pause, resume
 from controlplane.cli.say import say
 from controlplane.cli.status import status
@@ -47,6 +48,7 @@ cli.add_command(tickets)
 cli.add_command(watchdog)
 cli.add_command(say)
 cli.add_command(doctor)
+cli.add_command(effects)
 
 
 def main() -> None:

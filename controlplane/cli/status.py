@@ -16,7 +16,8 @@ from controlplane.status import ago
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:
-    """Show who leads the router, what waits for it, and devices and tickets at a glance.
+    """Show who leads the router, what waits for it, devices and tickets at a glance, and
+    what was set aside after failing (quarantined), with the command that releases each.
 
     Reads the shared database, so it works from any machine that can reach it
     (DATABASE_URL), whether or not a replica runs here.
@@ -43,3 +44,27 @@ def status(as_json: bool) -> None:
         f"{result.tickets_waiting_human} waiting for people"
     )
     click.echo(f"devices:        {result.devices_online} online of {result.devices_paired} paired")
+    click.echo(f"watchdog:       {status_of.watchdog_line(result)}")
+    counts = result.quarantined_counts
+    if not counts:
+        click.echo("quarantined:    nothing")
+        return
+    click.echo(
+        "quarantined:    "
+        + ", ".join(f"{n} {_PLURAL[kind]}" for kind, n in counts.items())
+        + " (each waits for people)"
+    )
+    for item in result.quarantined:
+        click.echo(f"  {item.id}  {ago(item.since):>8}  {item.reason}")
+        click.echo(f"  {'':16}  {'':>8}  release: {item.release}")
+    shown = {kind: sum(1 for i in result.quarantined if i.kind == kind) for kind in counts}
+    for kind, n in counts.items():
+        if n > shown[kind]:
+            click.echo(f"  … and {n - shown[kind]} more {_PLURAL[kind]}")
+
+
+_PLURAL = {
+    "trigger": "undecidable event(s)",
+    "ticket": "blocked ticket(s)",
+    "effect": "dead effect(s)",
+}

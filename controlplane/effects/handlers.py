@@ -34,6 +34,8 @@ class Permanent(Exception):
     a deleted target): it is parked as dead at once, with this message, instead of retried.
     """
 
+    failure_class = "permanent"  # as controlplane.failures counts it
+
 
 Handler = Callable[[ClaimedEffect], Awaitable[None]]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from controlplane import backoff
+from controlplane import backoff, failures
 from controlplane.db import pool as db_pool
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
 from controlplane.effects.outbox import NOTIFY_CHANNEL
@@ -293,6 +293,12 @@ class EffectRunner(Service):
             limit,
             self.owner,
         )
+        if dead:
+            assert self._pool is not None
+            with contextlib.suppress(Exception):  # the effect's own row is the record
+                await failures.record(
+                    self._pool, "effects", f"{effect.id} {effect.kind}", exc, quarantined=True
+                )
 
     async def _settle(self, query: str, *args: Any) -> None:
         """Write one effect's outcome; a failure here leaves it to the lease, never lost."""

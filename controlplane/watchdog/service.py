@@ -21,15 +21,19 @@ findings``).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import openai
 
+from controlplane import failures
 from controlplane.gateway.queue import DONE_CHANNEL
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
+from controlplane.status import WATCHDOG_MARK
 from controlplane.watchdog import actions, checks, drift, findings
 from controlplane.watchdog.findings import Open, Seen
 
@@ -90,31 +94,67 @@ class Watchdog(Service):
             await self._postgres_was_down()
         seen_all: list[Open] = []
         for check, kinds in CHECKS:
-            seen = await check(self.pool, self.settings)
-            for kind in kinds:
-                recorded = await findings.record(
-                    self.pool, kind, [s for s in seen if s.kind == kind]
-                )
-                for finding in recorded:
-                    await self._act(
-                        finding,
-                        next(s for s in seen if s.subject == finding.subject and s.kind == kind),
-                    )
-                seen_all += recorded
+            try:
+                seen_all += await self._run_check(check, kinds)
+            except Exception as exc:
+                await self._check_failed(check.__name__, exc)
         if self.drift is not None:
-            recorded = await findings.record(self.pool, "drift", await self.drift.check())
-            for finding in recorded:
-                if "nudge" not in finding.actions:
-                    await actions.nudge(
-                        self.pool,
-                        finding,
-                        finding.subject,
-                        f"The watchdog thinks you may be drifting from this ticket's goal: "
-                        f"{finding.summary} Get back to the scope, or report why not.",
-                    )
-            seen_all += recorded
+            try:
+                seen_all += await self._drift(self.drift)
+            except Exception as exc:
+                await self._check_failed("drift", exc)
         self.passes += 1
+        await self._mark_pass()
         return seen_all
+
+    async def _mark_pass(self) -> None:
+        """Say the watchdog is alive (``superagent status`` shows it): a row in ``leases``
+        that stays valid for three passes."""
+        await self.pool.execute(
+            "INSERT INTO leases (name, holder, acquired_at, renewed_at, expires_at) "
+            "VALUES ($1, $2, now(), now(), now() + $3::interval) "
+            "ON CONFLICT (name) DO UPDATE SET expires_at = EXCLUDED.expires_at, "
+            "renewed_at = now(), "
+            "acquired_at = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.acquired_at "
+            "ELSE now() END, holder = EXCLUDED.holder",
+            WATCHDOG_MARK,
+            f"{socket.gethostname()}:{os.getpid()}",
+            timedelta(seconds=self.config.interval_seconds * 3),
+        )
+
+    async def _run_check(self, check: Check, kinds: tuple[str, ...]) -> list[Open]:
+        seen = await check(self.pool, self.settings)
+        out: list[Open] = []
+        for kind in kinds:
+            recorded = await findings.record(self.pool, kind, [s for s in seen if s.kind == kind])
+            for finding in recorded:
+                await self._act(
+                    finding,
+                    next(s for s in seen if s.subject == finding.subject and s.kind == kind),
+                )
+            out += recorded
+        return out
+
+    async def _check_failed(self, name: str, exc: Exception) -> None:
+        """One check failing is that check's failure this pass; the others still run. Only
+        the database going away ends the pass (and is reported once, by :meth:`run`)."""
+        if is_transient(exc) or isinstance(exc, asyncpg.PostgresError):
+            raise exc
+        failures.logged(log, "watchdog", name, exc, "the other checks go on")
+        await failures.record(self.pool, "watchdog", name, exc)
+
+    async def _drift(self, check: drift.DriftCheck) -> list[Open]:
+        recorded = await findings.record(self.pool, "drift", await check.check())
+        for finding in recorded:
+            if "nudge" not in finding.actions:
+                await actions.nudge(
+                    self.pool,
+                    finding,
+                    finding.subject,
+                    f"The watchdog thinks you may be drifting from this ticket's goal: "
+                    f"{finding.summary} Get back to the scope, or report why not.",
+                )
+        return recorded
 
     async def _act(self, finding: Open, seen: Seen) -> None:
         done = finding.actions

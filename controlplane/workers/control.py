@@ -22,6 +22,7 @@ from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import CLOSED_TICKET_STATES, WORKERS_CHANNEL
 from controlplane.workers import events, slots
+from controlplane.workers.retries import HOLD as RETRYING
 
 
 async def _state(conn: Conn, ticket_id: str) -> str:
@@ -57,9 +58,16 @@ async def stop(conn: Conn, ticket_id: str, *, by: str) -> str:
 
 
 async def retry(pool: asyncpg.Pool, ticket_id: str, *, by: str, note: str = "") -> None:
-    """Wake a worker that waits for people (after blocked, failed, or a question)."""
+    """Wake a worker that waits for people (after blocked, failed, or a question), or retry
+    a failed round now instead of after its backoff."""
     async with pool.acquire() as conn, conn.transaction():
         state = await _state(conn, ticket_id)
+        if state == "open" and await conn.fetchval(
+            "UPDATE tickets SET retry_at = now() WHERE id = $1 AND hold = $2 RETURNING id",
+            ticket_id,
+            RETRYING,
+        ):
+            return  # its failed round is retried now rather than after the backoff
         if state != "waiting_human":
             raise InvalidInput(f"{ticket_id} is {state}; only a ticket waiting for people retries")
         hold = await conn.fetchval("SELECT hold FROM tickets WHERE id = $1", ticket_id)

@@ -115,54 +115,65 @@ async def finish(
     """Apply a final report (``ready|question|blocked|failed``); returns the ticket's new
     state. The round ends in the same transaction. ``to_router=False``: the caller passes
     the report on itself (the single-session baseline's subagent tool)."""
-    status = report["status"]
     async with pool.acquire() as conn, conn.transaction():
-        ticket = await conn.fetchrow(
-            "SELECT title, pr_url, speculative FROM tickets WHERE id = $1 FOR UPDATE", ticket_id
-        )
-        assert ticket is not None
-        used = await spent(conn, ticket_id)
-        pr_url = report.get("pr_url") or ticket["pr_url"]
-        report_id = new_id("rpt")
-        if assignment_id is not None:
-            await slots.end(conn, assignment_id, status)
-        if ticket["speculative"]:
-            # Nothing confirmed: discarded without a word to anyone.
-            await conn.execute(
-                "UPDATE tickets SET state = 'stopped', hold = 'discarded', updated_at = now() "
-                "WHERE id = $1",
-                ticket_id,
-            )
-            await conn.execute(
-                "UPDATE mandates SET revoked_at = now() "
-                "WHERE ticket_id = $1 AND revoked_at IS NULL",
-                ticket_id,
-            )
-            await _insert_report(conn, report_id, ticket_id, assignment_id, report, None, used)
-            return "stopped"
-        if status == "ready":
-            state, hold = ("ready", None) if pr_url else ("completed", "ready")
-        else:
-            state, hold = "waiting_human", status
+        return await finish_in(conn, ticket_id, assignment_id, report, to_router=to_router)
+
+
+async def finish_in(
+    conn: Conn,
+    ticket_id: str,
+    assignment_id: str | None,
+    report: dict[str, Any],
+    *,
+    to_router: bool = True,
+) -> str:
+    """:func:`finish` inside the caller's transaction."""
+    status = report["status"]
+    ticket = await conn.fetchrow(
+        "SELECT title, pr_url, speculative FROM tickets WHERE id = $1 FOR UPDATE", ticket_id
+    )
+    assert ticket is not None
+    used = await spent(conn, ticket_id)
+    pr_url = report.get("pr_url") or ticket["pr_url"]
+    report_id = new_id("rpt")
+    if assignment_id is not None:
+        await slots.end(conn, assignment_id, status)
+    if ticket["speculative"]:
+        # Nothing confirmed: discarded without a word to anyone.
         await conn.execute(
-            "UPDATE tickets SET state = $2, hold = $3, pr_url = coalesce(pr_url, $4), "
-            "updated_at = now() WHERE id = $1",
+            "UPDATE tickets SET state = 'stopped', hold = 'discarded', updated_at = now() "
+            "WHERE id = $1",
             ticket_id,
-            state,
-            hold,
-            report.get("pr_url"),
         )
-        trigger_id = None
-        if to_router:
-            trigger_id = await _to_router(
-                conn,
-                report_id,
-                ticket_id,
-                _render(ticket_id, ticket["title"], report, pr_url, used),
-                f"report.{status}",
-            )
-        await _insert_report(conn, report_id, ticket_id, assignment_id, report, trigger_id, used)
-        return state
+        await conn.execute(
+            "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
+            ticket_id,
+        )
+        await _insert_report(conn, report_id, ticket_id, assignment_id, report, None, used)
+        return "stopped"
+    if status == "ready":
+        state, hold = ("ready", None) if pr_url else ("completed", "ready")
+    else:
+        state, hold = "waiting_human", status
+    await conn.execute(
+        "UPDATE tickets SET state = $2, hold = $3, pr_url = coalesce(pr_url, $4), "
+        "updated_at = now() WHERE id = $1",
+        ticket_id,
+        state,
+        hold,
+        report.get("pr_url"),
+    )
+    trigger_id = None
+    if to_router:
+        trigger_id = await _to_router(
+            conn,
+            report_id,
+            ticket_id,
+            _render(ticket_id, ticket["title"], report, pr_url, used),
+            f"report.{status}",
+        )
+    await _insert_report(conn, report_id, ticket_id, assignment_id, report, trigger_id, used)
+    return state
 
 
 async def _insert_report(

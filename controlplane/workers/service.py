@@ -30,15 +30,14 @@ import openai
 from controlplane.authorization import devices as access
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.db import outage
-from controlplane.errors import SuperagentError
+from controlplane.errors import SuperagentError, TransientError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.inbox import IS_STOP
 from controlplane.ingest.intake import CLOSED_SQL, INBOX_CHANNEL, WORKERS_CHANNEL
-from controlplane.llm import LlmError
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.workers import control, reports, slots
+from controlplane.workers import control, reports, retries, slots
 from controlplane.workers.authority import CI_KINDS, HOLD
 from controlplane.workers.worker import RoundOver, Worker
 from superagent_shared.ids import stable_id
@@ -50,7 +49,9 @@ POLL_SECONDS = 1.0
 _CI_SQL = ", ".join(f"'{kind}'" for kind in sorted(CI_KINDS))
 # Tickets that need a round, and why; human-woken ones may use the extra slot.
 _WAKE = f"""
-SELECT t.id, t.state, 'new' AS why, false AS human FROM tickets t WHERE t.state = 'open'
+SELECT t.id, t.state, CASE WHEN t.hold = 'retrying' THEN 'retry' ELSE 'new' END AS why,
+       false AS human
+FROM tickets t WHERE t.state = 'open' AND (t.retry_at IS NULL OR t.retry_at <= now())
 UNION ALL
 SELECT t.id, t.state, 'device', false FROM tickets t JOIN devices d ON d.id = t.device_id
 WHERE t.state = 'waiting_device' AND d.revoked_at IS NULL
@@ -231,30 +232,36 @@ class WorkerService(Service):
                 log.info("workers: %s", over)
             except asyncio.CancelledError:
                 raise
-            except LlmError as exc:
-                # A model that keeps failing is this round's failure, not the service's.
-                log.warning(
-                    "workers: round %s of %s failed: the model call ended %s (%s); it "
-                    "resumes when its lease ends",
-                    assignment.id,
-                    assignment.ticket_id,
-                    exc.outcome,
-                    exc.message,
-                )
             except Exception as exc:
-                # The lease is left to expire: the round resumes then, here or elsewhere.
-                log.warning(
-                    "workers: round %s of %s failed (%s: %s); it resumes when its lease ends",
-                    assignment.id,
-                    assignment.ticket_id,
-                    type(exc).__name__,
-                    exc,
-                )
+                await self._failed(assignment, exc)
             finally:
                 self.rounds.pop(assignment.id, None)
                 self._wake.set()
 
         self.rounds[assignment.id] = asyncio.create_task(run(), name=f"worker {assignment.id}")
+
+    async def _failed(self, assignment: slots.Assignment, exc: Exception) -> None:
+        """A round's failure is its ticket's (retried with backoff, then blocked), never the
+        service's. Only when the database itself is away is the lease left to expire: the
+        round is taken over once it is back."""
+        if is_transient(exc) and not isinstance(exc, TransientError):  # the database's
+            if not await outage.absorbed(exc, "workers"):
+                log.warning(
+                    "workers: round %s of %s lost its database (%s); it resumes when its "
+                    "lease ends",
+                    assignment.id,
+                    assignment.ticket_id,
+                    exc,
+                )
+            return
+        try:
+            await retries.round_failed(self.pool, self.settings, assignment, exc)
+        except Exception as write:  # the lease is the fallback
+            log.warning(
+                "workers: could not record the failure of %s (%s); it resumes when its lease ends",
+                assignment.id,
+                write,
+            )
 
     # -- starting rounds -----------------------------------------------------------------
 

@@ -84,7 +84,7 @@ async def start(
             return None
         moved = await conn.fetchval(
             "UPDATE tickets SET state = 'running', hold = NULL, wait_until = NULL, "
-            "updated_at = now() WHERE id = $1 AND state = ANY($2::text[]) "
+            "retry_at = NULL, updated_at = now() WHERE id = $1 AND state = ANY($2::text[]) "
             "AND NOT EXISTS (SELECT 1 FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL) "
             "RETURNING id",
             ticket_id,

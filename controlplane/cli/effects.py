@@ -1,0 +1,79 @@
+"""``superagent effects``: the outbox's actions that gave up (dead), and putting them back."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import click
+
+from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.dbsession import run_with_pool
+from controlplane.effects.outbox import NOTIFY_CHANNEL
+from controlplane.errors import InvalidInput, NotFound
+
+
+@click.group()
+def effects() -> None:
+    """The outbox: every external action (a reply, a pull request...) runs from it after its
+    transaction commits, retried with backoff. One that keeps failing is parked as dead,
+    with its last error, until you retry it.
+
+    \b
+    Examples:
+      superagent effects list --dead
+      superagent effects retry eff_8f3k2q4m9x1a
+    """
+
+
+@effects.command(name="list")
+@click.option("--dead", is_flag=True, help="Only those that gave up.")
+@click.option("--limit", default=50, show_default=True, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_(dead: bool, limit: int, as_json: bool) -> None:
+    """Effects in the outbox, oldest first: waiting, retrying, or dead."""
+    setup_logging("WARNING")
+    rows = run_with_pool(
+        load_settings(),
+        lambda pool: pool.fetch(
+            "SELECT id, kind, key, attempts, last_error, dead_at, next_attempt_at, created_at "
+            "FROM effects WHERE $1::bool IS FALSE OR dead_at IS NOT NULL "
+            "ORDER BY created_at, id LIMIT $2",
+            dead,
+            limit,
+        ),
+    )
+    if as_json:
+        click.echo(json.dumps([dict(row) for row in rows], default=str, indent=2))
+        return
+    if not rows:
+        click.echo("No dead effects." if dead else "The outbox is empty.")
+        return
+    for row in rows:
+        state = "dead" if row["dead_at"] else f"{row['attempts']} attempt(s)"
+        error = f"  {row['last_error'][:200]}" if row["last_error"] else ""
+        click.echo(f"{row['id']}  {row['kind']:<24} {state:<14}{error}")
+
+
+@effects.command()
+@click.argument("effect")
+def retry(effect: str) -> None:
+    """Run a dead EFFECT again, from its first attempt."""
+    setup_logging("WARNING")
+
+    async def revive(pool: asyncpg.Pool) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow("SELECT dead_at FROM effects WHERE id = $1", effect)
+            if row is None:
+                raise NotFound(f"no effect {effect} (it may have run and been removed)")
+            if row["dead_at"] is None:
+                raise InvalidInput(f"{effect} is not dead; it runs by itself")
+            await conn.execute(
+                "UPDATE effects SET dead_at = NULL, attempts = 0, last_error = NULL, "
+                "locked_by = NULL, next_attempt_at = now() WHERE id = $1",
+                effect,
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, effect)
+
+    run_with_pool(load_settings(), revive)
+    click.echo(f"{effect} is back in the outbox; it runs at once.")
