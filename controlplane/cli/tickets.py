@@ -81,6 +81,13 @@ def show(ticket: str, as_json: bool) -> None:
     if view.device_grant is not None:
         click.echo(f"  access:   {views.describe_grant(view.device_grant)}")
     click.echo(f"  spent:    {view.tokens:,} tokens, ${view.cost_usd:.4f}")
+    if view.last_error and (view.failed_rounds or view.hold == "blocked"):
+        click.echo(f"  failed:   {view.last_error}")
+        if view.retry_at is not None:
+            click.echo(
+                f"  retries:  round {view.failed_rounds + 1} at {view.retry_at:%H:%M:%S} UTC "
+                f"(`superagent tickets retry {view.id}` tries now)"
+            )
     if view.pr_url:
         click.echo(f"  pull request: {view.pr_url}")
     for thread in found.threads:

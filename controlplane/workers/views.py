@@ -30,6 +30,11 @@ class TicketView:
     initiator: str | None
     # Why the requester may use the device (controlplane.authorization): rule, match, when.
     device_grant: dict[str, Any] | None = None
+    # Rounds failed in a row, why the last failed, when the next may start
+    # (controlplane.workers.retries).
+    failed_rounds: int = 0
+    last_error: str | None = None
+    retry_at: datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -46,6 +51,9 @@ class TicketView:
             "updated_at": self.updated_at.isoformat(),
             "initiator": self.initiator,
             "device_grant": self.device_grant,
+            "failed_rounds": self.failed_rounds,
+            "last_error": self.last_error,
+            "retry_at": self.retry_at.isoformat() if self.retry_at else None,
         }
 
 
@@ -53,7 +61,8 @@ _SELECT = """
 SELECT t.id, t.title, t.state, t.hold, d.name AS device, t.speculative, t.pr_url,
        t.tokens_used AS tokens, t.cost_usd, t.wait_until, t.updated_at,
        (SELECT initiator_name FROM mandates m WHERE m.ticket_id = t.id
-        ORDER BY m.created_at LIMIT 1) AS initiator, t.device_grant
+        ORDER BY m.created_at LIMIT 1) AS initiator, t.device_grant,
+       t.failed_rounds, t.last_error, t.retry_at
 FROM tickets t LEFT JOIN devices d ON d.id = t.device_id
 """
 
