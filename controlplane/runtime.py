@@ -208,7 +208,7 @@ async def replica(
             else:
                 log.info("no model configured: the router runs in rules-only mode")
                 router = RulesOnlyRouter(pool, queue)
-            services.append(RouterService(router, leadership, dsn, pool))
+            services.append(RouterService(router, leadership, dsn, pool, settings=settings))
             # In every mode: owners' answers to requests for their devices, and expiries.
             services.append(ApprovalService(pool, settings))
             try:

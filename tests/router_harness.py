@@ -13,7 +13,8 @@ import asyncpg
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
 from controlplane.leadership import Leadership
-from controlplane.router.router import Router, RouterService
+from controlplane.router.router import Router, RouterService, TurnTaker
+from controlplane.settings import Settings
 from tests.fakes.openai_server import ChatRequest, Reply, ToolCall
 
 ALICE = Actor("u-1", "alice")
@@ -60,11 +61,31 @@ def tickets_for_batch(request: ChatRequest) -> Reply:
 
 @contextlib.asynccontextmanager
 async def router_running(
-    router: Router, pool: asyncpg.Pool, dsn: str
+    router: Router | TurnTaker,
+    pool: asyncpg.Pool,
+    dsn: str,
+    *,
+    settings: Settings | None = None,
+    retry_base: float | None = None,
 ) -> AsyncIterator[RouterService]:
-    """``router`` under a running ``RouterService``, once its leadership is gained."""
+    """``router`` under a running ``RouterService``, once its leadership is gained.
+
+    ``settings`` give the service its quarantine and notice settings (the defaults
+    otherwise); ``retry_base`` shortens the backoff between failed turns (to at most 16
+    times itself)."""
     leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
-    service = RouterService(router, leadership, dsn, pool)
+    if settings is None and retry_base is None:
+        service = RouterService(router, leadership, dsn, pool)
+    else:
+        service = RouterService(
+            router,
+            leadership,
+            dsn,
+            pool,
+            settings=settings,
+            retry_base=retry_base or 1.0,
+            max_backoff=(retry_base or 1.0) * 16,
+        )
     await leadership.start()
     await service.start()
     try:

@@ -219,8 +219,13 @@ def _router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> R
 
 
 def _decide(request: ChatRequest) -> Reply:
-    """The model when it is back: a ticket for each trigger, then done."""
-    if any('"ticket"' in str(m.get("content")) for m in request.tool_results()):
+    """The model when it is back: a ticket for each trigger, then done (this turn's tool
+    results are after its batch, the last user message)."""
+    last_user = max(
+        (i for i, m in enumerate(request.messages) if m.get("role") == "user"), default=0
+    )
+    this_turn = [m for m in request.messages[last_user + 1 :] if m.get("role") == "tool"]
+    if any('"ticket"' in str(m.get("content")) for m in this_turn):
         return Reply(content="Done.")
     return tickets_for_batch(request)
 
@@ -290,8 +295,8 @@ async def test_a_worker_round_given_each_fault_ends_without_the_service(
     fake_llm.respond_with(lambda request: report_reply("ready", "all done"))
     expected = CLASSES.get(kind)
     async with workers() as service:
-        if expected in ("context", "permanent"):
-            # Trying again would fail again: the round ends blocked, the class named.
+        if expected == "context":
+            # Compacting cannot shrink a first call: the round ends blocked, the class named.
             async def blocked() -> bool:
                 return bool(
                     await pool.fetchval(
@@ -304,8 +309,8 @@ async def test_a_worker_round_given_each_fault_ends_without_the_service(
 
             await assert_eventually(blocked, timeout=20, message="a blocked report")
         else:
-            # Transient or malformed: the round ends, and resumes when its lease does; a
-            # tool fault goes back to the model, which then reports.
+            # Transient, malformed or permanent: the round fails and the next one, after a
+            # backoff, reports; a tool fault goes back to the model, which then reports.
             await _completed(pool, ticket_id)
         assert not service.task.done(), "the worker service ended"
     outcomes = await _outcomes(pool)

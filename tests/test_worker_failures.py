@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -22,7 +22,13 @@ from click.testing import CliRunner
 from controlplane.gateway.queue import CommandQueue
 from controlplane.settings import LlmSettings
 from controlplane.workers.service import WorkerService
-from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall, fault
+from tests.fakes.openai_server import (
+    ChatRequest,
+    FakeOpenAIServer,
+    Reply,
+    ToolCall,
+    fault,
+)
 from tests.helpers import assert_eventually
 from tests.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
@@ -143,7 +149,7 @@ async def test_a_bug_in_our_code_fails_the_round_with_its_traceback_not_the_serv
     from controlplane.workers import tools
 
     async def broken(self: Any, name: str, arguments: str, call_id: str) -> dict[str, Any]:
-        return [][0]  # type: ignore[no-any-return]  # an IndexError in our own code
+        return [][0]  # an IndexError in our own code
 
     monkeypatch.setattr(tools.WorkerToolbox, "call", broken)
     fake_llm.respond_with(lambda request: Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
@@ -173,10 +179,11 @@ async def test_an_answer_that_works_starts_the_count_over(
     tmp_path: Path,
 ) -> None:
     # Two failures, a step that works, two more failures, then a report: never blocked.
+    garbage = cast(Reply, fault("empty_choices"))
     script = iter(
-        [fault("empty_choices")] * 2
+        [garbage] * 2
         + [Reply(tool_calls=[ToolCall("shell", {"command": "echo hi"})])]
-        + [fault("empty_choices")] * 2
+        + [garbage] * 2
     )
 
     def answer(request: ChatRequest) -> Reply:

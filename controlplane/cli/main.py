@@ -14,6 +14,7 @@ from controlplane.cli.pausing import pause, resume
 from controlplane.cli.say import say
 from controlplane.cli.status import status
 from controlplane.cli.tickets import tickets
+from controlplane.cli.triggers import triggers
 from controlplane.cli.up import serve_command, up
 from controlplane.cli.users import users
 from controlplane.cli.versioned import policy, prompts_group
@@ -45,6 +46,7 @@ cli.add_command(policy)
 cli.add_command(prompts_group)
 cli.add_command(users)
 cli.add_command(tickets)
+cli.add_command(triggers)
 cli.add_command(watchdog)
 cli.add_command(say)
 cli.add_command(doctor)

@@ -7,6 +7,10 @@ replied to and its neighbours on the same thread, as short snippets. Everything 
 
 Pass-through events (already delivered to subscribed tickets) cause no turn. The next
 turn still lists them, one line each, as a digest.
+
+Isolation. A trigger whose earlier turn failed (``route_attempts > 0``) is taken alone,
+oldest first, before anything else: a poison event in a batch costs the others one failed
+turn, then each is decided (or, the poison, set aside) in a turn of its own.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class Batch:
     events: list[Event]
     context: dict[str, list[Context]]  # by thread id, oldest first
     digest: list[Event]  # pass-through events since the last turn
+    isolated: bool = False  # a trigger whose earlier turn failed, taken alone
 
     @property
     def trigger_ids(self) -> list[str]:
@@ -79,22 +84,40 @@ def _event(row: asyncpg.Record) -> Event:
 
 
 async def take(pool: asyncpg.Pool, limit: int = MAX_BATCH) -> Batch:
-    """What waits for the router (not yet marked; see :func:`mark_routed`)."""
-    rows = await pool.fetch(
+    """What waits for the router (not yet marked; see :func:`mark_routed`).
+
+    The oldest trigger whose earlier turn failed comes alone, without a digest (so that
+    a failure can only be its own); otherwise everything waiting, up to ``limit``.
+    """
+    retried = await pool.fetch(
         f"SELECT {_EVENT_COLUMNS} FROM triggers t JOIN threads th ON th.id = t.thread_id "
-        "WHERE t.routed_at IS NULL ORDER BY t.created_at, t.id LIMIT $1",
-        limit,
+        "WHERE t.routed_at IS NULL AND t.route_attempts > 0 "
+        "ORDER BY t.created_at, t.id LIMIT 1"
     )
-    events = [_event(row) for row in rows]
-    digest = [
-        _event(row)
-        for row in await pool.fetch(
+    isolated = bool(retried)
+    if isolated:
+        rows = retried
+    else:
+        rows = await pool.fetch(
             f"SELECT {_EVENT_COLUMNS} FROM triggers t JOIN threads th ON th.id = t.thread_id "
-            "WHERE t.route = 'subscribers' AND t.digested_at IS NULL "
-            "ORDER BY t.created_at, t.id LIMIT $1",
-            MAX_DIGEST,
+            "WHERE t.routed_at IS NULL ORDER BY t.created_at, t.id LIMIT $1",
+            limit,
         )
-    ]
+    events = [_event(row) for row in rows]
+    digest = (
+        []
+        if isolated
+        else [
+            _event(row)
+            for row in await pool.fetch(
+                f"SELECT {_EVENT_COLUMNS} FROM triggers t "
+                "JOIN threads th ON th.id = t.thread_id "
+                "WHERE t.route = 'subscribers' AND t.digested_at IS NULL "
+                "ORDER BY t.created_at, t.id LIMIT $1",
+                MAX_DIGEST,
+            )
+        ]
+    )
     context: dict[str, list[Context]] = {}
     if events:
         first_seen: dict[str, tuple[datetime, str]] = {}
@@ -118,7 +141,7 @@ async def take(pool: asyncpg.Pool, limit: int = MAX_BATCH) -> Batch:
         )
         for row in rows:
             context.setdefault(row["thread_id"], []).append(Context(**dict(row)))
-    return Batch(events, context, digest)
+    return Batch(events, context, digest, isolated)
 
 
 def _snippet(text: str, limit: int = SNIPPET) -> tuple[str, int]:

@@ -36,6 +36,7 @@ from controlplane.gateway.queue import TERMINAL, CommandQueue
 from controlplane.ingest.intake import CLOSED_SQL, CLOSED_TICKET_STATES, PolicySource
 from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
+from controlplane.router.router import TurnFailed
 from controlplane.router.tools import Toolbox, Turn
 from controlplane.watchdog import explain
 from controlplane.workers import control
@@ -90,11 +91,15 @@ class RulesOnlyRouter:
         batch = await batches.take(self.pool)
         if not batch:
             return 0
-        for event in batch.events:
-            if not leading():
-                break
-            await self._handle(event)
-        await batches.mark_routed(self.pool, batch)
+        try:
+            for event in batch.events:
+                if not leading():
+                    break
+                await self._handle(event)
+            await batches.mark_routed(self.pool, batch)
+        except Exception as exc:
+            # The batch's failure, never the loop's: counted, isolated, set aside (router.py).
+            raise TurnFailed(batch.trigger_ids, exc, [e.id for e in batch.digest]) from exc
         return len(batch.events)
 
     async def _handle(self, event: batches.Event) -> None:

@@ -6,12 +6,19 @@ Every message is written before anything acts on it: an assistant message with t
 is stored before the first call runs, and each result as soon as it is known. A replica
 that takes over the round reloads the list and finds at worst tool calls without results,
 which :func:`WorkerSession.close_interrupted` answers with "interrupted".
+
+Bounded context. :attr:`WorkerSession.messages` is everything that happened, in order;
+:meth:`WorkerSession.context` is what the model is shown, which a :class:`Compaction`
+shortens (:mod:`controlplane.workers.compaction` decides when and how). A compaction is a
+row of the session too (role ``system``, content ``{"compaction": {...}}``, the whole
+state each time), so a session reopened after a takeover shows the model exactly the
+same context.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controlplane.db.pool import Conn, Db
@@ -21,6 +28,33 @@ INTERRUPTED = (
     "interrupted: the control plane restarted before this call's result was recorded. It "
     "may or may not have happened; check the real state before repeating it."
 )
+REDUCED_CHARS = 1000  # characters of head, and of tail, a reduced tool output keeps
+PROGRESS_NOTE = (
+    "Progress so far: the earlier turns of this session, compacted to keep the context "
+    "bounded (the brief above is whole; recall(id=msg_...) reads an earlier tool output "
+    "in full):\n"
+)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """How the context is shortened: its whole state (each compaction row holds one).
+
+    After the brief, the messages up to ``upto_seq`` are replaced by ``summary``; the tool
+    outputs up to ``reduced_upto`` are shown as head, tail and how to recall the rest.
+    """
+
+    upto_seq: int = 0
+    summary: str = ""
+    reduced_upto: int = 0
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> Compaction:
+        return cls(
+            int(record.get("upto_seq") or 0),
+            str(record.get("summary") or ""),
+            int(record.get("reduced_upto") or 0),
+        )
 
 
 @dataclass
@@ -28,6 +62,9 @@ class WorkerSession:
     id: str
     messages: list[dict[str, Any]] = field(default_factory=list)
     seq: int = 0
+    seqs: list[int] = field(default_factory=list)  # each message's seq
+    ids: list[str] = field(default_factory=list)  # each message's row id (what recall takes)
+    compaction: Compaction = field(default_factory=Compaction)
 
     @classmethod
     async def open(
@@ -36,11 +73,19 @@ class WorkerSession:
         """The session of ``session_id``, or a new one; and whether it is new."""
         if session_id is not None:
             rows = await conn.fetch(
-                "SELECT seq, content FROM session_messages WHERE session_id = $1 ORDER BY seq",
+                "SELECT id, seq, content FROM session_messages WHERE session_id = $1 ORDER BY seq",
                 session_id,
             )
-            messages = [message_content(row["content"])["message"] for row in rows]
-            return cls(session_id, messages, rows[-1]["seq"] if rows else 0), False
+            session = cls(session_id, seq=rows[-1]["seq"] if rows else 0)
+            for row in rows:
+                content = message_content(row["content"])
+                if "compaction" in content:
+                    session.compaction = Compaction.of(content["compaction"])
+                    continue
+                session.messages.append(content["message"])
+                session.seqs.append(row["seq"])
+                session.ids.append(row["id"])
+            return session, False
         session = cls(new_id("ses"))
         await conn.execute(
             "INSERT INTO sessions (id, kind, ticket_id, model) VALUES ($1, 'worker', $2, $3)",
@@ -55,17 +100,81 @@ class WorkerSession:
             return
         first = self.seq + 1
         self.seq += len(messages)
+        ids = [new_id("msg") for _ in messages]
+        seqs = list(range(first, self.seq + 1))
         await conn.execute(
             "INSERT INTO session_messages (id, session_id, seq, role, content) "
             "SELECT i, $1, s, r, c::jsonb "
             "FROM unnest($2::text[], $3::int[], $4::text[], $5::text[]) AS m(i, s, r, c)",
             self.id,
-            [new_id("msg") for _ in messages],
-            list(range(first, self.seq + 1)),
+            ids,
+            seqs,
             [str(m.get("role", "user")) for m in messages],
             [json.dumps({"message": m}, default=str) for m in messages],
         )
         self.messages.extend(messages)
+        self.seqs.extend(seqs)
+        self.ids.extend(ids)
+
+    async def compact(self, conn: Db, compaction: Compaction, **about: Any) -> None:
+        """Record a new compaction state (``about``: what it did, for people) and use it."""
+        self.seq += 1
+        await conn.execute(
+            "INSERT INTO session_messages (id, session_id, seq, role, content) "
+            "VALUES ($1, $2, $3, 'system', $4::jsonb)",
+            new_id("msg"),
+            self.id,
+            self.seq,
+            {"compaction": {**asdict(compaction), **about}},
+        )
+        self.compaction = compaction
+
+    # -- what the model is shown ---------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        """How many messages open the session and stay whole: up to the brief (the first
+        user message, which holds the mandate)."""
+        for index, message in enumerate(self.messages):
+            if message.get("role") == "user":
+                return index + 1
+        return 0
+
+    def context(self, compaction: Compaction | None = None) -> list[dict[str, Any]]:
+        """The messages the model is shown (after the system prompt), under ``compaction``
+        (by default the session's own)."""
+        shown = self.compaction if compaction is None else compaction
+        head = self.head
+        out = list(self.messages[:head])
+        if shown.summary:
+            out.append({"role": "user", "content": PROGRESS_NOTE + shown.summary})
+        calls: set[str] = set()
+        for index in range(head, len(self.messages)):
+            seq, message = self.seqs[index], self.messages[index]
+            if seq <= shown.upto_seq:
+                continue
+            role = message.get("role")
+            if role == "assistant":
+                calls.update(call.get("id") for call in message.get("tool_calls") or [])
+            elif role == "tool":
+                if message.get("tool_call_id") not in calls:
+                    continue  # its call is compacted away: an orphan the API would refuse
+                if seq <= shown.reduced_upto:
+                    message = reduced(message, self.ids[index])
+            out.append(message)
+        return out
+
+    def blocks(self, compaction: Compaction | None = None) -> list[int]:
+        """Indexes (into :attr:`messages`) where the turns shown in full begin: each message
+        but a tool result starts one, so a cut there never parts calls from their results."""
+        shown = self.compaction if compaction is None else compaction
+        return [
+            index
+            for index in range(self.head, len(self.messages))
+            if self.seqs[index] > shown.upto_seq and self.messages[index].get("role") != "tool"
+        ]
+
+    # -- the loop's questions ------------------------------------------------------------
 
     def unanswered_calls(self) -> list[dict[str, Any]]:
         """Tool calls of the last assistant message that have no result yet."""
@@ -105,6 +214,21 @@ class WorkerSession:
                 canonical_call(call) for call in message.get("tool_calls") or []
             )
         ]
+
+
+def reduced(message: dict[str, Any], message_id: str) -> dict[str, Any]:
+    """A tool result cut to its head and tail, and how to read the rest (``recall``)."""
+    text = message.get("content")
+    if not isinstance(text, str) or len(text) <= 3 * REDUCED_CHARS:
+        return message
+    content = {
+        "reduced": f"this output was {len(text):,} characters; its middle is left out "
+        "to keep the context bounded",
+        "head": text[:REDUCED_CHARS],
+        "tail": text[-REDUCED_CHARS:],
+        "read_more": f"recall(id={message_id!r}, offset={REDUCED_CHARS})",
+    }
+    return {**message, "content": json.dumps(content, ensure_ascii=False)}
 
 
 def canonical_call(call: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ from controlplane.router.tools import (
     tool_spec,
 )
 from controlplane.settings import WorkerSettings
-from controlplane.workers import authority, output, reports
+from controlplane.workers import authority, output, reports, session
 from controlplane.workers.devices import device_online
 from superagent_shared.ids import id_prefix
 
@@ -147,8 +147,10 @@ TOOL_SPECS: list[Any] = [
     ),
     tool_spec(
         "recall",
-        "Fetch an object by id (trg_, thr_, tkt_, or a job's cmd_).",
-        {"id": _STR},
+        "Fetch an object by id (trg_, thr_, tkt_, a job's cmd_, or msg_: a message of this "
+        "ticket's session, such as a tool output the context shows reduced). offset and "
+        "limit: the slice of a job's output or a message's text.",
+        {"id": _STR, "offset": _INT, "limit": _INT},
         ["id"],
     ),
 ]
@@ -558,14 +560,44 @@ class WorkerToolbox:
         object_id = _arg(args, "id", limit=100)
         prefix = id_prefix(object_id)
         if prefix == "cmd":
-            return await self._job_output({"job": object_id}, call_id)
+            return await self._job_output(
+                {"job": object_id, **{k: v for k, v in args.items() if k in ("offset", "limit")}},
+                call_id,
+            )
+        if prefix == "msg":
+            return await self._recall_message(object_id, args)
         recall = {"trg": recall_trigger, "thr": recall_thread, "tkt": recall_ticket}.get(
             prefix or ""
         )
         if recall is None:
-            raise Refused(f"recall takes a trg_, thr_, tkt_ or cmd_ id, not {object_id!r}")
+            raise Refused(f"recall takes a trg_, thr_, tkt_, cmd_ or msg_ id, not {object_id!r}")
         async with self.pool.acquire() as conn:
             found = await recall(conn, object_id)
         if found is None:
             raise Refused(f"nothing with id {object_id}")
         return found
+
+    async def _recall_message(self, message_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A slice of a message of this ticket's sessions (what compaction reduced)."""
+        offset = _int(args, "offset", 0, high=1 << 40)
+        limit = _int(args, "limit", 8000, low=1, high=64_000)
+        row = await self.pool.fetchrow(
+            "SELECT m.role, m.content FROM session_messages m "
+            "JOIN sessions s ON s.id = m.session_id WHERE m.id = $1 AND s.ticket_id = $2",
+            message_id,
+            self.ticket.id,
+        )
+        if row is None:
+            raise Refused(f"no message {message_id} in this ticket's session")
+        message = session.message_content(row["content"]).get("message") or {}
+        content = message.get("content")
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        end = min(len(text), offset + limit)
+        return {
+            "id": message_id,
+            "role": row["role"],
+            "offset": offset,
+            "content": text[offset:end],
+            "size": len(text),
+            **({"next_offset": end} if end < len(text) else {}),
+        }

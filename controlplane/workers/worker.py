@@ -15,9 +15,15 @@ repeated ``repeat_limit`` times in a row. Hitting one stops the worker with a ``
 report saying which.
 
 A model call that fails (:mod:`controlplane.llm`, retried there when transient) ends the
-round: a transient or malformed answer leaves the lease to expire, so the round resumes
-then; a context or permanent one cannot succeed as is, and ends it ``blocked`` with the
-class named.
+round as failed (:mod:`controlplane.workers.retries`: retried with backoff, the ticket
+blocked after ``workers.failed_rounds_limit`` in a row; a bad key or an unknown model is
+the deployment's, fixed by an admin while the rounds back off). A context overflow that
+compacting harder and trying once more did not cure ends it ``blocked`` at once, the class
+named.
+
+Bounded context (:mod:`controlplane.workers.compaction`): before a call would fill more
+than ``llm.compact_share`` of ``llm.worker_context_tokens``, old tool outputs are reduced,
+then older turns summarised; the system prompt, the tools and the brief never change.
 
 After a crash the next replica resumes the same session: calls left without a result are
 answered "interrupted", and the worker is told to check the real state (working tree, git
@@ -31,6 +37,7 @@ import json
 import logging
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -40,10 +47,10 @@ from controlplane import prompts
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Db
 from controlplane.gateway.queue import CommandQueue
-from controlplane.llm import Accounting, ContextExceeded, LlmClient, Permanent
+from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
 from controlplane.llm.client import ToolCall, screen_calls
 from controlplane.settings import Settings
-from controlplane.workers import authority, events, reports, session, slots
+from controlplane.workers import authority, compaction, events, reports, session, slots
 from controlplane.workers.devices import device_gone, device_online
 from controlplane.workers.tools import TOOL_SPECS, Outcome, Ticket, WorkerToolbox
 from superagent_shared.ids import stable_id
@@ -157,6 +164,7 @@ class Worker:
         self.pool = pool
         self.queue = queue
         self.llm = LlmClient(pool, client, settings.llm)
+        self.compactor = compaction.Compactor(self.llm, settings.llm.worker_model, settings.llm)
         self.settings = settings
         self.limits = settings.workers
         self.model = settings.llm.worker_model
@@ -205,9 +213,9 @@ class Worker:
                 return await self._final(ticket, {"status": "blocked", "summary": stop})
             try:
                 calls = await self._step(convo, ticket)
-            except (ContextExceeded, Permanent) as exc:
-                # Trying again as is fails again: the round ends, the class named, and
-                # people are told (compaction will answer ContextExceeded first).
+            except ContextExceeded as exc:
+                # Compacting harder and trying once more did not help: trying again as is
+                # fails again. The round ends, the class named, and people are told.
                 return await self._final(
                     ticket,
                     {
@@ -269,21 +277,35 @@ class Worker:
     async def _step(self, convo: session.WorkerSession, ticket: Ticket) -> tuple[ToolCall, ...]:
         """One model call; its answer is persisted before any of its tool calls runs.
 
-        Raises the call's :class:`LlmError` (already on record in ``llm_calls``).
+        The context is compacted first if the call would not fit its share of the window
+        (:mod:`controlplane.workers.compaction`); a call the provider refuses as too long is
+        compacted harder and made once more. Raises the call's :class:`LlmError` (already on
+        record in ``llm_calls``).
         """
         prompt_version, system = await self._system_prompt()
-        messages = [{"role": "system", "content": system}, *convo.messages]
-        answer = await self.llm.complete(
-            model=self.model,
-            messages=messages,
-            tools=TOOL_SPECS,
-            accounting=Accounting(
-                convo.id,
-                ticket_id=ticket.id,
-                prompt_version_id=prompt_version,
-                prices=self.limits.prices,
-            ),
+        head = {"role": "system", "content": system}
+        accounting = Accounting(
+            convo.id,
+            ticket_id=ticket.id,
+            prompt_version_id=prompt_version,
+            prices=self.limits.prices,
         )
+        compact = partial(
+            self.compactor.compact,
+            self.pool,
+            convo,
+            system=head,
+            tools=TOOL_SPECS,
+            accounting=accounting,
+            ticket_id=ticket.id,
+        )
+        await compact()
+        try:
+            answer = await self._call(convo, head, accounting)
+        except ContextExceeded:
+            if await compact(force=True) is None:
+                raise  # nothing left to compact: the same call would fail the same way
+            answer = await self._call(convo, head, accounting)
         self.turns += 1
         async with self.pool.acquire() as conn, conn.transaction():
             await convo.add(conn, answer.message())
@@ -296,6 +318,18 @@ class Worker:
                 ticket.id,
             )
         return answer.tool_calls
+
+    async def _call(
+        self, convo: session.WorkerSession, head: dict[str, Any], accounting: Accounting
+    ) -> Answer:
+        messages = [head, *convo.context()]
+        answer = await self.llm.complete(
+            model=self.model, messages=messages, tools=TOOL_SPECS, accounting=accounting
+        )
+        self.compactor.budget.learn(
+            compaction.prompt_chars(messages, TOOL_SPECS), answer.usage.prompt_tokens
+        )
+        return answer
 
     # -- limits --------------------------------------------------------------------------
 

@@ -40,6 +40,10 @@ This module owns:
   ``server.inject_faults(probability, seed=...)`` replaces each chat request's answer by
   a random fault with that probability (seeded: the same run faults the same calls), for
   soak tests. ``server.faults_injected`` lists what was injected, in order.
+* A context window: ``FakeOpenAIServer(context_window=N)`` (or setting
+  ``server.context_window``) answers a chat request whose estimated prompt tokens exceed
+  ``N`` with 400 ``context_length_exceeded``, as ``fault("context_length")`` does, without
+  taking a script item.
 * The function-scoped pytest fixture ``fake_llm``.
 """
 
@@ -469,6 +473,7 @@ class FakeOpenAIServer(LoopbackFake):
         stream_chunk_chars: int = 8,
         reject_unknown_models: bool = False,
         host: str = "127.0.0.1",
+        context_window: int | None = None,
     ) -> None:
         if cache_block_tokens < 1 or chars_per_token < 1 or stream_chunk_chars < 1:
             raise ValueError("cache_block_tokens, chars_per_token, stream_chunk_chars must be >= 1")
@@ -481,6 +486,10 @@ class FakeOpenAIServer(LoopbackFake):
         self.stream_chunk_chars = stream_chunk_chars
         self.reject_unknown_models = reject_unknown_models
         self.host = host
+        self.context_window = context_window
+        """Prompt tokens (estimated as in the usage) a chat request may hold; one over it is
+        answered 400 ``context_length_exceeded`` before any script item is taken. ``None``:
+        no limit. May be set while running."""
 
         self._lock = threading.Lock()
         self._script: deque[ScriptItem] = deque()
@@ -794,8 +803,14 @@ class FakeOpenAIServer(LoopbackFake):
                 index=len(self._chat_requests),
             )
             self._chat_requests.append(chat)
+            window = self.context_window
+            prompt_tokens = (
+                0 if window is None else self.estimate_tokens(self.prompt_text(messages, tools))
+            )
             item: ScriptItem | None = None
-            if self._fault_kinds and self._fault_rng.random() < self._fault_probability:
+            if window is not None and prompt_tokens > window:
+                pass  # refused below, before any fault or script item is taken
+            elif self._fault_kinds and self._fault_rng.random() < self._fault_probability:
                 kind = self._fault_rng.choice(self._fault_kinds)
                 self._faults_injected.append(kind)
                 item = FAULTS[kind]
@@ -803,6 +818,15 @@ class FakeOpenAIServer(LoopbackFake):
                 item = self._script.popleft()
             callback = self._callback
 
+        if window is not None and prompt_tokens > window:
+            return _error_response(
+                400,
+                f"This model's maximum context length is {window} tokens. However, your "
+                f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the "
+                "messages.",
+                code="context_length_exceeded",
+                headers=no_retry,
+            )
         if item is None:
             item = callback
         if item is None:

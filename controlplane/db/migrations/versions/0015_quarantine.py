@@ -78,9 +78,7 @@ def upgrade() -> None:
     op.create_index(
         op.f("ix_item_failures_created_at"), "item_failures", ["created_at"], unique=False
     )
-    op.create_index(
-        op.f("ix_item_failures_item_id"), "item_failures", ["item_id"], unique=False
-    )
+    op.create_index(op.f("ix_item_failures_item_id"), "item_failures", ["item_id"], unique=False)
 
 
 def downgrade() -> None:
