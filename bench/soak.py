@@ -48,7 +48,8 @@ tries 4 with 1 s doubling backoff, worker round retry 10 s doubling, leases 30 s
 Measured per run, and printed side by side with the faulty / fault-free ratio:
 
 * requests ingested; decided (``routed_at`` set, not quarantined); quarantined
-  (``undecidable_at`` set); still undecided;
+  (``undecidable_at`` set); still undecided; routed without a ticket (decided, but no
+  mandate names the request: the router ended its turn without acting on it);
 * time to decide a request, p50 and p95 (``triggers.created_at`` to ``routed_at``, both
   set by Postgres, decided requests only); the same for the workers' reports;
 * tickets created; finished (``completed``, or ``waiting_human`` with a report); blocked
@@ -315,7 +316,9 @@ async def _measure(pool: asyncpg.Pool) -> dict[str, Any]:
         rows = await pool.fetch(
             "SELECT extract(epoch FROM routed_at - created_at)::float8 AS seconds, "
             "routed_at IS NOT NULL AND undecidable_at IS NULL AS decided, "
-            "undecidable_at IS NOT NULL AS quarantined FROM triggers WHERE source = $1",
+            "undecidable_at IS NOT NULL AS quarantined, "
+            "EXISTS (SELECT 1 FROM mandates m WHERE m.trigger_id = g.id) AS ticketed "
+            "FROM triggers g WHERE source = $1",
             source,
         )
         seconds = [r["seconds"] for r in rows if r["decided"]]
@@ -324,6 +327,7 @@ async def _measure(pool: asyncpg.Pool) -> dict[str, Any]:
             "decided": sum(1 for r in rows if r["decided"]),
             "quarantined": sum(1 for r in rows if r["quarantined"]),
             "undecided": sum(1 for r in rows if not r["decided"] and not r["quarantined"]),
+            "decided_without_ticket": sum(1 for r in rows if r["decided"] and not r["ticketed"]),
             "decide_p50_s": _quantile(seconds, 0.50),
             "decide_p95_s": _quantile(seconds, 0.95),
             "decide_max_s": max(seconds) if seconds else None,
@@ -556,6 +560,7 @@ def table(clean: dict[str, Any], faulty: dict[str, Any]) -> str:
         row("requests decided", lambda r: r["requests"]["decided"]),
         row("requests quarantined", lambda r: r["requests"]["quarantined"]),
         row("requests still undecided", lambda r: r["requests"]["undecided"]),
+        row("requests routed without a ticket", lambda r: r["requests"]["decided_without_ticket"]),
         row("decide p50 (s)", lambda r: r["requests"]["decide_p50_s"]),
         row("decide p95 (s)", lambda r: r["requests"]["decide_p95_s"]),
         row("decide max (s)", lambda r: r["requests"]["decide_max_s"]),

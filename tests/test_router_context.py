@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.llm.errors import ContextExceeded
-from controlplane.router.router import Router, TurnFailed, estimate_tokens
+from controlplane.llm.tokens import estimate_tokens
+from controlplane.router.router import Router, TurnFailed
 from controlplane.settings import LlmSettings
 from tests.fakes.openai_server import (
     FAKE_MODEL,

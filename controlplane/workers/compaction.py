@@ -39,12 +39,12 @@ from typing import Any
 import asyncpg
 
 from controlplane.llm import Accounting, LlmClient, LlmError
+from controlplane.llm.tokens import CHARS_PER_TOKEN, prompt_chars
 from controlplane.settings import LlmSettings
 from controlplane.workers.session import Compaction, WorkerSession, reduced
 
 log = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4
 KEEP_TURNS = 3  # turns whose tool outputs stay whole in the first step
 AIM = 0.6  # a summary folds old turns until the context is this share of the threshold
 SUMMARY_CHARS = 6000  # the longest progress note (or a tenth of a small window)
@@ -60,16 +60,6 @@ SUMMARY_PROMPT = (
     "remains to do. Keep facts exact; do not invent any. The agent keeps the ticket's "
     "brief and its latest turns in full: do not repeat them."
 )
-
-
-def json_chars(value: Any) -> int:
-    """The length of ``value`` as compact JSON, what the estimate counts."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
-
-
-def prompt_chars(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> int:
-    """The length of a call's prompt: its tool specs, then one line of JSON per message."""
-    return json_chars(list(tools)) + sum(json_chars(dict(m)) + 1 for m in messages)
 
 
 @dataclass

@@ -49,6 +49,7 @@ from controlplane.db.pool import Db
 from controlplane.gateway.queue import CommandQueue
 from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
 from controlplane.llm.client import ToolCall, screen_calls
+from controlplane.llm.tokens import prompt_chars
 from controlplane.settings import Settings
 from controlplane.workers import authority, compaction, events, reports, session, slots
 from controlplane.workers.devices import device_gone, device_online
@@ -326,9 +327,7 @@ class Worker:
         answer = await self.llm.complete(
             model=self.model, messages=messages, tools=TOOL_SPECS, accounting=accounting
         )
-        self.compactor.budget.learn(
-            compaction.prompt_chars(messages, TOOL_SPECS), answer.usage.prompt_tokens
-        )
+        self.compactor.budget.learn(prompt_chars(messages, TOOL_SPECS), answer.usage.prompt_tokens)
         return answer
 
     # -- limits --------------------------------------------------------------------------
