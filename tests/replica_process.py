@@ -3,6 +3,7 @@ SIGKILL, start again, and stop cleanly; its output goes to a log file."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -62,3 +63,47 @@ class ReplicaProcess:
                 return (await client.get(f"{self.url}/readyz")).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+async def prepare_database(url: str, allowlisted: list[str]) -> None:
+    """Migrate the database at ``url`` and allow ``allowlisted`` users by default, as an
+    admin would before starting ``serve`` (which never migrates)."""
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
+    from controlplane.db import migrate
+    from controlplane.db.engine import create_engine
+    from controlplane.ingest.policy import Policy, SourcePolicy
+    from tests.helpers import save_policy
+
+    engine = create_engine(url, pool_size=1)
+    try:
+        await migrate.upgrade(engine)
+        await save_policy(
+            async_sessionmaker(engine, expire_on_commit=False),
+            Policy(default=SourcePolicy(users=allowlisted)),
+        )
+    finally:
+        await engine.dispose()
+
+
+def serve_env(
+    database_url: str, model_url: str, state_dir: Path, http_port: int, **settings: str
+) -> dict[str, str]:
+    """The environment of a ``serve`` over ``database_url`` and the fake model at
+    ``model_url``, with quick model retries; ``settings`` add or override variables."""
+    from tests.fakes.openai_server import FAKE_API_KEY
+    from tests.helpers import free_port
+
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "SUPERAGENT_STATE_DIR": str(state_dir),
+        "SUPERAGENT_HTTP__PORT": str(http_port),
+        "SUPERAGENT_GRPC__PORT": str(free_port()),
+        "OPENAI_BASE_URL": model_url,
+        "OPENAI_API_KEY": FAKE_API_KEY,
+        "SUPERAGENT_LLM__ATTEMPTS": "2",
+        "SUPERAGENT_LLM__RETRY_BASE_SECONDS": "0.05",
+        "SUPERAGENT_LLM__TIMEOUT": "2",
+        **settings,
+    }

@@ -17,7 +17,6 @@ nothing is said twice.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -25,16 +24,12 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from controlplane.db import migrate
-from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
+from controlplane.ingest.policy import Actor
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import (
-    FAKE_API_KEY,
     FAULTS,
     ChatRequest,
     FakeOpenAIServer,
@@ -42,8 +37,8 @@ from tests.fakes.openai_server import (
     ToolCall,
     fault,
 )
-from tests.helpers import assert_eventually, free_port, save_policy
-from tests.replica_process import ReplicaProcess
+from tests.helpers import assert_eventually, free_port
+from tests.replica_process import ReplicaProcess, prepare_database, serve_env
 
 ALICE = Actor("alice", "alice", groups=("console",))
 GOOD = 8  # ordinary requests
@@ -135,37 +130,24 @@ async def _health(url: str, misses: list[str], stop: asyncio.Event) -> None:
 async def test_serve_contains_every_model_fault_for_router_and_workers(
     empty_database: str, fake_llm: FakeOpenAIServer, tmp_path: Path
 ) -> None:
-    engine = create_engine(empty_database, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-        await save_policy(
-            async_sessionmaker(engine, expire_on_commit=False),
-            Policy(default=SourcePolicy(users=[ALICE.id])),
-        )
-    finally:
-        await engine.dispose()
+    await prepare_database(empty_database, [ALICE.id])
     fake_llm.script(*(fault(kind) for kind in sorted(FAULTS)))
     fake_llm.inject_faults(0.15, seed=5)
     fake_llm.respond_with(_model)
     port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": empty_database,
-        "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
-        "SUPERAGENT_HTTP__PORT": str(port),
-        "SUPERAGENT_GRPC__PORT": str(free_port()),
-        "OPENAI_BASE_URL": fake_llm.url,
-        "OPENAI_API_KEY": FAKE_API_KEY,
-        "SUPERAGENT_LLM__ATTEMPTS": "2",
-        "SUPERAGENT_LLM__RETRY_BASE_SECONDS": "0.05",
-        "SUPERAGENT_LLM__TIMEOUT": "1",
-        "SUPERAGENT_ROUTER__QUARANTINE_AFTER": str(LIMIT),
-        "SUPERAGENT_WORKERS__FAILED_ROUNDS_LIMIT": str(LIMIT),
-        "SUPERAGENT_WORKERS__RETRY_BASE_SECONDS": "0.2",
-        "SUPERAGENT_WORKERS__LEASE_SECONDS": "4",
-        "SUPERAGENT_WORKERS__RENEW_SECONDS": "1",
-        "SUPERAGENT_WATCHDOG__ADMIN_THREAD": "web:admin",
-    }
+    env = serve_env(
+        empty_database,
+        fake_llm.url,
+        tmp_path / "state",
+        port,
+        SUPERAGENT_LLM__TIMEOUT="1",
+        SUPERAGENT_ROUTER__QUARANTINE_AFTER=str(LIMIT),
+        SUPERAGENT_WORKERS__FAILED_ROUNDS_LIMIT=str(LIMIT),
+        SUPERAGENT_WORKERS__RETRY_BASE_SECONDS="0.2",
+        SUPERAGENT_WORKERS__LEASE_SECONDS="4",
+        SUPERAGENT_WORKERS__RENEW_SECONDS="1",
+        SUPERAGENT_WATCHDOG__ADMIN_THREAD="web:admin",
+    )
     replica = ReplicaProcess(env, tmp_path / "serve.log", port)
     replica.start()
     pool = await asyncpg.create_pool(asyncpg_dsn(empty_database), min_size=1, max_size=2)

@@ -9,7 +9,6 @@ under a real WorkerService with a device that runs commands for real.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from collections.abc import Callable
@@ -21,8 +20,6 @@ import openai
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db import migrate
-from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import Intake
@@ -30,7 +27,6 @@ from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.router.router import Router
 from controlplane.settings import LlmSettings
 from tests.fakes.openai_server import (
-    FAKE_API_KEY,
     FAKE_MODEL,
     FAULTS,
     ChatRequest,
@@ -40,7 +36,7 @@ from tests.fakes.openai_server import (
     fault,
 )
 from tests.helpers import assert_eventually, free_port, save_policy
-from tests.replica_process import ReplicaProcess
+from tests.replica_process import ReplicaProcess, prepare_database, serve_env
 from tests.router_harness import ALICE, ask, router_running, tickets_for_batch
 from tests.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
@@ -398,32 +394,13 @@ def _model_of_serve(request: ChatRequest) -> Reply:
 async def test_serve_stays_up_and_routes_everything_through_random_faults(
     empty_database: str, fake_llm: FakeOpenAIServer, tmp_path: Path
 ) -> None:
-    engine = create_engine(empty_database, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-        await save_policy(
-            async_sessionmaker(engine, expire_on_commit=False),
-            Policy(default=SourcePolicy(users=[ALICE.id])),
-        )
-    finally:
-        await engine.dispose()
+    await prepare_database(empty_database, [ALICE.id])
     # Scripted faults first (the first batch meets them for sure), then random ones.
     fake_llm.script(fault("empty_choices"), fault("html_200"), fault("html_200"))
     fake_llm.inject_faults(0.3, seed=11, kinds=[k for k in FAULTS if k != "slow"])
     fake_llm.respond_with(_model_of_serve)
     port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": empty_database,
-        "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
-        "SUPERAGENT_HTTP__PORT": str(port),
-        "SUPERAGENT_GRPC__PORT": str(free_port()),
-        "OPENAI_BASE_URL": fake_llm.url,
-        "OPENAI_API_KEY": FAKE_API_KEY,
-        "SUPERAGENT_LLM__ATTEMPTS": "2",
-        "SUPERAGENT_LLM__RETRY_BASE_SECONDS": "0.05",
-        "SUPERAGENT_LLM__TIMEOUT": "2",
-    }
+    env = serve_env(empty_database, fake_llm.url, tmp_path / "state", port)
     replica = ReplicaProcess(env, tmp_path / "serve.log", port)
     replica.start()
     pool = await asyncpg.create_pool(asyncpg_dsn(empty_database), min_size=1, max_size=2)

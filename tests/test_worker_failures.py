@@ -11,7 +11,9 @@ cause in one line, the admin channel once, and ``superagent status`` lists it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -48,16 +50,20 @@ LIMIT = 3
 ADMIN = "web:admin"
 
 
+@contextlib.asynccontextmanager
 async def _service(
     pool: asyncpg.Pool, queue: CommandQueue, llm: FakeOpenAIServer, dsn: str, **limits: Any
-) -> WorkerService:
+) -> AsyncIterator[WorkerService]:
     settings = settings_for(
         llm, boundary=QUICK, failed_rounds_limit=LIMIT, retry_base_seconds=0.2, **limits
     )
     settings.watchdog.admin_thread = ADMIN
     service = WorkerService(pool, queue, client_for(llm), settings, owner="replica-a", dsn=dsn)
     await service.start()
-    return service
+    try:
+        yield service
+    finally:
+        await service.stop(10)
 
 
 async def _failures(pool: asyncpg.Pool, ticket_id: str) -> list[asyncpg.Record]:
@@ -98,8 +104,7 @@ async def test_a_model_that_keeps_failing_blocks_the_ticket_after_the_limit_and_
 ) -> None:
     fake_llm.respond_with(lambda request: answer)
     ticket_id, thread_id = await ticket(pool, device, workdir=str(tmp_path))
-    service = await _service(pool, queue, fake_llm, dsn)
-    try:
+    async with _service(pool, queue, fake_llm, dsn) as service:
         # Between failed rounds the ticket waits out a backoff, visibly.
         await assert_eventually(
             lambda: state_is(pool, ticket_id, "open", "retrying"),
@@ -113,8 +118,6 @@ async def test_a_model_that_keeps_failing_blocks_the_ticket_after_the_limit_and_
         await asyncio.sleep(1.5)  # several backoffs' worth: nothing more is tried
         assert len(fake_llm.chat_requests) == calls == LIMIT  # one call per round, bounded
         assert not service.task.done(), "the worker service ended"
-    finally:
-        await service.stop(10)
 
     failures = await _failures(pool, ticket_id)
     assert [f["error_class"] for f in failures] == [expected] * LIMIT
@@ -155,14 +158,11 @@ async def test_a_bug_in_our_code_fails_the_round_with_its_traceback_not_the_serv
     fake_llm.respond_with(lambda request: Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
     caplog.set_level(logging.ERROR, logger="controlplane.workers.retries")
-    service = await _service(pool, queue, fake_llm, dsn)
-    try:
+    async with _service(pool, queue, fake_llm, dsn) as service:
         await assert_eventually(
             lambda: _blocked(pool, ticket_id), timeout=30, message="the ticket blocked"
         )
         assert not service.task.done(), "the worker service ended"
-    finally:
-        await service.stop(10)
     failures = await _failures(pool, ticket_id)
     assert {f["error_class"] for f in failures} == {"internal"}
     assert "IndexError" in failures[0]["error"]
@@ -191,13 +191,10 @@ async def test_an_answer_that_works_starts_the_count_over(
 
     fake_llm.respond_with(answer)
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
-    service = await _service(pool, queue, fake_llm, dsn)
-    try:
+    async with _service(pool, queue, fake_llm, dsn):
         await assert_eventually(
             lambda: state_is(pool, ticket_id, "completed"), timeout=40, message="completed"
         )
-    finally:
-        await service.stop(10)
     assert len(await _failures(pool, ticket_id)) == 4
     assert await pool.fetchval("SELECT failed_rounds FROM tickets WHERE id = $1", ticket_id) == 0
 
@@ -221,10 +218,9 @@ async def test_retry_releases_a_blocked_ticket_and_status_lists_what_is_quaranti
 
     fake_llm.respond_with(answer)
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
-    service = await _service(pool, queue, fake_llm, dsn)
     monkeypatch.setenv("DATABASE_URL", database_url)
     runner = CliRunner()
-    try:
+    async with _service(pool, queue, fake_llm, dsn):
         await assert_eventually(
             lambda: _blocked(pool, ticket_id), timeout=30, message="the ticket blocked"
         )
@@ -243,8 +239,6 @@ async def test_retry_releases_a_blocked_ticket_and_status_lists_what_is_quaranti
         )
         shown = await asyncio.to_thread(runner.invoke, cli, ["status"])
         assert "quarantined:    nothing" in shown.output, shown.output
-    finally:
-        await service.stop(10)
 
 
 async def test_metrics_count_failures_by_loop_and_class(pool: asyncpg.Pool, engine: Any) -> None:
