@@ -491,6 +491,12 @@ class WorkerSettings(BaseModel):
         description="How long a ticket waits for its device to come back before people are "
         "asked whether to reroute or drop it.",
     )
+    device_notice_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="How long a ticket waits for its device before its thread is told "
+        "(a link that drops for a moment, a laptop that sleeps briefly, is nobody's news).",
+    )
     device_approval_seconds: float = Field(
         30 * 60.0,
         gt=0,

@@ -27,6 +27,9 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
+from controlplane.channels.base import ChannelAdapter, Channels, OutboundMessage
+from controlplane.channels.outbound import reply_handler
+from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import InvalidInput
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
@@ -536,6 +539,79 @@ async def test_a_ticket_waits_for_its_offline_device_and_resumes_when_it_is_back
     assert len(await replies_on(pool, thread_id)) == 1
     assert '"output": "back-2\\n"' in _requests(fake_llm, ticket_id)[-1].text()
     fake_llm.respond_with(None)
+
+
+class _Chat(ChannelAdapter):
+    """The web chat as the outbox sees it: records what it is asked to send."""
+
+    source = "web"
+
+    def __init__(self) -> None:
+        self.sent: list[OutboundMessage] = []
+
+    async def send(self, message: OutboundMessage) -> str:
+        self.sent.append(message)
+        return message.reply_id
+
+
+async def _deliver(pool: asyncpg.Pool, chat: _Chat, thread_id: str) -> None:
+    """Run the outbox's reply handler on every reply queued for the thread, delay or not."""
+    send = reply_handler(pool, Channels([chat]))
+    for row in await pool.fetch(
+        "SELECT id, kind, key, payload, generation FROM effects "
+        "WHERE kind = 'reply' AND payload->>'thread_id' = $1",
+        thread_id,
+    ):
+        await send(
+            ClaimedEffect(row["id"], row["kind"], row["key"], row["payload"], row["generation"], 1)
+        )
+
+
+def _waits_for_device(pool: asyncpg.Pool, ticket_id: str) -> Callable[[], Awaitable[bool]]:
+    return lambda: state_is(pool, ticket_id, "waiting_device", "device")
+
+
+async def test_a_device_back_within_the_grace_is_nobodys_news(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    make_device: MakeDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+) -> None:
+    """A link cut or a laptop lid closed for a moment: the ticket waits for its device, but
+    its thread hears of it only if the device is still away after the grace. On the old
+    code the notice went out at once, every time a link dropped."""
+    blip, gone = await make_device("blip"), await make_device("gone")
+    blip_ticket, blip_thread = await ticket(pool, blip, workdir=str(blip.root))
+    gone_ticket, gone_thread = await ticket(pool, gone, workdir=str(gone.root))
+    fake_llm.respond_with(
+        _by_ticket(
+            {
+                blip_ticket: _one_command("echo back", "ran it"),
+                gone_ticket: _one_command("echo never", "ran it"),
+            }
+        )
+    )
+    chat = _Chat()
+    async with workers_running(pool, queue, fake_llm, dsn, device_notice_seconds=30):
+        for waiting in (blip_ticket, gone_ticket):
+            await assert_eventually(
+                _waits_for_device(pool, waiting), timeout=10, message=f"{waiting} waits"
+            )
+        delayed = await pool.fetchval(
+            "SELECT bool_and(next_attempt_at > now() + interval '20 seconds') FROM effects "
+            "WHERE kind = 'reply' AND payload->>'thread_id' = ANY($1::text[])",
+            [blip_thread, gone_thread],
+        )
+        assert delayed is True  # nobody is told yet
+        await blip.online()
+        await assert_eventually(lambda: state_is(pool, blip_ticket, "completed"), timeout=10)
+    # The grace is over: the outbox runs both notices. Only the device still away is news.
+    await _deliver(pool, chat, blip_thread)
+    assert chat.sent == []
+    await _deliver(pool, chat, gone_thread)
+    assert len(chat.sent) == 1
+    assert "is waiting for the device gone-" in chat.sent[0].text
 
 
 async def test_a_command_for_a_device_gone_mid_task_stays_queued_and_reports_later(

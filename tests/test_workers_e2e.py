@@ -311,6 +311,8 @@ def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iter
             "SUPERAGENT_ROUTER__RENEW_SECONDS": "1",
             "SUPERAGENT_WORKERS__LEASE_SECONDS": "4",
             "SUPERAGENT_WORKERS__RENEW_SECONDS": "1",
+            # The device-away notice after a second rather than a minute.
+            "SUPERAGENT_WORKERS__DEVICE_NOTICE_SECONDS": "1",
             "SUPERAGENT_WORKERS__PRICES__INPUT_USD_PER_MTOK": "2.5",
             "SUPERAGENT_WORKERS__PRICES__OUTPUT_USD_PER_MTOK": "10",
         }

@@ -18,6 +18,8 @@ channel's "seen" mark (👀); reactions are idempotent on every channel, so a re
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -45,11 +47,36 @@ ACK_EFFECT = "acknowledge"  # payload: trigger_id, source, thread_external_id, m
 WAIT_FOR_ADAPTER_SECONDS = 3600.0
 
 
+@dataclass(frozen=True)
+class WhileWaiting:
+    """Send a delayed reply only if its ticket still waits as it did when it was queued
+    (the same state and wait end): a device back within the delay is nobody's news."""
+
+    ticket_id: str
+    state: str
+    wait_until: datetime
+
+    def as_json(self) -> dict[str, str]:
+        return {
+            "ticket_id": self.ticket_id,
+            "state": self.state,
+            "wait_until": self.wait_until.isoformat(),
+        }
+
+
 async def enqueue_reply(
-    conn: Conn, thread_id: str, text: str, reply_id: str, *, clip: bool = True
+    conn: Conn,
+    thread_id: str,
+    text: str,
+    reply_id: str,
+    *,
+    clip: bool = True,
+    delay: float = 0.0,
+    only_while: WhileWaiting | None = None,
 ) -> bool:
     """Queue a reply written by the program rather than the router's model (a command's
-    result, a notice that a device is away), cut to the channel's limit when ``clip``.
+    result, a notice that a device is away), cut to the channel's limit when ``clip``;
+    sent after ``delay`` seconds, and then only if ``only_while`` still holds.
 
     Keyed by ``reply_id``: queued again, or after it was sent, it is still one message.
     Returns False when there is no such thread or the reply was already sent.
@@ -71,9 +98,25 @@ async def enqueue_reply(
             "source": row["source"],
             "thread_external_id": row["external_id"],
             "text": text,
+            **({"only_while": only_while.as_json()} if only_while is not None else {}),
         },
+        delay=delay,
     )
     return True
+
+
+async def _moot(pool: asyncpg.Pool, payload: dict[str, Any]) -> bool:
+    """Whether a guarded reply's condition no longer holds (its ticket moved on)."""
+    guard = payload.get("only_while")
+    if not isinstance(guard, dict):
+        return False
+    still = await pool.fetchval(
+        "SELECT 1 FROM tickets WHERE id = $1 AND state = $2 AND wait_until = $3::timestamptz",
+        str(guard.get("ticket_id")),
+        str(guard.get("state")),
+        datetime.fromisoformat(str(guard.get("wait_until"))),
+    )
+    return still is None
 
 
 def reply_handler(pool: asyncpg.Pool, channels: Channels) -> Any:
@@ -86,6 +129,9 @@ def reply_handler(pool: asyncpg.Pool, channels: Channels) -> Any:
             raise Postpone(WAIT_FOR_ADAPTER_SECONDS, f"{source} is not configured on this replica")
         reply_id = str(payload["reply_id"])
         if await pool.fetchval("SELECT 1 FROM sent_messages WHERE reply_id = $1", reply_id):
+            return
+        if await _moot(pool, payload):
+            log.info("reply %s not sent: its ticket no longer waits as it did", reply_id)
             return
         text = str(payload["text"])
         if style_of(source) is Style.im:

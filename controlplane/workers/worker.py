@@ -44,7 +44,7 @@ import asyncpg
 import openai
 
 from controlplane import prompts
-from controlplane.channels.outbound import enqueue_reply
+from controlplane.channels.outbound import WhileWaiting, enqueue_reply
 from controlplane.db.pool import Db
 from controlplane.gateway.queue import CommandQueue
 from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
@@ -410,7 +410,8 @@ class Worker:
         return authority.HOLD
 
     async def _await_device(self, ticket: Ticket) -> str:
-        """The device is away: free the slot, wait in waiting_device, tell the thread once."""
+        """The device is away: free the slot, wait in waiting_device, and tell the thread
+        once, if it is still away after ``workers.device_notice_seconds``."""
         wait = timedelta(seconds=self.limits.device_wait_seconds)
         async with self.pool.acquire() as conn, conn.transaction():
             until = await conn.fetchval(
@@ -431,6 +432,10 @@ class Worker:
                     f"reconnects. If it has not by {until:%Y-%m-%d %H:%M} UTC, I will ask here "
                     "whether to move the work to another device or drop it.",
                     stable_id("msg", f"waiting_device:{self.assignment.id}"),
+                    # A link cut or a laptop lid closed for a moment is nobody's news: the
+                    # thread hears only if the ticket still waits after the grace.
+                    delay=self.limits.device_notice_seconds,
+                    only_while=WhileWaiting(ticket.id, "waiting_device", until),
                 )
         log.info("worker %s: device %s away; waiting", ticket.id, ticket.device_name)
         return "waiting_device"
