@@ -333,6 +333,12 @@ async def test_every_page_in_a_real_browser(
 ) -> None:
     url = await up(replica)
     seeded = await seed(pool, db)
+    # One event the router gave up on: the overview lists it, with how to put it back.
+    set_aside = await pool.fetchval(
+        "UPDATE triggers SET routed_at = coalesce(routed_at, now()), undecidable_at = now(), "
+        "route_error = 'malformed: the answer has no choices' "
+        "WHERE id = (SELECT id FROM triggers ORDER BY created_at, id LIMIT 1) RETURNING id"
+    )
     view = "#view"
     async with chromium() as browser:
         context = await browser.new_context(viewport={"width": 1280, "height": 900})
@@ -349,6 +355,8 @@ async def test_every_page_in_a_real_browser(
         await expect(main).to_contain_text("Reviews (1)")
         await expect(page.locator("a[href='https://github.com/acme/app/pull/77']")).to_be_visible()
         await expect(main).to_contain_text("no progress for 25 minutes")
+        await expect(main).to_contain_text("Set aside (1)")
+        await expect(main).to_contain_text(f"superagent triggers retry {set_aside}")
         await expect(main).to_contain_text("No model is set")
         await expect(main).not_to_contain_text("All is well")
         await expect(page.locator("#live")).to_have_text("live")
@@ -716,6 +724,50 @@ async def test_without_a_token_the_console_answers_nobody(
             message = data.json()["error"]["message"]
             # By name, the DNS-rebinding guard answers first; on local names, the token.
             assert "SUPERAGENT_" in message
+
+
+async def test_the_overview_lists_what_was_set_aside_with_how_to_put_it_back(
+    engine: AsyncEngine, pool: asyncpg.Pool
+) -> None:
+    asked = await Intake(pool).ingest(
+        IncomingTrigger(
+            source="web",
+            external_id="m-poison",
+            thread=ThreadRef("t-poison"),
+            actor=Actor("alice", "alice", groups=("console",)),
+            kind="message",
+            text="@superagent do the impossible",
+            direct=True,
+        )
+    )
+    await pool.execute(
+        "UPDATE triggers SET routed_at = now(), undecidable_at = now(), route_attempts = 3, "
+        "route_error = 'malformed: the answer has no choices' WHERE id = $1",
+        asked.trigger_id,
+    )
+    await pool.execute(
+        "INSERT INTO tickets (id, title, state, hold, last_error) VALUES ('tkt_blocked0000x', "
+        "'flaky', 'waiting_human', 'blocked', 'transient: cannot reach the model')"
+    )
+    async with _client(engine, pool, bearer=True) as client:
+        shown = (await client.get("/console/api/overview")).json()
+    assert shown["quiet"] is False
+    assert {
+        (q["kind"], q["id"], q["reason"], q["release"]) for q in shown["attention"]["quarantined"]
+    } == {
+        (
+            "trigger",
+            asked.trigger_id,
+            "malformed: the answer has no choices",
+            f"superagent triggers retry {asked.trigger_id}",
+        ),
+        (
+            "ticket",
+            "tkt_blocked0000x",
+            "transient: cannot reach the model",
+            "superagent tickets retry tkt_blocked0000x",
+        ),
+    }
 
 
 async def test_the_overview_is_quiet_when_all_is_well(

@@ -3,7 +3,9 @@
 Needs attention, in this order: questions (tickets waiting for people), reviews (pull
 requests waiting in ``ready``, commands a device holds for approval), failures (failed
 tickets of the last week, replies or actions the outbox gave up on) and the watchdog's
-open findings. When all of these are empty the page says so in one line.
+open findings, and what was set aside after failing (events the router could not decide,
+tickets blocked by rounds that kept failing). When all of these are empty the page says so
+in one line.
 """
 
 from __future__ import annotations
@@ -102,6 +104,19 @@ async def overview(
         "failed_tickets": [t for t in tickets if t["state"] == "failed" or t["hold"] == "failed"],
         "dead_effects": [dict(row) for row in dead],
         "findings": [{**dict(row), "actions": list(row["actions"])} for row in findings],
+        # Set aside after failing, with the command that puts each back (dead effects are
+        # listed under failures already).
+        "quarantined": [
+            {
+                "kind": item.kind,
+                "id": item.id,
+                "reason": item.reason,
+                "since": item.since,
+                "release": item.release,
+            }
+            for item in current.quarantined
+            if item.kind != "effect"
+        ],
     }
     return {
         "version": __version__,

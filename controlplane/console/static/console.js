@@ -150,6 +150,16 @@
       }
       out.push(card(`Failures (${a.failed_tickets.length + a.dead_effects.length})`, "bad", parts));
     }
+    if (a.quarantined.length) {
+      out.push(card(`Set aside (${a.quarantined.length})`, "bad", [
+        el("p", {class: "quiet"}, "Events the router could not decide and tickets whose rounds kept failing, each with its reason; fix the cause, then put it back:"),
+        table([
+          {h: "What", f: (q) => (q.kind === "ticket" ? ticketLink(q.id) : el("code", {}, q.id))},
+          {h: "Why", f: (q) => q.reason},
+          {h: "Since", f: (q) => when(q.since)},
+          {h: "Put back", f: (q) => el("code", {}, q.release)},
+        ], a.quarantined)]));
+    }
     if (a.findings.length) {
       out.push(card(`Watchdog findings (${a.findings.length})`, "", table([
         {h: "Severity", f: (f) => badge(f.severity)},
