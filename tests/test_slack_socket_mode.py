@@ -114,6 +114,34 @@ async def test_an_envelope_that_cannot_be_recorded_is_not_acknowledged(
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
 
 
+async def test_a_bug_while_ingesting_an_envelope_fails_that_envelope_only(
+    slack: FakeSlack,
+    pool: asyncpg.Pool,
+    connected: SlackAdapter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    receive = connected.receive
+    broken = {"once": True}
+
+    async def buggy(payload: dict[str, Any], *, retried: bool = False) -> Any:
+        if broken.pop("once", False):
+            return [][0]  # an IndexError in our own code
+        return await receive(payload, retried=retried)
+
+    monkeypatch.setattr(connected, "receive", buggy)
+    event = slack.say("C0GENERAL", ALICE, f"<@{BOT_USER}> first")
+    lost = slack.push(event)
+    failed = await assert_eventually(
+        lambda: pool.fetchrow("SELECT loop, item_id, error_class, error FROM item_failures"),
+        message="the failure on record",
+    )
+    assert (failed["loop"], failed["item_id"], failed["error_class"]) == ("slack", lost, "internal")
+    assert "IndexError" in failed["error"]
+    assert lost not in slack.acks  # not acknowledged: Slack delivers it again
+    retried = slack.push(event, retry_attempt=1)
+    await assert_eventually(lambda: _acked_after_recorded(slack, pool, retried))
+
+
 async def test_a_disconnect_reconnects_at_once_with_a_new_url(
     slack: FakeSlack, pool: asyncpg.Pool, connected: SlackAdapter
 ) -> None:

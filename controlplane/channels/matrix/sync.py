@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import asyncpg
 from nio import AsyncClient, MessageDirection
 
+from controlplane import failures
 from controlplane.channels.base import ChannelError, RateLimited
 from controlplane.channels.matrix import events
 from controlplane.channels.matrix.client import MatrixAccount
@@ -201,8 +202,11 @@ class MatrixSync(Service):
                 continue
             try:
                 message = events.parse_message(room_id, event, bot)
-            except Exception:  # our bug, but this event's failure: the batch goes on
-                log.exception("matrix: skipped an event in %s that could not be read", room_id)
+            except Exception as exc:  # our bug, but this event's failure: the batch goes on
+                item = f"{room_id} {str(event.get('event_id'))[:200]}"
+                failures.logged(log, "matrix", item, exc, "skipped; the batch goes on")
+                with contextlib.suppress(asyncpg.PostgresError, OSError):
+                    await failures.record(self.tokens.pool, "matrix", item, exc, quarantined=True)
                 continue
             if message is None:
                 continue

@@ -16,13 +16,16 @@ is logged and retried slowly, without taking the control plane down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
+from controlplane import failures
 from controlplane.channels.base import ChannelError, Ignored, RateLimited
 from controlplane.channels.slack.web_api import WebApi
 from controlplane.errors import InvalidInput, TransientError
@@ -140,7 +143,10 @@ class SocketModeService(Service):
             if is_transient(exc) or isinstance(exc, RateLimited):
                 log.warning("slack envelope %s not ingested yet: %s", envelope_id, exc)
             else:
-                log.exception("slack envelope %s failed", envelope_id)
+                # Our bug, this envelope's failure: Slack redelivers it a few times.
+                failures.logged(log, "slack", envelope_id, exc, "Slack delivers it again")
+                with contextlib.suppress(asyncpg.PostgresError, OSError):
+                    await failures.record(self.adapter.intake.pool, "slack", envelope_id, exc)
             return False
         if isinstance(result, Ignored):
             log.debug("slack event %s ignored: %s", payload.get("event_id"), result.reason)
