@@ -601,6 +601,11 @@ class RouterSettings(BaseModel):
         "internal error; an unreachable model does not count) before it is set aside as "
         "undecidable, the admin told. `superagent triggers retry ID` puts it back.",
     )
+    retry_cap_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait between router turns that failed; it doubles from 1 s.",
+    )
     model_notice_seconds: float = Field(
         180.0,
         gt=0,

@@ -142,6 +142,7 @@ async def test_serve_contains_every_model_fault_for_router_and_workers(
         port,
         SUPERAGENT_LLM__TIMEOUT="1",
         SUPERAGENT_ROUTER__QUARANTINE_AFTER=str(LIMIT),
+        SUPERAGENT_ROUTER__RETRY_CAP_SECONDS="4",
         SUPERAGENT_WORKERS__FAILED_ROUNDS_LIMIT=str(LIMIT),
         SUPERAGENT_WORKERS__RETRY_BASE_SECONDS="0.2",
         SUPERAGENT_WORKERS__LEASE_SECONDS="4",

@@ -62,7 +62,6 @@ READ_RESULTS = frozenset(
 )  # tools whose results the model acts on
 POLL_SECONDS = 1.0  # the safety net under LISTEN
 RESUME_TURNS = 300  # turns a new leader replays from the session (the rest is summarised)
-MAX_BACKOFF = 30.0
 
 
 class LostLeadership(Exception):
@@ -336,7 +335,7 @@ class RouterService(Service):
         *,
         settings: Settings | None = None,
         retry_base: float = 1.0,
-        max_backoff: float = MAX_BACKOFF,
+        max_backoff: float | None = None,
     ) -> None:
         super().__init__()
         self.router = router
@@ -349,7 +348,8 @@ class RouterService(Service):
             settings.watchdog.admin_thread if settings is not None else None,
         )
         self.retry_base = retry_base
-        self.max_backoff = max_backoff
+        # Between failed turns: doubling from retry_base, at most this.
+        self.max_backoff = max_backoff or self.failures.settings.retry_cap_seconds
         self._wake = asyncio.Event()
 
     async def run(self) -> None:
