@@ -132,6 +132,7 @@ def test_ships_generated_stubs_and_typing_markers(wheel: Path) -> None:
     assert "superagent_proto/v1/endpoint_pb2_grpc.pyi" in names
     assert "superagent_proto/v1/endpoint.proto" in names
     assert "superagent_shared/protocol.py" in names
+    assert "endpointd/guard/landlock.py" in names  # subpackages ship too
     for package in ("endpointd", "superagent_shared", "superagent_proto", "superagent_proto.v1"):
         assert f"{package.replace('.', '/')}/py.typed" in names
 
