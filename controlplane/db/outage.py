@@ -63,6 +63,22 @@ def is_connection_error(exc: BaseException) -> bool:
     return isinstance(exc, CONNECTION_ERRORS)
 
 
+# Errors of a reachable database that are its state, not the statement's: retried later.
+_DATABASE_TROUBLE: tuple[type[Exception], ...] = (
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.InsufficientResourcesError,  # disk full, too many connections
+    asyncpg.exceptions.OperatorInterventionError,  # shutdown, cancelled by an admin
+    asyncpg.exceptions.LockNotAvailableError,
+)
+
+
+def database_trouble(exc: BaseException) -> bool:
+    """The database's trouble, not the item's: an outage, a deadlock, a full disk. A loop
+    that handles items leaves such an item as it was (to be tried once the database is
+    well) instead of counting it as the item's failure."""
+    return is_connection_error(exc) or isinstance(exc, _DATABASE_TROUBLE)
+
+
 class _Episode:
     """The process's view of its database: reachable, or down since when."""
 

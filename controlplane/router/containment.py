@@ -76,7 +76,7 @@ class Containment:
             if model_unreachable(cause):
                 await self._unreachable(cause, backoff)
                 return False
-            if infrastructure(cause):
+            if outage.database_trouble(cause):
                 if not await outage.absorbed(cause, "router"):
                     log.warning(
                         "router turn failed (%s); the batch stays queued, retrying in %.0fs",
@@ -227,19 +227,6 @@ def model_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, Permanent):
         return exc.status in UNREACHABLE_STATUSES
     return isinstance(exc, openai.OpenAIError)  # raw: the boundary would have classified it
-
-
-_DATABASE_TROUBLE = (
-    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
-    asyncpg.exceptions.InsufficientResourcesError,  # disk full, too many connections
-    asyncpg.exceptions.OperatorInterventionError,  # shutdown, cancelled by an admin
-    asyncpg.exceptions.LockNotAvailableError,
-)
-
-
-def infrastructure(exc: BaseException) -> bool:
-    """The database's trouble, not the batch's: an outage, a deadlock, a full disk."""
-    return outage.is_connection_error(exc) or isinstance(exc, _DATABASE_TROUBLE)
 
 
 def _item_id(trigger_ids: Sequence[str]) -> str:

@@ -30,7 +30,7 @@ import openai
 from controlplane.authorization import devices as access
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.db import outage
-from controlplane.errors import SuperagentError, TransientError
+from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.inbox import IS_STOP
@@ -244,7 +244,7 @@ class WorkerService(Service):
         """A round's failure is its ticket's (retried with backoff, then blocked), never the
         service's. Only when the database itself is away is the lease left to expire: the
         round is taken over once it is back."""
-        if is_transient(exc) and not isinstance(exc, TransientError):  # the database's
+        if outage.database_trouble(exc):
             if not await outage.absorbed(exc, "workers"):
                 log.warning(
                     "workers: round %s of %s lost its database (%s); it resumes when its "
