@@ -171,6 +171,7 @@ class Worker:
         self.model = settings.llm.worker_model
         self.assignment = assignment
         self.turns = assignment.turns
+        self._answered = False  # whether the model answered once in this round
         self.report_to_router = report_to_router
 
     async def run(self) -> str:
@@ -313,11 +314,14 @@ class Worker:
             await conn.execute(
                 "UPDATE assignments SET turns = $2 WHERE id = $1", self.assignment.id, self.turns
             )
-            # The model answered: the failures in a row that block a ticket start over.
-            await conn.execute(
-                "UPDATE tickets SET failed_rounds = 0 WHERE id = $1 AND failed_rounds > 0",
-                ticket.id,
-            )
+            if not self._answered:
+                # The model answered: the failures in a row that block a ticket start over
+                # (once a round: a round that got this far is not failing in a row).
+                await conn.execute(
+                    "UPDATE tickets SET failed_rounds = 0 WHERE id = $1 AND failed_rounds > 0",
+                    ticket.id,
+                )
+        self._answered = True
         return answer.tool_calls
 
     async def _call(
