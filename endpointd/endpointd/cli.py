@@ -471,7 +471,7 @@ def _scopes() -> dict[str, tuple[str, ...]] | None:
     if policy.rules is None:
         click.echo(f"warning: {policy.error}", err=True)
         return None
-    return dict(policy.rules.credentials)
+    return {name: scope.allow for name, scope in policy.rules.credentials.items()}
 
 
 @creds.command("list")
@@ -661,7 +661,10 @@ def policy_show(as_json: bool) -> None:
             for c in (rules.commands if rules else ())
         ],
         "default_action": rules.default_action if rules else None,
-        "credentials": {k: list(v) for k, v in (rules.credentials if rules else {}).items()},
+        "credentials": {
+            k: {"allow": list(v.allow), "hosts": list(v.hosts), "header": v.header}
+            for k, v in (rules.credentials if rules else {}).items()
+        },
         "limits": {
             "max_runtime_seconds": policy.limits.max_runtime_seconds,
             "max_output_bytes": policy.limits.max_output_bytes,

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,8 @@ from typing import Any, Literal, cast
 from endpointd.credentials import NAME_RULE, valid_name
 from endpointd.errors import ConfigError
 from endpointd.fsutil import atomic_write
+from endpointd.guard import environment
+from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.paths import ensure_private_dir, state_dir
 from superagent_proto.v1 import endpoint_pb2
 
@@ -49,6 +52,14 @@ EXAMPLE_FILE = "policy.example.toml"
 
 Action = Literal["allow", "deny", "ask"]
 ACTIONS: tuple[Action, ...] = ("allow", "deny", "ask")
+SandboxMode = Literal["required", "best-effort", "off"]
+SANDBOX_MODES: tuple[SandboxMode, ...] = ("required", "best-effort", "off")
+NetworkMode = Literal["allow", "deny", "proxy"]
+NETWORK_MODES: tuple[NetworkMode, ...] = ("allow", "deny", "proxy")
+FileOp = Literal["read", "write", "list"]
+FILE_OPS: tuple[FileOp, ...] = ("read", "write", "list")
+# How an http-delivered credential is added to requests for its hosts ({secret}: the value).
+DEFAULT_HEADER = "Authorization: Bearer {secret}"
 
 # Always denied, whatever the file says (user entries add to these).
 DEFAULT_DENIED_PATHS = (
@@ -141,6 +152,47 @@ class CommandRule:
 
 
 @dataclass(frozen=True)
+class FileRule:
+    """A ``[[files]]`` table: what happens to file operations ``ops`` on paths matching
+    ``match`` (a glob over the absolute path; ``*`` crosses ``/``)."""
+
+    index: int  # 1-based position among the [[files]] tables
+    action: Action
+    match: str
+    ops: tuple[FileOp, ...] = FILE_OPS
+    name: str | None = None
+
+    @property
+    def rule(self) -> str:
+        label = self.name or f"files[{self.index}]"
+        return f"{label} {json.dumps(self.match)}"
+
+
+@dataclass(frozen=True)
+class CredentialScope:
+    """``[credentials.NAME]``: which programs may receive it, and for which hosts it is used.
+
+    ``allow``: globs over the command line whose first word names the program (resolved to
+    its absolute path, see :func:`endpointd.guard.programs`). ``hosts``: the host names (or
+    ``*.`` wildcards) the git helper answers for and the http delivery adds ``header`` to;
+    required by those deliveries.
+    """
+
+    allow: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
+    header: str = DEFAULT_HEADER
+
+
+@dataclass(frozen=True)
+class EnvRules:
+    """``[env]``: variables of the daemon's own environment passed to commands (``pass``),
+    and reserved names a command's ``exec.env`` may set all the same (``allow``)."""
+
+    passed: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DeniedPath:
     label: str  # as shown in rule names: "~/.ssh", "endpointd config dir", or as written
     path: Path  # absolute, normalised
@@ -155,8 +207,14 @@ class Rules:
     denied_paths: tuple[DeniedPath, ...] = ()
     default_action: Action = "allow"
     commands: tuple[CommandRule, ...] = ()
-    credentials: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    credentials: Mapping[str, CredentialScope] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    sandbox: SandboxMode = "required"
+    network: NetworkMode = "allow"
+    proxy_hosts: tuple[str, ...] = ()  # [proxy] allow_hosts: where network = "proxy" may go
+    writable_paths: tuple[Path, ...] = ()  # beyond the workspace and the private TMPDIR
+    env: EnvRules = field(default_factory=EnvRules)
+    files: tuple[FileRule, ...] = ()
 
 
 class PolicyError(ConfigError):
@@ -171,9 +229,29 @@ class PolicyError(ConfigError):
 
 # --------------------------------------------------------------------------- parsing
 
-_TOP_KEYS = ("allowed_roots", "denied_paths", "default_action", "commands", "credentials", "limits")
+_TOP_KEYS = (
+    "allowed_roots",
+    "denied_paths",
+    "writable_paths",
+    "default_action",
+    "sandbox",
+    "network",
+    "proxy",
+    "env",
+    "commands",
+    "files",
+    "credentials",
+    "limits",
+)
 _RULE_KEYS = ("action", "match", "name")
-_SCOPE_KEYS = ("allow",)
+_FILE_RULE_KEYS = ("action", "match", "ops", "name")
+_SCOPE_KEYS = ("allow", "hosts", "header")
+_PROXY_KEYS = ("allow_hosts",)
+_ENV_KEYS = ("pass", "allow")
+_HOST = re.compile(
+    r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:[0-9]{1,5})?\Z"
+)
+_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LIMIT_KEYS = ("max_runtime_seconds", "max_output_bytes", "ask_timeout_seconds")
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 
@@ -267,14 +345,15 @@ class _Parser:
             for raw, p in self.path_list(data, "denied_paths")
         )
 
-        default_action = data.get("default_action", "allow")
-        if default_action not in ACTIONS:
-            raise self.fail(
-                f"default_action must be one of {', '.join(map(repr, ACTIONS))},"
-                f" got {default_action!r}",
-                None,
-                "default_action",
-            )
+        writable = tuple(p for _, p in self.path_list(data, "writable_paths"))
+        default_action = self.choice(data, "default_action", ACTIONS, "allow")
+        sandbox = self.choice(data, "sandbox", SANDBOX_MODES, "required")
+        network = self.choice(data, "network", NETWORK_MODES, "allow")
+        proxy_raw = self.table(data, "proxy", _PROXY_KEYS)
+        proxy_hosts = self.hosts(proxy_raw, "allow_hosts", "proxy")
+        env_raw = self.table(data, "env", _ENV_KEYS)
+        env = EnvRules(passed=self.names(env_raw, "pass"), allow=self.names(env_raw, "allow"))
+        files = self.file_rules(data)
 
         commands_raw = data.get("commands", [])
         if not isinstance(commands_raw, list) or not all(isinstance(c, dict) for c in commands_raw):
@@ -318,7 +397,7 @@ class _Parser:
         creds_raw = data.get("credentials", {})
         if not isinstance(creds_raw, dict):
             raise self.fail("credentials must be [credentials.NAME] tables", None, "credentials")
-        scopes: dict[str, tuple[str, ...]] = {}
+        scopes: dict[str, CredentialScope] = {}
         for cred, scope in creds_raw.items():
             table = f"credentials.{cred}"
             if not valid_name(cred):
@@ -337,7 +416,22 @@ class _Parser:
                     table,
                     "allow" if "allow" in scope else None,
                 )
-            scopes[cred] = tuple(allow)
+            header = scope.get("header", DEFAULT_HEADER)
+            if (
+                not isinstance(header, str)
+                or header.count("{secret}") != 1
+                or not re.match(r"[A-Za-z0-9-]+: ", header)
+                or any(c in header for c in "\r\n\0")
+            ):
+                raise self.fail(
+                    f"{table}.header must be one header line holding {{secret}} once,"
+                    f" e.g. {json.dumps(DEFAULT_HEADER)}",
+                    table,
+                    "header",
+                )
+            scopes[cred] = CredentialScope(
+                allow=tuple(allow), hosts=self.hosts(scope, "hosts", table), header=header
+            )
 
         limits_raw = data.get("limits", {})
         if not isinstance(limits_raw, dict):
@@ -360,7 +454,115 @@ class _Parser:
             commands=tuple(commands),
             credentials=scopes,
             limits=Limits(**values),
+            sandbox=cast(SandboxMode, sandbox),
+            network=cast(NetworkMode, network),
+            proxy_hosts=proxy_hosts,
+            writable_paths=writable,
+            env=env,
+            files=files,
         )
+
+    def choice(
+        self, data: Mapping[str, Any], key: str, choices: Sequence[str], default: str
+    ) -> str:
+        value = data.get(key, default)
+        if value not in choices:
+            raise self.fail(
+                f"{key} must be one of {', '.join(map(repr, choices))}, got {value!r}", None, key
+            )
+        return str(value)
+
+    def table(self, data: Mapping[str, Any], key: str, known: Sequence[str]) -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            raise self.fail(f"{key} must be a [{key}] table", None, key)
+        self.unknown(value, known, key)
+        return value
+
+    def hosts(self, data: Mapping[str, Any], key: str, table: str) -> tuple[str, ...]:
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+            raise self.fail(f"{table}.{key} must be a list of host names", table, key)
+        for host in value:
+            if not _HOST.match(host):
+                raise self.fail(
+                    f"{table}.{key}: {host!r} is not a host name (write github.com,"
+                    " *.example.com or host:port; no scheme, no path)",
+                    table,
+                    key,
+                )
+        return tuple(h.lower() for h in value)
+
+    def names(self, data: Mapping[str, Any], key: str) -> tuple[str, ...]:
+        value = data.get(key, [])
+        if not isinstance(value, list) or not all(
+            isinstance(v, str) and _VAR.match(v) for v in value
+        ):
+            raise self.fail(f"env.{key} must be a list of variable names", "env", key)
+        return tuple(value)
+
+    def file_rules(self, data: Mapping[str, Any]) -> tuple[FileRule, ...]:
+        raw = data.get("files", [])
+        if not isinstance(raw, list) or not all(isinstance(r, dict) for r in raw):
+            raise self.fail("files must be [[files]] tables", None, "files")
+        rules: list[FileRule] = []
+        for i, rule in enumerate(raw, start=1):
+            self.unknown(rule, _FILE_RULE_KEYS, "files", i)
+            action = rule.get("action")
+            if action not in ACTIONS:
+                raise self.fail(
+                    f"files[{i}].action must be one of {', '.join(map(repr, ACTIONS))},"
+                    f" got {action!r}",
+                    "files",
+                    "action" if "action" in rule else None,
+                    i,
+                )
+            match = rule.get("match")
+            if not isinstance(match, str) or not match.strip():
+                raise self.fail(
+                    f"files[{i}].match must be a non-empty glob over the absolute path,"
+                    ' e.g. "*/.github/workflows/*"',
+                    "files",
+                    "match" if "match" in rule else None,
+                    i,
+                )
+            if not (match.startswith(("/", "~/", "*"))):
+                raise self.fail(
+                    f"files[{i}].match must start with /, ~/ or * (it is matched against"
+                    " absolute paths)",
+                    "files",
+                    "match",
+                    i,
+                )
+            if match.startswith("~/"):
+                match = str(self.home) + match[1:]
+            ops = rule.get("ops", list(FILE_OPS))
+            if (
+                not isinstance(ops, list)
+                or not ops
+                or not all(isinstance(o, str) and o in FILE_OPS for o in ops)
+            ):
+                raise self.fail(
+                    f"files[{i}].ops must list some of {', '.join(map(repr, FILE_OPS))}",
+                    "files",
+                    "ops",
+                    i,
+                )
+            name = rule.get("name")
+            if name is not None and (
+                not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name)
+            ):
+                raise self.fail(f"files[{i}].name must be a non-empty word", "files", "name", i)
+            rules.append(
+                FileRule(
+                    index=i,
+                    action=cast(Action, action),
+                    match=match,
+                    ops=tuple(cast(FileOp, o) for o in ops),
+                    name=name,
+                )
+            )
+        return tuple(rules)
 
 
 def expand_path(raw: str, home: Path | None = None) -> Path:
@@ -610,7 +812,12 @@ class Policy:
         if kind == "exec":
             ex = command.exec
             return self._exec(
-                loaded, list(ex.argv), ex.cwd, [c.name for c in command.credentials], None
+                loaded,
+                list(ex.argv),
+                ex.cwd,
+                [c.name for c in command.credentials],
+                None,
+                env=dict(ex.env),
             )
         if kind in ("read_file", "write_file", "list_dir"):
             op = getattr(command, kind)
@@ -628,14 +835,20 @@ class Policy:
         decision = self._path(loaded, path, "path", None)
         return decision or Decision("allow", "allowed_roots", f"{path} is inside an allowed root")
 
-    def explain(self, argv: list[str], cwd: str | None, credentials: list[str]) -> str:
+    def explain(
+        self,
+        argv: list[str],
+        cwd: str | None,
+        credentials: list[str],
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         """Why ``argv`` (in ``cwd``, with ``credentials``) gets its decision, step by step."""
         loaded = self._refresh()
         steps = [f"policy: {self.path} (sha256 {loaded.digest.hex()[:16]}…)"]
         if loaded.rules is None:
             decision = self._broken_decision(loaded)
         else:
-            decision = self._exec(loaded, argv, cwd or "", credentials, steps)
+            decision = self._exec(loaded, argv, cwd or "", credentials, steps, env=env or {})
         steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
         return "\n".join(steps)
 
@@ -735,9 +948,29 @@ class Policy:
         cwd: str,
         credentials: list[str],
         steps: list[str] | None,
+        *,
+        env: Mapping[str, str],
     ) -> Decision:
         assert loaded.rules is not None
         rules = loaded.rules
+        refused_env = environment.refused_names(env, rules.env.allow)
+        if refused_env:
+            names = ", ".join(refused_env)
+            return Decision(
+                "deny",
+                "env.allow",
+                f"exec.env sets {names}, which could change what the command loads or runs;"
+                f" the owner may allow a name with [env] allow = [...] in {self.path}",
+            )
+        if steps is not None and env:
+            steps.append(f"env: {', '.join(sorted(env))} (none reserved, or allowed by [env])")
+        if self._is_endpointd(argv, cwd, env):
+            return Decision(
+                "deny",
+                "endpointd",
+                "a command may not run endpointd itself (its approvals, policy and credentials"
+                " are the owner's alone)",
+            )
         if not cwd:
             cwd = str(self.default_root)
             if steps is not None:
@@ -777,6 +1010,7 @@ class Policy:
         if chosen.action == "deny":
             return chosen
 
+        program: object = _UNSET
         for name in credentials:
             rule = f"credentials.{name}.allow"
             if not valid_name(name):
@@ -787,6 +1021,14 @@ class Policy:
                     _R.REASON_CREDENTIAL_UNAVAILABLE,
                 )
             scope = rules.credentials.get(name)
+            if scope is not None and program is _UNSET:
+                program = self.program_of(argv, cwd, env)
+                if steps is not None:
+                    steps.append(
+                        f"program: {argv[0]} resolves to {program}"
+                        if program
+                        else f"program: {argv[0]} is not an executable on the command's PATH"
+                    )
             if scope is None:
                 return Decision(
                     "deny",
@@ -795,19 +1037,62 @@ class Policy:
                     f' to any command: add [credentials.{name}] with allow = ["<command glob>"]',
                     _R.REASON_CREDENTIAL_UNAVAILABLE,
                 )
-            matched = next((g for g in scope if glob_matches(g, argv)), None)
+            resolved = program if isinstance(program, str) else None
+            trusted = os.environ.get("PATH", os.defpath)
+            matched = next(
+                (g for g in scope.allow if scope_matches(g, resolved, argv, trusted)), None
+            )
             if matched is None:
-                globs = ", ".join(json.dumps(g) for g in scope) or "none"
+                globs = ", ".join(json.dumps(g) for g in scope.allow) or "none"
+                runs = f" (it runs {resolved})" if resolved else ""
                 return Decision(
                     "deny",
                     rule,
-                    f"credential {name!r} may not be delivered to {quoted}: {rule} in"
-                    f" {self.path} allows only {globs}",
+                    f"credential {name!r} may not be delivered to {quoted}{runs}: {rule} in"
+                    f" {self.path} allows only {globs}, programs compared by their resolved"
+                    " path",
+                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                )
+            assert resolved is not None
+            why = code_running_reason(resolved, argv)
+            if why is not None:
+                return Decision(
+                    "deny",
+                    rule,
+                    f"credential {name!r} may not be delivered to {quoted}: {why}",
                     _R.REASON_CREDENTIAL_UNAVAILABLE,
                 )
             if steps is not None:
                 steps.append(f"credential {name}: allowed by {rule} {json.dumps(matched)}")
         return chosen
+
+    def program_of(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> str | None:
+        """The absolute path ``argv`` runs, found on the command's PATH (the daemon's unless
+        the owner lets exec.env set it)."""
+        path_var = env.get("PATH", os.environ.get("PATH", os.defpath))
+        return resolve_program(argv[0], path_var, cwd) if argv else None
+
+    def _is_endpointd(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bool:
+        """Is this endpointd itself, by its entry point or as ``python -m endpointd``?
+
+        Defence in depth: in the sandbox a command can neither read endpointd's state nor
+        write its approvals, so running it would achieve nothing anyway.
+        """
+        if not argv:
+            return False
+        program = self.program_of(argv, cwd, env)
+        if program is not None and program in _endpointd_programs():
+            return True
+        name = os.path.basename(argv[0])
+        if name.startswith("python") or (
+            program and os.path.basename(program).startswith("python")
+        ):
+            for i, arg in enumerate(argv[1:-1], start=1):
+                if arg == "-m" and argv[i + 1].split(".")[0] == "endpointd":
+                    return True
+                if arg.startswith("-m") and arg[2:].split(".")[0] == "endpointd":
+                    return True
+        return False
 
     @staticmethod
     def _command_decision(action: Action, rule: str, quoted: str) -> Decision:
@@ -820,6 +1105,21 @@ class Policy:
                 f"command {quoted} needs approval on the device ({rule}): `endpointd approvals`",
             )
         return Decision("allow", rule, f"command {quoted} is allowed by {rule}")
+
+
+def _endpointd_programs() -> frozenset[str]:
+    """Where this endpointd's entry point lives: the ``endpointd`` script beside the
+    interpreter, on the daemon's PATH, and the one the daemon was started as."""
+    found = set()
+    candidates = [
+        os.path.join(os.path.dirname(sys.executable), "endpointd"),
+        shutil.which("endpointd") or "",
+        sys.argv[0] if os.path.basename(sys.argv[0]) == "endpointd" else "",
+    ]
+    for candidate in candidates:
+        if candidate and os.path.exists(candidate):
+            found.add(os.path.realpath(candidate))
+    return frozenset(found)
 
 
 def _key_file(config_directory: Path) -> Path | None:
