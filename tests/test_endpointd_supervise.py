@@ -366,7 +366,10 @@ async def test_nothing_starts_and_no_accepted_goes_out_before_the_journal_is_dur
     try:
         if daemon.zygote is not None:  # the spare path, where the fsync overlaps its set-up
             await _until(daemon.zygote.ready, 20)
-        marker = tmp_path / "ran"
+        # In a directory of its own: the allowed root holds the (denied) config dir, so the
+        # sandbox lets commands create files only in its other subdirectories.
+        (tmp_path / "work").mkdir()
+        marker = tmp_path / "work" / "ran"
         daemon.handle_command(_exec("c1", 1, ["sh", "-c", f"echo ran > {marker}"]))
         await asyncio.sleep(0.5)
         assert not marker.exists()

@@ -14,6 +14,9 @@ _DELIVERY = {
     "env": pb.CredentialRef.DELIVERY_ENV,
     "file": pb.CredentialRef.DELIVERY_FILE,
     "git_helper": pb.CredentialRef.DELIVERY_GIT_HELPER,
+    # The value never reaches the command: the device's proxy adds it to HTTPS requests for
+    # the credential's hosts (its local policy); env_var is unused.
+    "http": pb.CredentialRef.DELIVERY_HTTP,
 }
 
 

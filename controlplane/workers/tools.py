@@ -214,10 +214,10 @@ def _credentials(raw: object) -> list[specs.CredentialUse]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise Refused("each credential needs a name")
         delivery = item.get("delivery", "env")
-        if delivery not in ("env", "file", "git_helper"):
-            raise Refused("delivery must be env, file or git_helper")
+        if delivery not in ("env", "file", "git_helper", "http"):
+            raise Refused("delivery must be env, file, git_helper or http")
         env_var = item.get("env_var") or ""
-        if delivery != "git_helper" and not env_var:
+        if delivery in ("env", "file") and not env_var:
             raise Refused(f"credential {item['name']!r}: {delivery} delivery needs env_var")
         uses.append(specs.CredentialUse(item["name"], delivery, str(env_var)))
     return uses

@@ -152,7 +152,9 @@ def write_status(directory: str, status: dict[str, Any]) -> None:
 
 def _spawn_error(exc: OSError, argv: list[str], cwd: str | None) -> dict[str, Any]:
     now = time.time()
-    if cwd is not None and exc.filename == cwd:
+    if isinstance(exc, SandboxFailed):
+        error, code = str(exc.strerror), 126
+    elif cwd is not None and exc.filename == cwd:
         error = f"working directory {cwd} cannot be used: {exc.strerror}"
         code = 126
     elif isinstance(exc, FileNotFoundError):
@@ -211,7 +213,9 @@ def supervise(
     try:
         if gate is not None and not gate():
             raise NotStarted
-        pgid, out_r, err_r = _spawn(argv, cwd, env, stdin_fd)
+        for what in spec.get("unenforced") or ():
+            print(f"endpointd supervisor: the sandbox cannot enforce {what}", file=sys.stderr)
+        pgid, out_r, err_r = _spawn(argv, cwd, env, stdin_fd, spec.get("landlock"))
     except OSError as exc:
         writer.close()
         return _spawn_error(exc, argv, cwd)
@@ -334,7 +338,11 @@ def _record_child_pid(directory: str, pgid: int) -> None:
 
 
 def _spawn(
-    argv: list[str], cwd: str | None, env: dict[str, str], stdin_fd: int
+    argv: list[str],
+    cwd: str | None,
+    env: dict[str, str],
+    stdin_fd: int,
+    confine: dict[str, Any] | None = None,
 ) -> tuple[int, int, int]:
     """Start the command in a process group of its own: (pid = pgid, stdout, stderr fds).
 
@@ -353,6 +361,12 @@ def _spawn(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
+        if confine is not None:
+            return (
+                _spawn_confined(program, argv, env, stdin_fd, out_w, err_w, confine),
+                out_r,
+                err_r,
+            )
         pid = os.posix_spawn(
             program,
             argv,
@@ -374,6 +388,145 @@ def _spawn(
         os.close(out_w)
         os.close(err_w)
     return pid, out_r, err_r
+
+
+class SandboxFailed(OSError):
+    """The command's sandbox could not be applied; it did not run."""
+
+
+def _spawn_confined(
+    program: str,
+    argv: list[str],
+    env: dict[str, str],
+    stdin_fd: int,
+    out_w: int,
+    err_w: int,
+    confine: dict[str, Any],
+) -> int:
+    """Fork, confine the child, exec ``program``; returns the child's pid (its group's id).
+
+    In the child, in order: a process group of its own, the standard streams, then (when
+    ``private_proc``) a PID namespace with its own /proc (:func:`_enter_private_proc`, after
+    which the command runs two forks further down), Landlock, seccomp, exec. Whatever fails
+    there is reported through a close-on-exec pipe (the errno and the step), read here: a
+    command that could not be confined is an error and never runs unconfined.
+    """
+    from endpointd.guard import landlock
+
+    rules = landlock.Ruleset(
+        connect_ports=confine.get("connect_ports"), bind_ports=confine.get("bind_ports")
+    )
+    grants = [(str(path), int(rights)) for path, rights in confine.get("grants") or ()]
+    network = str(confine.get("seccomp") or "")
+    install_seccomp: Callable[[str], None] | None = None
+    if network:
+        from endpointd.guard import seccomp
+
+        install_seccomp = seccomp.install
+    private_proc = bool(confine.get("private_proc"))
+    report_r, report_w = os.pipe()
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(report_r)
+        os.close(report_w)
+        raise
+    if pid == 0:  # the child: system calls, forks, then exec or _exit
+        step = "setup"
+        try:
+            os.close(report_r)
+            os.setpgid(0, 0)
+            os.dup2(stdin_fd, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            if private_proc:
+                step = "private /proc"
+                _enter_private_proc(report_w)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            step = "landlock"
+            landlock.enforce(landlock.create(rules, grants))
+            if install_seccomp is not None:
+                step = "seccomp"
+                install_seccomp(network)
+            step = "exec"
+            os.execve(program, argv, env)  # noqa: S606 - argv as given, never a shell
+        except BaseException as exc:
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EPERM
+            with contextlib.suppress(BaseException):
+                os.write(report_w, f"{code}:{step}".encode())
+        finally:
+            os._exit(127)
+    os.close(report_w)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also here: the group must exist before we might signal it
+    try:
+        report = os.read(report_r, 256)
+    finally:
+        os.close(report_r)
+    if not report:
+        return pid  # exec'd: the pipe closed on exec
+    _poll_blocking(pid)
+    code_text, _, step = report.decode("ascii", "replace").partition(":")
+    code = int(code_text) if code_text.isdigit() else errno.EPERM
+    if step == "exec":
+        raise OSError(code, os.strerror(code), argv[0])
+    raise SandboxFailed(code, f"the sandbox could not be applied ({step}): {os.strerror(code)}")
+
+
+def _enter_private_proc(report_w: int) -> None:
+    """Returns in the process that becomes the command, PID 2 of a new PID namespace.
+
+    Three processes, for the supervisor outside to see one command as before:
+
+    * this one (the group leader the supervisor knows) waits, ignoring the terminating
+      signals the supervisor sends to the group (the command gets them too), and ends the
+      way the command ended, so the supervisor reads the command's status from it;
+    * its child is PID 1 of the namespace: it mounts the private /proc and reaps orphans;
+      when the command ends it reports how and exits, and the kernel then kills whatever is
+      left in the namespace (background jobs, `setsid` escapees included);
+    * the command, PID 2, which is not the namespace's init and so dies of SIGTERM as any
+      process would.
+    """
+    from endpointd.guard import namespaces
+
+    namespaces.enter()
+    status_r, status_w = os.pipe()
+    init = os.fork()
+    if init != 0:
+        os.close(report_w)
+        os.close(status_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        os.waitpid(init, 0)
+        _end_like(os.read(status_r, 32))
+    os.close(status_r)
+    namespaces.mount_proc()
+    command = os.fork()
+    if command != 0:
+        os.close(report_w)
+        while True:
+            reaped, status = os.waitpid(-1, 0)
+            if reaped == command:
+                os.write(status_w, str(os.waitstatus_to_exitcode(status)).encode())
+                os._exit(0)
+    os.close(status_w)
+
+
+def _end_like(status: bytes) -> None:
+    """Exit as the command did: its exit code, or death by its signal."""
+    text = status.decode("ascii", "replace").strip()
+    code = int(text) if text.lstrip("-").isdigit() else 127
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
+
+
+def _poll_blocking(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _find_program(name: str, env: dict[str, str]) -> str:

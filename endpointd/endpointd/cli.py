@@ -572,6 +572,13 @@ _EXIT_CODES = {"allow": 0, "ask": 3, "deny": 4}
     help="A credential the command asks for (repeatable).",
 )
 @click.option("--path", metavar="PATH", help="Check a file read, write or listing of PATH instead.")
+@click.option(
+    "--op",
+    type=click.Choice(["read", "write", "list"]),
+    default="read",
+    show_default=True,
+    help="With --path: which file operation (read_file, write_file, list_dir).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.pass_context
 def policy_check(
@@ -580,6 +587,7 @@ def policy_check(
     cwd: str | None,
     credentials: tuple[str, ...],
     path: str | None,
+    op: str,
     as_json: bool,
 ) -> None:
     """Explain which rule applies to a command and what it decides.
@@ -589,12 +597,14 @@ def policy_check(
     working directory against the allowed roots and denied paths, the first matching
     command rule (or default_action), then each credential's scope. The exit status is the
     decision, for scripts: 0 allow, 3 ask (held for `endpointd approve`), 4 deny; 1 and 2
-    are errors as for every command.
+    are errors as for every command. With --path, the steps are the file operation's
+    (--op): allowed roots and denied paths, the first matching [[files]] rule, the
+    built-in protected paths (writes), then default_action.
     """
     import os
     import shlex
 
-    from endpointd.policy import expand_path, load_policy
+    from endpointd.policy import FileOp, expand_path, load_policy
     from superagent_proto.v1 import endpoint_pb2 as pb
 
     if bool(path) == bool(command):
@@ -602,8 +612,9 @@ def policy_check(
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
     if path is not None:
         target = os.path.abspath(expand_path(path))
-        decision = policy.check_path(target)
-        explanation = policy.explain_path(target)
+        file_op: FileOp = "write" if op == "write" else "list" if op == "list" else "read"
+        decision = policy.check_path(target, file_op)
+        explanation = policy.explain_path(target, file_op)
     else:
         try:
             argv = shlex.split(command[0]) if len(command) == 1 else list(command)
@@ -745,43 +756,50 @@ def policy_init(allow_roots: tuple[str, ...]) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def approvals(as_json: bool) -> None:
+@click.option(
+    "--show",
+    "show_id",
+    metavar="ID",
+    help="Print one request whole: nothing cut, every argument, the stdin preview.",
+)
+def approvals(as_json: bool, show_id: str | None) -> None:
     """List commands waiting for your approval on this machine.
 
     A command matching an "ask" rule of the local policy is held, and the control plane
     shows it as waiting for local approval, until you run `endpointd approve ID` or
     `endpointd deny ID`; nobody answering before limits.ask_timeout_seconds (default 5
-    minutes) denies it. Each entry shows what would run, who asked, the rule, and the time
-    left. A desktop notification is shown where notify-send or osascript exists.
+    minutes) denies it. Each entry shows what would run: the whole command, its directory,
+    the environment variables it sets, the start of its stdin (with its size and SHA-256),
+    the credentials it gets and how, who asked, the rule, and the time left. Long text is
+    wrapped; a field too long to list is cut with its length and SHA-256, and `endpointd
+    approvals --show ID` prints it all. Control characters are shown escaped (a newline as
+    \\n), so every line break you see is a wrap. A desktop notification is shown where
+    notify-send or osascript exists.
     """
-    from endpointd.approvals import Approvals, format_duration, printable
+    from endpointd.approvals import Approvals, header, render
+    from endpointd.approvals import as_json as request_json
 
-    pending = Approvals(state_dir().path).pending()
+    queue = Approvals(state_dir().path)
+    if show_id is not None:
+        request = queue.show(show_id)
+        if as_json:
+            click.echo(json.dumps(request_json(request), indent=2))
+            return
+        click.echo(header(request))
+        for line in render(request, full=True):
+            click.echo(line)
+        return
+    pending = queue.pending()
     if as_json:
-        rows = [
-            {
-                "command_id": r.command_id,
-                "summary": r.summary,
-                "origin": r.origin,
-                "rule": r.rule,
-                "age_seconds": round(r.age_seconds, 1),
-                "seconds_left": round(r.seconds_left, 1),
-            }
-            for r in pending
-        ]
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([request_json(r) for r in pending], indent=2))
         return
     if not pending:
         click.echo("no commands are waiting for approval")
         return
     for r in pending:
-        click.echo(
-            f"{printable(r.command_id)}  waiting {format_duration(r.age_seconds)},"
-            f" {format_duration(r.seconds_left)} left"
-        )
-        click.echo(f"  command: {printable(r.summary)}")
-        click.echo(f"  origin:  {printable(r.origin) or '(not given)'}")
-        click.echo(f"  rule:    {printable(r.rule)}")
+        click.echo(header(r))
+        for line in render(r):
+            click.echo(line)
     click.echo("answer with `endpointd approve ID` or `endpointd deny ID`")
 
 
@@ -793,6 +811,10 @@ def approve(command_id: str) -> None:
     ID is the command id shown by `endpointd approvals` (a unique prefix is enough). The
     daemon starts the command within a moment. An id that is unknown, already answered or
     timed out is an error and changes nothing; approving never changes the policy itself.
+    Only you can approve: this is refused when run by a command endpointd started, and the
+    daemon ignores any answer not made by this command (it is signed with a key the
+    running daemon made and commands cannot read), noting the attempt in the audit log.
+    Look at the request first (`endpointd approvals`, `endpointd approvals --show ID`).
     """
     from endpointd.approvals import Approvals, printable
 
@@ -808,7 +830,8 @@ def deny(command_id: str) -> None:
     ID is the command id shown by `endpointd approvals` (a unique prefix is enough). The
     control plane is told the user denied it on the device, and the refusal is written to
     the audit log. An id that is unknown, already answered or timed out is an error and
-    changes nothing.
+    changes nothing. Like `endpointd approve`, this is refused when run by a command
+    endpointd started.
     """
     from endpointd.approvals import Approvals, printable
 

@@ -41,7 +41,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from endpointd import delivery
-from endpointd.approvals import Approvals, summarize
+from endpointd.approvals import Approvals, describe, summarize
 from endpointd.audit import AuditLog
 from endpointd.config import DeviceConfig
 from endpointd.credentials import CredentialError, CredentialStore
@@ -52,14 +52,20 @@ from endpointd.executor import (
     exec_spec,
     go,
     pid_alive,
+    private_tmpdir,
     request_cancel,
     revoke_or_adopt,
     start_supervisor,
 )
 from endpointd.fileops import OpResult, list_dir, read_file, write_file
+from endpointd.guard import sandbox
+from endpointd.guard.confinement import Confinement
 from endpointd.journal import Entry, Journal, State
 from endpointd.policy import Decision, Policy, Refusal
 from endpointd.redact import Redactor, StreamRedactor
+from endpointd.secrets import own_secrets
+from endpointd.secrets.ca import device_ca
+from endpointd.secrets.proxy import Egress
 from endpointd.spool import (
     SUPERVISOR_PID_FILE,
     ExitStatus,
@@ -611,19 +617,32 @@ class Daemon:
     async def _await_approval(
         self, active: Active, command: pb.Command, decision: Decision
     ) -> None:
-        timeout = self.policy.limits.ask_timeout_seconds
-        self.approvals.request(
+        limit = self.policy.limits.ask_timeout_seconds
+        # All the owner is shown passes the redactor: exec.env is non-secret by the
+        # protocol, yet a value (or stdin, or a file's content) may still hold a credential.
+        queued = self.approvals.request(
             active.command_id,
             self.redact_text(summarize(command)),
             self.redact_text(command.origin),
             decision.rule,
-            timeout,
+            limit,
+            details=describe(command, self.redact_text),
         )
+        # Queued before a restart: the request keeps its deadline (never more than a timeout).
+        timeout = min(float(limit), max(0.0, queued.expires_at - time.time()))
         deadline = self.server_now() + timeout
         self._send_awaiting(active, deadline)
         active.approval_deadline = deadline
         log.info("%s waits for local approval (%s)", active.command_id, decision.rule)
-        outcome = await self.approvals.wait(active.command_id, timeout)
+
+        def forged(detail: str) -> None:
+            # An answer not made by `endpointd approve`/`deny` under this daemon's key.
+            try:
+                self.audit.record("forged_approval", active.command_id, decision.rule, detail)
+            except OSError as exc:
+                log.warning("cannot write the audit log: %s", exc)
+
+        outcome = await self.approvals.wait(active.command_id, timeout, on_forged=forged)
         self.approvals.forget(active.command_id)
         active.approval_deadline = None
         if active.state != "accepted" or self.commands.get(active.command_id) is not active:
@@ -664,46 +683,74 @@ class Daemon:
             active.launching = False
 
     async def _deliver(self, active: Active) -> bool:
-        """Resolve and prepare the command's brokered credentials; False if refused."""
+        """Resolve and prepare the command's brokered credentials, and its proxy (http
+        delivery, or ``network = "proxy"``); False if refused."""
         command = active.command
         assert command is not None
-        if not command.credentials:
+        rules = self.policy.rules
+        network = rules.network if rules is not None else "allow"
+        if not command.credentials and network != "proxy":
             return True
         prepared: delivery.Prepared | None = None
+        values: dict[str, bytes] = {}
+        store = self.credentials
         try:
-            if self.credentials is None:
+            if command.credentials and store is None:
                 raise delivery.DeliveryError("this endpointd has no credential store")
-            store = self.credentials
-            indexed = set(await asyncio.to_thread(store.names))
-            values: dict[str, bytes] = {}
-            for ref in command.credentials:
-                # Only what the store indexes: the redactor masks exactly those values, so
-                # a keyring entry set behind its back is never delivered unmasked.
-                if ref.name not in indexed:
-                    raise delivery.DeliveryError(
-                        f"credential {ref.name!r} is not stored on this device "
-                        f"(`endpointd creds add {ref.name}`)"
-                    )
-                value = await asyncio.to_thread(store.get, ref.name)
-                if value is None:
-                    raise delivery.DeliveryError(
-                        f"credential {ref.name!r} is not stored on this device "
-                        f"(`endpointd creds add {ref.name}`)"
-                    )
-                values[ref.name] = value
-            prepared = delivery.prepare(active.spool, command.credentials, values)
+            if store is not None and command.credentials:
+                indexed = set(await asyncio.to_thread(store.names))
+                for ref in command.credentials:
+                    # Only what the store indexes: the redactor masks exactly those values,
+                    # so a keyring entry set behind its back is never delivered unmasked.
+                    if ref.name not in indexed:
+                        raise delivery.DeliveryError(
+                            f"credential {ref.name!r} is not stored on this device "
+                            f"(`endpointd creds add {ref.name}`)"
+                        )
+                    value = await asyncio.to_thread(store.get, ref.name)
+                    if value is None:
+                        raise delivery.DeliveryError(
+                            f"credential {ref.name!r} is not stored on this device "
+                            f"(`endpointd creds add {ref.name}`)"
+                        )
+                    values[ref.name] = value
+            ca = None
+            if any(ref.delivery == pb.CredentialRef.DELIVERY_HTTP for ref in command.credentials):
+                ca = await asyncio.to_thread(device_ca, self.policy.config_dir)
+            # The CA bundle's place until the sandbox gives each command a private TMPDIR.
+            tmp = active.spool / delivery.TMP_DIR
+            active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp.mkdir(mode=0o700, exist_ok=True)
+            prepared = delivery.prepare(
+                active.spool,
+                command.credentials,
+                values,
+                scopes=rules.credentials if rules is not None else {},
+                egress=Egress(
+                    network=network,
+                    allow_hosts=rules.proxy_hosts if rules is not None else (),
+                ),
+                directory=tmp,
+                ca=ca,
+                root_pid=lambda: active.pid,
+            )
             await prepared.start()
-        except (delivery.DeliveryError, CredentialError) as exc:
+        except (delivery.DeliveryError, CredentialError, OSError) as exc:
             if prepared is not None:
                 prepared.close()
             await self._make_durable(active)
+            message = str(exc)
+            if isinstance(exc, OSError) and not isinstance(exc, delivery.DeliveryError):
+                message = f"cannot prepare the command's credentials: {exc.strerror or exc}"
             self._refuse_started(
                 active,
-                Refusal(pb.Refused.REASON_CREDENTIAL_UNAVAILABLE, str(exc)),
+                Refusal(pb.Refused.REASON_CREDENTIAL_UNAVAILABLE, message),
                 "credentials",
             )
             return False
         active.delivery = prepared
+        if not values:
+            return True
         # The values delivered must be in the redactor this command's output will pass:
         # rebuild it now if the store changed since it was last looked at.
         self._redactor_checked = float("-inf")
@@ -719,6 +766,7 @@ class Daemon:
             )
             active.delivery = None
             return False
+        assert store is not None
         for name in prepared.names:
             with contextlib.suppress(CredentialError, OSError):
                 store.touch(name)
@@ -732,15 +780,49 @@ class Daemon:
             kill_grace_seconds=self.limits.kill_grace_seconds,
         )
 
+    def _confinement(self, active: Active, ex: pb.ExecCommand) -> Confinement | None:
+        """The sandbox of this command (None: refused, and already finished as such)."""
+        rules = self.policy.rules
+        cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
+        workspace = self.policy.workspace_for(cwd)
+        if rules is None or workspace is None:
+            self._refuse_started(
+                active,
+                Refusal(pb.Refused.REASON_POLICY_DENIED, f"{cwd} is not inside an allowed root"),
+                "allowed_roots",
+            )
+            return None
+        proxy = active.delivery.proxy_port if active.delivery is not None else None
+        try:
+            return sandbox.plan(
+                rules,
+                denied=[str(d.path) for d in self.policy.denied_paths],
+                workspace=str(workspace),
+                tmpdir=str(private_tmpdir(active.spool)),
+                proxy_port=proxy,
+            )
+        except sandbox.SandboxUnavailable as exc:
+            self._refuse_started(
+                active, Refusal(pb.Refused.REASON_POLICY_DENIED, str(exc)), "sandbox"
+            )
+            return None
+
     async def _launch_exec(self, active: Active, ex: pb.ExecCommand) -> None:
         if not await self._deliver(active):
             return
+        confinement = self._confinement(active, ex)
+        if confinement is None:
+            await self._make_durable(active)
+            return
+        rules = self.policy.rules
         spec = exec_spec(
             active.spool,
             ex,
             limits=self._exec_limits(),
             default_cwd=self.default_cwd or self.policy.default_root,
             delivery=active.delivery,
+            confinement=confinement,
+            passed_env=rules.env.passed if rules is not None else (),
         )
         pid: int | None = None
         how = "fresh interpreter"
@@ -782,17 +864,73 @@ class Daemon:
         )
 
     async def _run_file_op(self, active: Active, command: pb.Command) -> None:
+        """Run a read_file, write_file or list_dir confined to the allowed root holding its
+        path (:mod:`endpointd.fileops`): no denied directory is walked through, and what
+        the open really reached is judged again before a byte moves (``judge``)."""
+        from endpointd.guard.files import root_of
+        from endpointd.policy import FileOp
+
         active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
         writer = SpoolWriter(active.spool)
         active.local_task = True
+        policy = self.policy
+        kind = active.kind or ""
+        path = str(getattr(command, kind).path)
+        op: FileOp = "read" if kind == "read_file" else "list" if kind == "list_dir" else "write"
+
+        def verdict(decision: Decision) -> str | None:
+            if decision.action == "allow":
+                return None
+            if (
+                decision.action == "ask"
+                and active.approved
+                and decision.rule == active.approval_rule
+            ):
+                return None  # the owner approved this rule for this command
+            return decision.rule
+
+        def judge(real: str) -> str | None:
+            """The rule refusing what the operation really reached, or None: the decision
+            at the start, again, on the real path."""
+            return verdict(policy.check_path(real, op))
+
+        def entry_judge(real: str) -> str | None:
+            """A listing's entries and subdirectories: as :func:`judge`, except that
+            default_action, which judged the listing as a whole, does not hide them."""
+            decision = policy.check_path(real, "list")
+            return None if decision.rule == "default_action" else verdict(decision)
+
+        root = root_of(path, [str(r) for r in policy.allowed_roots])
         try:
-            kind = active.kind
-            if kind == "read_file":
-                result = await asyncio.to_thread(read_file, command.read_file, writer)
+            if root is None:
+                result = OpResult(1, f"{kind} path {path} is outside the allowed roots")
+            elif kind == "read_file":
+                result = await asyncio.to_thread(
+                    read_file,
+                    command.read_file,
+                    writer,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                )
             elif kind == "list_dir":
-                result = await asyncio.to_thread(list_dir, command.list_dir, writer)
+                result = await asyncio.to_thread(
+                    list_dir,
+                    command.list_dir,
+                    writer,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                    entries=entry_judge,
+                )
             else:
-                result = await asyncio.to_thread(write_file, command.write_file)
+                result = await asyncio.to_thread(
+                    write_file,
+                    command.write_file,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                )
         finally:
             writer.close()
             active.local_task = False
@@ -1214,24 +1352,31 @@ class Daemon:
     # ------------------------------------------------------------------ redaction
 
     def redactor(self) -> Redactor:
-        """The redactor for every registered credential, rebuilt when the store changes."""
+        """The redactor for every registered credential and the daemon's own secrets (the
+        device key, secret-looking variables of its environment), rebuilt when they change."""
         now = time.monotonic()
-        if self.credentials is None or now - self._redactor_checked < REDACTOR_RECHECK:
+        if now - self._redactor_checked < REDACTOR_RECHECK:
             return self._redactor
         self._redactor_checked = now
+        own = own_secrets(self.config.key)
+        if self.credentials is None:
+            if not self._redactor.covers(own.values()):
+                self._redactor = Redactor(own)
+            return self._redactor
         try:
             info = self.credentials.path.stat()
             stamp: tuple[int, int] | None = (info.st_mtime_ns, info.st_size)
         except FileNotFoundError:
             stamp = None
-        if stamp != self._redactor_stamp:
+        if stamp != self._redactor_stamp or not self._redactor.covers(own.values()):
             try:
                 values = self.credentials.values()
             except (CredentialError, OSError) as exc:
                 # Keep masking what we knew rather than nothing.
                 log.error("cannot read the stored credentials for redaction: %s", exc)
                 return self._redactor
-            self._redactor = Redactor(values)
+            # Credential names never hold ':', so the labels of `own` cannot collide.
+            self._redactor = Redactor({**own, **values})
             self._redactor_stamp = stamp
         return self._redactor
 

@@ -14,12 +14,31 @@ into what the child gets:
     to use one credential helper only, ``endpointd/git_credential.py``, which asks a
     :class:`GitHelperServer` in the daemon over a unix socket made for this command alone
     (0600, in a fresh 0700 directory): it answers ``get`` with ``username`` (``env_var``, or
-    ``x-access-token``) and ``password`` (the value).
+    ``x-access-token``) and ``password`` (the value), but only for ``protocol=https`` and a
+    ``host`` among the credential's ``hosts`` in the local policy (required), and only to a
+    process of the command's tree (``SO_PEERCRED``, then the parent chain to the
+    supervisor, on Linux). Anything else gets no answer, and git fails to authenticate.
+``DELIVERY_HTTP``
+    The value never reaches the command. A :class:`~endpointd.secrets.proxy.CredentialProxy`
+    in the daemon, for this command alone, adds the credential's header (the policy's
+    ``header``) to HTTPS requests for the credential's ``hosts`` (required). The command gets
+    the proxy in ``HTTPS_PROXY``/``HTTP_PROXY`` (and lower-case; ``NO_PROXY`` emptied), and
+    a CA bundle (the system's trust store plus the device CA, whose leaf certificates the
+    proxy shows for those hosts) in ``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``,
+    ``NODE_EXTRA_CA_CERTS``, ``GIT_SSL_CAINFO`` and ``CURL_CA_BUNDLE``. The same proxy, without
+    credentials, enforces ``network = "proxy"`` (``[proxy] allow_hosts``) for commands that
+    have none (:func:`prepare` with ``egress``).
 
 Where values may go: the environment the daemon hands the supervisor (in memory: a pipe or
 the zygote's socket, never a file or argv; see :mod:`endpointd.executor`), the child's
-environment, the DELIVERY_FILE files, and the git helper's socket. Never argv, never a log,
-never an error message (errors name credentials and variables, never values).
+environment, the DELIVERY_FILE files, the git helper's socket, and the proxy's upstream
+connections. Never argv, never a log, never an error message (errors name credentials and
+variables, never values).
+
+What a command can read: env and file deliveries, plainly. The git helper's value is never
+in its environment or files, but any of its processes can ask git for it
+(``git credential fill``) for the credential's hosts, so count it as readable by the command.
+Only the http delivery keeps the value out of the command altogether.
 
 When things go away:
 
@@ -28,11 +47,12 @@ When things go away:
   before it writes ``status.json``. The supervisor outlives a daemon restart, so this
   holds across one. If the supervisor itself dies (SIGKILL), :func:`remove` (the daemon,
   when it records the command's end, at once or after a restart) deletes the directory.
-* The git helper: served by the daemon that started the command, closed when it ends
-  (:meth:`Prepared.close`). A restarted daemon does not serve it again: git's requests then
-  fail, so the command fails to authenticate rather than getting anything else. The
-  supervisor removes the socket and its directory at the end as well, so a daemon crash
-  leaves nothing behind either.
+* The git helper and the proxy: served by the daemon that started the command, closed when
+  it ends (:meth:`Prepared.close`). A restarted daemon serves neither: git's requests then
+  fail, so the command fails to authenticate rather than getting anything else, and its
+  requests through the proxy fail to connect. The supervisor removes the git helper's
+  socket and its directory at the end as well, so a daemon crash leaves nothing behind
+  either. The CA bundle (public certificates only) goes with :meth:`Prepared.close`.
 
 Env var names are checked (:func:`check`) so that a control plane cannot use a delivered
 value, or the path of a delivered file, to change how programs start (``BASH_ENV`` pointed
@@ -52,15 +72,42 @@ import socket
 import struct
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from endpointd.secrets import peer
+from endpointd.secrets.proxy import (
+    HTTPS_PORT,
+    CredentialProxy,
+    Egress,
+    Injection,
+    host_matches,
+    parse_authority,
+)
 from superagent_proto.v1 import endpoint_pb2 as pb
+
+if TYPE_CHECKING:
+    from endpointd.policy import CredentialScope
+    from endpointd.secrets.ca import DeviceCA
 
 log = logging.getLogger(__name__)
 
 # Under the command's spool: the DELIVERY_FILE files.
 CREDENTIALS_DIR = "credentials"
+# Under the command's spool, until the sandbox gives each command its own TMPDIR: the CA
+# bundle of the http delivery.
+TMP_DIR = "tmp"
+# What the command's environment gets for the proxy and its CA bundle.
+PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")
+NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
+CA_BUNDLE_VARS = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CURL_CA_BUNDLE",
+)
 GIT_USERNAME_DEFAULT = "x-access-token"
 # Linux refuses a single environment string longer than this (MAX_ARG_STRLEN, 128 KiB); a
 # little margin for the name.
@@ -120,6 +167,16 @@ _RESERVED = frozenset(
         "SSH_ASKPASS",
         "SUDO_ASKPASS",
         "SSH_AUTH_SOCK",
+        # Where programs send their traffic and what they trust: the http delivery's.
+        "HTTPS_PROXY",
+        "HTTP_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "CURL_CA_BUNDLE",
     }
 )
 _RESERVED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "GIT_", "BASH_FUNC_", "ENDPOINTD_", "XDG_")
@@ -128,6 +185,7 @@ _DELIVERY_NAMES = {
     pb.CredentialRef.DELIVERY_ENV: "env",
     pb.CredentialRef.DELIVERY_FILE: "file",
     pb.CredentialRef.DELIVERY_GIT_HELPER: "git helper",
+    pb.CredentialRef.DELIVERY_HTTP: "http",
 }
 
 
@@ -174,6 +232,8 @@ def check(refs: Sequence[pb.CredentialRef]) -> None:
                     f"credentials {earlier!r} and {ref.name!r} both target env_var {ref.env_var!r}"
                 )
             targets[ref.env_var.upper()] = ref.name
+        elif ref.delivery == pb.CredentialRef.DELIVERY_HTTP:
+            pass  # env_var unused; the hosts are checked against the policy by prepare()
         elif ref.delivery == pb.CredentialRef.DELIVERY_GIT_HELPER:
             git_helpers += 1
             if git_helpers > 1:
@@ -189,7 +249,7 @@ def check(refs: Sequence[pb.CredentialRef]) -> None:
         else:
             raise DeliveryError(
                 f"credential {ref.name!r}: unknown delivery {int(ref.delivery)} "
-                "(expected env, file or git helper)"
+                "(expected env, file, git helper or http)"
             )
 
 
@@ -200,24 +260,31 @@ def _plain_line(value: bytes) -> bool:
 class GitCredential:
     """What the git helper serves for one command (the password is a secret)."""
 
-    __slots__ = ("password", "socket_path", "username")
+    __slots__ = ("hosts", "password", "socket_path", "username")
 
-    def __init__(self, socket_path: str, username: str, password: bytes) -> None:
+    def __init__(
+        self, socket_path: str, username: str, password: bytes, hosts: Sequence[str] = ()
+    ) -> None:
         self.socket_path = socket_path
         self.username = username
         self.password = password
+        self.hosts = tuple(hosts)
 
     def __repr__(self) -> str:
-        return f"GitCredential(socket_path={self.socket_path!r}, username={self.username!r})"
+        return (
+            f"GitCredential(socket_path={self.socket_path!r}, username={self.username!r},"
+            f" hosts={self.hosts!r})"
+        )
 
 
 class Prepared:
     """One command's delivered credentials: what to add to its environment, what to remove
-    once it ends, and the git helper to serve meanwhile.
+    once it ends, and the git helper and proxy to serve meanwhile.
 
     ``repr`` names credentials only. Lifecycle: :func:`prepare` → :meth:`start` (serves the
-    git helper, if any) → the command runs (:func:`endpointd.executor.exec_spec` takes this
-    object) → :meth:`close` when it ends (also fine if the command never started).
+    git helper and the proxy, if any) → the command runs
+    (:func:`endpointd.executor.exec_spec` takes this object) → :meth:`close` when it ends
+    (also fine if the command never started).
     """
 
     def __init__(self) -> None:
@@ -229,12 +296,23 @@ class Prepared:
         self.remove_after: list[str] = []
         self.git: GitCredential | None = None
         self.names: list[str] = []  # the credentials delivered (for last-use bookkeeping)
+        # The command's proxy (http delivery, or network = "proxy"); its CA bundle.
+        self.proxy: CredentialProxy | None = None
+        self.ca_bundle: Path | None = None
+        # The command's supervisor pid, once known (the git helper and proxy check peers).
+        self.root_pid: Callable[[], int | None] | None = None
         self._file_dir: str | None = None
         self._socket_dir: str | None = None
         self._server: GitHelperServer | None = None
+        self._proxy_started = False
 
     def __repr__(self) -> str:
-        return f"Prepared(credentials={self.names!r})"
+        return f"Prepared(credentials={self.names!r}, proxy_port={self.proxy_port})"
+
+    @property
+    def proxy_port(self) -> int | None:
+        """The port of the command's proxy on 127.0.0.1 (None: no proxy)."""
+        return self.proxy.port if self.proxy is not None else None
 
     def apply(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with the delivered variables set, and the git helper configured.
@@ -258,31 +336,49 @@ class Prepared:
         return merged
 
     async def start(self) -> None:
-        """Serve the git helper, if this command has one (before the command starts).
+        """Serve the git helper and the proxy, if this command has them (before it starts).
 
-        Raises :class:`DeliveryError` if it cannot be served.
+        Raises :class:`DeliveryError` if they cannot be served.
         """
-        if self.git is None or self._server is not None:
-            return
-        server = GitHelperServer()
-        try:
-            await server.start(self.git.socket_path, self.git.username, self.git.password)
-        except OSError as exc:
-            server.close()
-            raise DeliveryError(
-                f"the git credential helper cannot be served: {exc.strerror or exc}"
-            ) from None
-        self._server = server
+        if self.git is not None and self._server is None:
+            server = GitHelperServer()
+            try:
+                await server.start(
+                    self.git.socket_path,
+                    self.git.username,
+                    self.git.password,
+                    hosts=self.git.hosts,
+                    root_pid=self.root_pid,
+                )
+            except OSError as exc:
+                server.close()
+                raise DeliveryError(
+                    f"the git credential helper cannot be served: {exc.strerror or exc}"
+                ) from None
+            self._server = server
+        if self.proxy is not None and not self._proxy_started:
+            try:
+                await self.proxy.start()
+            except OSError as exc:
+                raise DeliveryError(
+                    f"the credential proxy cannot be served: {exc.strerror or exc}"
+                ) from None
+            self._proxy_started = True
 
     def close(self) -> None:
-        """Stop the git helper and delete what :func:`prepare` made. Idempotent."""
+        """Stop the git helper and the proxy, delete what :func:`prepare` made. Idempotent."""
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self.proxy is not None:
+            self.proxy.close()
         if self._file_dir is not None:
             shutil.rmtree(self._file_dir, ignore_errors=True)
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+        if self.ca_bundle is not None:
+            with contextlib.suppress(OSError):
+                self.ca_bundle.unlink()
 
 
 def credentials_dir(spool: Path) -> Path:
@@ -298,17 +394,40 @@ def remove(spool: Path) -> None:
     shutil.rmtree(credentials_dir(spool), ignore_errors=True)
 
 
-def prepare(spool: Path, refs: Sequence[pb.CredentialRef], values: Mapping[str, bytes]) -> Prepared:
+def prepare(
+    spool: Path,
+    refs: Sequence[pb.CredentialRef],
+    values: Mapping[str, bytes],
+    *,
+    scopes: Mapping[str, CredentialScope] | None = None,
+    egress: Egress | None = None,
+    directory: Path | None = None,
+    ca: DeviceCA | None = None,
+    root_pid: Callable[[], int | None] | None = None,
+) -> Prepared:
     """Lay out the delivery of ``refs`` (values by credential name) for a command.
 
-    Writes the DELIVERY_FILE files and picks the git helper's socket path; nothing is served
-    until :meth:`Prepared.start`. Raises :class:`DeliveryError` (nothing is left behind).
+    ``scopes``: the local policy's ``[credentials.NAME]`` tables (the git helper and the
+    http delivery need their ``hosts``, the http delivery their ``header``). ``egress``:
+    the policy's network mode and ``[proxy] allow_hosts``; under ``network = "proxy"`` the
+    command gets the proxy even without an http credential. ``directory``: where the CA
+    bundle goes (default ``<spool>/tmp``, made 0700). ``ca``: the device CA (default: one
+    made for this process, in memory). ``root_pid``: the command's supervisor pid once it
+    is known, for the peer checks of the git helper and the proxy.
+
+    Writes the DELIVERY_FILE files and the CA bundle, picks the git helper's socket path
+    and the proxy's port; nothing is served until :meth:`Prepared.start`. Raises
+    :class:`DeliveryError` (nothing is left behind).
     """
     check(refs)
     for ref in refs:
         if ref.name not in values:
             raise DeliveryError(f"credential {ref.name!r} is not available on this device")
+    scopes = scopes or {}
+    egress = egress or Egress()
     prepared = Prepared()
+    prepared.root_pid = root_pid
+    injections: list[Injection] = []
     try:
         for index, ref in enumerate(refs):
             value = values[ref.name]
@@ -317,9 +436,13 @@ def prepare(spool: Path, refs: Sequence[pb.CredentialRef], values: Mapping[str, 
             elif ref.delivery == pb.CredentialRef.DELIVERY_FILE:
                 path = _write_file(prepared, spool, index, ref, value)
                 prepared.env[ref.env_var] = path
+            elif ref.delivery == pb.CredentialRef.DELIVERY_HTTP:
+                injections.append(_injection(ref, scopes, value))
             else:
-                _prepare_git(prepared, ref, value)
+                _prepare_git(prepared, ref, value, _hosts(ref, scopes))
             prepared.names.append(ref.name)
+        if injections or egress.network == "proxy":
+            _prepare_proxy(prepared, spool, injections, egress, directory, ca)
     except BaseException:
         prepared.close()
         raise
@@ -329,6 +452,90 @@ def prepare(spool: Path, refs: Sequence[pb.CredentialRef], values: Mapping[str, 
         assert prepared.git is not None
         prepared.remove_after += [prepared.git.socket_path, prepared._socket_dir]
     return prepared
+
+
+def _hosts(ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope]) -> tuple[str, ...]:
+    """The credential's ``hosts`` in the policy; DeliveryError when there are none."""
+    scope = scopes.get(ref.name)
+    hosts = scope.hosts if scope is not None else ()
+    if not hosts:
+        how = _DELIVERY_NAMES.get(ref.delivery, "this")
+        raise DeliveryError(
+            f"credential {ref.name!r}: {how} delivery is only for the hosts the local policy"
+            f' names: add hosts = ["api.example.com"] to [credentials.{ref.name}] in'
+            " policy.toml"
+        )
+    return hosts
+
+
+def _injection(
+    ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope], value: bytes
+) -> Injection:
+    from endpointd.policy import DEFAULT_HEADER
+
+    hosts = _hosts(ref, scopes)
+    scope = scopes[ref.name]
+    try:
+        return Injection(ref.name, hosts, scope.header or DEFAULT_HEADER, value)
+    except (ValueError, UnicodeError) as exc:
+        raise DeliveryError(str(exc) if isinstance(exc, ValueError) else "bad header") from None
+
+
+_fallback_ca: DeviceCA | None = None
+
+
+def _process_ca() -> DeviceCA:
+    """A CA for this process alone, when the caller has no device CA to give."""
+    global _fallback_ca
+    if _fallback_ca is None:
+        from endpointd.secrets.ca import DeviceCA
+
+        _fallback_ca = DeviceCA.generate()
+    return _fallback_ca
+
+
+def _prepare_proxy(
+    prepared: Prepared,
+    spool: Path,
+    injections: Sequence[Injection],
+    egress: Egress,
+    directory: Path | None,
+    ca: DeviceCA | None,
+) -> None:
+    if injections:
+        from endpointd.secrets.ca import write_bundle
+
+        ca = ca or _process_ca()
+        if directory is None:
+            directory = spool.absolute() / TMP_DIR
+            spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+            directory.mkdir(mode=0o700, exist_ok=True)
+        try:
+            prepared.ca_bundle = write_bundle(directory, ca)
+        except OSError as exc:
+            raise DeliveryError(
+                f"cannot write the CA bundle for the credential proxy: {exc.strerror or exc}"
+            ) from None
+    proxy = CredentialProxy(
+        injections=injections,
+        egress=egress,
+        ca=ca if injections else None,
+        root_pid=prepared.root_pid,
+    )
+    try:
+        proxy.bind()
+    except OSError as exc:
+        raise DeliveryError(
+            f"the credential proxy cannot listen on 127.0.0.1: {exc.strerror or exc}"
+        ) from None
+    prepared.proxy = proxy
+    for name in PROXY_VARS:
+        prepared.env[name] = proxy.url
+    for name in NO_PROXY_VARS:
+        prepared.env[name] = ""
+    if prepared.ca_bundle is not None:
+        for name in CA_BUNDLE_VARS:
+            prepared.env[name] = str(prepared.ca_bundle)
 
 
 def _env_value(ref: pb.CredentialRef, value: bytes) -> str:
@@ -372,7 +579,9 @@ def _write_file(
     return path
 
 
-def _prepare_git(prepared: Prepared, ref: pb.CredentialRef, value: bytes) -> None:
+def _prepare_git(
+    prepared: Prepared, ref: pb.CredentialRef, value: bytes, hosts: Sequence[str]
+) -> None:
     if not value or not _plain_line(value):
         raise DeliveryError(
             f"credential {ref.name!r} cannot be given to git: a git password must be one "
@@ -384,7 +593,9 @@ def _prepare_git(prepared: Prepared, ref: pb.CredentialRef, value: bytes) -> Non
         directory = tempfile.mkdtemp(prefix="endpointd-git-", dir="/tmp")
     prepared._socket_dir = directory
     socket_path = os.path.join(directory, "s")
-    prepared.git = GitCredential(socket_path, ref.env_var or GIT_USERNAME_DEFAULT, value)
+    prepared.git = GitCredential(
+        socket_path, ref.env_var or GIT_USERNAME_DEFAULT, value, hosts=hosts
+    )
     prepared.git_config = [
         ("credential.helper", ""),  # clears every helper configured elsewhere
         ("credential.helper", git_helper_command(socket_path)),
@@ -408,20 +619,38 @@ class GitHelperServer:
     """Answers one command's git credential requests on a unix socket (asyncio).
 
     The socket is only reachable by this user: it is 0600 in a 0700 directory, and on Linux
-    a connecting process of another user is turned away as well (SO_PEERCRED). ``get`` is
-    answered with the username and password; ``store`` and ``erase`` are acknowledged and
-    ignored (the keyring is the only store).
+    a connecting process of another user is turned away as well (SO_PEERCRED), and so is
+    one outside the command's process tree (``root_pid``: the supervisor's pid, once known).
+    ``get`` is answered with the username and password only for ``protocol=https`` and a
+    ``host`` matching ``hosts`` (``host:port`` rules of
+    :func:`endpointd.secrets.proxy.host_matches`, port 443 by default); anything else gets
+    an empty answer. ``store`` and ``erase`` are acknowledged and ignored (the keyring is
+    the only store).
     """
 
     def __init__(self) -> None:
         self._server: asyncio.Server | None = None
         self._path: str | None = None
         self._answer = b""
+        self._hosts: tuple[str, ...] = ()
+        self._root_pid: Callable[[], int | None] | None = None
 
-    async def start(self, path: str, username: str, password: bytes) -> None:
+    async def start(
+        self,
+        path: str,
+        username: str,
+        password: bytes,
+        *,
+        hosts: Sequence[str],
+        root_pid: Callable[[], int | None] | None = None,
+    ) -> None:
         if not _plain_line(username.encode()) or not _plain_line(password):
             raise DeliveryError("a git username and password must be single lines without NUL")
+        if not hosts:
+            raise DeliveryError("the git credential helper needs the hosts it answers for")
         self._answer = b"username=" + username.encode() + b"\npassword=" + password + b"\n\n"
+        self._hosts = tuple(hosts)
+        self._root_pid = root_pid
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._server = await asyncio.start_unix_server(self._serve, path=path)
@@ -437,17 +666,48 @@ class GitHelperServer:
             if not _peer_is_us(writer):
                 log.warning("git credential helper: refused a connection from another user")
                 return
+            if not await self._peer_in_tree(writer):
+                log.warning("git credential helper: refused a process outside the command")
+                return
             request = await asyncio.wait_for(_read_request(reader), _REQUEST_TIMEOUT)
-            action = request.split(b"\n", 1)[0].strip()
-            if action == b"get" and self._server is not None:
-                writer.write(self._answer)
-                await writer.drain()
+            action, _, body = request.partition(b"\n")
+            if action.strip() == b"get" and self._server is not None:
+                if self._wanted(body):
+                    writer.write(self._answer)
+                    await writer.drain()
+                else:
+                    log.info("git credential helper: no credential for that protocol and host")
         except (TimeoutError, OSError, ValueError):
             pass  # the client gets nothing and git carries on without a credential
         finally:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+
+    async def _peer_in_tree(self, writer: asyncio.StreamWriter) -> bool:
+        if self._root_pid is None or not peer.proc_available():
+            return True
+        root = self._root_pid()
+        sock = writer.get_extra_info("socket")
+        pid = peer.unix_peer_pid(sock) if sock is not None else None
+        if root is None or pid is None:
+            return False
+        return await asyncio.to_thread(peer.descends_from, pid, root)
+
+    def _wanted(self, body: bytes) -> bool:
+        """Whether git's request (``key=value`` lines) is for https and one of our hosts."""
+        fields: dict[bytes, bytes] = {}
+        for line in body.split(b"\n"):
+            key, equals, value = line.partition(b"=")
+            if equals and key not in fields:
+                fields[key] = value.strip()
+        if fields.get(b"protocol") != b"https":
+            return False
+        try:
+            host, port = parse_authority(fields.get(b"host", b"").decode("ascii"), HTTPS_PORT)
+        except (UnicodeDecodeError, ValueError):
+            return False
+        return host_matches(self._hosts, host, port, default_port=HTTPS_PORT)
 
     def close(self) -> None:
         """Stop serving and remove the socket. Idempotent."""

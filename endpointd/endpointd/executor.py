@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,16 @@ from typing import Any
 from endpointd import _zygote
 from endpointd.delivery import Prepared
 from endpointd.fsutil import atomic_write
-from endpointd.spool import CANCEL_FILE, STDIN_FILE, SUPERVISOR_LOG, SUPERVISOR_PID_FILE, read_pid
+from endpointd.guard import environment, sandbox
+from endpointd.guard.confinement import Confinement
+from endpointd.spool import (
+    CANCEL_FILE,
+    STDIN_FILE,
+    SUPERVISOR_LOG,
+    SUPERVISOR_PID_FILE,
+    TMP_DIR,
+    read_pid,
+)
 from superagent_proto.v1 import endpoint_pb2
 
 log = logging.getLogger(__name__)
@@ -63,6 +72,12 @@ def zygote_argv(fd: int) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, _PACKAGE_ROOT, "--zygote", str(fd)]
 
 
+# The supervisor's and the zygote's own environment: empty. They need none (the command's
+# comes in the spec), and a confined command can read its parent's /proc/PID/environ, so
+# nothing of the daemon's (a login shell's AWS_SECRET_ACCESS_KEY…) may be in theirs.
+SUPERVISOR_ENV: dict[str, str] = {}
+
+
 @dataclass(frozen=True)
 class ExecLimits:
     # The cap for every command and the value used when timeout_seconds is 0.
@@ -70,9 +85,24 @@ class ExecLimits:
     kill_grace_seconds: int = DEFAULT_CANCEL_GRACE_SECONDS
 
 
-def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
-    """The command's environment: the daemon's own, with the command's variables on top."""
-    return {**os.environ, **extra}
+def child_environment(
+    extra: Mapping[str, str], *, passed: Sequence[str] = (), tmpdir: Path | None = None
+) -> dict[str, str]:
+    """The command's environment: the minimal base from the daemon's own
+    (:mod:`endpointd.guard.environment`), the owner's ``[env] pass``, the command's
+    variables (judged by the policy already) and its private TMPDIR."""
+    env = environment.minimal(os.environ, passed, extra)
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
+    return env
+
+
+def private_tmpdir(spool: Path) -> Path:
+    """The command's own TMPDIR, inside its spool (so inside endpointd's state dir, which
+    every other command is denied): made empty, 0700; it goes with the spool."""
+    path = spool / TMP_DIR
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 def exec_spec(
@@ -82,25 +112,37 @@ def exec_spec(
     limits: ExecLimits,
     default_cwd: Path,
     delivery: Prepared | None = None,
+    confinement: Confinement | None = None,
+    passed_env: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Prepare ``spool`` (and its stdin file) for ``ex``; returns the supervisor's spec.
 
     ``delivery``: the command's brokered credentials (:func:`endpointd.delivery.prepare`).
     Their values end up in the spec's ``env``, which is why the spec only ever travels in
     memory (a pipe or the zygote's socket); ``remove_after`` lists the files the supervisor
-    deletes once the command has ended.
+    deletes once the command has ended. ``confinement``: the sandbox it runs in
+    (:func:`endpointd.guard.sandbox.plan`); None runs it unconfined.
     """
     spool.mkdir(parents=True, exist_ok=True, mode=0o700)
     timeout = ex.timeout_seconds or limits.max_timeout_seconds
-    env = child_environment(dict(ex.env))
-    spec = {
-        "argv": list(ex.argv),
+    env = child_environment(dict(ex.env), passed=passed_env, tmpdir=private_tmpdir(spool))
+    argv = list(ex.argv)
+    spec: dict[str, Any] = {
+        "argv": argv,
         "cwd": ex.cwd or str(default_cwd),
         "env": delivery.apply(env) if delivery is not None else env,
         "timeout_seconds": min(timeout, limits.max_timeout_seconds),
         "kill_grace_seconds": limits.kill_grace_seconds,
         "stdin": ex.HasField("stdin"),
     }
+    if confinement is not None and confinement.mechanism == "landlock":
+        spec["landlock"] = sandbox.landlock_spec(confinement)
+    elif confinement is not None and confinement.mechanism == "seatbelt":
+        from endpointd.guard import seatbelt
+
+        spec["argv"] = seatbelt.argv(confinement, argv)
+    if confinement is not None and confinement.unenforced:
+        spec["unenforced"] = list(confinement.unenforced)
     if delivery is not None and delivery.remove_after:
         spec["remove_after"] = list(delivery.remove_after)
     if ex.HasField("stdin"):
@@ -122,6 +164,7 @@ def start_supervisor(spool: Path, spec: Mapping[str, Any]) -> subprocess.Popen[b
             # group and terminal, so killing or stopping the daemon does not reach them.
             start_new_session=True,
             close_fds=True,
+            env=SUPERVISOR_ENV,
         )
     finally:
         os.close(log_fd)
@@ -211,6 +254,7 @@ class Zygote:
                 stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
+                env=SUPERVISOR_ENV,
                 close_fds=True,
             )
         except OSError:

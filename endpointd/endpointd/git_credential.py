@@ -6,8 +6,12 @@ git runs it as configured by :mod:`endpointd.delivery`::
 
 with the credential request on stdin (``key=value`` lines). For ``get`` it passes the
 request to the endpointd daemon over the command's private unix socket ``SOCKET`` and prints
-the answer (``username=…``, ``password=…``) for git. ``store`` and ``erase`` are ignored:
-the device's keyring is the only place credentials live.
+the answer (``username=…``, ``password=…``) for git. The daemon decides from git's
+``protocol=`` and ``host=`` lines: it answers only ``https`` requests for the hosts the local
+policy names for the credential (``[credentials.NAME] hosts``), and only to processes of the
+command; anything else gets an empty answer, this prints nothing, and git fails to
+authenticate. ``store`` and ``erase`` are ignored: the device's keyring is the only place
+credentials live.
 
 Run as a file, not imported: standard library only, no ``sys.path`` games, so that it starts
 fast and that nothing in the command's environment (``-I``: no ``PYTHON*`` variables; ``-S``:
@@ -62,7 +66,10 @@ def main(argv: list[str]) -> int:
         _say(f"no credential from endpointd ({reason}); it serves one only while its command runs")
         return 1
     if not answer:
-        _say("endpointd gave no credential")
+        _say(
+            "endpointd gave no credential (it answers only https requests for the hosts the"
+            " local policy names for this credential)"
+        )
         return 1
     out = sys.stdout.buffer
     out.write(answer)

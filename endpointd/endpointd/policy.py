@@ -42,7 +42,7 @@ from typing import Any, Literal, cast
 from endpointd.credentials import NAME_RULE, valid_name
 from endpointd.errors import ConfigError
 from endpointd.fsutil import atomic_write
-from endpointd.guard import environment
+from endpointd.guard import environment, sandbox
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.paths import ensure_private_dir, state_dir
 from superagent_proto.v1 import endpoint_pb2
@@ -63,14 +63,36 @@ DEFAULT_HEADER = "Authorization: Bearer {secret}"
 
 # Always denied, whatever the file says (user entries add to these).
 DEFAULT_DENIED_PATHS = (
+    # Keys and cloud credentials.
     "~/.ssh",
     "~/.gnupg",
     "~/.aws",
+    "~/.azure",
     "~/.config/gcloud",
+    "~/.kube",
+    "~/.docker/config.json",
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.config/gh",
+    "~/.pypirc",
+    "~/.vault-token",
+    "~/.password-store",
+    # Keyring stores.
     "~/Library/Keychains",
     "~/.local/share/keyrings",
+    "~/.local/share/kwalletd",
     # keyrings.alt's file-based keyrings, should that be the backend in use.
     "~/.local/share/python_keyring",
+    # Browser profiles: cookies and saved passwords.
+    "~/.mozilla",
+    "~/.config/google-chrome",
+    "~/.config/chromium",
+    "~/.config/BraveSoftware",
+    "~/.config/microsoft-edge",
+    "~/Library/Application Support/Google/Chrome",
+    "~/Library/Application Support/Firefox",
+    "~/Library/Safari",
+    "~/Library/Cookies",
 )
 
 _R = endpoint_pb2.Refused
@@ -790,6 +812,22 @@ class Policy:
         roots = self._refresh().roots
         return Path(roots[0].real) if roots else self.home
 
+    def workspace_for(self, cwd: str) -> Path | None:
+        """The allowed root that holds ``cwd`` (resolved): where its command may write."""
+        real = os.path.realpath(cwd)
+        for root in self._refresh().roots:
+            if _within(real, root.real):
+                return Path(root.real)
+        return None
+
+    @property
+    def sandbox_summary(self) -> str:
+        """How commands are confined under this policy, in one line (status, Hello)."""
+        rules = self._refresh().rules
+        if rules is None:
+            return "none: the policy cannot be used, so every command is refused"
+        return sandbox.describe(rules.sandbox, rules.network)
+
     @property
     def denied_paths(self) -> list[DeniedPath]:
         """Built-in denied paths first, then the file's."""
@@ -821,19 +859,19 @@ class Policy:
             )
         if kind in ("read_file", "write_file", "list_dir"):
             op = getattr(command, kind)
-            decision = self._path(loaded, str(op.path), f"{kind} path", None)
-            return decision or Decision(
-                "allow", "allowed_roots", f"{kind} {op.path} is inside an allowed root"
-            )
+            return self._file_decision(loaded, str(op.path), self._file_op(kind), None)
         return Decision("deny", "policy", f"the policy does not know command kind {kind!r}")
 
-    def check_path(self, path: str) -> Decision:
-        """Judge a file operation on ``path`` (read, write and list are judged alike)."""
+    def check_path(self, path: str, op: FileOp = "read") -> Decision:
+        """Judge the file operation ``op`` on ``path`` as :meth:`check` judges a
+        read_file, write_file or list_dir: allowed roots and denied paths first (deny
+        wins), then the first ``[[files]]`` rule for ``op`` whose match fits the path (as
+        written, normalised, or resolved), then, for writes, the built-in protected paths
+        (``protected: …``, denied), then ``default_action``."""
         loaded = self._refresh()
         if loaded.rules is None:
             return self._broken_decision(loaded)
-        decision = self._path(loaded, path, "path", None)
-        return decision or Decision("allow", "allowed_roots", f"{path} is inside an allowed root")
+        return self._file_decision(loaded, path, op, None)
 
     def explain(
         self,
@@ -852,21 +890,20 @@ class Policy:
         steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
         return "\n".join(steps)
 
-    def explain_path(self, path: str) -> str:
+    def explain_path(self, path: str, op: FileOp = "read") -> str:
+        """Why the file operation ``op`` on ``path`` gets its decision, step by step."""
         loaded = self._refresh()
         steps = [f"policy: {self.path} (sha256 {loaded.digest.hex()[:16]}…)"]
         if loaded.rules is None:
             decision = self._broken_decision(loaded)
         else:
-            decision = self._path(loaded, path, "path", steps) or Decision(
-                "allow", "allowed_roots", f"{path} is inside an allowed root"
-            )
+            decision = self._file_decision(loaded, path, op, steps)
         steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
         return "\n".join(steps)
 
     def denied_rule(self, path: str) -> str | None:
-        """``denied_paths: …`` when ``path`` is inside a denied path, else None (e.g. for
-        skipping denied subtrees in a directory listing)."""
+        """``denied_paths: …`` when ``path`` (as written or resolved) is inside a denied
+        path, else None: what a file operation may never open, list or walk through."""
         hit = self._denied_hit(self._refresh(), path)
         return None if hit is None else f"denied_paths: {hit.entry.label}"
 
@@ -888,16 +925,24 @@ class Policy:
         return None
 
     def _path(
-        self, loaded: _Loaded, path: str, what: str, steps: list[str] | None
+        self,
+        loaded: _Loaded,
+        path: str,
+        what: str,
+        steps: list[str] | None,
+        *,
+        real: str | None = None,
     ) -> Decision | None:
-        """A deny decision when ``path`` is denied or outside every root, else None."""
-        hit = self._denied_hit(loaded, path)
+        """A deny decision when ``path`` is denied or outside every root, else None.
+        ``real``: ``path`` resolved, when the caller has it already."""
+        if real is None:
+            real = os.path.realpath(path)
+        hit = self._denied_in(loaded, (os.path.normpath(path), real))
         if hit is not None:
             rule = f"denied_paths: {hit.entry.label}"
             return Decision(
                 "deny", rule, f"{what} {path} is inside a denied path ({rule} in {self.path})"
             )
-        real = os.path.realpath(path)
         if not loaded.roots:
             return Decision(
                 "deny",
@@ -1009,6 +1054,18 @@ class Policy:
             chosen = self._command_decision(rules.default_action, "default_action", quoted)
         if chosen.action == "deny":
             return chosen
+        if rules.sandbox == "required":
+            missing = sandbox.support().missing(rules.network)
+            if missing:
+                return Decision(
+                    "deny",
+                    "sandbox",
+                    'the local policy requires the sandbox (sandbox = "required") and this'
+                    f" machine cannot enforce {'; '.join(missing)}; the owner may choose"
+                    f' sandbox = "best-effort" or "off" in {self.path}',
+                )
+        if steps is not None:
+            steps.append(f"sandbox: {sandbox.describe(rules.sandbox, rules.network)}")
 
         program: object = _UNSET
         for name in credentials:
@@ -1105,6 +1162,163 @@ class Policy:
                 f"command {quoted} needs approval on the device ({rule}): `endpointd approvals`",
             )
         return Decision("allow", rule, f"command {quoted} is allowed by {rule}")
+
+    # ------------------------------------------------------------------ file operations
+
+    # Built-in protected write paths: what is written there can run code later, outside any
+    # sandbox and without the agent asking (git runs hooks and obeys its config on the
+    # user's next `git status`; shells source their start-up files; desktops and service
+    # managers start what these directories list). Writes are denied unless a [[files]]
+    # rule names them. Below the home directory: single files, then whole directories.
+    _PROTECTED_HOME_FILES = (
+        ".bashrc",
+        ".bash_profile",
+        ".bash_login",
+        ".bash_logout",
+        ".profile",
+        ".zshrc",
+        ".zshenv",
+        ".zprofile",
+        ".zlogin",
+        ".zlogout",
+        ".cshrc",
+        ".tcshrc",
+        ".login",
+        ".config/fish/config.fish",
+        ".gitconfig",
+        ".config/git/config",
+        ".xprofile",
+        ".xsessionrc",
+        ".pam_environment",
+    )
+    _PROTECTED_HOME_DIRS = (
+        ".config/fish/conf.d",
+        ".config/fish/functions",
+        ".config/autostart",
+        ".config/systemd/user",
+        ".local/share/systemd/user",
+        ".config/environment.d",
+        "Library/LaunchAgents",
+    )
+    # The same beneath $XDG_CONFIG_HOME, when it is set.
+    _PROTECTED_XDG_FILES = ("fish/config.fish", "git/config")
+    _PROTECTED_XDG_DIRS = (
+        "fish/conf.d",
+        "fish/functions",
+        "autostart",
+        "systemd/user",
+        "environment.d",
+    )
+
+    @staticmethod
+    def _file_op(kind: str) -> FileOp:
+        ops: dict[str, FileOp] = {"read_file": "read", "write_file": "write", "list_dir": "list"}
+        return ops[kind]
+
+    @staticmethod
+    def _file_kind(op: FileOp) -> str:
+        return {"read": "read_file", "write": "write_file", "list": "list_dir"}[op]
+
+    def _file_decision(
+        self, loaded: _Loaded, path: str, op: FileOp, steps: list[str] | None
+    ) -> Decision:
+        """Paths (denied, roots), then [[files]], then protected writes, then the default."""
+        assert loaded.rules is not None
+        rules = loaded.rules
+        kind = self._file_kind(op)
+        real = os.path.realpath(path)
+        refused = self._path(loaded, path, f"{kind} path", steps, real=real)
+        if refused is not None:
+            return refused
+        forms = tuple(dict.fromkeys(_fold(p) for p in (os.path.normpath(path), real)))
+        for rule in rules.files:
+            if op in rule.ops and any(fnmatch.fnmatchcase(f, _fold(rule.match)) for f in forms):
+                if steps is not None:
+                    steps.append(f"{kind} {path}: matches {rule.rule} -> {rule.action}")
+                return self._file_rule_decision(rule.action, rule.rule, kind, path)
+        if steps is not None:
+            steps.append(f"{kind} {path}: no [[files]] rule for {op} matches")
+        if op == "write":
+            protected = self._protected(forms)
+            if protected is not None:
+                named = f"protected: {protected}"
+                if steps is not None:
+                    steps.append(f"{kind} {path}: a built-in protected path ({named}) -> deny")
+                return Decision(
+                    "deny",
+                    named,
+                    f"{kind} {path} is a protected path ({named}): what is written there can"
+                    " run code later (git hooks and config, shell start-up files, autostart"
+                    " entries, services), so it is never written unless a [[files]] rule in"
+                    f" {self.path} names it",
+                )
+            if steps is not None:
+                steps.append(f"{kind} {path}: not a protected path")
+        if steps is not None:
+            steps.append(f"{kind} {path}: default_action = {rules.default_action}")
+        if rules.default_action == "allow":
+            return Decision(
+                "allow",
+                "allowed_roots",
+                f"{kind} {path} is inside an allowed root (no [[files]] rule matches;"
+                " default_action = allow)",
+            )
+        return self._file_rule_decision(rules.default_action, "default_action", kind, path)
+
+    def _file_rule_decision(self, action: Action, rule: str, kind: str, path: str) -> Decision:
+        if action == "deny":
+            return Decision("deny", rule, f"{kind} {path} is denied by {rule} in {self.path}")
+        if action == "ask":
+            return Decision(
+                "ask",
+                rule,
+                f"{kind} {path} needs approval on the device ({rule}): `endpointd approvals`",
+            )
+        return Decision("allow", rule, f"{kind} {path} is allowed by {rule}")
+
+    @staticmethod
+    def _denied_in(loaded: _Loaded, forms: Iterable[str]) -> _Denied | None:
+        """The denied path holding one of ``forms`` (a path as written and resolved)."""
+        unique = set(forms)
+        for denied in loaded.denied:
+            for form in unique:
+                if any(_within(form, d) for d in denied.forms):
+                    return denied
+        return None
+
+    def _protected(self, forms: Sequence[str]) -> str | None:
+        """The built-in protected path (its label) holding one of ``forms``, or None."""
+        for form in forms:
+            parts = form.split(os.sep)
+            for i, part in enumerate(parts):
+                if part != ".git":
+                    continue
+                below = parts[i + 1 :]
+                if not below:
+                    return ".git"  # a .git file points git at another directory's hooks
+                if "hooks" in below:
+                    return ".git/hooks"
+                if below[-1] in ("config", "config.worktree"):
+                    return ".git/config"
+        places: list[tuple[str, str, Sequence[str], Sequence[str]]] = []
+        home = str(self.home)
+        for base in dict.fromkeys((os.path.normpath(home), os.path.realpath(home))):
+            places.append(("~", base, self._PROTECTED_HOME_FILES, self._PROTECTED_HOME_DIRS))
+        xdg = os.environ.get("XDG_CONFIG_HOME", "")
+        if os.path.isabs(xdg):
+            for base in dict.fromkeys((os.path.normpath(xdg), os.path.realpath(xdg))):
+                places.append(
+                    ("$XDG_CONFIG_HOME", base, self._PROTECTED_XDG_FILES, self._PROTECTED_XDG_DIRS)
+                )
+        for label, base, names, trees in places:
+            for form in forms:
+                for name in names:
+                    if form == _fold(os.path.join(base, name)):
+                        return f"{label}/{name}"
+                for tree in trees:
+                    if _within(form, os.path.join(base, tree)):
+                        return f"{label}/{tree}"
+        return None
 
 
 def _endpointd_programs() -> frozenset[str]:

@@ -49,6 +49,7 @@ from endpointd.spoolformat import (
     STREAM_STDOUT,
     SUPERVISOR_LOG,
     SUPERVISOR_PID_FILE,
+    TMP_DIR,
     SpoolWriter,
 )
 
@@ -65,6 +66,7 @@ __all__ = [
     "STREAM_STDOUT",
     "SUPERVISOR_LOG",
     "SUPERVISOR_PID_FILE",
+    "TMP_DIR",
     "ExitStatus",
     "SpoolReader",
     "SpoolWriter",

@@ -27,6 +27,8 @@ STDIN_FILE = "stdin"
 CHILD_PID_FILE = "child.pid"
 SUPERVISOR_PID_FILE = "supervisor.pid"
 SUPERVISOR_LOG = "supervisor.log"
+# The command's private TMPDIR (the only place outside its workspace it may write).
+TMP_DIR = "tmp"
 
 
 class SpoolWriter:

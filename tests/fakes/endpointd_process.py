@@ -30,17 +30,22 @@ __all__ = ["Endpointd", "endpointd_in", "start_paired"]
 class Endpointd:
     def __init__(self, root: Path, *, name: str = "endpointd") -> None:
         self.root = root / name
-        self.config_dir = self.root / "config"
-        self.state_dir = self.root / "state"
-        self.key_file = self.root / "device.key"
-        self.log_path = self.root / "daemon.log"
+        # endpointd's own files live beside the test's directory, not in it: the test's
+        # directory is the allowed root, and the sandbox lets commands create files directly
+        # in a root only when no denied path (such as these) lies beneath it.
+        self.private = root.parent / f"{root.name}.{name}"
+        self.config_dir = self.private / "config"
+        self.state_dir = self.private / "state"
+        self.key_file = self.private / "device.key"
+        self.log_path = self.private / "daemon.log"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.private.mkdir(parents=True, exist_ok=True)
         self.env = {
             **os.environ,
             "ENDPOINTD_CONFIG_DIR": str(self.config_dir),
             "ENDPOINTD_STATE_DIR": str(self.state_dir),
             "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
-            "ENDPOINTD_SERVICE_DIR": str(self.root / "service"),
+            "ENDPOINTD_SERVICE_DIR": str(self.private / "service"),
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.device_id = ""

@@ -19,7 +19,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
+import stat
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ def _libc() -> ctypes.CDLL:
 
 def abi_version() -> int:
     """The Landlock ABI the running kernel offers; 0 when it has none (or is not Linux)."""
-    if platform.system() != "Linux":
+    if not sys.platform.startswith("linux"):
         return 0
     version = _libc().syscall(_CREATE_RULESET, None, ctypes.c_size_t(0), _CREATE_RULESET_VERSION)
     return max(int(version), 0)
@@ -123,6 +124,13 @@ def restrict_self(rules: Ruleset) -> None:
     Raises :class:`LandlockError` when the kernel has no Landlock or refuses a rule (a path
     that does not exist is skipped: there is nothing under it to grant).
     """
+    enforce(create(rules))
+
+
+def create(rules: Ruleset, grants: Sequence[tuple[str, int]] = ()) -> int:
+    """Build the kernel ruleset for ``rules`` plus explicit ``grants`` (path, rights; a
+    path is opened without following a final symlink, so a link never carries a grant to
+    its target); returns its fd, for :func:`enforce` (e.g. in a child after fork)."""
     abi = abi_version()
     if abi < 1:
         raise LandlockError(errno.ENOSYS, "this kernel has no Landlock")
@@ -147,27 +155,44 @@ def restrict_self(rules: Ruleset) -> None:
             *((p, READ) for p in rules.read),
             *((p, handled_fs) for p in rules.write),
         ]:
-            _allow_beneath(libc, fd, path, rights & handled_fs)
+            _allow_beneath(libc, fd, path, rights & handled_fs, follow=True)
+        for path, rights in grants:
+            _allow_beneath(libc, fd, path, rights & handled_fs, follow=False)
         if abi >= 4:
             for port in rules.connect_ports or ():
                 _allow_port(libc, fd, port, CONNECT_TCP)
             for port in rules.bind_ports or ():
                 _allow_port(libc, fd, port, BIND_TCP)
+    except BaseException:
+        os.close(fd)
+        raise
+    return int(fd)
+
+
+def enforce(ruleset_fd: int) -> None:
+    """Confine this process (and what it starts) to a ruleset from :func:`create`; closes
+    the fd. Only system calls: safe in a child between fork and exec."""
+    libc = _libc()
+    try:
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise LandlockError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if libc.syscall(_RESTRICT_SELF, fd, 0) != 0:
+        if libc.syscall(_RESTRICT_SELF, ruleset_fd, 0) != 0:
             raise LandlockError(ctypes.get_errno(), "landlock_restrict_self failed")
     finally:
-        os.close(fd)
+        os.close(ruleset_fd)
 
 
-def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> None:
+def _allow_beneath(libc: ctypes.CDLL, ruleset: int, path: str, rights: int, follow: bool) -> None:
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        parent = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except FileNotFoundError:
+        parent = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
         return
     try:
-        if not os.path.isdir(path):
+        st = os.fstat(parent)
+        if stat.S_ISLNK(st.st_mode):
+            return  # a grant on a link would mean nothing; its target has its own
+        if not stat.S_ISDIR(st.st_mode):
             rights &= FILE_RIGHTS  # the kernel refuses directory rights on a file
         rule = _PathBeneathAttr(allowed_access=rights, parent_fd=parent)
         if libc.syscall(_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:

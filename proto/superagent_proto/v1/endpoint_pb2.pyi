@@ -438,7 +438,18 @@ class CredentialRef(_message.Message):
         """The daemon acts as a git credential helper for this command: git is configured
         (through GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n, replacing any other
         helper) to ask endpointd, over a per-command unix socket served while the command
-        runs, and gets the secret as the password. At most one per command.
+        runs, and gets the secret as the password. It answers only https requests for the
+        credential's `hosts` in the local policy (required; refused without), and only to
+        processes of this command. At most one per command.
+        """
+        DELIVERY_HTTP: CredentialRef._Delivery.ValueType  # 4
+        """The value never reaches the command. endpointd runs a proxy for this command alone
+        (HTTPS_PROXY/HTTP_PROXY point at it, with a per-command token, and the command is
+        given a CA bundle that trusts the device's own CA) which adds the credential's header
+        (the local policy's `[credentials.NAME] header`, default "Authorization: Bearer ...")
+        to HTTPS requests for the credential's `hosts` in the local policy, and to nothing
+        else (never over plain HTTP). A credential without `hosts` is refused with
+        REASON_CREDENTIAL_UNAVAILABLE. `env_var` is unused.
         """
 
     class Delivery(_Delivery, metaclass=_DeliveryEnumTypeWrapper): ...
@@ -453,7 +464,18 @@ class CredentialRef(_message.Message):
     """The daemon acts as a git credential helper for this command: git is configured
     (through GIT_CONFIG_COUNT/GIT_CONFIG_KEY_n/GIT_CONFIG_VALUE_n, replacing any other
     helper) to ask endpointd, over a per-command unix socket served while the command
-    runs, and gets the secret as the password. At most one per command.
+    runs, and gets the secret as the password. It answers only https requests for the
+    credential's `hosts` in the local policy (required; refused without), and only to
+    processes of this command. At most one per command.
+    """
+    DELIVERY_HTTP: CredentialRef.Delivery.ValueType  # 4
+    """The value never reaches the command. endpointd runs a proxy for this command alone
+    (HTTPS_PROXY/HTTP_PROXY point at it, with a per-command token, and the command is
+    given a CA bundle that trusts the device's own CA) which adds the credential's header
+    (the local policy's `[credentials.NAME] header`, default "Authorization: Bearer ...")
+    to HTTPS requests for the credential's `hosts` in the local policy, and to nothing
+    else (never over plain HTTP). A credential without `hosts` is refused with
+    REASON_CREDENTIAL_UNAVAILABLE. `env_var` is unused.
     """
 
     NAME_FIELD_NUMBER: _builtins.int

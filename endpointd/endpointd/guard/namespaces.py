@@ -1,0 +1,139 @@
+"""A private PID namespace and /proc for each command (Linux), through ctypes.
+
+Landlock stops a command from reading other processes' memory, but not their
+``/proc/PID/environ``: on this kernel family that file stays readable to any process of the
+same user, sandboxed or not. A command that could list the daemon's or another command's
+environment would read what the daemon inherited (a login shell's ``AWS_SECRET_ACCESS_KEY``)
+and the credentials delivered to the other command. So each command runs in a PID namespace
+of its own, with its own ``/proc`` mounted over the real one: it sees only its own process
+tree, and there is no PID of anyone else's to name.
+
+How (called by the supervisor in the command's forked child, see
+:func:`endpointd._supervise._spawn_confined`):
+
+1. :func:`enter`: ``unshare`` a new PID and mount namespace (and, when not root, a user
+   namespace mapping the user to itself, which is what grants the right to mount); mounts
+   are made private first, so nothing done inside propagates to the host.
+2. The caller forks: the new child is PID 1 of the namespace. :func:`mount_proc` mounts a
+   fresh ``/proc`` there, and that process stays as the namespace's init (it reaps orphans;
+   when it exits, the kernel ends everything left in the namespace).
+
+Standard library only (the supervisor runs in a bare interpreter).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+
+_libc: ctypes.CDLL | None = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def enter() -> None:
+    """Move this process's future children into a new PID namespace, and this process into
+    a new mount namespace whose mounts do not propagate back."""
+    uid, gid = os.geteuid(), os.getegid()
+    flags = CLONE_NEWPID | CLONE_NEWNS
+    if uid != 0:
+        flags |= CLONE_NEWUSER
+    _check(_c().unshare(flags), "unshare")
+    if uid != 0:
+        # Map the user to itself: files keep their owner, and the namespace's capabilities
+        # (needed to mount /proc) reach nothing outside it.
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    _check(_c().mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+
+
+def mount_proc() -> None:
+    """In PID 1 of the new namespace: a /proc that shows this namespace only."""
+    _check(
+        _c().mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
+        "mount proc",
+    )
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+_available: str | None = None
+_PROBE = """
+import os, sys
+sys.path.append(sys.argv[1])
+from endpointd.guard import namespaces
+namespaces.enter()
+inner = os.fork()
+if inner == 0:
+    try:
+        namespaces.mount_proc()
+        os._exit(0 if os.getpid() == 1 else 3)
+    except BaseException as exc:
+        print(exc, file=sys.stderr)
+        os._exit(1)
+_, status = os.waitpid(inner, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def unavailable_reason() -> str:
+    """Why a child cannot get a private PID namespace and /proc here ("" when it can).
+
+    Tried for real, once, in a fresh interpreter (a kernel setting or a security module may
+    forbid user namespaces, and only trying tells; a fresh process rather than a fork, since
+    the daemon's gRPC threads make forking it fragile).
+    """
+    global _available
+    if _available is not None:
+        return _available
+    if not sys.platform.startswith("linux"):
+        _available = f"no PID namespaces on {sys.platform}"
+        return _available
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _PROBE, package_root],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env={},
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        _available = f"the probe could not run: {exc}"
+        return _available
+    said = done.stderr.strip().splitlines()
+    _available = "" if done.returncode == 0 else (said[-1] if said else "the probe failed")
+    return _available
+
+
+def available() -> bool:
+    return not unavailable_reason()

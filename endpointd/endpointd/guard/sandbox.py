@@ -1,0 +1,231 @@
+"""The OS sandbox around every command: which mechanism this machine has, and what one
+command may touch.
+
+The daemon calls :func:`plan` for each exec, with the command's workspace (the allowed
+root holding its working directory) and its private TMPDIR. The result, a
+:class:`~endpointd.guard.confinement.Confinement`, travels in the supervisor's spec; on
+Linux :func:`landlock_spec` turns it into the explicit Landlock grants the supervisor
+applies between fork and exec (:func:`endpointd._supervise.confine_child`).
+
+Modes (``sandbox`` in the policy):
+
+* ``required`` (the default where the OS supports it): a command runs confined or not at
+  all; what this kernel cannot enforce (an old Landlock ABI, no seccomp) refuses it with a
+  message that names what is missing and the way out.
+* ``best-effort``: confined as far as the OS allows; what it cannot enforce is named in the
+  command's supervisor log and in ``endpointd status``.
+* ``off``: no sandbox (the policy's rules still apply); chosen explicitly by the owner.
+
+Landlock grants access rather than denying it, so "read everything except the denied
+paths" is built as the complement: every ancestor of a denied path gets only the right to
+list it, each of its other entries gets the full grant (see :func:`_complement`). The walk
+lists a handful of directories (``/``, the home directory, ``~/.config``, …); it is cached
+until one of them changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from endpointd.guard import landlock, namespaces, seccomp
+from endpointd.guard.confinement import DEVICE_FILES, Confinement
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from endpointd.policy import NetworkMode, Rules, SandboxMode
+
+# Rights beneath a writable root: everything the ABI knows (``create`` masks it).
+_ALL = (1 << 16) - 1
+_DEVICE = landlock.READ_FILE | landlock.WRITE_FILE | landlock.IOCTL_DEV
+
+
+class SandboxUnavailable(Exception):
+    """``sandbox = "required"`` and this machine cannot enforce all of it."""
+
+
+@dataclass(frozen=True)
+class Support:
+    """What this machine offers for confining commands."""
+
+    mechanism: str  # "landlock", "seatbelt", or "" (none)
+    landlock_abi: int = 0
+    seccomp: bool = False
+    private_proc: bool = False
+
+    def describe(self) -> str:
+        if self.mechanism == "landlock":
+            extra = " + seccomp" if self.seccomp else ""
+            extra += " + private /proc" if self.private_proc else ""
+            return f"Landlock ABI {self.landlock_abi}{extra}"
+        if self.mechanism == "seatbelt":
+            return "Seatbelt (sandbox-exec)"
+        return "none"
+
+    def missing(self, network: NetworkMode) -> list[str]:
+        """What a command's confinement needs here that this machine cannot enforce."""
+        if not self.mechanism:
+            return [f"an OS sandbox (endpointd has none for {sys.platform})"]
+        if self.mechanism != "landlock":
+            return []
+        out = landlock.Ruleset(
+            connect_ports=None if network == "allow" else (), bind_ports=None
+        ).unenforced(self.landlock_abi)
+        if network != "allow" and not self.seccomp:
+            out.append("blocking UDP and raw sockets (seccomp)")
+        if not self.private_proc:
+            why = namespaces.unavailable_reason()
+            out.append(f"a private /proc hiding other processes (namespaces: {why})")
+        return out
+
+
+@lru_cache(maxsize=1)
+def support() -> Support:
+    if sys.platform.startswith("linux"):
+        abi = landlock.abi_version()
+        if abi >= 1:
+            return Support("landlock", abi, seccomp.supported(), namespaces.available())
+        return Support("")
+    if sys.platform == "darwin" and os.path.exists("/usr/bin/sandbox-exec"):
+        return Support("seatbelt")
+    return Support("")
+
+
+def describe(mode: SandboxMode, network: NetworkMode) -> str:
+    """One line for `endpointd status`, the policy report and the control plane."""
+    if mode == "off":
+        return f"off (chosen in the policy); network {network}"
+    here = support()
+    missing = here.missing(network)
+    state = mode if not missing else f"{mode}, cannot enforce: {'; '.join(missing)}"
+    return f"{state}; {here.describe()}; network {network}"
+
+
+def plan(
+    rules: Rules,
+    *,
+    denied: Sequence[str],
+    workspace: str,
+    tmpdir: str,
+    proxy_port: int | None = None,
+) -> Confinement:
+    """The confinement of one command; :class:`SandboxUnavailable` when it is required
+    and this machine cannot enforce it."""
+    if rules.sandbox == "off":
+        return Confinement(network="allow", mechanism="")
+    here = support()
+    missing = here.missing(rules.network)
+    if missing and rules.sandbox == "required":
+        raise SandboxUnavailable(
+            "the local policy requires the sandbox and this machine cannot enforce "
+            + "; ".join(missing)
+            + ': set sandbox = "best-effort" (or "off") in policy.toml to run commands'
+            " anyway"
+        )
+    if rules.network == "proxy" and proxy_port is None:
+        raise SandboxUnavailable('network = "proxy" but no egress proxy runs for this command')
+    denied_real = tuple(_real(p) for p in denied)
+    # The owner's extra writable paths never open a denied one; the private TMPDIR is made
+    # inside endpointd's (denied) state dir on purpose, for that very reason.
+    extra = [_real(str(p)) for p in rules.writable_paths]
+    extra = [p for p in extra if not any(_within(p, d) for d in denied_real)]
+    return Confinement(
+        denied=denied_real,
+        write=(_real(workspace), _real(tmpdir), *extra),
+        write_files=DEVICE_FILES,
+        network=rules.network,
+        proxy_port=proxy_port,
+        mechanism=here.mechanism,
+        unenforced=tuple(missing),
+    )
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
+# --------------------------------------------------------------------------- Landlock
+
+
+def landlock_spec(c: Confinement) -> dict[str, object]:
+    """What the supervisor needs to confine the command with Landlock (plain JSON)."""
+    denied = _outermost(c.denied)
+    grants = list(_complement("/", landlock.READ, denied))
+    for root in c.write:
+        if os.path.isdir(root):
+            grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
+    grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
+    if c.network == "allow":
+        connect: list[int] | None = None
+    else:
+        connect = [c.proxy_port] if c.network == "proxy" and c.proxy_port else []
+    return {
+        "grants": grants,
+        "connect_ports": connect,
+        "bind_ports": None if c.network == "allow" else [],
+        "seccomp": "" if c.network == "allow" else c.network,
+        "private_proc": support().private_proc,
+    }
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """The paths, without those inside another of them."""
+    unique = sorted(set(paths))
+    return [p for p in unique if not any(q != p and _within(p, q) for q in unique)]
+
+
+def _complement(root: str, rights: int, excluded: Sequence[str]) -> list[tuple[str, int]]:
+    """Grants of ``rights`` on everything beneath ``root`` except beneath ``excluded``.
+
+    A directory on the way to an excluded path gets only ``READ_DIR`` (listing its names;
+    since Landlock grants apply to whole hierarchies, anything more would reach the excluded
+    path too); each of its other entries gets ``rights``. New entries made later directly
+    in such a directory are not covered: it is listed again once its mtime changes.
+    """
+    inside = [e for e in excluded if _within(e, root)]
+    if not inside:
+        return [(root, rights)]
+    if any(e == root for e in inside):
+        return []
+    return list(_complement_cached(root, rights, tuple(sorted(inside)), _stamps(root, inside)))
+
+
+def _stamps(root: str, excluded: Sequence[str]) -> tuple[int, ...]:
+    """The mtimes of the directories the walk lists: its cache key."""
+    dirs = set()
+    for e in excluded:
+        parent = os.path.dirname(e)
+        while _within(parent, root):
+            dirs.add(parent)
+            if parent == root:
+                break
+            parent = os.path.dirname(parent)
+    out = []
+    for d in sorted(dirs):
+        try:
+            out.append(os.stat(d).st_mtime_ns)
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _complement_cached(
+    root: str, rights: int, excluded: tuple[str, ...], _stamps: tuple[int, ...]
+) -> tuple[tuple[str, int], ...]:
+    grants: list[tuple[str, int]] = [(root, landlock.READ_DIR)]
+    names: list[str] = []
+    with contextlib.suppress(OSError):
+        names = os.listdir(root)
+    for name in sorted(names):
+        child = os.path.join(root, name)
+        grants += _complement(child, rights, excluded)
+    return tuple(grants)
