@@ -381,12 +381,18 @@ class Endpointd:
         }
 
     @property
+    def work(self) -> Path:
+        """The allowed root, where commands run; endpointd's own files are beside it."""
+        return self.home / "work"
+
+    @property
     def journal(self) -> Path:
         return self.home / "state" / "journal.sqlite3"
 
     async def pair(self, url: str, code: str, fingerprint: str) -> str:
         """``endpointd pair``; a subprocess, so this loop stays free. Returns the device id."""
         self.home.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(exist_ok=True)
         # Outside the repository root: there `python -m endpointd` would import the
         # distribution folder instead of the package.
         proc = await asyncio.create_subprocess_exec(
@@ -400,6 +406,8 @@ class Endpointd:
             str(self.home / "device.key"),
             "--fingerprint",
             fingerprint,
+            "--allow-root",
+            str(self.work),
             env=self.env,
             cwd=self.home,
             stdout=subprocess.PIPE,
@@ -412,6 +420,16 @@ class Endpointd:
         device_id = config["device_id"]
         assert isinstance(device_id, str)
         return device_id
+
+    def set_sandbox(self, mode: str) -> None:
+        """Put ``sandbox = MODE`` at the top of the paired device's policy (where top-level
+        keys must be), replacing any such line."""
+        policy = self.home / "config" / "policy.toml"
+        lines = [
+            line for line in policy.read_text().splitlines() if not line.startswith("sandbox =")
+        ]
+        policy.write_text("\n".join([f"sandbox = {json.dumps(mode)}", *lines]) + "\n")
+        policy.chmod(0o600)
 
     async def start(self, monitor_interval: float | None = None) -> None:
         launcher = ["-m", "endpointd"]
@@ -1157,6 +1175,18 @@ async def measure_all(
     await wait_connected(pool, daemon_id)
     assert daemon.process is not None
 
+    # The same daemon with the sandbox off: what confining each command costs.
+    unconfined = Endpointd(root / "endpointd-unconfined")
+    code = await new_pairing_code(stack.database_url, "bench-unconfined")
+    unconfined_id = await unconfined.pair(
+        f"https://127.0.0.1:{stack.grpc_port}", code, stack.fingerprint
+    )
+    unconfined.set_sandbox("off")
+    await unconfined.start(args.what_if_monitor_interval)
+    resources.push_async_callback(unconfined.stop)
+    await wait_connected(pool, unconfined_id)
+    assert unconfined.process is not None
+
     device = InstantDevice(f"127.0.0.1:{stack.grpc_port}", stack.ca_pem)
     await device.pair(await new_pairing_code(stack.database_url, "bench-instant"))
     await device.connect()
@@ -1170,8 +1200,10 @@ async def measure_all(
     instant_trips: list[Trip] = []
     real_seq, real_par = superagent_trip(queue, daemon_id, real_trips)
     instant_seq, instant_par = superagent_trip(queue, device.device_id, instant_trips)
+    off_trips: list[Trip] = []
+    off_seq, off_par = superagent_trip(queue, unconfined_id, off_trips)
     real = System(
-        "superagent gateway + endpointd (exec `true`)",
+        "superagent gateway + endpointd (exec `true`, sandbox required: as shipped)",
         real_seq,
         CpuMeter(
             {
@@ -1187,9 +1219,22 @@ async def measure_all(
         instant_seq,
         CpuMeter({"gateway": gateway, "postgres": postgres, "worker + device": (me, False)}),
     )
+    off = System(
+        "superagent gateway + endpointd (exec `true`, sandbox off)",
+        off_seq,
+        CpuMeter(
+            {
+                "gateway": gateway,
+                "endpointd + supervisors": (unconfined.process.pid, True),
+                "postgres": postgres,
+                "worker": (me, False),
+            }
+        ),
+    )
     real.concurrent_trip = real_par
+    off.concurrent_trip = off_par
     instant.concurrent_trip = instant_par
-    systems = [real, instant]
+    systems = [real, off, instant]
 
     ssh_reference: System | None = None
     if await asyncio.to_thread(ensure_sshd, not args.no_install):
@@ -1228,6 +1273,7 @@ async def measure_all(
         await system.sequential(args.warmup)
         system.latencies.clear()
     real_trips.clear()
+    off_trips.clear()
     instant_trips.clear()
 
     # Interleaved rounds: on a busy machine, drift hits every system alike.

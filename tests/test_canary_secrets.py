@@ -67,6 +67,7 @@ pytestmark = pytest.mark.slow
 PLAINTEXT_KEYRING = "keyrings.alt.file.PlaintextKeyring"
 ENV_CRED, FILE_CRED, GIT_CRED = "canary-env", "canary-file", "canary-git"
 DEVICE = "canary-laptop"
+GIT_HOST = "canary.invalid"  # the host SCRIPT asks git for a credential for
 GRAM = 12  # any piece of a form this long counts as a leak
 TRIGGER_ID = re.compile(r"\[(trg_\w+)\]")
 
@@ -396,6 +397,9 @@ def _write_policy(daemon: Endpointd, work: Path) -> None:
     body = f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n'
     for name in (ENV_CRED, FILE_CRED, GIT_CRED):
         body += f"\n[credentials.{name}]\nallow = [{scope}]\n"
+        if name == GIT_CRED:
+            # The git helper answers only https requests for the hosts named here.
+            body += f"hosts = [{json.dumps(GIT_HOST)}]\n"
     daemon.config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = daemon.config_dir / "policy.toml"
     path.write_text(body)

@@ -178,10 +178,11 @@ async def seed(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> Seed
     build_box, old_laptop = new_id("dev"), new_id("dev")
     await pool.execute(
         "INSERT INTO devices (id, name, owner, policy_hash, version, connected_replica, "
-        "connected_at, last_seen_at) VALUES "
+        "connected_at, last_seen_at, sandbox) VALUES "
         "($1, 'build-box', 'alice', 'sha256:9f86d081884c7d65', '0.1.0', 'replica-elsewhere', "
-        "now(), now()), ($2, 'old-laptop', 'bob', NULL, '0.1.0', NULL, NULL, "
-        "now() - interval '3 days')",
+        "now(), now(), 'required; Landlock ABI 7 + seccomp + private /proc; network allow'), "
+        "($2, 'old-laptop', 'bob', NULL, '0.1.0', NULL, NULL, now() - interval '3 days', "
+        "'off (chosen in the policy); network allow')",
         build_box,
         old_laptop,
     )
@@ -418,11 +419,17 @@ async def test_every_page_in_a_real_browser(
         await expect(main).to_contain_text("Answer in haiku.")
         await screenshot(page, "versions")
 
-        # Devices: status and policy hash; pair a new one; revoke an old one.
+        # Devices: status, policy hash and sandbox; pair a new one; revoke an old one.
         await _open(page, "Devices", f"{url}/console/devices")
         build_box = page.locator("tr", has_text="build-box")
         await expect(build_box).to_contain_text("online")
         await expect(build_box).to_contain_text("sha256:9f86d")
+        await expect(build_box).to_contain_text("required; Landlock ABI 7")
+        await expect(build_box.locator(".badge.bad")).to_have_count(0)
+        # A device whose commands run outside any sandbox is flagged, in plain words.
+        unconfined = page.locator("tr", has_text="old-laptop").locator(".badge.bad")
+        await expect(unconfined).to_contain_text("commands run unconfined")
+        await expect(page.locator("#sandbox-warnings")).to_contain_text("old-laptop")
         await page.fill("#pair input[name=name]", "carol-laptop")
         await page.click("#pair button[type=submit]")
         await expect(page.locator("#paired .code")).to_have_text(
@@ -441,6 +448,7 @@ async def test_every_page_in_a_real_browser(
         assert await pool.fetchval(
             "SELECT revoked_at IS NOT NULL FROM devices WHERE id = $1", seeded.old_laptop
         )
+        await expect(page.locator("#sandbox-warnings")).to_have_count(0)  # revoked: moot
         await screenshot(page, "devices")
 
         # The web chat, embedded: the console's sign-in opens it too.

@@ -226,6 +226,21 @@ def test_status_while_a_starting_daemon_has_not_made_its_journal_yet(tmp_path: P
     assert json.loads(proc.stdout)["commands"] == []
 
 
+def test_status_shows_the_sandbox_the_policy_chooses(tmp_path: Path) -> None:
+    """Without a running daemon, `endpointd status` says how a daemon started now would
+    confine commands: here not at all, as the owner chose."""
+    env = {"ENDPOINTD_CONFIG_DIR": str(tmp_path / "c"), "ENDPOINTD_STATE_DIR": str(tmp_path / "s")}
+    (tmp_path / "c").mkdir()
+    policy = tmp_path / "c" / "policy.toml"
+    policy.write_text(f'sandbox = "off"\nallowed_roots = [{json.dumps(str(tmp_path))}]\n')
+    policy.chmod(0o600)
+    report = json.loads(_endpointd("status", "--json", env=env).stdout)
+    assert report["sandbox"] == "off (chosen in the policy); network allow"
+    assert report["sandbox_from"] == "policy file"
+    human = _endpointd("status", env=env).stdout
+    assert "sandbox:   off (chosen in the policy); network allow (from the policy file)" in human
+
+
 def test_status_and_unpair_when_not_paired(tmp_path: Path) -> None:
     env = {"ENDPOINTD_CONFIG_DIR": str(tmp_path / "c"), "ENDPOINTD_STATE_DIR": str(tmp_path / "s")}
     proc = _endpointd("status", "--json", env=env)
@@ -234,9 +249,12 @@ def test_status_and_unpair_when_not_paired(tmp_path: Path) -> None:
     assert report["paired"] is False
     assert report["daemon"]["running"] is False
     assert report["commands"] == []
+    assert report["sandbox"] == "none: the policy cannot be used, so every command is refused"
+    assert report["sandbox_from"] == "policy file"
     proc = _endpointd("status", env=env)
     assert "paired:    no" in proc.stdout
     assert "not running" in proc.stdout
+    assert "sandbox:   none: the policy cannot be used" in proc.stdout
 
     proc = _endpointd("unpair", env=env)
     assert proc.returncode == 1

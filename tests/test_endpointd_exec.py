@@ -7,6 +7,7 @@ through the real protocol and checks what comes back on the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -176,6 +177,20 @@ def _pids(output: bytes) -> list[int]:
     return [int(line) for line in output.split()]
 
 
+def _host_pid(endpointd: Endpointd, command_id: str, inner: int) -> int:
+    """The pid, as this test sees it, of the command's process that knows itself as
+    ``inner``: commands run in a PID namespace of their own, so `$$` is not our pid."""
+    leader_file = endpointd.state_dir / "spool" / command_id / "child.pid"
+    leader = int(leader_file.read_text())
+    for proc in [psutil.Process(leader), *psutil.Process(leader).children(recursive=True)]:
+        with contextlib.suppress(OSError, psutil.Error):
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            nspids = next(line for line in status.splitlines() if line.startswith("NSpid:"))
+            if int(nspids.split()[-1]) == inner:
+                return proc.pid
+    raise AssertionError(f"no process of {command_id} is pid {inner} in its namespace")
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -191,10 +206,17 @@ async def test_cancel_kills_the_whole_process_tree(gw: FakeGateway, endpointd: E
     )
     target = gw.send(device, exec_command(["sh", "-c", script]))
     await assert_eventually(lambda: gw.output(target.command_id).count(b"\n") == 3)
-    labelled = dict(line.split() for line in gw.output(target.command_id).decode().splitlines())
-    top = int(labelled["top"])
+    labelled: dict[str, int] = {}
+    for line in gw.output(target.command_id).decode().splitlines():
+        name, inner = line.split()
+
+        def host(inner: int = int(inner)) -> int:
+            return _host_pid(endpointd, target.command_id, inner)
+
+        labelled[name] = await assert_eventually(host)
+    top = labelled["top"]
     descendants = [p.pid for p in psutil.Process(top).children(recursive=True)]
-    assert {int(labelled["child"]), int(labelled["grandchild"])} <= set(descendants)
+    assert {labelled["child"], labelled["grandchild"]} <= set(descendants)
     pids = [top, *descendants]
     assert all(not _gone(p) for p in pids)
 
@@ -228,7 +250,8 @@ async def test_cancel_escalates_to_sigkill_after_the_grace(
     script = "trap '' TERM; echo $$; sleep 1000 & wait; sleep 1000"
     target = gw.send(device, exec_command(["sh", "-c", script]))
     await assert_eventually(lambda: gw.output(target.command_id))
-    (pid,) = _pids(gw.output(target.command_id))
+    (inner,) = _pids(gw.output(target.command_id))
+    pid = await assert_eventually(lambda: _host_pid(endpointd, target.command_id, inner))
     gw.send(
         device,
         pb.Command(cancel=pb.CancelCommand(target_command_id=target.command_id, grace_seconds=1)),
@@ -242,10 +265,14 @@ async def test_background_jobs_do_not_outlive_their_command(
     gw: FakeGateway, endpointd: Endpointd
 ) -> None:
     device = await start_paired(gw, endpointd)
-    cmd = exec_command(["sh", "-c", "sleep 1000 > /dev/null 2>&1 & echo $!"])
-    finished = await _run(gw, device, cmd)
+    target = gw.send(
+        device, exec_command(["sh", "-c", "sleep 1000 > /dev/null 2>&1 & echo $!; sleep 2"])
+    )
+    await assert_eventually(lambda: gw.output(target.command_id))
+    (inner,) = _pids(gw.output(target.command_id))
+    pid = await assert_eventually(lambda: _host_pid(endpointd, target.command_id, inner))
+    finished = await assert_eventually(lambda: gw.finished(target.command_id), timeout=15)
     assert finished.exit_code == 0
-    (pid,) = _pids(gw.output(list(gw.sent_commands)[-1]))
     await assert_eventually(lambda: _gone(pid), timeout=5)
 
 

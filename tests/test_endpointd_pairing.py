@@ -257,9 +257,14 @@ async def test_status_then_unpair_deletes_key_and_config_but_keeps_the_journal(
     assert report["trust"] == "pinned"
     assert report["daemon"]["running"] is True
     assert report["daemon"]["state"] == "connected"
+    # How commands are sandboxed: the running daemon's own account, as sent in its Hello.
+    assert report["sandbox"] == gw.hellos(device)[-1].sandbox
+    assert report["sandbox"].startswith(("required", "best-effort"))
+    assert report["sandbox_from"] == "daemon"
     human = endpointd.cli("status").stdout
     assert device in human
     assert "connected (pid" in human
+    assert f"sandbox:   {report['sandbox']}\n" in human
 
     refused = endpointd.cli("unpair")
     assert "stop it first" in _one_line_error(refused)
@@ -271,6 +276,8 @@ async def test_status_then_unpair_deletes_key_and_config_but_keeps_the_journal(
     endpointd.stop()
     report = json.loads(endpointd.cli("status", "--json").stdout)
     assert report["daemon"]["running"] is False
+    assert report["sandbox_from"] == "policy file"  # what a daemon started now would do
+    assert report["sandbox"] == gw.hellos(device)[-1].sandbox
     proc = endpointd.cli("unpair")
     assert proc.returncode == 0, proc.stderr
     assert "device key deleted" in proc.stdout

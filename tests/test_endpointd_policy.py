@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from endpointd.guard import sandbox
 from endpointd.policy import (
     POLICY_FILE,
     Decision,
@@ -68,6 +69,26 @@ class Env:
 @pytest.fixture
 def env(tmp_path: Path) -> Env:
     return Env(tmp_path)
+
+
+def _hash_of(data: bytes, effective: str) -> bytes:
+    """What Policy.hash() is defined as: the file's bytes, then the effective sandbox mode."""
+    return hashlib.sha256(data + b"\n\0effective: " + effective.encode()).digest()
+
+
+def _effective_here(mode: str = "required", network: str = "allow") -> str:
+    """The effective mode line on this machine, for a policy with ``mode`` and ``network``."""
+    here = sandbox.support()
+    if mode == "off":
+        enforced = "no"
+    elif not here.missing(network):  # type: ignore[arg-type]
+        enforced = "yes"
+    else:
+        enforced = "partly" if here.mechanism else "no"
+    return f"sandbox={mode}; network={network}; enforced={enforced}"
+
+
+_UNUSABLE = "sandbox=none; network=none; enforced=no"
 
 
 def _exec(argv: list[str], cwd: str = "", credentials: tuple[str, ...] = ()) -> pb.Command:
@@ -192,13 +213,13 @@ def test_a_broken_file_refuses_everything_but_cancel_until_fixed(env: Env) -> No
     assert policy.check(_read(env.root / "f")).action == "deny"
     cancel = pb.Command(command_id="c2", cancel=pb.CancelCommand(target_command_id="c1"))
     assert policy.check(cancel).action == "allow"
-    assert policy.hash() == hashlib.sha256(env.path.read_bytes()).digest()
+    assert policy.hash() == _hash_of(env.path.read_bytes(), _UNUSABLE)
 
     # Edits apply without a new Policy object, and the reported hash follows them.
     env.path.write_text(f'allowed_roots = ["{env.root}"]\n\n[limits]\nmax_runtime_seconds = 5\n')
     assert policy.check(_exec(["true"])).action == "allow"
     assert policy.limits.max_runtime_seconds == 5
-    assert policy.hash() == hashlib.sha256(env.path.read_bytes()).digest()
+    assert policy.hash() == _hash_of(env.path.read_bytes(), _effective_here())
 
 
 def test_no_policy_file_refuses_everything_and_says_how_to_create_one(env: Env) -> None:
@@ -206,9 +227,46 @@ def test_no_policy_file_refuses_everything_and_says_how_to_create_one(env: Env) 
     decision = policy.check(_exec(["true"]))
     assert decision.action == "deny"
     assert "endpointd policy init --allow-root" in decision.message
-    assert policy.hash() == hashlib.sha256(b"").digest()
+    assert policy.hash() == _hash_of(b"", _UNUSABLE)
     assert policy.allowed_roots == []
     assert policy.default_root == env.home
+
+
+def test_the_hash_covers_the_sandbox_mode_in_effect(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reported hash is of the file and of how this machine enforces its sandbox: the
+    owner turning the sandbox off, or the same file on a machine that cannot enforce it,
+    reports a different hash; the same file on an equally able machine, the same one."""
+    env.write("")
+    base = env.path.read_bytes()
+    here = env.policy().hash()
+    assert here == env.policy().hash()  # deterministic: a fresh load hashes the same
+    assert here == _hash_of(base, _effective_here())
+    assert here != hashlib.sha256(base).digest()
+
+    # The same rules with the sandbox turned off: nothing is confined, on any machine.
+    env.path.write_bytes(b'sandbox = "off"\n' + base)
+    policy = env.policy()
+    off = policy.hash()
+    assert off != here
+    assert off == _hash_of(env.path.read_bytes(), "sandbox=off; network=allow; enforced=no")
+    assert policy.sandbox_summary == "off (chosen in the policy); network allow"
+
+    # The original file on machines with all of the sandbox, part of it, or none.
+    env.path.write_bytes(base)
+    hashes = {}
+    for enforced, support in [
+        ("yes", sandbox.Support("landlock", 7, seccomp=True, private_proc=True)),
+        ("partly", sandbox.Support("landlock", 1, seccomp=True, private_proc=True)),
+        ("no", sandbox.Support("")),
+    ]:
+        monkeypatch.setattr(sandbox, "support", lambda s=support: s)
+        line = f"sandbox=required; network=allow; enforced={enforced}"
+        hashes[enforced] = env.policy().hash()
+        assert hashes[enforced] == _hash_of(base, line), enforced
+    assert len({*hashes.values(), off}) == 4
+    assert here in hashes.values()
 
 
 def test_a_policy_file_others_may_write_is_not_trusted(env: Env) -> None:
@@ -496,14 +554,18 @@ def test_policy_init_and_show(env: Env) -> None:
     proc = _cli(env, "policy", "show")
     assert proc.returncode == 0, proc.stderr
     assert f"policy file: {env.path}" in proc.stdout
-    assert hashlib.sha256(env.path.read_bytes()).hexdigest() in proc.stdout
+    reported = env.policy().hash().hex()
+    assert reported == _hash_of(env.path.read_bytes(), _effective_here()).hex()
+    assert f"sha256:      {reported} (of the file and the sandbox mode in effect)" in proc.stdout
+    assert f"sandbox:     {env.policy().sandbox_summary}" in proc.stdout
     assert "~/.ssh" in proc.stdout
     assert "(default)" in proc.stdout
     assert 'deny   no-root-wipe "*rm -rf /"' in proc.stdout
     assert "allow  default_action" in proc.stdout
     shown = json.loads(_cli(env, "policy", "show", "--json").stdout)
     assert shown["allowed_roots"] == [str(env.root.resolve())]
-    assert shown["sha256"] == hashlib.sha256(env.path.read_bytes()).hexdigest()
+    assert shown["sha256"] == reported
+    assert shown["sandbox"] == env.policy().sandbox_summary
     assert {"label": "~/.ssh", "path": str(env.home / ".ssh"), "default": True} in shown[
         "denied_paths"
     ]

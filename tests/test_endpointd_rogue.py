@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from endpointd.policy import Policy
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
 from tests.fakes.gateway_server import FakeGateway
@@ -62,7 +63,7 @@ action = "ask"
 match = "*confirm-me*"
 
 [credentials.{TOKEN_NAME}]
-allow = ["*deploy.py*"]
+allow = [{json.dumps(os.path.realpath(sys.executable) + " deploy.py")}]
 
 [limits]
 ask_timeout_seconds = 3
@@ -208,10 +209,15 @@ async def test_a_rogue_control_plane_is_refused_on_the_device(
     assert finished.exit_code == 0
     assert gw.output(allowed.command_id) == f"token length {len(TOKEN)}\n".encode()
 
-    # The device reports the hash of the policy it enforces; no message can change it.
+    # The device reports the hash of the policy it enforces (the file, and the sandbox mode
+    # in effect on this machine) and how it confines commands; no message can change them.
     gw.drop(device)
     await assert_eventually(lambda: len(gw.hellos(device)) >= 2, timeout=20)
-    assert gw.hellos(device)[-1].policy_hash == hashlib.sha256(policy_file.read_bytes()).digest()
+    hello = gw.hellos(device)[-1]
+    enforced = Policy(policy_file, state_dir=endpointd.state_dir)
+    assert hello.policy_hash == enforced.hash()
+    assert hello.policy_hash != hashlib.sha256(policy_file.read_bytes()).digest()
+    assert hello.sandbox == enforced.sandbox_summary
 
 
 async def test_ask_rules_wait_for_the_human_on_the_device(

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import grpc
+import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from controlplane.api.app import create_app
+from controlplane.api.state import AppState
 from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
@@ -30,10 +36,12 @@ from controlplane.gateway.queue import (
     CommandResult,
     PendingCommand,
 )
-from controlplane.settings import GrpcSettings
+from controlplane.settings import GrpcSettings, Settings
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_proto.v1 import endpoint_pb2_grpc
+from superagent_shared.protocol import hello_signing_payload
 from tests.gateway_harness import FakeDevice, Gateway, connected, paired, running_gateway
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, run_cli
 
 
 @pytest.fixture
@@ -195,8 +203,129 @@ async def test_commands_queued_offline_arrive_in_order_and_stale_ones_expire(
             (view,) = await devices.list_devices(session)
         assert view.online
         assert view.policy_hash == "01" * 32
+        assert view.sandbox is None  # the harness speaks as a daemon older than the field
     finally:
         await device.close()
+
+
+async def _hello_reporting(
+    gateway: Gateway, device: FakeDevice, sandbox: str, database_url: str
+) -> None:
+    """Connect ``device`` with a Hello that says how it confines commands, as endpointd's
+    does; once the gateway has recorded the Hello, disconnect."""
+    policy_hash = hashlib.sha256(sandbox.encode()).digest()  # a new one each time
+    async with gateway.channel() as channel:
+        outgoing: asyncio.Queue[pb.DeviceMessage] = asyncio.Queue()
+
+        async def requests() -> AsyncIterator[pb.DeviceMessage]:
+            while True:
+                yield await outgoing.get()
+
+        call = endpoint_pb2_grpc.EndpointGatewayStub(channel).Connect(requests())
+        challenge = await call.read()
+        assert isinstance(challenge, pb.ServerMessage)
+        signed = hello_signing_payload(
+            nonce=challenge.challenge.nonce,
+            device_id=device.device_id,
+            daemon_version="0.2.0",
+            protocol_version=1,
+            policy_hash=policy_hash,
+        )
+        hello = pb.Hello(
+            device_id=device.device_id,
+            daemon_version="0.2.0",
+            protocol_version=1,
+            signature=device.key.sign(signed),
+            policy_hash=policy_hash,
+            sandbox=sandbox,  # not signed: the signed policy_hash covers the mode
+        )
+        await outgoing.put(pb.DeviceMessage(hello=hello))
+
+        async def recorded() -> bool:
+            rows = await sql(database_url, "SELECT policy_hash FROM devices")
+            return [r["policy_hash"] for r in rows] == [policy_hash.hex()]
+
+        await assert_eventually(recorded)
+        call.cancel()
+
+
+async def test_the_sandbox_a_device_reports_is_stored_and_shown_to_admins(
+    gateway: Gateway, database_url: str, engine: AsyncEngine
+) -> None:
+    """Each Hello says how the device confines commands; the gateway stores it, and the
+    CLI and the console show it, flagging a device whose commands run unconfined."""
+    device = await paired(gateway)
+
+    async def listed() -> list[dict[str, Any]]:
+        done = await asyncio.to_thread(run_cli, database_url, "devices", "list", "--json")
+        assert done.returncode == 0, done.stderr
+        rows: list[dict[str, Any]] = json.loads(done.stdout)
+        return rows
+
+    async def console() -> dict[str, Any]:
+        state = AppState(
+            settings=Settings(admin_token="sandbox-test-token"),
+            engine=engine,
+            replica_id="test-replica",
+            pool=pool,
+        )
+        transport = httpx.ASGITransport(app=create_app(state))
+        headers = {"Authorization": "Bearer sandbox-test-token"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1", headers=headers
+        ) as client:
+            answer = await client.get("/console/api/devices")
+        assert answer.status_code == 200, answer.text
+        (shown,) = answer.json()["devices"]
+        return dict(shown)
+
+    pool = await create_pool(asyncpg_dsn(database_url))
+    try:
+        # A daemon older than the field says nothing: "unknown", not a guess.
+        await device.connect()
+        await assert_eventually(lambda: device.device_id in gateway.hub.streams)
+        await device.close()
+        (row,) = await listed()
+        assert (row["version"], row["sandbox"], row["sandbox_warning"]) == ("test", None, None)
+        text = await asyncio.to_thread(run_cli, database_url, "devices", "list")
+        assert "unknown (daemon too old)" in text.stdout
+
+        confined = "required; Landlock ABI 7 + seccomp + private /proc; network allow"
+        await _hello_reporting(gateway, device, confined, database_url)
+        (stored,) = await sql(database_url, "SELECT sandbox FROM devices")
+        assert stored["sandbox"] == confined
+        (row,) = await listed()
+        assert (row["sandbox"], row["sandbox_warning"]) == (confined, None)
+        shown = await console()
+        assert (shown["sandbox"], shown["sandbox_warning"]) == (confined, None)
+
+        # The owner turns the sandbox off: the next Hello says so, and admins are warned.
+        unconfined = "off (chosen in the policy); network allow"
+        await _hello_reporting(gateway, device, unconfined, database_url)
+        (row,) = await listed()
+        assert row["sandbox"] == unconfined
+        assert "commands run unconfined" in row["sandbox_warning"]
+        shown = await console()
+        assert shown["sandbox"] == unconfined
+        assert "commands run unconfined" in shown["sandbox_warning"]
+        text = await asyncio.to_thread(run_cli, database_url, "devices", "list")
+        assert text.returncode == 0, text.stderr
+        line = next(line for line in text.stdout.splitlines() if line.startswith("laptop "))
+        assert " off! " in line
+        assert "! laptop: commands run unconfined" in text.stdout
+        assert f"sandbox: {unconfined}" in text.stdout
+
+        # Part of the sandbox missing: "sandbox incomplete"; control characters never land.
+        partial = (
+            "best-effort, cannot enforce: TCP port rules (Landlock ABI 4); Landlock ABI 3;"
+            " network deny\x1b[2J"
+        )
+        await _hello_reporting(gateway, device, partial, database_url)
+        (row,) = await listed()
+        assert row["sandbox"] == partial.replace("\x1b", " ")
+        assert row["sandbox_warning"].startswith("sandbox incomplete")
+    finally:
+        await pool.close()
 
 
 async def test_output_is_stored_exactly_once_despite_duplicates_and_gaps(gateway: Gateway) -> None:

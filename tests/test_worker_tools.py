@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
-from controlplane.gateway import specs
+from controlplane.gateway import specs, wire
 from controlplane.gateway.queue import TERMINAL, CommandQueue
+from controlplane.router.tools import Refused
+from controlplane.workers import tools as worker_tools
+from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.helpers import assert_eventually
 from tests.worker_harness import (  # noqa: F401 - fixtures
@@ -519,3 +524,175 @@ async def test_bad_tool_input_is_an_error_the_model_reads_and_the_worker_goes_on
     assert shell["output"] == "still here\n"
     (report,) = await _router_reports(pool, ticket_id)
     assert report["kind"] == "report.ready"
+
+
+# -- 9. credentialed commands ------------------------------------------------------------
+
+
+async def test_a_credentialed_shell_call_runs_its_program_directly_not_through_sh(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    """The device matches a credential's scope against the program it really runs, and
+    ``sh -c "git push"`` runs sh: with credentials, the command becomes the program's own
+    argv (quotes read as sh reads them). Without, it stays ``sh -c``. The http delivery
+    needs no env_var."""
+    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    fake_llm.script(
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "shell",
+                    {
+                        "command": "echo pushed 'with care' \"(really)\"",
+                        "cwd": "sub",
+                        "credentials": [
+                            {"name": "api-token", "delivery": "http"},
+                            {"name": "gh", "delivery": "git_helper"},
+                        ],
+                    },
+                ),
+                ToolCall("shell", {"command": "echo a | tr a b"}),
+            ]
+        ),
+        report_reply("ready", "ran both"),
+    )
+    async with workers_running(pool, queue, fake_llm, dsn):
+        await _until_state(pool, ticket_id, "completed")
+    direct, piped = tool_results(fake_llm.chat_requests[-1])
+    assert direct["exit_code"] == 0, direct
+    assert direct["output"] == "pushed with care (really)\n"
+    assert piped["output"] == "b\n"
+    execs = [ran for ran in device.ran if ran["kind"] == "exec"]
+    assert [ran["argv"] for ran in execs] == [
+        ["echo", "pushed", "with care", "(really)"],
+        ["sh", "-c", "echo a | tr a b"],
+    ]
+    assert execs[0]["cwd"] == str(sub)
+    assert execs[0]["credentials"] == [
+        {"name": "api-token", "delivery": "http", "env_var": ""},
+        {"name": "gh", "delivery": "git_helper", "env_var": ""},
+    ]
+    assert execs[1]["credentials"] == []
+    # Stored and sent to the device as the http delivery.
+    stored = await pool.fetchval(
+        "SELECT spec FROM commands WHERE ticket_id = $1 ORDER BY seq LIMIT 1", ticket_id
+    )
+    spec = specs.from_json("exec", json.loads(stored) if isinstance(stored, str) else stored)
+    assert isinstance(spec, specs.Exec)
+    sent = wire.command_message(
+        command_id="cmd_x", seq=1, not_after=datetime.now(UTC), origin="test", spec=spec
+    )
+    assert list(sent.command.exec.argv) == ["echo", "pushed", "with care", "(really)"]
+    assert [c.delivery for c in sent.command.credentials] == [
+        pb.CredentialRef.DELIVERY_HTTP,
+        pb.CredentialRef.DELIVERY_GIT_HELPER,
+    ]
+
+
+async def test_a_credentialed_pipeline_is_refused_with_what_to_do_instead(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    tmp_path: Path,
+) -> None:
+    ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
+    git = [{"name": "gh", "delivery": "git_helper"}]
+    fake_llm.script(
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "shell", {"command": "cd repo && git push origin HEAD", "credentials": git}
+                ),
+                ToolCall(
+                    "shell", {"command": "git push origin HEAD | tee log", "credentials": git}
+                ),
+                ToolCall(
+                    "shell",
+                    {"command": "echo again", "credentials": [{"name": "x", "delivery": "env"}]},
+                ),
+            ]
+        ),
+        report_reply("ready", "gave up"),
+    )
+    async with workers_running(pool, queue, fake_llm, dsn):
+        await _until_state(pool, ticket_id, "completed")
+    chained, piped, no_env_var = tool_results(fake_llm.chat_requests[-1])
+    assert list(chained) == ["error"]
+    assert chained["error"].startswith("not run: the command contains '&'")
+    assert piped["error"].startswith("not run: the command contains '|'")
+    for refused in (chained, piped):
+        assert "single program and its arguments" in refused["error"]
+        assert "git push origin HEAD" in refused["error"]
+        assert "cwd" in refused["error"]
+    assert "env delivery needs env_var" in no_env_var["error"]
+    assert [ran for ran in device.ran if ran["kind"] == "exec"] == []  # nothing ran
+    assert await pool.fetchval("SELECT count(*) FROM commands WHERE ticket_id = $1", ticket_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("git push origin HEAD", ["git", "push", "origin", "HEAD"]),
+        (
+            "git push -q origin HEAD:refs/heads/tkt_1",
+            ["git", "push", "-q", "origin", "HEAD:refs/heads/tkt_1"],
+        ),
+        (
+            "git commit -m 'costs $5 (*not* ~much); a|b'",
+            ["git", "commit", "-m", "costs $5 (*not* ~much); a|b"],
+        ),
+        (
+            'gh pr create --title "fix \\"add\\" (again)"',
+            ["gh", "pr", "create", "--title", 'fix "add" (again)'],
+        ),
+        ("curl https://api.example.com/x?y=1", None),
+        ("git push origin HEAD; rm -rf .", None),
+        ("git push origin HEAD && echo ok", None),
+        ("git push origin HEAD > log", None),
+        ("git push < /dev/null", None),
+        ("git push $(git remote)", None),
+        ("git push `git remote`", None),
+        ('git push origin "$BRANCH"', None),
+        ("git push origin ${BRANCH}", None),
+        ("git add *.py", None),
+        ("git -C ~/app push", None),
+        ("(git push)", None),
+        ("git push & wait", None),
+        ("GIT_TRACE=1 git push", None),
+        ("git push origin HEAD # and tags", None),
+        ("git push origin HEAD\ngit push --tags", None),
+        ("cd app", None),
+        ("export TOKEN", None),
+        ("git push 'unterminated", None),
+    ],
+)
+def test_what_a_credentialed_command_may_be(command: str, argv: list[str] | None) -> None:
+    if argv is not None:
+        assert worker_tools._program_argv(command) == argv
+    else:
+        with pytest.raises(Refused, match="not run: "):
+            worker_tools._program_argv(command)
+
+
+def test_the_shell_tool_tells_the_model_about_credentialed_commands() -> None:
+    (shell,) = [t for t in worker_tools.TOOL_SPECS if t["function"]["name"] == "shell"]
+    described = shell["function"]["description"]
+    assert "single program with its arguments" in described
+    assert "git push origin HEAD" in described
+    credentials = shell["function"]["parameters"]["properties"]["credentials"]
+    assert credentials["items"]["properties"]["delivery"]["enum"] == [
+        "env",
+        "file",
+        "git_helper",
+        "http",
+    ]
+    assert "http" in credentials["description"]

@@ -1,9 +1,9 @@
 """From a GitHub comment to a pull request, through every real part.
 
 A real `superagent serve` (its own process, real Postgres), a real endpointd paired over
-real gRPC with TLS, a real git server (smart HTTP behind basic auth) whose password only
-endpointd's keyring holds, the fake GitHub API over real HTTP, and the fake OpenAI server
-playing both models:
+real gRPC with TLS, a real git server (smart HTTPS behind basic auth, its certificate from
+a test CA the device's git trusts) whose password only endpointd's keyring holds, the fake
+GitHub API over real HTTP, and the fake OpenAI server playing both models:
 
 1. a signed ``issue_comment`` webhook asks to fix a failing test in a small git repository;
 2. the router creates a ticket on the device;
@@ -45,6 +45,7 @@ from controlplane.workers.worker import RECOVERY_NOTE
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.git_server import GitServer
 from tests.fakes.github_server import FakeGitHub
+from tests.fakes.https_server import TestCA
 from tests.fakes.openai_server import (
     FAKE_API_KEY,
     ChatRequest,
@@ -213,11 +214,14 @@ class Script:
                 ),
             ),
             (
+                # One program and its arguments (no `cd … &&`): the device gives the credential
+                # to the program it really runs, which must be git, in the ticket's directory.
                 "push",
                 ToolCall(
                     "shell",
                     {
                         "command": f"git push -q origin HEAD:refs/heads/{branch[1]}",
+                        "cwd": str(self.workdir),
                         "credentials": [{"name": CREDENTIAL, "delivery": "git_helper"}],
                     },
                 ),
@@ -270,7 +274,7 @@ class World:
 
 @pytest.fixture
 def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iterator[World]:
-    # The repository: a failing test, cloned from a bare origin served over HTTP.
+    # The repository: a failing test, cloned from a bare origin served over HTTPS.
     seed, served = tmp_path / "seed", tmp_path / "served"
     seed.mkdir()
     served.mkdir()
@@ -283,8 +287,12 @@ def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iter
     _git("clone", "-q", "--bare", str(seed), str(bare), cwd=tmp_path)
     password = "canary-push-" + secrets.token_hex(12)
     workdir = tmp_path / "work" / "widgets"
+    # endpointd's git helper answers only https requests: the origin has a test CA's
+    # certificate, which the device's commands trust through GIT_SSL_CAINFO (passed on to
+    # them by the device's policy, see _pair_and_start).
+    ca = TestCA(tmp_path / "test-ca")
     with (
-        GitServer(served, password) as git,
+        GitServer(served, password, ca=ca) as git,
         FakeGitHub() as github,
         endpointd_in(tmp_path) as daemon,
     ):
@@ -324,6 +332,7 @@ def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iter
         fake_llm.respond_with(script)
         daemon.env["PYTHON_KEYRING_BACKEND"] = PLAINTEXT_KEYRING
         daemon.env["XDG_DATA_HOME"] = str(tmp_path / "keyring-data")
+        daemon.env["GIT_SSL_CAINFO"] = str(ca.ca_file)
         replica.start()
         try:
             yield World(
@@ -359,10 +368,15 @@ async def _pair_and_start(world: World, db: async_sessionmaker[AsyncSession]) ->
         daemon.pair, f"https://127.0.0.1:{world.grpc_port}", code, "--fingerprint", tls.fingerprint
     )
     assert paired.returncode == 0, paired.stdout + paired.stderr
-    # The push may use the credential; nothing else may.
+    # The push may use the credential, for the origin's host only; nothing else may. Commands
+    # get a minimal environment: the test CA's bundle is passed on by name.
     policy = daemon.config_dir / "policy.toml"
     text = policy.read_text()
-    policy.write_text(text + f'\n[credentials.{CREDENTIAL}]\nallow = ["*git push *"]\n')
+    policy.write_text(
+        text + '\n[env]\npass = ["GIT_SSL_CAINFO"]\n'
+        f'\n[credentials.{CREDENTIAL}]\nallow = ["git push *"]\n'
+        f"hosts = [{json.dumps(world.git.host)}]\n"
+    )
     daemon.start()
 
 
@@ -435,6 +449,16 @@ async def _finished(world: World, pool: asyncpg.Pool) -> tuple[asyncpg.Record, s
     pushed = _git("show", f"{ticket['branch']}:calc.py", cwd=world.bare)
     assert "return a + b" in pushed
     assert world.git.pushes >= 1
+    # The credentialed push ran git itself (what the device's scope names), not a shell.
+    pushes = await pool.fetch(
+        "SELECT spec FROM commands WHERE ticket_id = $1 AND kind = 'exec' "
+        "AND jsonb_array_length(spec->'credentials') > 0",
+        ticket["id"],
+    )
+    assert pushes, "no credentialed command"
+    for row in pushes:
+        spec = json.loads(row["spec"]) if isinstance(row["spec"], str) else row["spec"]
+        assert spec["argv"][:2] == ["git", "push"], spec["argv"]
     steps = world.script.steps_told
     assert steps[:3] == ["test-fails", "patch", "test-passes"], steps
     return ticket, reply

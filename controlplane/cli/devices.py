@@ -7,6 +7,7 @@ approval in chat (controlplane.authorization).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
@@ -100,7 +101,12 @@ def pair(name: str, owner: str | None, shared_with: str | None, as_json: bool) -
 @click.option("--all", "include_revoked", is_flag=True, help="Include revoked devices.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(include_revoked: bool, as_json: bool) -> None:
-    """Show devices: owner and shares, online or offline, last seen, queue depth, policy."""
+    """Show devices: owner, shares, status, last seen, queue depth, policy and sandbox.
+
+    SANDBOX is how the device confines the commands it runs (its policy's mode, as its
+    last connection reported it); devices whose commands run unconfined or only partly
+    confined are listed below the table with the device's own description.
+    """
     settings = load_settings()
 
     async def work(session: AsyncSession) -> list[device_registry.DeviceView]:
@@ -118,17 +124,32 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
         return
     header = (
         f"{'NAME':<20} {'ID':<17} {'OWNER':<16} {'STATUS':<8} {'LAST SEEN':<10} {'QUEUE':>5}  "
-        f"{'POLICY':<12}  SHARED WITH"
+        f"{'POLICY':<12}  {'SANDBOX':<13} SHARED WITH"
     )
     click.echo(header)
+    notes = []
     for view in views:
         status = "revoked" if view.revoked else ("online" if view.online else "offline")
         policy = (view.policy_hash or "-")[:12]
+        shown = device_registry.sandbox_shown(view)
+        # The mode alone ("required", "best-effort", "off", "unknown"); "!" flags a warning.
+        flag = "!" if view.sandbox_warning else ""
+        mode = re.split(r"[;,:( ]", shown, maxsplit=1)[0][:12] + flag
         click.echo(
             f"{view.name:<20} {view.id:<17} {view.owner or access.ADMIN:<16} {status:<8} "
-            f"{ago(view.last_seen_at):<10} {view.queue_depth:>5}  {policy:<12}  "
+            f"{ago(view.last_seen_at):<10} {view.queue_depth:>5}  {policy:<12}  {mode:<13} "
             f"{', '.join(view.shares) or '-'}"
         )
+        if view.revoked:
+            continue
+        if view.sandbox_warning:
+            notes.append(f"! {view.name}: {view.sandbox_warning}\n    sandbox: {shown}")
+        elif shown == device_registry.SANDBOX_UNKNOWN:
+            notes.append(f"? {view.name}: sandbox {shown}; upgrade endpointd there to see it")
+    if notes:
+        click.echo("")
+        for note in notes:
+            click.echo(note)
 
 
 def _grantees_option(help_text: str) -> Callable[[FC], FC]:

@@ -57,7 +57,7 @@ TOPICS: dict[str, str] = {
     ),
     "devices": (
         "(SELECT md5(coalesce(string_agg(concat_ws(':', id, name, revoked_at, "
-        "connected_replica, policy_hash, version, "
+        "connected_replica, policy_hash, sandbox, version, "
         f"last_seen_at > now() - {_ONLINE}), ',' ORDER BY id), '')) FROM devices)"
     ),
     "triggers": (

@@ -261,6 +261,9 @@ class Device(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default=text("'{}'"))
     version: Mapped[str | None] = mapped_column(String(50))
     policy_hash: Mapped[str | None] = mapped_column(String(128))
+    # How the device confines commands, in one line, as its last Hello said (endpointd's
+    # sandbox summary); NULL: never reported, from a daemon older than the field.
+    sandbox: Mapped[str | None] = mapped_column(Text)
     next_seq: Mapped[int] = mapped_column(BigInteger, default=1, server_default=text("1"))
     created_at: Mapped[datetime] = _created()
     last_seen_at: Mapped[datetime | None]

@@ -1,4 +1,4 @@
-"""Paired devices as admins see them: list with liveness and queue depth, revoke."""
+"""Paired devices as admins see them: list with liveness, queue depth and sandbox, revoke."""
 
 from __future__ import annotations
 
@@ -25,10 +25,51 @@ class DeviceView:
     last_seen_at: datetime | None
     queue_depth: int
     policy_hash: str | None
+    # How the device confines commands, as its last Hello said (None: not reported, by a
+    # daemon too old to, or never connected); sandbox_warning: what is wrong with it, in
+    # plain words, when commands run unconfined or not fully confined (else None).
+    sandbox: str | None
+    sandbox_warning: str | None
     version: str | None
     revoked: bool
     # Whom the owner shares it with: people, accounts (SOURCE:ID), groups (group:SOURCE:ID).
     shares: tuple[str, ...] = ()
+
+
+# What is shown for a device that connected without saying how it confines commands.
+SANDBOX_UNKNOWN = "unknown (daemon too old)"
+
+
+def sandbox_warning(sandbox: str | None) -> str | None:
+    """What an admin should know about a device's sandbox line, or None when it confines
+    commands fully (or is unknown).
+
+    The line is endpointd's ``Policy.sandbox_summary``: ``MODE; MECHANISM; network N``,
+    ``MODE, cannot enforce: WHAT; MECHANISM; network N`` (MECHANISM ``none`` when the OS
+    has no sandbox endpointd can use), ``off (chosen in the policy); network N``, or
+    ``none: …`` when the policy file cannot be used.
+    """
+    if not sandbox:
+        return None
+    if sandbox.startswith("off"):
+        return "commands run unconfined"  # the owner turned the sandbox off
+    if sandbox.startswith("none"):
+        return "policy unusable: commands refused"
+    if "cannot enforce" not in sandbox:
+        return None
+    if sandbox.startswith("required"):
+        return "sandbox incomplete: commands refused"
+    if "; none; network " in sandbox:
+        return "commands run unconfined"  # best-effort, and no OS sandbox at all
+    return "sandbox incomplete"
+
+
+def sandbox_shown(view: DeviceView) -> str:
+    """The sandbox line as shown: "unknown (daemon too old)" for a device that connected
+    without one, "-" for one that never connected."""
+    if view.sandbox:
+        return view.sandbox
+    return SANDBOX_UNKNOWN if view.last_seen_at is not None else "-"
 
 
 async def list_devices(session: AsyncSession, *, include_revoked: bool = False) -> list[DeviceView]:
@@ -66,6 +107,8 @@ async def list_devices(session: AsyncSession, *, include_revoked: bool = False) 
                 last_seen_at=device.last_seen_at,
                 queue_depth=int(queue_depth),
                 policy_hash=device.policy_hash,
+                sandbox=device.sandbox,
+                sandbox_warning=sandbox_warning(device.sandbox),
                 version=device.version,
                 revoked=device.revoked_at is not None,
                 shares=tuple(shares.get(device.id, ())),

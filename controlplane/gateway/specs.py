@@ -13,7 +13,12 @@ from typing import Any, Literal
 
 from controlplane.errors import InvalidInput
 
-Delivery = Literal["env", "file", "git_helper"]
+# How the device hands a credential to a command: env (the value in ``env_var``), file (a
+# 0600 file whose path is in ``env_var``), git_helper (git asks the device for it; ``env_var``
+# is the optional git username), http (the device's proxy adds it to HTTPS requests for the
+# credential's hosts: the value never reaches the command; ``env_var`` is unused).
+Delivery = Literal["env", "file", "git_helper", "http"]
+DELIVERIES: tuple[Delivery, ...] = ("env", "file", "git_helper", "http")
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ def validate(spec: Spec) -> None:
         if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
             raise InvalidInput("exec needs a non-empty argv of strings")
         for use in spec.credentials:
+            if use.delivery not in DELIVERIES:
+                raise InvalidInput(f"credential {use.name!r}: unknown delivery {use.delivery!r}")
             if use.delivery in ("env", "file") and not use.env_var:
                 raise InvalidInput(f"credential {use.name!r} needs env_var for {use.delivery}")
     elif isinstance(spec, ReadFile | WriteFile | ListDir):

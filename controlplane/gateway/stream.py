@@ -69,6 +69,9 @@ FALLBACK_FACTOR = 2
 # A device's AwaitingApproval.rule is stored up to this many characters.
 MAX_APPROVAL_RULE = 500
 MAX_ID_CHARS = 100  # device and command ids are far shorter (``cmd_`` + 12 characters)
+# A device's Hello.sandbox (one line describing how it confines commands) is stored up to
+# this many characters.
+MAX_SANDBOX = 1000
 # Closes that are the device's fault (a protocol violation): logged once, as a warning.
 _VIOLATIONS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
@@ -424,11 +427,14 @@ class DeviceStream:
         self._marked = asyncio.ensure_future(
             self.queue.pool.execute(
                 "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
-                "connected_replica = $4, connected_at = now() WHERE id = $1",
+                "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1",
                 self.device_id,
                 hello.daemon_version,
                 hello.policy_hash.hex(),
                 self.hub.replica_id,
+                # Unsigned, informational; empty from a daemon older than the field (NULL:
+                # "unknown"). The signed policy_hash covers the mode it describes.
+                _line(hello.sandbox)[:MAX_SANDBOX] or None,
             )
         )
         await asyncio.shield(self._marked)
@@ -796,3 +802,8 @@ def _check(message: pb.DeviceMessage, kind: str) -> None:
 def _text(value: str) -> str:
     """A device's text for the database, which stores no NUL characters."""
     return value.replace("\x00", "")
+
+
+def _line(value: str) -> str:
+    """A device's one-line text, shown as is in terminals: no control characters."""
+    return "".join(ch if ch.isprintable() else " " for ch in value).strip()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import posixpath
+import re
+import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,13 +52,16 @@ _INT = {"type": "integer"}
 _CREDENTIALS = {
     "type": "array",
     "description": "Credentials the device injects by name (you never see values): "
-    "env (into env_var), file (a 0600 file whose path is in env_var), or git_helper "
-    "(git authenticates with it).",
+    "env (into env_var), file (a 0600 file whose path is in env_var), git_helper (git "
+    "authenticates with it over https; env_var: the git username, optional) or http (the "
+    "device adds it to the command's HTTPS requests to the credential's hosts; nothing "
+    "reaches the command; no env_var). The device's owner decides which programs may use "
+    "each credential; a command given credentials runs as one program, not through sh.",
     "items": {
         "type": "object",
         "properties": {
             "name": _STR,
-            "delivery": {"type": "string", "enum": ["env", "file", "git_helper"]},
+            "delivery": {"type": "string", "enum": list(specs.DELIVERIES)},
             "env_var": _STR,
         },
         "required": ["name", "delivery"],
@@ -68,7 +73,11 @@ TOOL_SPECS: list[Any] = [
         "shell",
         "Run a shell command on the device (sh -c, in the ticket's directory). Waits a few "
         "seconds; a longer command becomes a background job whose completion arrives later "
-        "as an event. Use job_output and stop on jobs.",
+        "as an event. Use job_output and stop on jobs. With credentials there is no shell: "
+        "the device checks the credential against the program actually run, so the command "
+        "must be a single program with its arguments (e.g. git push origin HEAD), without "
+        "pipes, redirects, &&, ;, $(...), globs, variables or cd (use cwd); do other steps "
+        "in separate calls without credentials.",
         {
             "command": _STR,
             "cwd": {**_STR, "description": "Directory; default: the ticket's working directory."},
@@ -214,13 +223,98 @@ def _credentials(raw: object) -> list[specs.CredentialUse]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise Refused("each credential needs a name")
         delivery = item.get("delivery", "env")
-        if delivery not in ("env", "file", "git_helper", "http"):
+        if delivery not in specs.DELIVERIES:
             raise Refused("delivery must be env, file, git_helper or http")
         env_var = item.get("env_var") or ""
         if delivery in ("env", "file") and not env_var:
             raise Refused(f"credential {item['name']!r}: {delivery} delivery needs env_var")
         uses.append(specs.CredentialUse(item["name"], delivery, str(env_var)))
     return uses
+
+
+# What sh would read as more than one program and its arguments: operators, expansions,
+# globs, comments. A credentialed command is run without a shell, so it must have none.
+_OPERATORS = frozenset("|&;<>()")
+_EXPANSIONS = frozenset("$`")
+_GLOBS = frozenset("*?[")
+_SPECIAL = _OPERATORS | _EXPANSIONS | _GLOBS
+_WORD_START = frozenset("~#")  # a home directory or a comment, at the start of a word
+# Words sh runs itself (keywords and builtins): not programs the device can run.
+_SHELL_WORDS = frozenset(
+    {"!", "{", "}", ".", ":", "alias", "case", "cd", "eval", "exec", "export", "for"}
+    | {"function", "if", "pushd", "read", "set", "source", "ulimit", "umask", "unset"}
+    | {"until", "while"}
+)
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _shell_syntax(command: str) -> str | None:
+    """The first thing in ``command`` that only a shell would understand, or None.
+
+    Quotes are read as sh reads them: inside single quotes nothing is special; inside
+    double quotes ``$`` and backticks still expand.
+    """
+    quote = ""
+    word_start = True
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif quote == '"':
+            # Only what sh and shlex both read the same way: \" and \\ (sh would also
+            # take \$, \` and a continued line, which shlex keeps as written).
+            if c == "\\" and command[i + 1 : i + 2] in ('"', "\\"):
+                i += 1
+            elif c == "\\" and command[i + 1 : i + 2] == "\n":
+                return "a line break"
+            elif c == '"':
+                quote = ""
+            elif c in _EXPANSIONS:
+                return c
+        elif c in " \t":
+            word_start = True
+            i += 1
+            continue
+        elif c in "\n\r":
+            return "a line break"
+        elif c == "\\":
+            if command[i + 1 : i + 2] in ("\n", ""):
+                return "a line break" if command[i + 1 : i + 2] else "a trailing backslash"
+            i += 1
+        elif c in "'\"":
+            quote = c
+        elif c in _SPECIAL or (word_start and c in _WORD_START):
+            return c
+        word_start = False
+        i += 1
+    return None
+
+
+def _program_argv(command: str) -> list[str]:
+    """``command`` as the argv of one program (a credentialed shell call runs no shell)."""
+    rule = (
+        "a command given credentials runs as one program with its arguments, not through "
+        "sh (the device checks the credential against the program actually run): write a "
+        "single program and its arguments, e.g. git push origin HEAD, without pipes, "
+        "redirects, &&, ;, $(...), backticks, globs, ~, variables or NAME=value, and use "
+        "cwd instead of cd; run any other step in its own shell call without credentials"
+    )
+    found = _shell_syntax(command)
+    if found is not None:
+        shown = found if len(found) > 1 else repr(found)
+        raise Refused(f"not run: the command contains {shown}; {rule}")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise Refused(f"not run: the command cannot be split into words ({exc}); {rule}") from None
+    if not argv:
+        raise Refused(f"not run: the command is empty; {rule}")
+    if _ASSIGNMENT.match(argv[0]):
+        raise Refused(f"not run: the command starts with an assignment ({argv[0]!r}); {rule}")
+    if argv[0] in _SHELL_WORDS:
+        raise Refused(f"not run: {argv[0]!r} is part of the shell, not a program; {rule}")
+    return argv
 
 
 class WorkerToolbox:
@@ -339,11 +433,15 @@ class WorkerToolbox:
     async def _shell(self, args: dict[str, Any], call_id: str) -> dict[str, Any]:
         command = _arg(args, "command", limit=100_000)
         cwd = _arg(args, "cwd", required=False) or self.ticket.workdir or ""
-        spec = specs.Exec.shell(
-            command,
+        credentials = _credentials(args.get("credentials"))
+        # Credential scopes match the program actually run, and `sh -c "git push"` runs sh:
+        # with credentials, the command is the program's own argv.
+        argv = _program_argv(command) if credentials else ["sh", "-c", command]
+        spec = specs.Exec(
+            argv=argv,
             cwd=self._path(cwd) if cwd else "",
             timeout_seconds=_int(args, "timeout_seconds", 0, high=7 * 24 * 3600),
-            credentials=_credentials(args.get("credentials")),
+            credentials=credentials,
         )
         result = await self._run(
             spec, self.settings.foreground_seconds, call_id=call_id, script=command

@@ -250,6 +250,7 @@ def serve(fd: int) -> None:
     # Warm up what the supervisor would otherwise load per command.
     with contextlib.suppress(Exception):
         _supervise.load_libc()
+        _supervise.load_sandbox()
     sock.sendall(READY)
     while True:
         try:

@@ -299,7 +299,8 @@ def run(max_runtime: int | None, log_level: str) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(as_json: bool) -> None:
-    """Show where this device is paired, whether the daemon is connected, and what runs.
+    """Show where this device is paired, whether the daemon is connected, what runs, and
+    how commands are sandboxed.
 
     Reads the config, the running daemon's status file (checking that its process is still
     alive) and the command journal; it never contacts the server, so it answers instantly
@@ -307,12 +308,18 @@ def status(as_json: bool) -> None:
     has revoked this device.
     """
     from endpointd.report import collect_status, print_status
+    from endpointd.status import sandbox_status
 
     report = collect_status(config_dir().path, state_dir().path)
+    report["sandbox"], report["sandbox_from"] = sandbox_status(
+        config_dir().path, state_dir().path, running=report["daemon"]["running"]
+    )
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         print_status(report)
+        source = "" if report["sandbox_from"] == "daemon" else " (from the policy file)"
+        click.echo(f"sandbox:   {report['sandbox']}{source}")
 
 
 @cli.command()
@@ -646,9 +653,11 @@ def policy_check(
 @policy_group.command("show")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def policy_show(as_json: bool) -> None:
-    """Print the policy file's path, its hash and the rules in effect.
+    """Print the policy file's path, its hash, the sandbox and the rules in effect.
 
     The hash is what this device reports to the control plane, so an admin can match it.
+    It covers the file and the sandbox mode in effect on this machine (the same file hashes
+    differently where the sandbox cannot be enforced).
     Defaults are included: denied paths built into endpointd are marked (default) and
     apply whatever the file says. If the file is missing or broken, that is said (and the
     exit status is 1): endpointd then refuses every command until it is fixed.
@@ -661,6 +670,7 @@ def policy_show(as_json: bool) -> None:
         "path": str(policy.path),
         "sha256": policy.hash().hex(),
         "error": policy.error,
+        "sandbox": policy.sandbox_summary,
         "allowed_roots": [str(p) for p in policy.allowed_roots],
         "default_root": str(policy.default_root) if policy.allowed_roots else None,
         "denied_paths": [
@@ -692,7 +702,8 @@ def policy_show(as_json: bool) -> None:
 
 def _print_policy(report: dict[str, Any]) -> None:
     click.echo(f"policy file: {report['path']}")
-    click.echo(f"sha256:      {report['sha256']}")
+    click.echo(f"sha256:      {report['sha256']} (of the file and the sandbox mode in effect)")
+    click.echo(f"sandbox:     {report['sandbox']}")
     if report["error"] is not None:
         return
     click.echo("allowed roots:")

@@ -30,6 +30,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from endpointd import __version__
 from endpointd.daemon import Daemon
+from endpointd.guard import sandbox
 from endpointd.keys import DeviceKey
 from endpointd.trust import channel_credentials, channel_options, parse_server_url
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -120,6 +121,8 @@ class Session:
                 signature=self.key.sign(payload),
                 in_flight=self.daemon.in_flight(),
                 policy_hash=policy_hash,
+                # Unsigned and informational (the signed policy_hash covers the mode).
+                sandbox=self.daemon.policy.sandbox_summary,
             )
         )
 
@@ -152,7 +155,10 @@ class Session:
         await call.write(self._hello(challenge))
         self.daemon.on_connected(self.control)
         self.daemon.status.update(
-            state="connected", connected_at=_timestamp().ToJsonString(), heartbeat_seconds=interval
+            state="connected",
+            connected_at=_timestamp().ToJsonString(),
+            heartbeat_seconds=interval,
+            sandbox=self.daemon.policy.sandbox_summary,
         )
         log.info(
             "connected to %s as %s", self.daemon.config.server_url, self.daemon.config.device_id
@@ -244,7 +250,11 @@ class Session:
                 )
             )
             self.daemon.wake.set()
-            self.daemon.status.update(last_heartbeat_at=_timestamp().ToJsonString())
+            # The sandbox line follows policy edits made while connected.
+            self.daemon.status.update(
+                last_heartbeat_at=_timestamp().ToJsonString(),
+                sandbox=self.daemon.policy.sandbox_summary,
+            )
 
 
 def describe(exc: BaseException) -> tuple[str, grpc.StatusCode | None]:
@@ -260,8 +270,15 @@ def describe(exc: BaseException) -> tuple[str, grpc.StatusCode | None]:
 
 async def connect_forever(daemon: Daemon, key: DeviceKey, stopping: asyncio.Event) -> None:
     backoff = Backoff()
+    # Probe the OS sandbox once, off the event loop (it may start a short-lived process):
+    # every Hello and status update describes it.
+    await asyncio.to_thread(sandbox.support)
     while not stopping.is_set():
-        daemon.status.update(state="connecting", server=daemon.config.server_url)
+        daemon.status.update(
+            state="connecting",
+            server=daemon.config.server_url,
+            sandbox=daemon.policy.sandbox_summary,
+        )
         session = Session(daemon, key)
         reset_on_health = asyncio.create_task(session.on_established.wait())
         reset_on_health.add_done_callback(lambda t: None if t.cancelled() else backoff.reset())

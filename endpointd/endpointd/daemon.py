@@ -271,6 +271,10 @@ class Daemon:
 
     def recover(self) -> None:
         """Rebuild the in-memory view from the journal after a (re)start."""
+        # A new key for this boot: answers given to a previous daemon are void, and only
+        # someone who can read the state dir (the owner, never a sandboxed command) can
+        # make new ones.
+        self.approvals.renew_key()
         pruned = self.journal.prune()
         if pruned:
             log.info("pruned %d acknowledged command records", pruned)
@@ -717,10 +721,8 @@ class Daemon:
             ca = None
             if any(ref.delivery == pb.CredentialRef.DELIVERY_HTTP for ref in command.credentials):
                 ca = await asyncio.to_thread(device_ca, self.policy.config_dir)
-            # The CA bundle's place until the sandbox gives each command a private TMPDIR.
-            tmp = active.spool / delivery.TMP_DIR
-            active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp.mkdir(mode=0o700, exist_ok=True)
+            # The CA bundle goes in the command's private TMPDIR, which it may read.
+            tmp = private_tmpdir(active.spool)
             prepared = delivery.prepare(
                 active.spool,
                 command.credentials,

@@ -85,6 +85,7 @@ from endpointd.secrets.proxy import (
     host_matches,
     parse_authority,
 )
+from endpointd.spoolformat import TMP_DIR
 from superagent_proto.v1 import endpoint_pb2 as pb
 
 if TYPE_CHECKING:
@@ -94,7 +95,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Under the command's spool: the DELIVERY_FILE files.
-CREDENTIALS_DIR = "credentials"
+# Inside the command's private TMPDIR: the one place outside its workspace the sandbox lets
+# it read (the rest of endpointd's state dir, other commands' credentials included, is
+# denied to it).
+CREDENTIALS_DIR = os.path.join(TMP_DIR, "credentials")
 # Under the command's spool, until the sandbox gives each command its own TMPDIR: the CA
 # bundle of the http delivery.
 TMP_DIR = "tmp"
@@ -561,7 +565,7 @@ def _write_file(
         directory = credentials_dir(spool.absolute())
         # A leftover from an earlier attempt at this command holds nothing anyone needs.
         shutil.rmtree(directory, ignore_errors=True)
-        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         directory.mkdir(mode=0o700)
         os.chmod(directory, 0o700)  # whatever the umask
         prepared._file_dir = str(directory)

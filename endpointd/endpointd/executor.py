@@ -99,7 +99,7 @@ def child_environment(
 
 def private_tmpdir(spool: Path) -> Path:
     """The command's own TMPDIR, inside its spool (so inside endpointd's state dir, which
-    every other command is denied): made empty, 0700; it goes with the spool."""
+    every other command is denied): 0700; it goes with the spool."""
     path = spool / TMP_DIR
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path

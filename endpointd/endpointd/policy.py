@@ -834,8 +834,49 @@ class Policy:
         return [d.entry for d in self._refresh().denied]
 
     def hash(self) -> bytes:
-        """SHA-256 of the bytes of the policy being enforced (of b"" when there is none)."""
-        return self._refresh().digest
+        """SHA-256 of the policy being enforced and of how this machine enforces it.
+
+        Over the policy file's bytes (b"" when there is none), then ``b"\\n\\0effective: "``
+        and the effective mode line of :meth:`_effective_mode`, so that the same file on a
+        machine that cannot enforce its sandbox hashes differently. Deterministic: the same
+        file on equally capable machines gives the same hash. The bytes are the ones the
+        rules in force were parsed from: if the file changed since, it is loaded again.
+        """
+        data = b""
+        for _ in range(3):
+            loaded = self._refresh()
+            try:
+                data = self.path.read_bytes()
+            except OSError:
+                data = b""  # as the loader: missing or unreadable is the hash of b""
+            if hashlib.sha256(data).digest() == loaded.digest:
+                break
+            self._stamp = _UNSET  # changed under us (or within the stamp's resolution)
+        digest = hashlib.sha256(data)
+        digest.update(b"\n\0effective: ")
+        digest.update(self._effective_mode(loaded.rules).encode())
+        return digest.digest()
+
+    @staticmethod
+    def _effective_mode(rules: Rules | None) -> str:
+        """``sandbox=<mode>; network=<mode>; enforced=<yes|partly|no>`` for :meth:`hash`.
+
+        ``enforced``: ``yes`` when this machine enforces all of the confinement, ``partly``
+        when its sandbox lacks something (under ``required`` such commands are refused),
+        ``no`` when commands would run unconfined (``off``, or no OS sandbox at all). A
+        policy that cannot be used (every command refused) is ``sandbox=none``.
+        """
+        if rules is None:
+            return "sandbox=none; network=none; enforced=no"
+        if rules.sandbox == "off":
+            enforced = "no"
+        else:
+            here = sandbox.support()
+            if not here.missing(rules.network):
+                enforced = "yes"
+            else:
+                enforced = "partly" if here.mechanism else "no"
+        return f"sandbox={rules.sandbox}; network={rules.network}; enforced={enforced}"
 
     # ------------------------------------------------------------------ checks
 

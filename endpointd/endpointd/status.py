@@ -1,7 +1,9 @@
 """``<state dir>/status.json``: what the running daemon is doing, for `endpointd status`.
 
 The daemon rewrites it atomically on every state change and heartbeat; readers check that
-``pid`` is alive, because a crashed daemon cannot mark itself stopped.
+``pid`` is alive, because a crashed daemon cannot mark itself stopped. ``sandbox`` is the
+daemon's one-line description of how it confines commands (``Policy.sandbox_summary``, as
+sent in every Hello), refreshed on each connection attempt and heartbeat.
 """
 
 from __future__ import annotations
@@ -41,3 +43,22 @@ def read_status(state_directory: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def sandbox_status(
+    config_directory: Path, state_directory: Path, *, running: bool
+) -> tuple[str, str]:
+    """How commands are confined, and who says so: ``(line, "daemon" | "policy file")``.
+
+    The running daemon's own account when it published one (it probed the sandbox in its
+    own process, which is what counts); otherwise what the policy file and this machine
+    give, as a daemon started now would see it.
+    """
+    live = read_status(state_directory) if running else None
+    line = live.get("sandbox") if live else None
+    if isinstance(line, str) and line:
+        return line, "daemon"
+    from endpointd.policy import load_policy
+
+    policy = load_policy(config_directory, state_directory=state_directory)
+    return policy.sandbox_summary, "policy file"

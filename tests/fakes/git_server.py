@@ -3,6 +3,11 @@
 Fetch and push both need the password, so a push that succeeds proves the credential
 reached git (through endpointd's credential helper, in the tests that use it). Bare
 repositories live under ``root``; ``http://127.0.0.1:PORT/NAME.git`` serves ``root/NAME.git``.
+
+With ``ca`` (a :class:`tests.fakes.https_server.TestCA`) it serves HTTPS instead, with a
+certificate for ``127.0.0.1`` and ``localhost`` from that CA: endpointd's git credential
+helper answers only ``https`` requests, so that is what a test of the helper needs. Whoever
+connects must trust ``ca.ca_file`` (git: ``GIT_SSL_CAINFO`` or ``http.sslCAInfo``).
 """
 
 from __future__ import annotations
@@ -10,21 +15,42 @@ from __future__ import annotations
 import base64
 import http.server
 import os
+import socket
+import ssl
 import subprocess
 import threading
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.fakes.https_server import TestCA
 
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, root: Path, password: str) -> None:
+    def __init__(self, root: Path, password: str, tls: ssl.SSLContext | None = None) -> None:
         self.root = root
         self.password = password
         self.denied = 0
         self.pushes = 0
+        self.tls = tls
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def finish_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        if self.tls is not None:
+            # TLS in the connection's own thread: a client that never says hello stalls
+            # only its own connection.
+            assert isinstance(request, socket.socket)
+            request.settimeout(30)
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (OSError, ssl.SSLError):
+                return
+        super().finish_request(request, client_address)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -110,14 +136,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class GitServer:
-    """``with GitServer(root, password) as server: server.url("repo")``."""
+    """``with GitServer(root, password) as server: server.url("repo")``; HTTPS with ``ca``."""
 
-    def __init__(self, root: Path, password: str) -> None:
-        self._server = _Server(root, password)
+    def __init__(self, root: Path, password: str, *, ca: TestCA | None = None) -> None:
+        tls = None
+        if ca is not None:
+            cert_file, key_file = ca.issue("git-server", ["127.0.0.1", "localhost"])
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(cert_file, key_file)
+        self._server = _Server(root, password, tls)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def host(self) -> str:
+        """``127.0.0.1:PORT``: what git names in its credential requests (``host=``)."""
+        return f"127.0.0.1:{self.port}"
+
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/{name}.git"
+        scheme = "https" if self._server.tls is not None else "http"
+        return f"{scheme}://{self.host}/{name}.git"
 
     @property
     def pushes(self) -> int:

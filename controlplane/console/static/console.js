@@ -281,18 +281,40 @@
     }
   }
 
-  render.devices = (d) => [table([
+  // How a device confines commands (its last Hello's line), flagged when it does not fully.
+  function sandbox(v) {
+    const line = v.sandbox || (v.last_seen_at ? "unknown (daemon too old)" : "–");
+    if (!v.sandbox_warning) return line;
+    const tone = v.sandbox_warning === "sandbox incomplete" ? "warn" : "bad";
+    return [badge(v.sandbox_warning, tone), el("div", {class: "quiet"}, line)];
+  }
+
+  render.devices = (d) => {
+    const flagged = d.devices.filter((v) => v.sandbox_warning && !v.revoked);
+    const out = [];
+    if (flagged.length) {
+      out.push(el("p", {class: "note", id: "sandbox-warnings"},
+        `Not fully sandboxed: ${flagged.map((v) => `${v.name} (${v.sandbox_warning})`).join("; ")}. `,
+        "The sandbox is set in each device's own policy (",
+        el("code", {}, "sandbox = \"required\""), " in policy.toml)."));
+    }
+    out.push(devicesTable(d));
+    return out;
+  };
+
+  const devicesTable = (d) => table([
     {h: "Name", f: (v) => v.name},
     {h: "Status", f: (v) => badge(v.revoked ? "revoked" : v.online ? "online" : "offline")},
     {h: "Owner", f: (v) => v.owner || "–"},
     {h: "Shared with", f: (v) => (v.shares && v.shares.length ? v.shares.join(", ") : "–")},
     {h: "Last seen", f: (v) => when(v.last_seen_at)},
     {h: "Queue", f: (v) => [num(v.queue_depth), v.oldest_queued ? el("div", {class: "quiet"}, "oldest ", when(v.oldest_queued)) : null], num: true},
-    {h: "Policy hash", f: (v) => (v.policy_hash ? el("code", {title: v.policy_hash}, v.policy_hash.slice(0, 12)) : "–")},
+    {h: "Policy hash", f: (v) => (v.policy_hash ? el("code", {title: `${v.policy_hash} (of the policy file and the sandbox mode in effect)`}, v.policy_hash.slice(0, 12)) : "–")},
+    {h: "Sandbox", f: sandbox},
     {h: "Version", f: (v) => v.version || "–"},
     {h: "ID", f: (v) => el("code", {}, v.id)},
     {h: "", f: (v) => (v.revoked ? "" : el("button", {type: "button", class: "danger", onclick: () => revoke(v)}, "Revoke"))},
-  ], d.devices, "No devices yet: pair one above.")];
+  ], d.devices, "No devices yet: pair one above.");
 
   render.triggers = (d) => [table([
     {h: "When", f: (t) => when(t.created_at)},

@@ -21,8 +21,12 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+
+# Not `typing.TYPE_CHECKING` nor dataclasses: the supervisor imports this once per command,
+# and those imports alone would cost it milliseconds.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # Generic syscall table numbers: the same on x86_64 and aarch64.
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
@@ -91,16 +95,25 @@ def abi_version() -> int:
     return max(int(version), 0)
 
 
-@dataclass(frozen=True)
 class Ruleset:
     """What a confined process may do; everything the running ABI handles and this does
     not grant is denied."""
 
-    read: Sequence[str] = ()  # hierarchies it may read and execute from
-    write: Sequence[str] = ()  # hierarchies it may also write, create and remove in
-    connect_ports: Sequence[int] | None = None  # TCP ports it may connect to; None: any
-    bind_ports: Sequence[int] | None = ()  # TCP ports it may bind; None: any
-    scoped: bool = True  # no signals, no abstract Unix sockets beyond its own domain
+    __slots__ = ("bind_ports", "connect_ports", "read", "scoped", "write")
+
+    def __init__(
+        self,
+        read: Sequence[str] = (),
+        write: Sequence[str] = (),
+        connect_ports: Sequence[int] | None = None,
+        bind_ports: Sequence[int] | None = (),
+        scoped: bool = True,
+    ) -> None:
+        self.read = read  # hierarchies it may read and execute from
+        self.write = write  # hierarchies it may also write, create and remove in
+        self.connect_ports = connect_ports  # TCP ports it may connect to; None: any
+        self.bind_ports = bind_ports  # TCP ports it may bind; None: any
+        self.scoped = scoped  # no signals, no abstract Unix sockets beyond its own domain
 
     def unenforced(self, abi: int) -> list[str]:
         """What this ruleset asks for that a kernel with ``abi`` cannot enforce."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -118,6 +117,8 @@ def unavailable_reason() -> str:
     if not sys.platform.startswith("linux"):
         _available = f"no PID namespaces on {sys.platform}"
         return _available
+    import subprocess  # here: the supervisor imports this module and never probes
+
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         done = subprocess.run(

@@ -67,12 +67,13 @@ def scope_matches(
     wanted = scope_program(word, trusted_path)
     if wanted is None:
         return False
-    if any(c in _GLOB_CHARS for c in wanted):
-        if not fnmatch.fnmatchcase(program, wanted):
-            return False
-    elif program != wanted:
-        return False
-    return fnmatch.fnmatchcase(" ".join(argv[1:]), rest)
+    line = " ".join([program, *argv[1:]])
+    if not any(c in _GLOB_CHARS for c in wanted):
+        # A named program: exactly it, then the rest of the glob over its arguments.
+        return program == wanted and fnmatch.fnmatchcase(" ".join(argv[1:]), rest)
+    # The owner wrote a pattern for the program (`*`, `*/python3 *`): it is matched with the
+    # rest against the whole line, the program's resolved path first.
+    return fnmatch.fnmatchcase(line, " ".join(filter(None, [wanted, rest])))
 
 
 # git options that make git run a program of the caller's choosing (or read config that

@@ -193,6 +193,7 @@ class Hello(_message.Message):
     SIGNATURE_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     POLICY_HASH_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
     device_id: _builtins.str
     daemon_version: _builtins.str
     """endpointd's version (same meaning as PairRequest.daemon_version)."""
@@ -213,8 +214,21 @@ class Hello(_message.Message):
     superagent_shared.protocol.hello_signing_payload.
     """
     policy_hash: _builtins.bytes
-    """SHA-256 of the local policy file's bytes. The server cannot change the policy, but it
-    records the hash so admins can see when a device's rules changed.
+    """SHA-256 of the local policy file's bytes followed by "\\n\\0effective: " and the
+    effective sandbox mode on this machine ("sandbox=<mode>; network=<mode>;
+    enforced=<yes|partly|no>"), so the same file hashes differently where the sandbox
+    cannot be enforced. The server cannot change the policy, but it records the hash so
+    admins can see when a device's rules, or how they are enforced, changed.
+    """
+    sandbox: _builtins.str
+    """How this device confines the commands it runs, in one human-readable line, e.g.
+    "required; Landlock ABI 7 + seccomp + private /proc; network allow",
+    "best-effort, cannot enforce: ...; ...; network deny" or
+    "off (chosen in the policy); network allow" (endpointd's Policy.sandbox_summary).
+    Informational, for admins: shown by `superagent devices list` and the console. Not
+    signed, like `in_flight`: it is protected in transit by TLS against the pinned
+    certificate, and the mode it describes is already covered by the signed
+    `policy_hash`. Empty from a daemon older than this field ("unknown (daemon too old)").
     """
     @_builtins.property
     def in_flight(self) -> _containers.RepeatedCompositeFieldContainer[Global___InFlight]:
@@ -231,10 +245,11 @@ class Hello(_message.Message):
         signature: _builtins.bytes = ...,
         in_flight: _abc.Iterable[Global___InFlight] | None = ...,
         policy_hash: _builtins.bytes = ...,
+        sandbox: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_version", b"daemon_version", "device_id", b"device_id", "in_flight", b"in_flight", "policy_hash", b"policy_hash", "protocol_version", b"protocol_version", "signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_version", b"daemon_version", "device_id", b"device_id", "in_flight", b"in_flight", "policy_hash", b"policy_hash", "protocol_version", b"protocol_version", "sandbox", b"sandbox", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
