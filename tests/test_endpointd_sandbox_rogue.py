@@ -371,3 +371,57 @@ async def test_the_network_is_closed_by_the_kernel_not_by_the_proxy_variable(
     assert b"udp blocked" in out, out
     assert listener.hits == 0
     listener.sock.close()
+
+
+class _UnixListener:
+    """A Unix socket server (an ssh-agent, a session bus) counting who got through."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen()
+        self.hits = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.hits += 1
+            with conn:
+                conn.sendall(b"agent says hi\n")
+
+
+@pytest.mark.parametrize("sandbox", ["required", "off"])
+async def test_the_agents_socket_is_out_of_reach_by_its_path(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, sandbox: str
+) -> None:
+    """Landlock cannot stop a connect() by path: ssh-agent (like the session bus, through
+    which systemd --user starts anything) is hidden in the command's mount namespace."""
+    agent = tmp_path / "agent" / "ssh.sock"
+    agent.parent.mkdir()
+    listener = _UnixListener(agent)
+    endpointd.env["SSH_AUTH_SOCK"] = str(agent)
+    device = await _device(gw, endpointd, tmp_path, f'sandbox = "{sandbox}"')
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1][::-1])\n"
+        "    print('reached', s.recv(100))\n"
+        "except OSError as exc:\n"
+        "    print('blocked', exc.errno)\n"
+    )
+    argv = [sys.executable, "-c", script, str(agent)[::-1]]
+    _, out = await _run(
+        gw, device, pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(tmp_path / "work")))
+    )
+    if sandbox == "off":  # the control: the same command reaches it unconfined
+        assert b"reached" in out, out
+        assert listener.hits == 1
+    else:
+        assert b"blocked" in out, out
+        assert listener.hits == 0
+    listener.sock.close()

@@ -411,11 +411,12 @@ def _spawn_confined(
 ) -> int:
     """Fork, confine the child, exec ``program``; returns the child's pid (its group's id).
 
-    In the child, in order: a process group of its own, the standard streams, then (when
-    ``private_proc``) a PID namespace with its own /proc (:func:`_enter_private_proc`, after
-    which the command runs two forks further down), Landlock, seccomp, exec. Whatever fails
-    there is reported through a close-on-exec pipe (the errno and the step), read here: a
-    command that could not be confined is an error and never runs unconfined.
+    With ``private_proc``, this process first moves its future children into a PID
+    namespace of their own (:mod:`endpointd.guard.namespaces`), so the child is that
+    namespace's init (:func:`_namespace_init`) and the command runs one fork further down.
+    In the command's process, in order: the standard streams, Landlock, seccomp, exec.
+    Whatever fails there is reported through a close-on-exec pipe (the errno and the step),
+    read here: a command that could not be confined is an error and never runs unconfined.
     """
     from endpointd.guard import landlock
 
@@ -430,14 +431,27 @@ def _spawn_confined(
 
         install_seccomp = seccomp.install
     private_proc = bool(confine.get("private_proc"))
+    status_r = status_w = -1
+    if private_proc:
+        from endpointd.guard import namespaces
+
+        try:
+            namespaces.enter()
+        except OSError as exc:
+            raise SandboxFailed(
+                exc.errno or errno.EPERM,
+                f"the sandbox could not be applied (private /proc): {exc.strerror or exc}",
+            ) from None
+        status_r, status_w = os.pipe()
     report_r, report_w = os.pipe()
     try:
         pid = os.fork()
     except BaseException:
-        os.close(report_r)
-        os.close(report_w)
+        for fd in (report_r, report_w, status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
         raise
-    if pid == 0:  # the child: system calls, forks, then exec or _exit
+    if pid == 0:  # the child: system calls, a fork, then exec or _exit
         step = "setup"
         try:
             os.close(report_r)
@@ -446,9 +460,15 @@ def _spawn_confined(
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             if private_proc:
+                os.close(status_r)
                 step = "private /proc"
-                _enter_private_proc(report_w)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT):
+                _namespace_init(
+                    report_w,
+                    status_w,
+                    list(confine.get("hidden_dirs") or ()),
+                    list(confine.get("hidden_files") or ()),
+                )
+            for sig in _RESET_SIGNALS:
                 signal.signal(sig, signal.SIG_DFL)
             step = "landlock"
             landlock.enforce(landlock.create(rules, grants))
@@ -464,6 +484,9 @@ def _spawn_confined(
         finally:
             os._exit(127)
     os.close(report_w)
+    if status_w >= 0:
+        os.close(status_w)
+        _INIT_STATUS[pid] = status_r
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also here: the group must exist before we might signal it
     try:
@@ -480,54 +503,48 @@ def _spawn_confined(
     raise SandboxFailed(code, f"the sandbox could not be applied ({step}): {os.strerror(code)}")
 
 
-def _enter_private_proc(report_w: int) -> None:
-    """Returns in the process that becomes the command, PID 2 of a new PID namespace.
+# What a namespace's init ignores and the command must have back at their defaults (ignored
+# signals survive exec; Python ignores SIGPIPE and SIGXFSZ itself).
+_RESET_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+)
+# The namespace init's pid -> the pipe on which it reports how the command ended.
+_INIT_STATUS: dict[int, int] = {}
 
-    Three processes, for the supervisor outside to see one command as before:
 
-    * this one (the group leader the supervisor knows) waits, ignoring the terminating
-      signals the supervisor sends to the group (the command gets them too), and ends the
-      way the command ended, so the supervisor reads the command's status from it;
-    * its child is PID 1 of the namespace: it mounts the private /proc and reaps orphans;
-      when the command ends it reports how and exits, and the kernel then kills whatever is
-      left in the namespace (background jobs, `setsid` escapees included);
-    * the command, PID 2, which is not the namespace's init and so dies of SIGTERM as any
-      process would.
+def _namespace_init(
+    report_w: int, status_w: int, hidden_dirs: list[str], hidden_files: list[str]
+) -> None:
+    """In PID 1 of the command's namespace; returns only in the command's process (PID 2).
+
+    PID 1 mounts the private /proc, then stays behind as the namespace's init: it reaps
+    orphans, and when the command ends it writes how (its exit code, negative for a signal)
+    to ``status_w`` and exits, whereupon the kernel kills whatever is left in the namespace
+    (background jobs, `setsid` escapees included). It ignores the terminating signals the
+    supervisor sends the group; the command, not being an init, gets and obeys them.
     """
     from endpointd.guard import namespaces
 
-    namespaces.enter()
-    status_r, status_w = os.pipe()
-    init = os.fork()
-    if init != 0:
-        os.close(report_w)
-        os.close(status_w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_IGN)
-        os.waitpid(init, 0)
-        _end_like(os.read(status_r, 32))
-    os.close(status_r)
     namespaces.mount_proc()
+    namespaces.hide(list(hidden_dirs), list(hidden_files))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     command = os.fork()
-    if command != 0:
-        os.close(report_w)
-        while True:
-            reaped, status = os.waitpid(-1, 0)
-            if reaped == command:
-                os.write(status_w, str(os.waitstatus_to_exitcode(status)).encode())
-                os._exit(0)
-    os.close(status_w)
-
-
-def _end_like(status: bytes) -> None:
-    """Exit as the command did: its exit code, or death by its signal."""
-    text = status.decode("ascii", "replace").strip()
-    code = int(text) if text.lstrip("-").isdigit() else 127
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        code = 128 - code
-    os._exit(code)
+    if command == 0:
+        os.close(status_w)
+        return
+    os.close(report_w)
+    while True:
+        reaped, status = os.waitpid(-1, 0)
+        if reaped == command:
+            os.write(status_w, str(os.waitstatus_to_exitcode(status)).encode())
+            os._exit(0)
 
 
 def _poll_blocking(pid: int) -> None:
@@ -553,14 +570,27 @@ def _find_program(name: str, env: dict[str, str]) -> str:
 
 
 def _poll(pid: int) -> int | None:
-    """The command's return code once it has exited (negative: killed by that signal)."""
+    """The command's return code once it has exited (negative: killed by that signal).
+
+    For a command in a PID namespace of its own, ``pid`` is the namespace's init, whose
+    report says how the command itself ended (an init cannot die of the command's signal).
+    """
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return -signal.SIGKILL  # reaped elsewhere: cannot happen, but never spin on it
     if done == 0:
         return None
-    return os.waitstatus_to_exitcode(status)
+    code = os.waitstatus_to_exitcode(status)
+    report_fd = _INIT_STATUS.pop(pid, None)
+    if report_fd is not None:
+        try:
+            text = os.read(report_fd, 32).decode("ascii", "replace").strip()
+        finally:
+            os.close(report_fd)
+        # No report: the init itself was killed (SIGKILL from the supervisor's group kill).
+        code = int(text) if text.lstrip("-").isdigit() else code
+    return code
 
 
 def _reap_group(pgid: int) -> None:

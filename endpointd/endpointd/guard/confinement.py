@@ -41,6 +41,10 @@ class Confinement:
     mechanism: str = ""
     # Under "best-effort": what the OS could not enforce, said once in the command's log.
     unenforced: tuple[str, ...] = ()
+    # Other programs' Unix sockets, hidden by path (Linux: mounts in the command's mount
+    # namespace; Landlock cannot stop a connect() by path): directories and single files.
+    hidden_dirs: tuple[str, ...] = ()
+    hidden_files: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +60,8 @@ class Confinement:
             proxy_port=raw.get("proxy_port"),
             mechanism=str(raw.get("mechanism") or ""),
             unenforced=tuple(raw.get("unenforced") or ()),
+            hidden_dirs=tuple(raw.get("hidden_dirs") or ()),
+            hidden_files=tuple(raw.get("hidden_files") or ()),
         )
 
 

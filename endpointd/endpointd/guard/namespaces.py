@@ -77,6 +77,29 @@ def mount_proc() -> None:
     )
 
 
+MS_BIND = 4096
+
+
+def hide(directories: list[str], files: list[str]) -> None:
+    """In the command's mount namespace: an empty tmpfs over each directory and /dev/null
+    over each file (Unix sockets, mostly) that exists, so nothing there can be reached by
+    its path. Landlock cannot stop a connect() to a socket by path (ABI <= 7): the session
+    bus (and through it systemd's user manager, which starts programs outside any
+    sandbox), ssh-agent, gpg-agent, the X server and a container engine are hidden this way.
+    """
+    for directory in directories:
+        if os.path.isdir(directory):
+            _check(
+                _c().mount(
+                    b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0700"
+                ),
+                f"hide {directory}",
+            )
+    for path in files:
+        if os.path.exists(path) and not os.path.isdir(path):
+            _check(_c().mount(b"/dev/null", path.encode(), None, MS_BIND, None), f"hide {path}")
+
+
 def _write(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:

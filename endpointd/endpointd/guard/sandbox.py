@@ -134,6 +134,9 @@ def plan(
     extra = [_real(str(p)) for p in rules.writable_paths]
     extra = [p for p in extra if not any(_within(p, d) for d in denied_real)]
     return Confinement(
+        hidden_dirs=_socket_dirs(),
+        hidden_files=_socket_files(),
+        protected=_protected(_real(workspace)),
         denied=denied_real,
         write=(_real(workspace), _real(tmpdir), *extra),
         write_files=DEVICE_FILES,
@@ -142,6 +145,50 @@ def plan(
         mechanism=here.mechanism,
         unenforced=tuple(missing),
     )
+
+
+def _socket_dirs() -> tuple[str, ...]:
+    """Directories of other programs' Unix sockets a command must not reach by path: the
+    user's runtime dir (session bus, systemd --user, gpg-agent, keyring daemons, …) and
+    the X server's and ICE's socket dirs."""
+    found = [f"/run/user/{os.getuid()}", "/tmp/.X11-unix", "/tmp/.ICE-unix"]  # noqa: S108
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        found.append(os.path.realpath(runtime))
+    return tuple(dict.fromkeys(found))
+
+
+def _socket_files() -> tuple[str, ...]:
+    """Single sockets to hide: the daemon's ssh-agent and the container engines'."""
+    found = [
+        "/var/run/docker.sock",
+        "/run/docker.sock",
+        "/run/containerd/containerd.sock",
+        "/run/podman/podman.sock",
+    ]
+    agent = os.environ.get("SSH_AUTH_SOCK")
+    if agent and os.path.isabs(agent):
+        found.append(agent)
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def _protected(workspace: str) -> tuple[str, ...]:
+    """The workspace's git hooks and config, kept read-only where the OS sandbox can carve
+    them out of a writable root (Seatbelt; on Linux only file operations enforce it)."""
+    out = []
+    for repo in [workspace, *_subdirs(workspace)]:
+        git = os.path.join(repo, ".git")
+        if os.path.isdir(git):
+            out += [os.path.join(git, "hooks"), os.path.join(git, "config")]
+    return tuple(out)
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as entries:
+            return [e.path for e in entries if e.is_dir(follow_symlinks=False)][:200]
+    except OSError:
+        return []
 
 
 def _real(path: str) -> str:
@@ -169,6 +216,8 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         "bind_ports": None if c.network == "allow" else [],
         "seccomp": "" if c.network == "allow" else c.network,
         "private_proc": support().private_proc,
+        "hidden_dirs": list(c.hidden_dirs),
+        "hidden_files": list(c.hidden_files),
     }
 
 
