@@ -19,6 +19,10 @@ class Daemon:
     """One endpointd installation: its own config dir, state dir and key file."""
 
     home: Path
+    # The allowed root (default: the directory holding ``home``). Keep endpointd's own files
+    # out of it where commands write: the sandbox lets a command create files directly in a
+    # root only when no denied path (such as endpointd's state dir) lies beneath it.
+    work: Path | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -49,9 +53,8 @@ class Daemon:
             code,
             "--key-file",
             str(self.home / "device.key"),
-            # The tests' files live under the pytest tmp dir, so that is the allowed root.
             "--allow-root",
-            str(self.home.parent),
+            str(self.work or self.home.parent),
             *extra,
         )
 

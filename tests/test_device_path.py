@@ -7,6 +7,7 @@ check that nothing was lost and nothing ran twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -44,9 +45,10 @@ async def gateway(
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    home = tmp_path / "device"
+    # Beside the test's directory, which is the allowed root (see Daemon.work).
+    home = tmp_path.parent / f"{tmp_path.name}.device"
     home.mkdir()
-    instance = Daemon(home)
+    instance = Daemon(home, work=tmp_path)
     yield instance
     instance.stop_all()
 
@@ -286,7 +288,22 @@ async def test_cancel_kills_the_whole_process_tree(gateway: Gateway, daemon: Dae
         found = (await gateway.queue.output(command_id)).split()
         return [int(p) for p in found] if len(found) >= 2 else []
 
-    pids = await assert_eventually(two_pids, timeout=30, message=daemon.log())
+    inner = await assert_eventually(two_pids, timeout=30, message=daemon.log())
+    # The command runs in a PID namespace of its own: find our pids of its processes.
+    leader_file = daemon.home / "state" / "spool" / command_id / "child.pid"
+
+    def host_pids() -> list[int]:
+        leader = psutil.Process(int(leader_file.read_text()))
+        found = {}
+        for proc in leader.children(recursive=True):
+            with contextlib.suppress(OSError, psutil.Error):
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                nspid = next(x for x in status.splitlines() if x.startswith("NSpid:"))
+                found[int(nspid.split()[-1])] = proc.pid
+        assert set(inner) <= set(found), (inner, found)
+        return [found[p] for p in inner]
+
+    pids = await assert_eventually(host_pids, timeout=15)
     assert all(psutil.pid_exists(pid) for pid in pids)
     await gateway.queue.cancel(command_id, grace_seconds=1)
     result = await gateway.queue.wait(command_id, timeout=30)

@@ -27,6 +27,7 @@ import re
 import secrets
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,13 +372,32 @@ async def _pair_and_start(world: World, db: async_sessionmaker[AsyncSession]) ->
     # The push may use the credential, for the origin's host only; nothing else may. Commands
     # get a minimal environment: the test CA's bundle is passed on by name.
     policy = daemon.config_dir / "policy.toml"
-    text = policy.read_text()
+    text = _passing_env(policy.read_text(), "GIT_SSL_CAINFO")
     policy.write_text(
-        text + '\n[env]\npass = ["GIT_SSL_CAINFO"]\n'
-        f'\n[credentials.{CREDENTIAL}]\nallow = ["git push *"]\n'
+        text + f'\n[credentials.{CREDENTIAL}]\nallow = ["git push *"]\n'
         f"hosts = [{json.dumps(world.git.host)}]\n"
     )
+    rules = tomllib.loads(policy.read_text())
+    assert "GIT_SSL_CAINFO" in rules["env"]["pass"], rules.get("env")
     daemon.start()
+
+
+def _passing_env(policy: str, name: str) -> str:
+    """The policy text with ``name`` added to ``[env] pass``: the table that pairing wrote
+    is edited, or one is added."""
+    header = re.search(r"(?m)^\[env\][ \t]*$", policy)
+    if header is None:
+        return policy + f"\n[env]\npass = [{json.dumps(name)}]\n"
+    end = re.search(r"(?m)^\[", policy[header.end() :])
+    stop = header.end() + end.start() if end else len(policy)
+    table = policy[header.end() : stop]
+    existing = tomllib.loads("[env]" + table)["env"]
+    line = f"pass = {json.dumps([*existing.get('pass', []), name])}"
+    if "pass" in existing:
+        table = re.sub(r"(?m)^pass\s*=\s*\[[^\]]*\]", line, table, count=1)
+    else:
+        table = "\n" + line + table
+    return policy[: header.end()] + table + policy[stop:]
 
 
 async def _connected(pool: asyncpg.Pool) -> bool:

@@ -19,8 +19,11 @@ How it is enforced:
   a restart and :meth:`Policy.hash` (reported in every Hello) always describes the rules
   being enforced.
 
-It is a policy on what the control plane may ask for, not a sandbox: an allowed command
-runs with the user's permissions. The argv check against denied paths is best effort.
+The policy says what the control plane may ask for; the OS sandbox
+(:mod:`endpointd.guard.sandbox`) is what holds an allowed command to it once it runs: the
+denied paths unreadable, writes only in its workspace, no view of other processes, the
+network as ``network`` says. The argv check against denied paths is only a courtesy (a
+clear refusal up front); the kernel is the boundary.
 """
 
 from __future__ import annotations
