@@ -321,13 +321,28 @@ async def test_a_shadowed_program_never_receives_a_credential(
 
 
 class _Listener:
-    """A TCP server on loopback that answers every connection with a line."""
+    """A server (TCP on loopback, or a Unix socket such as an ssh-agent's) that greets every
+    connection and counts who got through."""
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.listen()
         self.hits = 0
         threading.Thread(target=self._serve, daemon=True).start()
+
+    @classmethod
+    def tcp(cls) -> _Listener:
+        return cls(socket.create_server(("127.0.0.1", 0)))
+
+    @classmethod
+    def unix(cls, path: Path) -> _Listener:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        return cls(sock)
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
 
     def _serve(self) -> None:
         while True:
@@ -344,7 +359,7 @@ class _Listener:
 async def test_the_network_is_closed_by_the_kernel_not_by_the_proxy_variable(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, network: str
 ) -> None:
-    listener = _Listener()
+    listener = _Listener.tcp()
     device = await _device(gw, endpointd, tmp_path, f'network = "{network}"')
     script = (
         "import socket\n"
@@ -373,27 +388,6 @@ async def test_the_network_is_closed_by_the_kernel_not_by_the_proxy_variable(
     listener.sock.close()
 
 
-class _UnixListener:
-    """A Unix socket server (an ssh-agent, a session bus) counting who got through."""
-
-    def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen()
-        self.hits = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.sendall(b"agent says hi\n")
-
-
 @pytest.mark.parametrize("sandbox", ["required", "off"])
 async def test_the_agents_socket_is_out_of_reach_by_its_path(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, sandbox: str
@@ -402,7 +396,7 @@ async def test_the_agents_socket_is_out_of_reach_by_its_path(
     which systemd --user starts anything) is hidden in the command's mount namespace."""
     agent = tmp_path / "agent" / "ssh.sock"
     agent.parent.mkdir()
-    listener = _UnixListener(agent)
+    listener = _Listener.unix(agent)
     endpointd.env["SSH_AUTH_SOCK"] = str(agent)
     device = await _device(gw, endpointd, tmp_path, f'sandbox = "{sandbox}"')
     script = (

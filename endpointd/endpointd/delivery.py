@@ -76,6 +76,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from endpointd.guard import environment
 from endpointd.secrets import peer
 from endpointd.secrets.proxy import (
     HTTPS_PORT,
@@ -124,66 +125,9 @@ _REQUEST_TIMEOUT = 10.0
 
 _CLIENT = Path(__file__).with_name("git_credential.py")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Variables whose value (a secret, or the path of a file holding one) would change how a
-# program or the dynamic loader starts, which files a shell sources, or where programs are
-# found. Compared upper-cased: harmless on POSIX, and what Windows does.
-_RESERVED = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "SHELL",
-        "USER",
-        "LOGNAME",
-        "IFS",
-        "ENV",
-        "BASH_ENV",
-        "CDPATH",
-        "PS4",
-        "PROMPT_COMMAND",
-        "SHELLOPTS",
-        "BASHOPTS",
-        "GLOBIGNORE",
-        "ZDOTDIR",
-        "TMPDIR",
-        "EDITOR",
-        "VISUAL",
-        "PAGER",
-        "LESSOPEN",
-        "LESSCLOSE",
-        "GCONV_PATH",
-        "GLIBC_TUNABLES",
-        "LOCPATH",
-        "NLSPATH",
-        "HOSTALIASES",
-        "RES_OPTIONS",
-        "LOCALDOMAIN",
-        "NODE_OPTIONS",
-        "NODE_PATH",
-        "PERL5OPT",
-        "PERL5LIB",
-        "PERLLIB",
-        "RUBYOPT",
-        "RUBYLIB",
-        "JAVA_TOOL_OPTIONS",
-        "_JAVA_OPTIONS",
-        "JDK_JAVA_OPTIONS",
-        "CLASSPATH",
-        "SSH_ASKPASS",
-        "SUDO_ASKPASS",
-        "SSH_AUTH_SOCK",
-        # Where programs send their traffic and what they trust: the http delivery's.
-        "HTTPS_PROXY",
-        "HTTP_PROXY",
-        "ALL_PROXY",
-        "NO_PROXY",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-        "NODE_EXTRA_CA_CERTS",
-        "CURL_CA_BUNDLE",
-    }
-)
-_RESERVED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "GIT_", "BASH_FUNC_", "ENDPOINTD_", "XDG_")
+# Variables a delivered value may never be put in: those that change how a program or the
+# dynamic loader starts, which files a shell sources, where programs are found, where they
+# send traffic and what they trust (:func:`endpointd.guard.environment.reserved`).
 
 _DELIVERY_NAMES = {
     pb.CredentialRef.DELIVERY_ENV: "env",
@@ -209,8 +153,7 @@ def _check_env_name(ref: pb.CredentialRef) -> None:
             f"credential {ref.name!r}: env_var {name!r} is not a valid environment variable "
             "name (letters, digits and _, not starting with a digit)"
         )
-    upper = name.upper()
-    if upper in _RESERVED or upper.startswith(_RESERVED_PREFIXES):
+    if environment.reserved(name):
         raise DeliveryError(
             f"credential {ref.name!r}: env_var {name!r} is reserved (it could change how "
             "programs start); choose another name"

@@ -926,7 +926,7 @@ class Policy:
     ) -> str:
         """Why ``argv`` (in ``cwd``, with ``credentials``) gets its decision, step by step."""
         loaded = self._refresh()
-        steps = [f"policy: {self.path} (sha256 {loaded.digest.hex()[:16]}…)"]
+        steps = [f"policy: {self.path} (policy hash {self.hash().hex()[:16]}…)"]
         if loaded.rules is None:
             decision = self._broken_decision(loaded)
         else:
@@ -937,7 +937,7 @@ class Policy:
     def explain_path(self, path: str, op: FileOp = "read") -> str:
         """Why the file operation ``op`` on ``path`` gets its decision, step by step."""
         loaded = self._refresh()
-        steps = [f"policy: {self.path} (sha256 {loaded.digest.hex()[:16]}…)"]
+        steps = [f"policy: {self.path} (policy hash {self.hash().hex()[:16]}…)"]
         if loaded.rules is None:
             decision = self._broken_decision(loaded)
         else:
@@ -1390,14 +1390,6 @@ def _key_file(config_directory: Path) -> Path | None:
     except (OSError, ValueError, AttributeError):
         pass
     return None
-
-
-def policy_hash(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        data = b""
-    return hashlib.sha256(data).digest()
 
 
 def load_policy(config_directory: Path, *, state_directory: Path | None = None) -> Policy:

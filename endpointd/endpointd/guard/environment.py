@@ -68,6 +68,7 @@ RESERVED = frozenset(
         "CURL_CA_BUNDLE",
         "NODE_EXTRA_CA_CERTS",
         "DBUS_SESSION_BUS_ADDRESS",
+        "PERLLIB",
     }
 )
 RESERVED_PREFIXES = (
