@@ -41,6 +41,7 @@ import contextlib
 import errno
 import json
 import os
+import select
 import selectors
 import signal
 import sys
@@ -409,14 +410,15 @@ def _spawn_confined(
     err_w: int,
     confine: dict[str, Any],
 ) -> int:
-    """Fork, confine the child, exec ``program``; returns the child's pid (its group's id).
+    """Start ``program`` confined; returns the pid whose process group is the command's.
 
     With ``private_proc``, this process first moves its future children into a PID
-    namespace of their own (:mod:`endpointd.guard.namespaces`), so the child is that
-    namespace's init (:func:`_namespace_init`) and the command runs one fork further down.
-    In the command's process, in order: the standard streams, Landlock, seccomp, exec.
-    Whatever fails there is reported through a close-on-exec pipe (the errno and the step),
-    read here: a command that could not be confined is an error and never runs unconfined.
+    namespace of their own (:mod:`endpointd.guard.namespaces`); the child it forks is that
+    namespace's init (:func:`_namespace_init`), which confines itself and starts the command
+    with ``posix_spawn`` (confinement is inherited, and a vfork is far cheaper than a second
+    fork of this interpreter). Without it, the forked child confines itself and execs.
+    Whatever fails in the child is reported through a close-on-exec pipe (the errno and the
+    step), read here: a command that could not be confined is an error, never unconfined.
     """
     from endpointd.guard import landlock
 
@@ -451,31 +453,38 @@ def _spawn_confined(
             if fd >= 0:
                 os.close(fd)
         raise
-    if pid == 0:  # the child: system calls, a fork, then exec or _exit
+    if pid == 0:  # the child: system calls only, then exec, spawn or _exit
         step = "setup"
         try:
             os.close(report_r)
             os.setpgid(0, 0)
-            os.dup2(stdin_fd, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
             if private_proc:
                 os.close(status_r)
                 step = "private /proc"
-                _namespace_init(
-                    report_w,
-                    status_w,
+                from endpointd.guard import namespaces
+
+                namespaces.mount_proc()
+                namespaces.hide(
                     list(confine.get("hidden_dirs") or ()),
                     list(confine.get("hidden_files") or ()),
                 )
-            for sig in _RESET_SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)
             step = "landlock"
             landlock.enforce(landlock.create(rules, grants))
             if install_seccomp is not None:
                 step = "seccomp"
                 install_seccomp(network)
             step = "exec"
+            if private_proc:
+                command = _spawn_plain(program, argv, env, stdin_fd, out_w, err_w)
+                # The command holds the streams now; the init must not keep them open.
+                for fd in (stdin_fd, out_w, err_w, report_w):
+                    os.close(fd)
+                _namespace_init(command, status_w)
+            os.dup2(stdin_fd, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
             os.execve(program, argv, env)  # noqa: S606 - argv as given, never a shell
         except BaseException as exc:
             code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EPERM
@@ -494,8 +503,11 @@ def _spawn_confined(
     finally:
         os.close(report_r)
     if not report:
-        return pid  # exec'd: the pipe closed on exec
+        return pid  # exec'd, or spawned by the namespace's init: the pipe closed
     _poll_blocking(pid)
+    status_fd = _INIT_STATUS.pop(pid, None)
+    if status_fd is not None:
+        os.close(status_fd)
     code_text, _, step = report.decode("ascii", "replace").partition(":")
     code = int(code_text) if code_text.isdigit() else errno.EPERM
     if step == "exec":
@@ -503,8 +515,26 @@ def _spawn_confined(
     raise SandboxFailed(code, f"the sandbox could not be applied ({step}): {os.strerror(code)}")
 
 
-# What a namespace's init ignores and the command must have back at their defaults (ignored
-# signals survive exec; Python ignores SIGPIPE and SIGXFSZ itself).
+def _spawn_plain(
+    program: str, argv: list[str], env: dict[str, str], stdin_fd: int, out_w: int, err_w: int
+) -> int:
+    """``posix_spawn`` the command with the given streams, in this process's group."""
+    return os.posix_spawn(
+        program,
+        argv,
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, stdin_fd, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ],
+        setsigdef=_RESET_SIGNALS,
+        setsigmask=(),
+    )
+
+
+# What the command must have at their defaults: ignored signals survive exec (Python ignores
+# SIGPIPE and SIGXFSZ; a namespace's init ignores the terminating ones).
 _RESET_SIGNALS = (
     signal.SIGPIPE,
     signal.SIGXFSZ,
@@ -516,30 +546,22 @@ _RESET_SIGNALS = (
 )
 # The namespace init's pid -> the pipe on which it reports how the command ended.
 _INIT_STATUS: dict[int, int] = {}
+# Inits whose report came in: they are on their way out (tearing the namespace down) and are
+# neither waited for nor reaped here.
+_INIT_EXITING: set[int] = set()
 
 
-def _namespace_init(
-    report_w: int, status_w: int, hidden_dirs: list[str], hidden_files: list[str]
-) -> None:
-    """In PID 1 of the command's namespace; returns only in the command's process (PID 2).
+def _namespace_init(command: int, status_w: int) -> None:
+    """PID 1 of the command's namespace, once the command runs as ``command``; never returns.
 
-    PID 1 mounts the private /proc, then stays behind as the namespace's init: it reaps
-    orphans, and when the command ends it writes how (its exit code, negative for a signal)
-    to ``status_w`` and exits, whereupon the kernel kills whatever is left in the namespace
-    (background jobs, `setsid` escapees included). It ignores the terminating signals the
-    supervisor sends the group; the command, not being an init, gets and obeys them.
+    It reaps orphans, and when the command ends it writes how (its exit code, negative for
+    a signal) to ``status_w`` and exits, whereupon the kernel kills whatever is left in the
+    namespace (background jobs, `setsid` escapees included). It ignores the terminating
+    signals the supervisor sends the group; the command, not being an init, gets and obeys
+    them.
     """
-    from endpointd.guard import namespaces
-
-    namespaces.mount_proc()
-    namespaces.hide(list(hidden_dirs), list(hidden_files))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
-    command = os.fork()
-    if command == 0:
-        os.close(status_w)
-        return
-    os.close(report_w)
     while True:
         reaped, status = os.waitpid(-1, 0)
         if reaped == command:
@@ -573,29 +595,43 @@ def _poll(pid: int) -> int | None:
     """The command's return code once it has exited (negative: killed by that signal).
 
     For a command in a PID namespace of its own, ``pid`` is the namespace's init, whose
-    report says how the command itself ended (an init cannot die of the command's signal).
+    report says how the command itself ended (an init cannot die of the command's signal);
+    it comes before the init's own exit, which waits for the namespace to be torn down.
     """
+    report_fd = _INIT_STATUS.get(pid)
+    if report_fd is not None:
+        readable, _, _ = select.select([report_fd], [], [], 0)
+        if readable:
+            text = os.read(report_fd, 32).decode("ascii", "replace").strip()
+            os.close(_INIT_STATUS.pop(pid))
+            if text.lstrip("-").isdigit():
+                _INIT_EXITING.add(pid)
+                return int(text)
+            # EOF without a report: the init itself died (killed with the group).
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return -signal.SIGKILL  # reaped elsewhere: cannot happen, but never spin on it
     if done == 0:
         return None
-    code = os.waitstatus_to_exitcode(status)
     report_fd = _INIT_STATUS.pop(pid, None)
     if report_fd is not None:
-        try:
-            text = os.read(report_fd, 32).decode("ascii", "replace").strip()
-        finally:
-            os.close(report_fd)
-        # No report: the init itself was killed (SIGKILL from the supervisor's group kill).
-        code = int(text) if text.lstrip("-").isdigit() else code
-    return code
+        os.close(report_fd)
+    return os.waitstatus_to_exitcode(status)
 
 
 def _reap_group(pgid: int) -> None:
-    """Kill and reap what is left of the group (reparented to us as subreaper)."""
+    """Kill and reap what is left of the group (reparented to us as subreaper).
+
+    A namespace's init that has reported is not waited for: its exit waits for the kernel
+    to tear the namespace down, which takes milliseconds and ends everything in it anyway.
+    """
     _kill_group(pgid, signal.SIGKILL)
+    if pgid in _INIT_EXITING:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        return
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         try:
