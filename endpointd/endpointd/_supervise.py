@@ -236,6 +236,11 @@ def supervise(
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
+    # A namespace's init reports the command's end on a pipe, before its own (slow) exit:
+    # its arrival must wake this loop as a SIGCHLD would.
+    init_report = _INIT_STATUS.get(pgid)
+    if init_report is not None:
+        sel.register(init_report, selectors.EVENT_READ)
 
     start_mono = time.monotonic()
     deadline = start_mono + timeout if timeout > 0 else None
@@ -297,6 +302,10 @@ def supervise(
                     while os.read(wake_r, 512):
                         pass
                 continue
+            if fd == init_report:
+                sel.unregister(fd)  # read (and closed) by _poll on the next round
+                init_report = None
+                continue
             try:
                 data = os.read(fd, 64 * 1024)
             except BlockingIOError:
@@ -306,6 +315,8 @@ def supervise(
             else:
                 sel.unregister(fd)
                 del streams[fd]
+    if init_report is not None:
+        sel.unregister(init_report)
     for fd in list(streams):
         sel.unregister(fd)
     os.close(out_r)
