@@ -222,11 +222,9 @@ async def test_a_command_sees_neither_the_daemons_environment_nor_another_comman
     assert gw.finished(other.command_id) is None  # still running: not killed
 
 
-async def test_the_keyring_file_is_unreadable_from_python(
-    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
-) -> None:
-    device = await _device(gw, endpointd, tmp_path)
-    added = subprocess.run(  # noqa: ASYNC221 - a one-shot CLI before the attack
+def _store_token(endpointd: Endpointd) -> None:
+    """``endpointd creds add`` the canary token (from stdin, as the owner would)."""
+    added = subprocess.run(
         [sys.executable, "-m", "endpointd", "creds", "add", TOKEN_NAME],
         input=TOKEN,
         capture_output=True,
@@ -236,6 +234,13 @@ async def test_the_keyring_file_is_unreadable_from_python(
         env=endpointd.env,
     )
     assert added.returncode == 0, added.stderr
+
+
+async def test_the_keyring_file_is_unreadable_from_python(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    device = await _device(gw, endpointd, tmp_path)
+    _store_token(endpointd)
     data = tmp_path / "keyring-data"
     script = (
         "import os, binascii\n"
@@ -299,6 +304,7 @@ async def test_a_shadowed_program_never_receives_a_credential(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
     device = await _device(gw, endpointd, tmp_path)
+    _store_token(endpointd)  # stored and scoped: only the scope's judgement stands between
     work = tmp_path / "work"
     fake_git = work / "git"
     fake_git.write_text('#!/bin/sh\necho "$TOKEN"\n')
@@ -318,6 +324,13 @@ async def test_a_shadowed_program_never_receives_a_credential(
         command = pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(work)), credentials=cred)
         refused = await _refused(gw, device, command)
         assert refused.reason == pb.Refused.REASON_CREDENTIAL_UNAVAILABLE, (argv, refused)
+        assert f"credential {TOKEN_NAME!r} may not be delivered" in refused.message, refused
+    # The real git, with nothing that could make it run another program, gets it.
+    allowed = pb.Command(
+        exec=pb.ExecCommand(argv=["git", "--version"], cwd=str(work)), credentials=cred
+    )
+    done, _ = await _run(gw, device, allowed)
+    assert done.exit_code == 0
 
 
 class _Listener:
