@@ -20,6 +20,15 @@ piece of any form of any value (also JSON-escaped once or twice, COPY-escaped an
 dump or a request body would spell them), while the text around each value is still there
 with the value masked by '*'. Each search is shown to work by planting a value and finding it.
 The device's own local files (spool, journal) are not searched: they never leave it.
+
+A fourth credential goes by ``http`` delivery (the device's per-command proxy adds it to
+HTTPS requests for its hosts; the command never has it): a real HTTPS server on loopback
+(its own test CA, which endpointd trusts through SSL_CERT_FILE) demands it as a bearer
+token, and curl, Python's urllib and ``git ls-remote`` all get through, each request
+carrying ``Bearer <token>``. The Python command also prints its whole environment and
+hexdumps /proc/self/environ and every file in its TMPDIR. Then the same searches (outputs,
+pg_dump, every model request, which was shown all the output, the logs) find no form of
+the token, and the redactor masked nothing, since the command never had it to print.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import re
 import secrets
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -46,6 +56,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -58,6 +69,7 @@ from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor, Policy
 from controlplane.router.router import Router
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
+from tests.fakes.https_server import HttpsServer, TestCA
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.gateway_harness import Gateway, running_gateway
 from tests.helpers import save_policy
@@ -337,8 +349,10 @@ class AuthServer:
         self._thread.join(10)
 
 
-def _status_with(url: str, authorization: str) -> int:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def _status_with(url: str, authorization: str, context: ssl.SSLContext | None = None) -> int:
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
     request = urllib.request.Request(url, headers={"Authorization": authorization})  # noqa: S310
     try:
         with opener.open(request, timeout=10) as response:
@@ -394,12 +408,19 @@ def device(tmp_path: Path) -> Iterator[Endpointd]:
 
 def _write_policy(daemon: Endpointd, work: Path) -> None:
     scope = json.dumps(glob.escape(sys.executable) + " *")
-    body = f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n'
+    body = ""
     for name in (ENV_CRED, FILE_CRED, GIT_CRED):
         body += f"\n[credentials.{name}]\nallow = [{scope}]\n"
         if name == GIT_CRED:
             # The git helper answers only https requests for the hosts named here.
             body += f"hosts = [{json.dumps(GIT_HOST)}]\n"
+    _write_policy_file(daemon, work, body)
+
+
+def _write_policy_file(daemon: Endpointd, work: Path, credentials: str) -> None:
+    """The device's policy: ``work`` the allowed root, commands allowed, ``credentials``."""
+    body = f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n'
+    body += credentials
     daemon.config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = daemon.config_dir / "policy.toml"
     path.write_text(body)
@@ -524,8 +545,13 @@ async def _router_reads(
     pool: asyncpg.Pool,
     fake_llm: FakeOpenAIServer,
     text: str,
+    tag: str = "canary",
 ) -> list[ChatRequest]:
-    """Give ``text`` to the router as web-chat messages and let the model recall each one."""
+    """Give ``text`` to the router as web-chat messages and let the model recall each one.
+
+    ``tag``: what the messages' ids start with (one per call in a test). Returns the
+    model requests of this call."""
+    before = len(fake_llm.chat_requests)
     await save_policy(db, Policy())  # the default: web-chat users are heard
     intake = Intake(pool)
     console = Actor("web:tester", "tester", groups=(WEB_CONSOLE_GROUP,))
@@ -534,7 +560,7 @@ async def _router_reads(
         ingested = await intake.ingest(
             IncomingTrigger(
                 source="web",
-                external_id=f"web:tester:canary-{n}",
+                external_id=f"web:tester:{tag}-{n}",
                 thread=ThreadRef("canary-conversation", title="canary"),
                 actor=console,
                 kind="message",
@@ -545,7 +571,7 @@ async def _router_reads(
         assert ingested.route == "router", ingested
 
     def respond(request: ChatRequest) -> Reply:
-        if request.tool_results():
+        if (request.last_message() or {}).get("role") == "tool":
             return Reply(content="Noted; nothing to do.")
         ids = TRIGGER_ID.findall(request.last_user_message() or "")
         return Reply(tool_calls=[ToolCall("recall", {"id": trigger}) for trigger in ids])
@@ -553,7 +579,17 @@ async def _router_reads(
     fake_llm.respond_with(respond)
     router = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
     assert await router.turn() == len(chunks)
-    return fake_llm.chat_requests
+    return fake_llm.chat_requests[before:]
+
+
+def _last_tool_results(request: ChatRequest) -> list[dict[str, Any]]:
+    """The tool results that end ``request`` (the answers to its last assistant message)."""
+    found: list[dict[str, Any]] = []
+    for message in reversed(request.messages):
+        if message.get("role") != "tool":
+            break
+        found.insert(0, message)
+    return found
 
 
 # ----------------------------------------------------------------------------- the test
@@ -698,3 +734,228 @@ async def test_canary_credentials_never_leave_the_device(
     assert f"{ENV_CRED}:raw(hex)" in planted, planted
     logging.getLogger("controlplane.canary").debug("planted %s", v3)
     assert finder.find(_read(control_plane_log)[0])
+
+
+# ----------------------------------------------------------------------------- http delivery
+
+HTTP_CRED = "canary-http"
+MASKED = b"*" * GRAM  # what the redactor leaves of a value it masked
+
+# The Python command of the http test. The token is never named: urllib finds the proxy and
+# the CA bundle in the environment endpointd gives the command. Then it prints all that
+# environment and hexdumps /proc/self/environ and every file in its TMPDIR (the CA bundle
+# is there) and the CA files it was pointed at: the token, in any of these, would show (the
+# redactor masks raw text, not hex). argv[1]: the URL to fetch.
+HTTP_SCRIPT = r"""
+import os, sys, urllib.request
+
+
+def hexdump(label, data):
+    print(f"<<hex {label}>> {len(data)} bytes", flush=True)
+    for i in range(0, len(data), 64):
+        print(data[i : i + 64].hex())
+    print(f"<</hex {label}>>", flush=True)
+
+
+with urllib.request.urlopen(sys.argv[1], timeout=30) as response:
+    print(f"<<urllib>>{response.status} {response.read().decode()}<</urllib>>", flush=True)
+for name in sorted(os.environ):
+    print(f"env {name}={os.environ[name]}")
+if os.path.exists("/proc/self/environ"):  # Linux: the environment as the kernel holds it
+    with open("/proc/self/environ", "rb") as f:
+        hexdump("/proc/self/environ", f.read())
+tmp = os.environ["TMPDIR"]
+paths = [os.path.join(d, n) for d, _, names in sorted(os.walk(tmp)) for n in sorted(names)]
+for var in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+            "GIT_SSL_CAINFO"):
+    paths.append(os.environ.get(var, ""))
+dumped = set()
+for path in filter(None, paths):
+    if os.path.realpath(path) not in dumped:
+        dumped.add(os.path.realpath(path))
+        with open(path, "rb") as f:
+            hexdump(path, f.read())
+print(f"<<tmpdir>>{tmp}<</tmpdir>> <<dumped>>{len(dumped)}<</dumped>>", flush=True)
+print("DONE", flush=True)
+"""
+
+
+def _hexdumped(text: str, label: str) -> bytes:
+    """The bytes HTTP_SCRIPT hexdumped under ``label``."""
+    match = re.search(
+        rf"<<hex {re.escape(label)}>> (\d+) bytes\n(.*?)<</hex {re.escape(label)}>>",
+        text,
+        re.DOTALL,
+    )
+    assert match is not None, f"no hexdump of {label} in the output"
+    data = bytes.fromhex(match.group(2).replace("\n", ""))
+    assert len(data) == int(match.group(1)), f"the hexdump of {label} is not whole"
+    return data
+
+
+def _bare_repo(directory: Path, bare: Path) -> str:
+    """A one-commit repository, cloned bare to ``bare``; its HEAD."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, HOME=str(directory))
+    source = directory / "source"
+    source.mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=source, env=env, capture_output=True, text=True, check=True
+        ).stdout
+
+    git("init", "-q", "-b", "main")
+    (source / "README").write_text("canary through the proxy\n")
+    git("add", "README")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "one")
+    git("clone", "-q", "--bare", str(source), str(bare))
+    return git("rev-parse", "HEAD").strip()
+
+
+def _scope(program: str) -> str:
+    """A credential scope glob for ``program`` (found on PATH), by its resolved path."""
+    found = shutil.which(program)
+    assert found, f"{program} is needed"
+    return json.dumps(glob.escape(os.path.realpath(found)) + " *")
+
+
+@pytest.mark.skipif(
+    shutil.which("curl") is None or shutil.which("git") is None, reason="needs curl and git"
+)
+async def test_an_http_delivered_token_reaches_the_server_and_nothing_else(
+    gateway: Gateway,
+    device: Endpointd,
+    control_plane_log: Path,
+    database_url: str,
+    db: async_sessionmaker[AsyncSession],
+    pool: asyncpg.Pool,
+    fake_llm: FakeOpenAIServer,
+    tmp_path: Path,
+) -> None:
+    """The acceptance for ``http`` delivery: a real HTTPS server demands the token as a
+    bearer token; curl, Python's urllib and ``git ls-remote`` reach it through endpointd's
+    per-command proxy, the server gets ``Bearer <token>`` each time, and the token is in no
+    output, no row of the database, no request to the model, no log, in no form the
+    LeakFinder knows (raw, base64 at every shift, URL, JSON, shell; as a dump or a request
+    body would spell them, hex included)."""
+    token = "cnry-http-" + secrets.token_urlsafe(30)
+    finder = LeakFinder({HTTP_CRED: token})
+    work = tmp_path / "work"
+    work.mkdir()
+    ca = TestCA(tmp_path / "test-ca")
+    with HttpsServer(tmp_path / "https", token, ca=ca) as server:
+        head = _bare_repo(tmp_path / "git-source", server.root / "repo.git")
+        authority = f"127.0.0.1:{server.port}"
+        api = server.url("/api", "127.0.0.1")
+        repo = server.git_url("repo", "127.0.0.1")
+        # The server really checks: without the token, 401.
+        trust = ssl.create_default_context(cafile=str(ca.ca_file))
+        assert await asyncio.to_thread(_status_with, api + "/check", "Bearer no", trust) == 401
+        assert (server.authorizations, server.denied) == ([["Bearer no"]], 1)
+
+        # The device: the credential for curl, git and this Python, for the server only;
+        # its proxy trusts the test CA for the upstream connection.
+        scopes = ", ".join(_scope(p) for p in ("curl", "git", sys.executable))
+        _write_policy_file(
+            device,
+            work,
+            f"\n[credentials.{HTTP_CRED}]\nallow = [{scopes}]\nhosts = [{json.dumps(authority)}]\n",
+        )
+        device.env["SSL_CERT_FILE"] = str(ca.ca_file)
+        _add_credential(device, HTTP_CRED, token)
+        await _pair(gateway, device, work)
+        device.start()
+
+        uses = [specs.CredentialUse(name=HTTP_CRED, delivery="http")]
+        runs: dict[str, tuple[CommandResult, bytes]] = {}
+        for what, argv in (
+            ("curl", ["curl", "-sS", "--fail", f"{api}/curl"]),
+            ("git", ["git", "ls-remote", repo]),
+            ("urllib", [sys.executable, "-c", HTTP_SCRIPT, f"{api}/urllib"]),
+        ):
+            spec = specs.Exec(argv=argv, cwd=str(work), credentials=uses, timeout_seconds=120)
+            runs[what] = await _run(gateway, spec, device)
+        seen = server.authorizations[1:]
+        denied = server.denied
+
+    # --- each succeeded, with the server's answer in its output ...
+    for what, (result, output) in runs.items():
+        assert result.exit_code == 0, (what, output[-3000:], result.error)
+    curl_output = runs["curl"][1].decode()
+    assert json.loads(curl_output) == {
+        "ok": True,
+        "path": "/api/curl",
+        "method": "GET",
+        "received": 0,
+    }, curl_output
+    git_output = runs["git"][1].decode()
+    assert f"{head}\trefs/heads/main" in git_output.splitlines(), git_output
+    shown = runs["urllib"][1].decode()
+    assert shown.rstrip().endswith("DONE"), shown[-3000:]
+    status, _, body = _between(shown, "urllib").partition(" ")
+    assert status == "200", shown[:3000]
+    assert json.loads(body)["path"] == "/api/urllib"
+
+    # ... through the proxy (with a CA bundle in TMPDIR, which was dumped) ...
+    env = dict(line[4:].split("=", 1) for line in shown.splitlines() if line.startswith("env "))
+    assert env["HTTPS_PROXY"].startswith("http://endpointd:"), env
+    tmpdir = _between(shown, "tmpdir")
+    assert env["TMPDIR"] == tmpdir
+    assert env["SSL_CERT_FILE"].startswith(tmpdir + os.sep), env
+    bundle = _hexdumped(shown, env["SSL_CERT_FILE"])
+    assert b"# endpointd device CA" in bundle, "the CA bundle was not dumped"
+    assert int(_between(shown, "dumped")) >= 1
+    if sys.platform.startswith("linux"):
+        environ = _hexdumped(shown, "/proc/self/environ").split(b"\0")
+        assert f"HTTPS_PROXY={env['HTTPS_PROXY']}".encode() in environ, environ
+
+    # ... and the server got the token from the proxy, as a bearer token, on every request
+    # (curl's, the git ls-remote's, urllib's): the searches below are not vacuous.
+    assert len(seen) >= 3, seen
+    assert all(got == [f"Bearer {token}"] for got in seen), "unexpected Authorization headers"
+    assert denied == 1  # only the check above
+
+    # --- the token never reached the command: nothing was masked, no form of it is there
+    leaks: dict[str, list[str]] = {}
+    plant = token.encode()
+    for what, (result, output) in runs.items():
+        assert MASKED not in output, f"{what}: the redactor masked something"
+        leaks[f"{what} result"] = check_search(finder, _result_bytes(result, output), plant)
+
+    # The model: the router reads all the commands printed (recalling each message in full)
+    # and talks to the model about it.
+    returned = f"curl:\n{curl_output}\ngit ls-remote:\n{git_output}\nurllib:\n{shown}"
+    recalled: list[dict[str, Any]] = []
+    for n, start in enumerate(range(0, len(returned), 100_000)):
+        # In parts, each whole in one model request (the router cuts what would not fit).
+        chat = await _router_reads(db, pool, fake_llm, returned[start : start + 100_000], f"h{n}")
+        assert len(chat) == 2, "expected a call, then one with the recalled messages"
+        recalled += [json.loads(m["content"]) for m in _last_tool_results(chat[1])]
+    # The model was shown every character the commands printed (and the searches below
+    # see what it was shown).
+    assert "".join(r["text"] for r in recalled) == returned, "the model was not shown it all"
+    leaks["fake LLM requests"] = check_search(finder, _llm_bytes(fake_llm), plant)
+    fake_llm.assert_never_saw(token)
+
+    # The database: everything the control plane stored, as pg_dump prints it. It does
+    # hold the commands (by credential name and delivery) and what they printed.
+    dump = await asyncio.to_thread(_pg_dump, database_url)
+    assert b'"delivery": "http"' in dump
+    for printed in (f"{head}\trefs/heads/main", shown[shown.rindex("<<tmpdir>>") :]):
+        assert printed.encode().hex().encode() in dump, "a command's output is not in the dump"
+    leaks["pg_dump"] = check_search(finder, dump, plant)
+
+    # The logs, endpointd's once it has stopped.
+    device.stop()
+    daemon_log, audit_log, cp_log = _read(
+        device.log_path, device.state_dir / "audit.log", control_plane_log
+    )
+    assert b"finished cmd_" in daemon_log, daemon_log[-3000:]
+    leaks["endpointd log"] = check_search(finder, daemon_log, plant)
+    leaks["endpointd audit log"] = check_search(finder, audit_log, plant)
+    leaks["control plane log"] = check_search(finder, cp_log, plant)
+
+    assert not any(leaks.values()), "the http token left the device:\n" + "\n".join(
+        f"  {where}: {hit}" for where, hits in leaks.items() for hit in hits[:20]
+    )
