@@ -67,23 +67,22 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
 
 
-def generate_gateway_certificates(
-    *,
-    extra_dns_names: Iterable[str] = (),
-    extra_ips: Iterable[str] = (),
-    ca_common_name: str = "superagent gateway CA",
-) -> GatewayCertificates:
-    """A fresh CA plus a leaf for ``GATEWAY_TLS_SERVER_NAME`` and the given extra names."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_common_name)])
-    ca_cert = (
+def self_signed_ca(
+    key: ec.EllipticCurvePrivateKey,
+    name: x509.Name,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+) -> x509.Certificate:
+    """A CA certificate for ``key`` that may sign leaf certificates only (path length 0):
+    the gateway's and each device's own (endpointd's http credential proxy)."""
+    return (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
-        .public_key(ca_key.public_key())
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(_now())
-        .not_valid_after(_now() + CA_VALIDITY)
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -99,9 +98,21 @@ def generate_gateway_certificates(
             ),
             critical=True,
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
     )
+
+
+def generate_gateway_certificates(
+    *,
+    extra_dns_names: Iterable[str] = (),
+    extra_ips: Iterable[str] = (),
+    ca_common_name: str = "superagent gateway CA",
+) -> GatewayCertificates:
+    """A fresh CA plus a leaf for ``GATEWAY_TLS_SERVER_NAME`` and the given extra names."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_common_name)])
+    ca_cert = self_signed_ca(ca_key, name, _now(), _now() + CA_VALIDITY)
     ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     cert_pem, key_pem = issue_gateway_certificate(
         ca_pem, _key_pem(ca_key), extra_dns_names=extra_dns_names, extra_ips=extra_ips

@@ -42,6 +42,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from endpointd.fsutil import atomic_write
 from endpointd.paths import ensure_private_dir
+from superagent_shared.gateway_tls import self_signed_ca
 
 __all__ = [
     "BUNDLE_FILE",
@@ -130,33 +131,7 @@ class DeviceCA:
             ]
         )
         now = _now()
-        public = key.public_key()
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + CA_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-            .sign(key, hashes.SHA256())
-        )
+        cert = self_signed_ca(key, name, now - _BACKDATE, now + CA_VALIDITY)
         return cls(key, cert, persisted=persisted)
 
     def matches(self, key: ec.EllipticCurvePrivateKey) -> bool:
