@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -77,13 +79,21 @@ class OwnPostgres:
 
 
 @pytest.fixture
-def own_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnPostgres]:
-    # A short path: the Unix socket lives in the data directory.
-    server = OwnPostgres(tmp_path_factory.mktemp("pg") / "d")
-    yield server
-    with contextlib.suppress(Exception):
-        server.start()  # so that pgserver's own cleanup finds it, and stops it
-    server.server.cleanup()
+def own_postgres() -> Iterator[OwnPostgres]:
+    # A short path: the Unix socket lives in the data directory. And not under pytest's
+    # basetemp: run as root, pgserver's postmaster is another user, who must traverse every
+    # parent, and each new pytest session makes /tmp/pytest-of-root private again (0700),
+    # which made the restart after the outage fail whenever another session started meanwhile.
+    base = Path(tempfile.mkdtemp(prefix="sa-outage-"))
+    base.chmod(0o755)
+    server = OwnPostgres(base / "d")
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.start()  # so that pgserver's own cleanup finds it, and stops it
+        server.server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
