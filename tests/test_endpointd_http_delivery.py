@@ -92,10 +92,7 @@ def server(tmp_path: Path, token: str, test_ca: TestCA) -> Iterator[HttpsServer]
 @pytest.fixture
 def endpointd(tmp_path: Path, test_ca: TestCA) -> Iterator[Endpointd]:
     with endpointd_in(tmp_path) as daemon:
-        # A file keyring in tmp (CI has no desktop keyring), so credentials can be stored.
-        daemon.env["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
-        daemon.env["XDG_DATA_HOME"] = str(tmp_path / "keyring-data")
-        daemon.env["ENDPOINTD_NO_NOTIFY"] = "1"
+        daemon.use_file_keyring(tmp_path / "keyring-data")
         # The daemon's proxy verifies the upstream with its default trust: the test CA.
         daemon.env["SSL_CERT_FILE"] = str(test_ca.ca_file)
         yield daemon

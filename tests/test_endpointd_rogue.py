@@ -34,10 +34,7 @@ TOKEN = "rogue-test-" + os.urandom(12).hex()
 @pytest.fixture
 def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
     with endpointd_in(tmp_path) as daemon:
-        # A file keyring in tmp (CI has no desktop keyring), so credentials can be stored.
-        daemon.env["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
-        daemon.env["XDG_DATA_HOME"] = str(tmp_path / "keyring-data")
-        daemon.env["ENDPOINTD_NO_NOTIFY"] = "1"
+        daemon.use_file_keyring(tmp_path / "keyring-data")
         yield daemon
 
 

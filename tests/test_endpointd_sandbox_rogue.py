@@ -54,9 +54,7 @@ def endpointd(tmp_path: Path, home: Path) -> Iterator[Endpointd]:
     with endpointd_in(tmp_path) as daemon:
         daemon.env["HOME"] = str(home)
         daemon.env["AWS_SECRET_ACCESS_KEY"] = DAEMON_SECRET
-        daemon.env["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
-        daemon.env["XDG_DATA_HOME"] = str(tmp_path / "keyring-data")
-        daemon.env["ENDPOINTD_NO_NOTIFY"] = "1"
+        daemon.use_file_keyring(tmp_path / "keyring-data")
         yield daemon
 
 

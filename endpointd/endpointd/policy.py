@@ -29,6 +29,7 @@ clear refusal up front); the kernel is the boundary.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -46,6 +47,8 @@ from endpointd.credentials import NAME_RULE, valid_name
 from endpointd.errors import ConfigError
 from endpointd.fsutil import atomic_write
 from endpointd.guard import environment, sandbox
+from endpointd.guard.files import fold as _fold
+from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.paths import ensure_private_dir, state_dir
 from superagent_proto.v1 import endpoint_pb2
@@ -99,7 +102,6 @@ DEFAULT_DENIED_PATHS = (
 )
 
 _R = endpoint_pb2.Refused
-_CASE_INSENSITIVE = sys.platform in ("darwin", "win32")
 # How much of a command line a message quotes: enough to recognise it, not a wall of text.
 _QUOTE_LIMIT = 200
 _MAX_ARG_TOKENS = 2000
@@ -608,18 +610,6 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
 
 
 # --------------------------------------------------------------------------- evaluation
-
-
-def _fold(p: str) -> str:
-    return p.casefold() if _CASE_INSENSITIVE else p
-
-
-def _within(path: str, root: str) -> bool:
-    path, root = _fold(path), _fold(root)
-    if path == root:
-        return True
-    prefix = root if root.endswith(os.sep) else root + os.sep
-    return path.startswith(prefix)
 
 
 def _quote(argv: Sequence[str]) -> str:
@@ -1365,6 +1355,7 @@ class Policy:
         return None
 
 
+@functools.cache
 def _endpointd_programs() -> frozenset[str]:
     """Where this endpointd's entry point lives: the ``endpointd`` script beside the
     interpreter, on the daemon's PATH, and the one the daemon was started as."""

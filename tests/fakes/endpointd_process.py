@@ -50,6 +50,13 @@ class Endpointd:
         self.proc: subprocess.Popen[bytes] | None = None
         self.device_id = ""
 
+    def use_file_keyring(self, directory: Path) -> None:
+        """Keep credentials in a plaintext file keyring under ``directory`` (CI has no
+        desktop keyring), so that ``endpointd creds add`` works; no desktop notifications."""
+        self.env["PYTHON_KEYRING_BACKEND"] = "keyrings.alt.file.PlaintextKeyring"
+        self.env["XDG_DATA_HOME"] = str(directory)
+        self.env["ENDPOINTD_NO_NOTIFY"] = "1"
+
     def cli(
         self, *args: str, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:

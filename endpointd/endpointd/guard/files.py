@@ -55,13 +55,14 @@ class PathRefused(Exception):
     """The walk will not open this path; the message is one line naming the path and why."""
 
 
-def _fold(path: str) -> str:
+def fold(path: str) -> str:
+    """``path`` as compared: case-folded where the file system ignores case."""
     return path.casefold() if _CASE_INSENSITIVE else path
 
 
 def within(path: str, root: str) -> bool:
     """Is ``path`` ``root`` or beneath it (both absolute and normalised)?"""
-    path, root = _fold(path), _fold(root)
+    path, root = fold(path), fold(root)
     if path == root:
         return True
     prefix = root if root.endswith(os.sep) else root + os.sep

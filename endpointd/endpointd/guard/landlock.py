@@ -83,8 +83,15 @@ class LandlockError(OSError):
     """The kernel refused the ruleset (or has no Landlock)."""
 
 
+_LIBC: ctypes.CDLL | None = None
+
+
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    """libc, loaded once (a command's start asks for it several times)."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
 
 
 def abi_version() -> int:

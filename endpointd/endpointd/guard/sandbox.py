@@ -34,6 +34,7 @@ from functools import lru_cache
 
 from endpointd.guard import landlock, namespaces, seccomp
 from endpointd.guard.confinement import DEVICE_FILES, Confinement
+from endpointd.guard.files import within as _within
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -136,7 +137,8 @@ def plan(
     return Confinement(
         hidden_dirs=_socket_dirs(),
         hidden_files=_socket_files(),
-        protected=_protected(_real(workspace)),
+        # Only Seatbelt can carve these out of a writable root; Landlock cannot (module doc).
+        protected=_protected(_real(workspace)) if here.mechanism == "seatbelt" else (),
         denied=denied_real,
         write=(_real(workspace), _real(tmpdir), *extra),
         write_files=DEVICE_FILES,
@@ -219,10 +221,6 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         "hidden_dirs": list(c.hidden_dirs),
         "hidden_files": list(c.hidden_files),
     }
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _outermost(paths: Iterable[str]) -> list[str]:
