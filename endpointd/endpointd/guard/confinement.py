@@ -4,7 +4,7 @@ The daemon builds a :class:`Confinement` per command from the local policy (see
 :func:`endpointd.guard.sandbox.plan`); the supervisor applies it to the command's process
 between fork and exec (Landlock on Linux, :mod:`endpointd.guard.landlock`) or hands it to
 ``sandbox-exec`` as a generated profile (macOS, :mod:`endpointd.guard.seatbelt`). It is
-plain data so that it travels in the supervisor's JSON spec.
+plain data; the daemon turns it into what the supervisor's JSON spec carries.
 
 The model, whatever the OS:
 
@@ -22,11 +22,7 @@ Standard library only: the supervisor imports this in a bare interpreter.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -45,24 +41,6 @@ class Confinement:
     # namespace; Landlock cannot stop a connect() by path): directories and single files.
     hidden_dirs: tuple[str, ...] = ()
     hidden_files: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Confinement:
-        return cls(
-            denied=tuple(raw.get("denied") or ()),
-            write=tuple(raw.get("write") or ()),
-            write_files=tuple(raw.get("write_files") or ()),
-            protected=tuple(raw.get("protected") or ()),
-            network=str(raw.get("network") or "allow"),
-            proxy_port=raw.get("proxy_port"),
-            mechanism=str(raw.get("mechanism") or ""),
-            unenforced=tuple(raw.get("unenforced") or ()),
-            hidden_dirs=tuple(raw.get("hidden_dirs") or ()),
-            hidden_files=tuple(raw.get("hidden_files") or ()),
-        )
 
 
 # Character devices every command may write to (and read), whatever its workspace.
