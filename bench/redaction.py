@@ -19,7 +19,7 @@ chunks from an in-memory ``io.BytesIO`` and written to a sink by loops that diff
 
 * **copy**: ``sink.write(chunk)``;
 * **redact**: ``sink.write(stream.feed(chunk))`` (and ``stream.flush()`` at the end), with a
-  :class:`endpointd.redact.Redactor` holding ``--credentials`` values of realistic shapes
+  :class:`endpointd.secrets.redact.Redactor` holding ``--credentials`` values of realistic shapes
   (tokens, keys, passwords with quotes and spaces; ``--pem-keys`` of them multi-line private
   keys);
 * **no credentials**: the same with an empty Redactor (the pass-through).
@@ -31,12 +31,12 @@ The loops take turns for ``--rounds`` rounds per sink; the table gives the media
 (MB = 10^6 bytes) and the ratio of the redact loop's time to the copy loop's. Before timing,
 the redacted output is checked: same length, no planted form left, every changed byte a '*'.
 ``--min-literals 0`` compiles without the filler literals (see ``MIN_LITERALS`` in
-endpointd/redact.py), to measure what they are for.
+endpointd/secrets/redact.py), to measure what they are for.
 
 **Daemon path** (``--mode daemon``): the same stream is written once with the exec
 supervisor's :class:`endpointd.spool.SpoolWriter` (stdout records of ``--chunk-kib``, as the
 supervisor appends what each pipe read returns) into a temporary state directory. Two real
-:class:`endpointd.daemon.Daemon` instances are built as tests/test_endpointd_supervise.py's
+:class:`endpointd.commands.daemon.Daemon` instances are built as tests/test_endpointd_supervise.py's
 ``_daemon()`` does (no zygote): **plain**, with no credentials store (the pass-through: the
 plain copy of the stream through the device's path), and **redact**, with a store whose
 ``values()`` returns the ``--credentials`` values. In alternating rounds each gets an
@@ -74,12 +74,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from endpointd import redact
-from endpointd.redact import Redactor
+from endpointd.secrets import redact
+from endpointd.secrets.redact import Redactor
 
 if TYPE_CHECKING:
-    from endpointd.credentials import CredentialStore
-    from endpointd.daemon import Daemon
+    from endpointd.commands.daemon import Daemon
+    from endpointd.secrets.store import CredentialStore
 
 GOAL_MB_PER_SECOND = 100.0
 GOAL_RATIO = 2.0
@@ -390,11 +390,11 @@ class BenchCredentials:
 
 def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon:
     """A Daemon as tests/test_endpointd_supervise.py's ``_daemon()`` builds one, no zygote."""
+    from endpointd.commands.daemon import Daemon
     from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
-    from endpointd.daemon import Daemon
-    from endpointd.executor import ExecLimits
+    from endpointd.guard.policy import Policy
     from endpointd.journal import Journal
-    from endpointd.policy import Policy
+    from endpointd.process.executor import ExecLimits
     from endpointd.status import StatusReporter
 
     (state_dir / "spool").mkdir(parents=True)
@@ -427,7 +427,7 @@ def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon
 
 def arm(daemon: Daemon, spool: Path, total: int) -> None:
     """Put a finished exec whose output is ``spool`` in ``daemon.commands``, nothing sent yet."""
-    from endpointd.daemon import Active
+    from endpointd.commands.daemon import Active
     from superagent_proto.v1 import endpoint_pb2 as pb
 
     command = pb.Command(command_id=COMMAND_ID, seq=1, exec=pb.ExecCommand(argv=["bench"]))
@@ -717,7 +717,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--min-literals",
         type=int,
         default=None,
-        help="override endpointd.redact.MIN_LITERALS (0: no filler literals)",
+        help="override endpointd.secrets.redact.MIN_LITERALS (0: no filler literals)",
     )
     parser.add_argument(
         "--profile", action="store_true", help="daemon mode: cProfile one drain of each"

@@ -43,7 +43,7 @@ that are already recorded: the worker's own clock around ``submit`` and ``wait``
 i.e. the start of the transaction that set them) and endpointd's journal (``received_at``,
 ``started_at``, ``finished_at`` and the ``duration`` of the Finished it sent); all clocks are
 this machine's. And CPU per command of the gateway, endpointd (its supervisors included),
-Postgres and this process; plus the cost of one ``python -m endpointd._supervise`` run of
+Postgres and this process; plus the cost of one ``python -m endpointd.process.supervisor`` run of
 ``true`` alone. ``--profile DIR`` records py-spy profiles (raw collapsed stacks) of the
 gateway and of endpointd during the sequential phase and prints their hottest frames.
 """
@@ -437,8 +437,8 @@ class Endpointd:
             # A what-if experiment, not endpointd as shipped: its exit-polling interval.
             launcher = [
                 "-c",
-                "import endpointd.daemon, endpointd.cli; "
-                f"endpointd.daemon.MONITOR_INTERVAL = {monitor_interval!r}; "
+                "import endpointd.commands.daemon, endpointd.cli; "
+                f"endpointd.commands.daemon.MONITOR_INTERVAL = {monitor_interval!r}; "
                 "endpointd.cli.main()",
             ]
         with open_log(self.home / "endpointd.log") as log:
@@ -827,7 +827,7 @@ def summarize_profile(path: Path, top: int = 12) -> str:
 
 
 def time_supervisor(root: Path, runs: int, supervised: list[float], bare: list[float]) -> None:
-    """Wall time of ``python -m endpointd._supervise`` running ``true``, and of ``python``."""
+    """Wall time of the supervisor (``-m endpointd.process.supervisor``) running ``true``."""
     spec = json.dumps(
         {
             "argv": ["true"],
@@ -844,7 +844,7 @@ def time_supervisor(root: Path, runs: int, supervised: list[float], bare: list[f
         start = time.perf_counter()
         # As endpointd starts it (executor.start_exec): spec on stdin, cwd = the spool.
         subprocess.run(
-            [sys.executable, "-m", "endpointd._supervise", str(spool)],
+            [sys.executable, "-m", "endpointd.process.supervisor", str(spool)],
             input=spec,
             cwd=spool,
             check=True,
@@ -1345,7 +1345,7 @@ async def measure_all(
                 ["process", "p50 ms", "p99 ms"],
                 [
                     [
-                        "`python -m endpointd._supervise` running `true`",
+                        "`python -m endpointd.process.supervisor` running `true`",
                         f"{percentile(supervised, 0.5) * 1000:.2f}",
                         f"{percentile(supervised, 0.99) * 1000:.2f}",
                     ],

@@ -20,7 +20,7 @@ from controlplane.db import migrate
 from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, with_database
-from endpointd.executor import Zygote
+from endpointd.process.executor import Zygote
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
 from tests.helpers import assert_eventually
 

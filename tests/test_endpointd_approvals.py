@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.approvals import (
+from endpointd.audit import AuditLog
+from endpointd.guard.approvals import (
     APPROVALS_DIR,
     KEY_FILE,
     NO_NOTIFY_ENV,
@@ -31,7 +32,6 @@ from endpointd.approvals import (
     printable,
     summarize,
 )
-from endpointd.audit import AuditLog
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.cli_output import one_line_error
 from tests.helpers import assert_eventually
@@ -254,13 +254,22 @@ def test_approve_is_refused_when_run_under_an_endpointd_supervisor(tmp_path: Pat
         "ENDPOINTD_CONFIG_DIR": str(state.parent / "config"),
         "ENDPOINTD_STATE_DIR": str(state),
     }
-    # A parent whose command line names endpointd._supervise, as a supervisor's does, runs
+    # A parent whose command line names endpointd.process.supervisor, as a supervisor's does, runs
     # the CLI through a shell: a grandchild of the "supervisor".
     parent = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[2:]).returncode)"
     for verb in ("approve", "deny"):
         cli = f'"$0" -m endpointd {verb} cmd_self'
         run = subprocess.run(
-            [sys.executable, "-c", parent, "endpointd._supervise", "sh", "-c", cli, sys.executable],
+            [
+                sys.executable,
+                "-c",
+                parent,
+                "endpointd.process.supervisor",
+                "sh",
+                "-c",
+                cli,
+                sys.executable,
+            ],
             cwd=tempfile.gettempdir(),
             env=env,
             stdin=subprocess.DEVNULL,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.credentials import CredentialError, validate_value
+from endpointd.secrets.store import CredentialError, validate_value
 from tests.cli_output import in_a_terminal, one_line_error, read_until
 
 PLAINTEXT_KEYRING = "keyrings.alt.file.PlaintextKeyring"
@@ -62,7 +62,7 @@ class Device:
         """Run ``code`` with the CredentialStore of this device's config dir as ``store``."""
         prelude = (
             "import sys, json; from pathlib import Path;"
-            " from endpointd.credentials import CredentialStore;"
+            " from endpointd.secrets.store import CredentialStore;"
             f" store = CredentialStore(Path({str(self.config)!r}));"
         )
         proc = subprocess.run(

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from endpointd import delivery
-from endpointd.delivery import DeliveryError, GitHelperServer, Prepared
-from endpointd.executor import ExecLimits, Zygote, exec_spec, pid_alive, start_supervisor
-from endpointd.policy import CredentialScope
+from endpointd.guard.policy import CredentialScope
+from endpointd.process.executor import ExecLimits, Zygote, exec_spec, pid_alive, start_supervisor
+from endpointd.secrets import delivery
+from endpointd.secrets.delivery import DeliveryError, GitHelperServer, Prepared
 from endpointd.spool import ExitStatus, read_all
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.https_server import HttpsServer
@@ -40,7 +40,7 @@ ENV, FILE, GIT, HTTP = (
     pb.CredentialRef.DELIVERY_GIT_HELPER,
     pb.CredentialRef.DELIVERY_HTTP,
 )
-GIT_CLIENT = Path(delivery.__file__).with_name("git_credential.py")
+GIT_CLIENT = Path(delivery.__file__).with_name("git_helper.py")
 
 # The child: reports what it received (a hash, never the value) and waits for the go-file,
 # so the test can look at the running processes.
@@ -220,7 +220,7 @@ async def test_file_delivery_is_0600_readable_and_deleted_at_the_end(
 # Plays a daemon that starts the command and dies at once.
 _LAUNCH_AND_DIE = (
     "import json, sys; from pathlib import Path; "
-    "from endpointd.executor import start_supervisor; "
+    "from endpointd.process.executor import start_supervisor; "
     "print(start_supervisor(Path(sys.argv[1]), json.load(sys.stdin)).pid)"
 )
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.fileops import OpResult, list_dir, read_file, write_file
+from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.guard import files
 from endpointd.guard.files import Checker
-from endpointd.policy import Policy
+from endpointd.guard.policy import Policy
 from endpointd.spoolformat import OUTPUT_FILE, SpoolWriter
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard import sandbox
-from endpointd.policy import (
+from endpointd.guard.policy import (
     POLICY_FILE,
     Decision,
     Policy,

@@ -1,7 +1,7 @@
 """The streaming secret redactor: every encoding masked, at any split, the same by both engines.
 
 Expected encodings are produced here with the standard library (base64, urllib.parse, json,
-shlex), independently of how :mod:`endpointd.redact` derives its patterns.
+shlex), independently of how :mod:`endpointd.secrets.redact` derives its patterns.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import cast
 
 import pytest
 
-from endpointd import redact
-from endpointd.redact import MIN_DERIVED_BYTES, Engine, Redactor, credential_patterns
+from endpointd.secrets import redact
+from endpointd.secrets.redact import MIN_DERIVED_BYTES, Engine, Redactor, credential_patterns
 
 ENGINES = ["hyperscan", "python"]
 # Control bytes: no pattern can contain them, so no match reaches into the context.
@@ -349,7 +349,7 @@ def test_without_hyperscan_the_fallback_is_used_with_one_warning(
     monkeypatch.setitem(sys.modules, "hyperscan", None)  # makes `import hyperscan` fail
     monkeypatch.delenv("ENDPOINTD_REDACT_ENGINE", raising=False)
     redact._warn_fallback.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="endpointd.redact"):
+    with caplog.at_level(logging.WARNING, logger="endpointd.secrets.redact"):
         first = Redactor({"a": b"some-secret-value"})
         second = Redactor({"b": b"other-secret-value"})
     assert first.engine == second.engine == "python"

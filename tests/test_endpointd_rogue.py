@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.policy import Policy
+from endpointd.guard.policy import Policy
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
 from tests.fakes.gateway_server import FakeGateway

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-import endpointd.daemon as daemon_module
+import endpointd.commands.daemon as daemon_module
+from endpointd.commands.daemon import Daemon
 from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
-from endpointd.daemon import Daemon
-from endpointd.executor import ExecLimits, supervisor_argv
+from endpointd.guard.policy import Policy
 from endpointd.journal import Journal
-from endpointd.policy import Policy
+from endpointd.process.executor import ExecLimits, supervisor_argv
 from endpointd.spool import ExitStatus, read_all, spool_dir
 from endpointd.status import StatusReporter
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -41,8 +41,8 @@ FORBIDDEN_IN_SUPERVISOR = {
     "shutil",
     "inspect",
     "endpointd.spool",
-    "endpointd.executor",
-    "endpointd.daemon",
+    "endpointd.process.executor",
+    "endpointd.commands.daemon",
     "superagent_proto",
     "superagent_shared",
     "google",
@@ -98,7 +98,7 @@ def test_supervisor_starts_bare_and_ignores_the_daemons_python_environment(
 def test_supervisor_imports_only_the_standard_library_essentials() -> None:
     argv = supervisor_argv(Path("unused"))
     probe = (
-        "import sys; sys.path.append(sys.argv.pop(1)); import endpointd._supervise; "
+        "import sys; sys.path.append(sys.argv.pop(1)); import endpointd.process.supervisor; "
         "print('\\n'.join(sorted(sys.modules)))"
     )
     done = subprocess.run(
@@ -109,7 +109,7 @@ def test_supervisor_imports_only_the_standard_library_essentials() -> None:
         check=True,
     )
     loaded = set(done.stdout.split())
-    assert "endpointd._supervise" in loaded
+    assert "endpointd.process.supervisor" in loaded
     heavy = {m for m in loaded if m in FORBIDDEN_IN_SUPERVISOR or m.split(".")[0] == "google"}
     assert not heavy, f"the supervisor imports {sorted(heavy)}"
     assert "site" not in loaded
@@ -117,7 +117,7 @@ def test_supervisor_imports_only_the_standard_library_essentials() -> None:
 
 def test_supervisor_still_runs_as_a_module(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "endpointd._supervise", str(tmp_path)],
+        [sys.executable, "-m", "endpointd.process.supervisor", str(tmp_path)],
         input=_spec(["true"], tmp_path),
         cwd=tmp_path,
         capture_output=True,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from endpointd.errors import TrustError
+from endpointd.guard.validation import validate
 from endpointd.journal import Journal
+from endpointd.link.trust import is_loopback, parse_server_url
 from endpointd.spool import SpoolReader, SpoolWriter, output_total, spool_dir
-from endpointd.trust import is_loopback, parse_server_url
-from endpointd.validation import validate
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.backoff import Backoff
 from superagent_shared.gateway_tls import format_fingerprint, parse_fingerprint

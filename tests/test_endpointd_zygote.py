@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from endpointd import _zygote
-from endpointd.executor import ExecLimits, Zygote, exec_spec, go, pid_alive, revoke_or_adopt
+from endpointd.process import zygote as _zygote
+from endpointd.process.executor import ExecLimits, Zygote, exec_spec, go, pid_alive, revoke_or_adopt
 from endpointd.spool import ExitStatus, read_all
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired

@@ -16,8 +16,8 @@ import click
 
 from endpointd.config import load_config
 from endpointd.errors import ConfigError
-from endpointd.executor import pid_alive
 from endpointd.journal import JOURNAL_FILE, Journal
+from endpointd.process.executor import pid_alive
 from endpointd.status import read_status
 
 

@@ -20,16 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from endpointd.commands.daemon import Daemon
 from endpointd.config import load_config
-from endpointd.connection import connect_forever
-from endpointd.credentials import CredentialStore
-from endpointd.daemon import Daemon
 from endpointd.errors import ConfigError, KeyStorageError
-from endpointd.executor import ExecLimits
+from endpointd.guard.policy import load_policy
 from endpointd.journal import JOURNAL_FILE, Journal
-from endpointd.keys import load_key
+from endpointd.link.connection import connect_forever
+from endpointd.link.keys import load_key
 from endpointd.paths import ensure_private_dir
-from endpointd.policy import load_policy
+from endpointd.process.executor import ExecLimits
+from endpointd.secrets.store import CredentialStore
 from endpointd.status import StatusReporter
 
 log = logging.getLogger(__name__)

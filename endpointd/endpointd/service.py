@@ -4,7 +4,7 @@ Linux gets a systemd **user** unit (no root needed; runs while the user is logge
 always with `loginctl enable-linger`), macOS a launchd agent. ``KillMode=process`` matters:
 by default systemd kills the whole cgroup when the daemon stops or crashes, which would take
 the running commands with it, whereas endpointd's design is that commands outlive the
-daemon and are re-attached by the next one (see ``endpointd._supervise``).
+daemon and are re-attached by the next one (see ``endpointd.process.supervisor``).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def sandbox_status(
     line = live.get("sandbox") if live else None
     if isinstance(line, str) and line:
         return line, "daemon"
-    from endpointd.policy import load_policy
+    from endpointd.guard.policy import load_policy
 
     policy = load_policy(config_directory, state_directory=state_directory)
     return policy.sandbox_summary, "policy file"

@@ -11,7 +11,7 @@ from __future__ import annotations
 # One module per command group; importing them registers their commands with the root.
 from endpointd.cli import approvals, audit, creds, device, policy, service  # noqa: F401
 from endpointd.cli.root import cli
-from endpointd.keys import KeyringStatus, keyring_status
+from endpointd.link.keys import KeyringStatus, keyring_status
 
 __all__ = ["KeyringStatus", "cli", "keyring_status", "main"]
 

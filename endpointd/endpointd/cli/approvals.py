@@ -34,8 +34,8 @@ def approvals(as_json: bool, show_id: str | None) -> None:
     \\n), so every line break you see is a wrap. A desktop notification is shown where
     notify-send or osascript exists.
     """
-    from endpointd.approvals import Approvals, header, render
-    from endpointd.approvals import as_json as request_json
+    from endpointd.guard.approvals import Approvals, header, render
+    from endpointd.guard.approvals import as_json as request_json
 
     queue = Approvals(state_dir().path)
     if show_id is not None:
@@ -74,7 +74,7 @@ def approve(command_id: str) -> None:
     running daemon made and commands cannot read), noting the attempt in the audit log.
     Look at the request first (`endpointd approvals`, `endpointd approvals --show ID`).
     """
-    from endpointd.approvals import Approvals, printable
+    from endpointd.guard.approvals import Approvals, printable
 
     request = Approvals(state_dir().path).decide(command_id, approve=True)
     click.echo(f"approved {printable(request.command_id)}: {printable(request.summary)}")
@@ -91,7 +91,7 @@ def deny(command_id: str) -> None:
     changes nothing. Like `endpointd approve`, this is refused when run by a command
     endpointd started.
     """
-    from endpointd.approvals import Approvals, printable
+    from endpointd.guard.approvals import Approvals, printable
 
     request = Approvals(state_dir().path).decide(command_id, approve=False)
     click.echo(f"denied {printable(request.command_id)}: {printable(request.summary)}")

@@ -23,8 +23,8 @@ def audit(tail: int | None, as_json: bool) -> None:
     refused, approved, denied and approval_timeout; the rule is named as in policy.toml,
     so `endpointd policy check` can tell you why.
     """
-    from endpointd.approvals import printable
     from endpointd.audit import AuditLog
+    from endpointd.guard.approvals import printable
 
     entries = AuditLog(state_dir().path).tail(tail)
     if as_json:

@@ -49,7 +49,7 @@ def creds_add(name: str, replace: bool) -> None:
     """
     import getpass
 
-    from endpointd.credentials import CredentialError, CredentialStore, check_name
+    from endpointd.secrets.store import CredentialError, CredentialStore, check_name
 
     check_name(name)
     store = CredentialStore(config_dir().path)
@@ -87,7 +87,7 @@ def creds_add(name: str, replace: bool) -> None:
 
 def _scopes() -> dict[str, tuple[str, ...]] | None:
     """The policy's credential scopes, or None (with a warning) when it is unusable."""
-    from endpointd.policy import load_policy
+    from endpointd.guard.policy import load_policy
 
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
     if policy.rules is None:
@@ -106,7 +106,7 @@ def creds_list(as_json: bool) -> None:
     to any command. Names with a scope but no stored value are listed too, as not stored.
     This reads only endpointd's own files, never the keyring.
     """
-    from endpointd.credentials import CredentialStore
+    from endpointd.secrets.store import CredentialStore
 
     infos = {i.name: i for i in CredentialStore(config_dir().path).info()}
     scopes = _scopes()
@@ -152,7 +152,7 @@ def creds_rm(name: str) -> None:
     refused. Its [credentials.NAME] scope in policy.toml, if any, stays until you remove
     it, so adding the credential again restores the same access.
     """
-    from endpointd.credentials import CredentialStore
+    from endpointd.secrets.store import CredentialStore
 
     CredentialStore(config_dir().path).remove(name)
     click.echo(f"removed credential {name}")

@@ -15,7 +15,7 @@ import click
 from endpointd import __version__
 from endpointd.cli.root import cli
 from endpointd.errors import EndpointdError
-from endpointd.keys import keyring_status
+from endpointd.link.keys import keyring_status
 from endpointd.paths import config_dir, state_dir
 from superagent_shared.protocol import PROTOCOL_VERSION, PROTOCOL_VERSION_NUMBER
 
@@ -124,8 +124,8 @@ def pair(
       endpointd pair https://gw.example.com:8443 K7QM2XPA --fingerprint sha256:AB:… \\
           --allow-root ~/src
     """
-    from endpointd.pairing import check_not_paired
-    from endpointd.pairing import pair as do_pair
+    from endpointd.link.pairing import check_not_paired
+    from endpointd.link.pairing import pair as do_pair
     from superagent_shared.gateway_tls import format_fingerprint, parse_fingerprint
 
     expected: bytes | None = None
@@ -170,7 +170,7 @@ def _roots_for_pairing(cfg: Path, given: tuple[str, ...]) -> list[Path] | None:
     """
     import os
 
-    from endpointd.policy import POLICY_FILE, allowed_root, roots_state
+    from endpointd.guard.policy import POLICY_FILE, allowed_root, roots_state
 
     state, current = roots_state(cfg)
     roots = [allowed_root(raw) for raw in given]
@@ -295,7 +295,7 @@ def unpair(purge: bool) -> None:
     admin revokes it. Stop the daemon first.
     """
     from endpointd.config import delete_config, load_config
-    from endpointd.keys import delete_key
+    from endpointd.link.keys import delete_key
     from endpointd.report import daemon_alive
 
     cfg_dir, st_dir = config_dir().path, state_dir().path

@@ -79,7 +79,7 @@ def policy_check(
     import os
     import shlex
 
-    from endpointd.policy import FileOp, expand_path, load_policy
+    from endpointd.guard.policy import FileOp, expand_path, load_policy
     from superagent_proto.v1 import endpoint_pb2 as pb
 
     if bool(path) == bool(command):
@@ -130,7 +130,7 @@ def policy_show(as_json: bool) -> None:
     apply whatever the file says. If the file is missing or broken, that is said (and the
     exit status is 1): endpointd then refuses every command until it is fixed.
     """
-    from endpointd.policy import load_policy
+    from endpointd.guard.policy import load_policy
 
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
     rules = policy.rules
@@ -221,7 +221,7 @@ def policy_init(allow_roots: tuple[str, ...]) -> None:
     empty, which refuses every command until you add a directory; `endpointd pair` writes
     the file the same way with the directories you give it.
     """
-    from endpointd.policy import allowed_root, write_policy
+    from endpointd.guard.policy import allowed_root, write_policy
 
     roots = [allowed_root(raw) for raw in allow_roots]
     path = write_policy(config_dir().path, roots)

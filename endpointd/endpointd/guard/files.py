@@ -12,7 +12,7 @@ resolves it itself, against the directories it already holds: a link whose targe
 inside the same root is walked again from there (at most :data:`MAX_SYMLINKS` links); a
 link leading anywhere else (an absolute target outside the root, or ``..`` above it) is
 refused with a one-line message. Directories walked through must not be denied (the
-``denied`` checker, normally :meth:`endpointd.policy.Policy.denied_rule`).
+``denied`` checker, normally :meth:`endpointd.guard.policy.Policy.denied_rule`).
 
 Once the target is open, :func:`verify` double-checks where the descriptor really is
 (``/proc/self/fd`` on Linux, ``F_GETPATH`` on macOS): inside the root and not refused by

@@ -9,7 +9,7 @@ of its own, with its own ``/proc`` mounted over the real one: it sees only its o
 tree, and there is no PID of anyone else's to name.
 
 How (called by the supervisor in the command's forked child, see
-:func:`endpointd._supervise._spawn_confined`):
+:func:`endpointd.process.supervisor._spawn_confined`):
 
 1. :func:`enter`: ``unshare`` a new PID and mount namespace (and, when not root, a user
    namespace mapping the user to itself, which is what grants the right to mount); mounts

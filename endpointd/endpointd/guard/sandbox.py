@@ -5,7 +5,7 @@ The daemon calls :func:`plan` for each exec, with the command's workspace (the a
 root holding its working directory) and its private TMPDIR. The result, a
 :class:`~endpointd.guard.confinement.Confinement`, travels in the supervisor's spec; on
 Linux :func:`landlock_spec` turns it into the explicit Landlock grants the supervisor
-applies between fork and exec (:func:`endpointd._supervise.confine_child`).
+applies between fork and exec (:func:`endpointd.process.supervisor.confine_child`).
 
 Modes (``sandbox`` in the policy):
 
@@ -38,7 +38,7 @@ from endpointd.guard.files import within as _within
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from endpointd.policy import NetworkMode, Rules, SandboxMode
+    from endpointd.guard.policy import NetworkMode, Rules, SandboxMode
 
 # Rights beneath a writable root: everything the ABI knows (``create`` masks it).
 _ALL = (1 << 16) - 1

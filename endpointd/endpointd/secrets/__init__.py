@@ -56,7 +56,7 @@ def device_key_seed(where: KeyConfig) -> bytes | None:
 
     The redactor masks it with its encodings: the keyring keeps it base64-encoded, and a
     key file's PEM body is the base64 of a DER prefix plus these bytes (both are among the
-    shifted base64 forms :class:`endpointd.redact.Redactor` masks).
+    shifted base64 forms :class:`endpointd.secrets.redact.Redactor` masks).
     """
     with _key_lock:
         cached = _key_cache.get(where)
@@ -65,7 +65,7 @@ def device_key_seed(where: KeyConfig) -> bytes | None:
             return cached[0]
         seed: bytes | None = None
         try:
-            from endpointd.keys import load_key
+            from endpointd.link.keys import load_key
 
             seed = load_key(where)._raw_private()
         except Exception:  # any storage trouble: nothing to mask, try again later

@@ -1,8 +1,8 @@
 """git's credential helper for commands run by endpointd (DELIVERY_GIT_HELPER).
 
-git runs it as configured by :mod:`endpointd.delivery`::
+git runs it as configured by :mod:`endpointd.secrets.delivery`::
 
-    python -I -S .../endpointd/git_credential.py SOCKET ACTION
+    python -I -S .../endpointd/secrets/git_helper.py SOCKET ACTION
 
 with the credential request on stdin (``key=value`` lines). For ``get`` it passes the
 request to the endpointd daemon over the command's private unix socket ``SOCKET`` and prints
@@ -51,7 +51,7 @@ def _ask(path: str, request: bytes) -> bytes:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        _say("usage: git_credential.py SOCKET get|store|erase (git runs this, not you)")
+        _say("usage: git_helper.py SOCKET get|store|erase (git runs this, not you)")
         return 2
     path, action = argv[1], argv[2]
     # git writes the whole request and closes the pipe; read it even when it is not used,

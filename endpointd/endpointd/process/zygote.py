@@ -3,7 +3,7 @@
 Starting a supervisor as a fresh ``python -I -S`` costs an interpreter start-up (tens of
 milliseconds) per command. The daemon therefore keeps one zygote running - the same bare
 interpreter, started the same way (``python -I -S -c <bootstrap> PACKAGE_ROOT --zygote FD``,
-in a new session), with :mod:`endpointd._supervise` already imported - and asks it, over the
+in a new session), with :mod:`endpointd.process.supervisor` already imported - and asks it, over the
 unix socket ``FD`` (one end of a socketpair the daemon keeps), to fork one supervisor per
 command. The zygote lives exactly as long as that socket: when the daemon exits or dies, it
 reads EOF and exits too; a restarted daemon starts its own.
@@ -56,8 +56,8 @@ import struct
 import sys
 import traceback
 
-from endpointd import _supervise
 from endpointd.fsutil import _create_temp
+from endpointd.process import supervisor as _supervise
 from endpointd.spoolformat import SUPERVISOR_LOG, SUPERVISOR_PID_FILE
 
 TYPE_CHECKING = False

@@ -43,7 +43,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from endpointd.credentials import NAME_RULE, valid_name
 from endpointd.errors import ConfigError
 from endpointd.fsutil import atomic_write
 from endpointd.guard import environment, sandbox
@@ -51,6 +50,7 @@ from endpointd.guard.files import fold as _fold
 from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.paths import ensure_private_dir, state_dir
+from endpointd.secrets.store import NAME_RULE, valid_name
 from superagent_proto.v1 import endpoint_pb2
 
 POLICY_FILE = "policy.toml"

@@ -11,7 +11,7 @@ into what the child gets:
     absolute path goes in ``env_var``.
 ``DELIVERY_GIT_HELPER``
     git is configured through ``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_n``/``GIT_CONFIG_VALUE_n``
-    to use one credential helper only, ``endpointd/git_credential.py``, which asks a
+    to use one credential helper only, ``endpointd/secrets/git_helper.py``, which asks a
     :class:`GitHelperServer` in the daemon over a unix socket made for this command alone
     (0600, in a fresh 0700 directory): it answers ``get`` with ``username`` (``env_var``, or
     ``x-access-token``) and ``password`` (the value), but only for ``protocol=https`` and a
@@ -30,7 +30,7 @@ into what the child gets:
     have none (:func:`prepare` with ``egress``).
 
 Where values may go: the environment the daemon hands the supervisor (in memory: a pipe or
-the zygote's socket, never a file or argv; see :mod:`endpointd.executor`), the child's
+the zygote's socket, never a file or argv; see :mod:`endpointd.process.executor`), the child's
 environment, the DELIVERY_FILE files, the git helper's socket, and the proxy's upstream
 connections. Never argv, never a log, never an error message (errors name credentials and
 variables, never values).
@@ -90,7 +90,7 @@ from endpointd.spoolformat import TMP_DIR
 from superagent_proto.v1 import endpoint_pb2 as pb
 
 if TYPE_CHECKING:
-    from endpointd.policy import CredentialScope
+    from endpointd.guard.policy import CredentialScope
     from endpointd.secrets.ca import DeviceCA
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ _MAX_SOCKET_PATH = 100
 _MAX_REQUEST = 64 * 1024
 _REQUEST_TIMEOUT = 10.0
 
-_CLIENT = Path(__file__).with_name("git_credential.py")
+_CLIENT = Path(__file__).with_name("git_helper.py")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Variables a delivered value may never be put in: those that change how a program or the
 # dynamic loader starts, which files a shell sources, where programs are found, where they
@@ -230,7 +230,7 @@ class Prepared:
 
     ``repr`` names credentials only. Lifecycle: :func:`prepare` → :meth:`start` (serves the
     git helper and the proxy, if any) → the command runs
-    (:func:`endpointd.executor.exec_spec` takes this object) → :meth:`close` when it ends
+    (:func:`endpointd.process.executor.exec_spec` takes this object) → :meth:`close` when it ends
     (also fine if the command never started).
     """
 
@@ -418,7 +418,7 @@ def _hosts(ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope]) -> tupl
 def _injection(
     ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope], value: bytes
 ) -> Injection:
-    from endpointd.policy import DEFAULT_HEADER
+    from endpointd.guard.policy import DEFAULT_HEADER
 
     hosts = _hosts(ref, scopes)
     scope = scopes[ref.name]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from endpointd.policy import Refusal
+from endpointd.guard.policy import Refusal
 from superagent_proto.v1 import endpoint_pb2
 
 _R = endpoint_pb2.Refused

@@ -1,4 +1,4 @@
-"""The exec supervisor: ``python -m endpointd._supervise SPOOL_DIR`` (spec JSON on stdin).
+"""The exec supervisor: ``python -m endpointd.process.supervisor SPOOL_DIR`` (spec JSON on stdin).
 
 One supervisor runs per exec command, started by the daemon in a new session so that it
 outlives the daemon: if endpointd is killed (crash, upgrade, ``kill -9``) the command keeps
@@ -22,7 +22,7 @@ daemon is alive:
   instead of lingering as zombies of PID 1.
 
 The spec carries the child's full environment and is passed on stdin, never on disk or in
-argv, because brokered credentials are in it (:mod:`endpointd.delivery`). Its
+argv, because brokered credentials are in it (:mod:`endpointd.secrets.delivery`). Its
 ``remove_after`` lists the credential files (and the git helper's socket) to delete once
 the command has ended, which the supervisor does before it writes ``status.json``, daemon
 or no daemon.
@@ -31,7 +31,7 @@ Standard library only: this starts once per command and must start fast: the dae
 as ``python -I -S`` (no site-packages, no ``.pth`` processing, no environment variables)
 with only the directory holding the ``endpointd`` package appended to ``sys.path`` (see
 ``executor.start_exec``), so it imports nothing but the standard library,
-:mod:`endpointd.spoolformat` and :mod:`endpointd.fsutil`. ``python -m endpointd._supervise
+:mod:`endpointd.spoolformat` and :mod:`endpointd.fsutil`. ``python -m endpointd.process.supervisor
 SPOOL_DIR`` works the same.
 """
 
@@ -657,7 +657,7 @@ def _reap_group(pgid: int) -> None:
 
 def remove_paths(paths: list[str]) -> None:
     """Delete what the spec's ``remove_after`` lists (files, then the emptied directories):
-    the credential files and git helper socket of :mod:`endpointd.delivery`."""
+    the credential files and git helper socket of :mod:`endpointd.secrets.delivery`."""
     for path in paths:
         try:
             os.unlink(path)
@@ -711,14 +711,14 @@ def main() -> None:
 def run() -> None:
     """The entry point, for ``-m`` and for the daemon's ``-c`` bootstrap alike.
 
-    ``--zygote FD`` runs the pre-forked zygote instead (:mod:`endpointd._zygote`).
+    ``--zygote FD`` runs the pre-forked zygote instead (:mod:`endpointd.process.zygote`).
     """
     with contextlib.suppress(OSError):
         # The supervisor must not die of SIGPIPE on its diagnostics log.
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         if sys.argv[1:2] == ["--zygote"]:
-            from endpointd._zygote import serve
+            from endpointd.process.zygote import serve
 
             serve(int(sys.argv[2]))
         else:

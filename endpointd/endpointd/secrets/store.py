@@ -190,7 +190,7 @@ class CredentialStore:
 
     def require_keyring(self) -> None:
         """CredentialError saying how to fix it when no usable keyring backend exists."""
-        from endpointd.keys import keyring_status
+        from endpointd.link.keys import keyring_status
 
         status = keyring_status()
         if not status.usable:

@@ -1,9 +1,9 @@
 """Starting exec commands under their supervisor, cancelling them, and checking on them.
 
 The daemon never runs a command as its own child: it has the supervisor
-(``endpointd._supervise``) forked by its zygote (``endpointd._zygote``), or starts it as a
-fresh interpreter when no zygote is available, in a new session either way, and hands it the
-spec (see those modules for why). Everything here is about that hand-off and about the
+(``endpointd.process.supervisor``) forked by its zygote (``endpointd.process.zygote``), or
+starts it as a fresh interpreter when no zygote is available, in a new session either way, and
+hands it the spec (see those modules for why). Everything here is about that hand-off and about the
 supervisor's pid, which is all a daemon - this one or a restarted one - needs to cancel a
 command or to notice that its supervisor died without recording an outcome.
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from endpointd import _zygote
-from endpointd.delivery import Prepared
 from endpointd.fsutil import atomic_write
 from endpointd.guard import environment, sandbox
 from endpointd.guard.confinement import Confinement
+from endpointd.process import zygote as _zygote
+from endpointd.secrets.delivery import Prepared
 from endpointd.spool import (
     CANCEL_FILE,
     STDIN_FILE,
@@ -52,13 +52,14 @@ SPARE_TIMEOUT = 5.0
 # The directory holding the `endpointd` package (site-packages for a wheel, the source tree
 # for an editable install): the only entry the supervisor adds to the bare interpreter's
 # sys.path. Appended, so it can never shadow a standard-library module.
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # -I: no PYTHON* variables, no user site, no script/cwd directory on sys.path; -S: no
 # site-packages and no .pth processing. Together they halve the supervisor's start-up cost,
 # which every command pays. argv[1] (the package root) is popped before the supervisor runs,
-# so it sees the same argv as `python -m endpointd._supervise SPOOL_DIR`.
+# so it sees the same argv as `python -m endpointd.process.supervisor SPOOL_DIR`.
 _BOOTSTRAP = (
-    "import sys; sys.path.append(sys.argv.pop(1)); import endpointd._supervise as s; s.run()"
+    "import sys; sys.path.append(sys.argv.pop(1)); "
+    "import endpointd.process.supervisor as s; s.run()"
 )
 
 
@@ -117,7 +118,7 @@ def exec_spec(
 ) -> dict[str, Any]:
     """Prepare ``spool`` (and its stdin file) for ``ex``; returns the supervisor's spec.
 
-    ``delivery``: the command's brokered credentials (:func:`endpointd.delivery.prepare`).
+    ``delivery``: the command's brokered credentials (:func:`endpointd.secrets.delivery.prepare`).
     Their values end up in the spec's ``env``, which is why the spec only ever travels in
     memory (a pipe or the zygote's socket); ``remove_after`` lists the files the supervisor
     deletes once the command has ended. ``confinement``: the sandbox it runs in
@@ -195,7 +196,7 @@ def revoke_or_adopt(spool: Path) -> int | None:
 
     Returns None if no forked supervisor can run this command any more (the caller starts a
     fresh one), else the pid of the forked supervisor that already claimed it (see
-    :mod:`endpointd._zygote`).
+    :mod:`endpointd.process.zygote`).
     """
     path = spool / SUPERVISOR_PID_FILE
     try:
@@ -217,7 +218,7 @@ REPLENISH_DELAY = 0.02
 
 
 class Zygote:
-    """The daemon's handle on its zygote and the spares it forked (:mod:`endpointd._zygote`).
+    """The daemon's handle on its zygote and the spares it forked (:mod:`endpointd.process.zygote`).
 
     asyncio only. ``launch`` is used only once the zygote has reported ready; until then,
     and whenever it is gone, the caller starts supervisors the old way and calls

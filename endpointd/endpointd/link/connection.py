@@ -29,10 +29,10 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from endpointd import __version__
-from endpointd.daemon import Daemon
+from endpointd.commands.daemon import Daemon
 from endpointd.guard import sandbox
-from endpointd.keys import DeviceKey
-from endpointd.trust import channel_credentials, channel_options, parse_server_url
+from endpointd.link.keys import DeviceKey
+from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
 from superagent_shared.backoff import Backoff

@@ -40,12 +40,16 @@ from pathlib import Path
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from endpointd import delivery
-from endpointd.approvals import Approvals, describe, summarize
 from endpointd.audit import AuditLog
+from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.config import DeviceConfig
-from endpointd.credentials import CredentialError, CredentialStore
-from endpointd.executor import (
+from endpointd.guard import sandbox
+from endpointd.guard.approvals import Approvals, describe, summarize
+from endpointd.guard.confinement import Confinement
+from endpointd.guard.policy import Decision, Policy, Refusal
+from endpointd.guard.validation import validate
+from endpointd.journal import Entry, Journal, State
+from endpointd.process.executor import (
     ExecLimits,
     Zygote,
     ZygoteError,
@@ -57,15 +61,11 @@ from endpointd.executor import (
     revoke_or_adopt,
     start_supervisor,
 )
-from endpointd.fileops import OpResult, list_dir, read_file, write_file
-from endpointd.guard import sandbox
-from endpointd.guard.confinement import Confinement
-from endpointd.journal import Entry, Journal, State
-from endpointd.policy import Decision, Policy, Refusal
-from endpointd.redact import Redactor, StreamRedactor
-from endpointd.secrets import own_secrets
+from endpointd.secrets import delivery, own_secrets
 from endpointd.secrets.ca import device_ca
 from endpointd.secrets.proxy import Egress
+from endpointd.secrets.redact import Redactor, StreamRedactor
+from endpointd.secrets.store import CredentialError, CredentialStore
 from endpointd.spool import (
     SUPERVISOR_PID_FILE,
     ExitStatus,
@@ -77,7 +77,6 @@ from endpointd.spool import (
     spool_dir,
 )
 from endpointd.status import StatusReporter
-from endpointd.validation import validate
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
 
@@ -867,10 +866,10 @@ class Daemon:
 
     async def _run_file_op(self, active: Active, command: pb.Command) -> None:
         """Run a read_file, write_file or list_dir confined to the allowed root holding its
-        path (:mod:`endpointd.fileops`): no denied directory is walked through, and what
+        path (:mod:`endpointd.commands.fileops`): no denied directory is walked through, and what
         the open really reached is judged again before a byte moves (``judge``)."""
         from endpointd.guard.files import root_of
-        from endpointd.policy import FileOp
+        from endpointd.guard.policy import FileOp
 
         active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
         writer = SpoolWriter(active.spool)

@@ -42,7 +42,7 @@ Only the owner, through a channel no command can reach:
    The CLI only lists and answers requests sealed under the current key.
 3. **`endpointd approve`/`deny` refuse to run under a command.** When one of its ancestor
    processes is an endpointd exec supervisor or zygote (its command line holds
-   ``endpointd._supervise``; see ``executor.supervisor_argv``/``zygote_argv``), the answer
+   ``endpointd.process.supervisor``; see ``executor.supervisor_argv``/``zygote_argv``), the answer
    is refused (:func:`refuse_if_run_by_a_command`).
 
 Layers 2 and 3 are defence in depth, and hold only in part when the owner sets
@@ -106,7 +106,7 @@ LISTED_ROWS = 12
 # A desktop notification shows at most this much of the command.
 NOTIFY_CHARS = 200
 # In the command line of every exec supervisor and of the zygote (executor._BOOTSTRAP).
-SUPERVISOR_MARK = b"endpointd._supervise"
+SUPERVISOR_MARK = b"endpointd.process.supervisor"
 _SEAL_CONTEXT = b"endpointd approval request v1\0"
 _LABEL = 9  # "command: "
 _INDENT = 2 + _LABEL

@@ -1,0 +1,1 @@
+"""The daemon's command lifecycle: receiving, starting, finishing and sending results."""

@@ -1,0 +1,1 @@
+"""The device's link to its control plane: pairing, trust, the device key, the connection."""
