@@ -428,12 +428,10 @@ def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon
 def arm(daemon: Daemon, spool: Path, total: int) -> None:
     """Put a finished exec whose output is ``spool`` in ``daemon.commands``, nothing sent yet."""
     from endpointd.commands.daemon import Active
-    from superagent_proto.v1 import endpoint_pb2 as pb
+    from endpointd.model import Command, Exec, Finished
 
-    command = pb.Command(command_id=COMMAND_ID, seq=1, exec=pb.ExecCommand(argv=["bench"]))
-    result = pb.DeviceMessage(
-        finished=pb.Finished(command_id=COMMAND_ID, exit_code=0, total_output_bytes=total)
-    )
+    command = Command(command_id=COMMAND_ID, seq=1, op=Exec(argv=("bench",)))
+    result = Finished(command_id=COMMAND_ID, exit_code=0, total_output_bytes=total)
     daemon.commands.clear()
     daemon.commands[COMMAND_ID] = Active(
         command_id=COMMAND_ID,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from endpointd import wire
 from endpointd.audit import AuditLog
 from endpointd.guard.approvals import (
     APPROVALS_DIR,
@@ -304,7 +305,12 @@ def test_long_text_is_wrapped_with_its_length_and_hash_and_show_prints_it_all(
         ],
     )
     Approvals(state).request(
-        "cmd_long", summarize(command), "tkt_7", RULE, 300, details=describe(command)
+        "cmd_long",
+        summarize(wire.command(command)),
+        "tkt_7",
+        RULE,
+        300,
+        details=describe(wire.command(command)),
     )
     joined = shlex.join(command.exec.argv)
 
@@ -363,7 +369,7 @@ def test_what_a_request_shows_is_redacted_and_complete() -> None:
             pb.CredentialRef(name="web", delivery=pb.CredentialRef.DELIVERY_HTTP),
         ],
     )
-    details = describe(command, redact)
+    details = describe(wire.command(command), redact)
     assert secret not in json.dumps(details)
     assert details["argv"] == ["deploy", "--password=" + "*" * 14]
     assert details["env"] == {"TOKEN_HINT": "*" * 14}
@@ -376,10 +382,12 @@ def test_what_a_request_shows_is_redacted_and_complete() -> None:
     }
     assert [c["delivery"] for c in details["credentials"]] == ["file F", "http"]
     assert printable(details["stdin"]["preview"]) == "\\xff**************\\n"
-    no_stdin = describe(pb.Command(exec=pb.ExecCommand(argv=["ls"])))
+    no_stdin = describe(wire.command(pb.Command(exec=pb.ExecCommand(argv=["ls"]))))
     assert no_stdin["stdin"] is None
     write = describe(
-        pb.Command(write_file=pb.WriteFile(path="/src/a", content=b"x" * 5000, mode=0o600))
+        wire.command(
+            pb.Command(write_file=pb.WriteFile(path="/src/a", content=b"x" * 5000, mode=0o600))
+        )
     )
     assert write["path"] == "/src/a"
     assert write["mode"] == 0o600
@@ -399,9 +407,12 @@ def test_summaries_name_credentials_never_values() -> None:
         exec=pb.ExecCommand(argv=["git", "push", "origin", "a b"], cwd="/src/app"),
         credentials=[pb.CredentialRef(name="github-token", delivery=pb.CredentialRef.DELIVERY_ENV)],
     )
-    assert summarize(command) == "git push origin 'a b' in /src/app with credentials github-token"
+    assert (
+        summarize(wire.command(command))
+        == "git push origin 'a b' in /src/app with credentials github-token"
+    )
     read = pb.Command(command_id="c", read_file=pb.ReadFile(path="/src/app/.env"))
-    assert summarize(read) == "read_file /src/app/.env"
+    assert summarize(wire.command(read)) == "read_file /src/app/.env"
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="notify-send is the Linux notifier")

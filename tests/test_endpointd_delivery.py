@@ -24,22 +24,17 @@ from typing import Any
 import pytest
 
 from endpointd.guard.policy import CredentialScope
+from endpointd.model import CredentialRef, Delivery, Exec
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, pid_alive, start_supervisor
 from endpointd.secrets import delivery
 from endpointd.secrets.delivery import DeliveryError, GitHelperServer, Prepared
 from endpointd.spool import ExitStatus, read_all
-from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.https_server import HttpsServer
 from tests.helpers import assert_eventually
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
-ENV, FILE, GIT, HTTP = (
-    pb.CredentialRef.DELIVERY_ENV,
-    pb.CredentialRef.DELIVERY_FILE,
-    pb.CredentialRef.DELIVERY_GIT_HELPER,
-    pb.CredentialRef.DELIVERY_HTTP,
-)
+ENV, FILE, GIT, HTTP = Delivery.ENV, Delivery.FILE, Delivery.GIT_HELPER, Delivery.HTTP
 GIT_CLIENT = Path(delivery.__file__).with_name("git_helper.py")
 
 # The child: reports what it received (a hash, never the value) and waits for the go-file,
@@ -65,11 +60,8 @@ def _secret() -> bytes:
     return b"canary-" + os.urandom(18).hex().encode()
 
 
-def _refs(*refs: tuple[str, int, str]) -> list[pb.CredentialRef]:
-    return [
-        pb.CredentialRef(name=name, delivery=how, env_var=env_var)  # type: ignore[arg-type]
-        for name, how, env_var in refs
-    ]
+def _refs(*refs: tuple[str, int, str]) -> list[CredentialRef]:
+    return [CredentialRef(name=name, delivery=how, env_var=env_var) for name, how, env_var in refs]
 
 
 class Launcher:
@@ -117,7 +109,7 @@ def _spec(
     prepared: Prepared | None,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    ex = pb.ExecCommand(argv=list(argv), cwd=str(cwd), env=env or {})
+    ex = Exec(argv=tuple(argv), cwd=str(cwd), env=env or {})
     return exec_spec(
         spool, ex, limits=ExecLimits(max_timeout_seconds=60), default_cwd=cwd, delivery=prepared
     )
@@ -557,7 +549,7 @@ async def test_the_helper_server_answers_get_ignores_store_and_erase_and_closes(
 )
 def test_bad_references_are_refused_naming_the_credential_never_the_value(
     tmp_path: Path,
-    refs: list[pb.CredentialRef],
+    refs: list[CredentialRef],
     values: dict[str, bytes] | None,
     expected: str,
 ) -> None:

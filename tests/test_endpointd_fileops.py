@@ -19,6 +19,7 @@ from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.guard import files
 from endpointd.guard.files import Checker
 from endpointd.guard.policy import Policy
+from endpointd.model import ListDir, ReadFile, WriteFile
 from endpointd.spoolformat import OUTPUT_FILE, SpoolWriter
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
@@ -234,7 +235,7 @@ class Box:
     def read(self, path: Path, denied: Checker = _nothing_denied) -> tuple[OpResult, bytes]:
         spool = self._spool()
         writer = SpoolWriter(spool)
-        result = read_file(pb.ReadFile(path=str(path)), writer, root=str(self.root), denied=denied)
+        result = read_file(ReadFile(path=str(path)), writer, root=str(self.root), denied=denied)
         writer.close()
         return result, _data(spool)
 
@@ -244,7 +245,7 @@ class Box:
         spool = self._spool()
         writer = SpoolWriter(spool)
         result = list_dir(
-            pb.ListDir(path=str(path), depth=depth), writer, root=str(self.root), denied=denied
+            ListDir(path=str(path), depth=depth), writer, root=str(self.root), denied=denied
         )
         writer.close()
         lines = _data(spool).decode().splitlines()
@@ -257,7 +258,7 @@ class Box:
         denied: Checker = _nothing_denied,
         **fields: object,
     ) -> OpResult:
-        op = pb.WriteFile(path=str(path), content=content, **fields)  # type: ignore[arg-type]
+        op = WriteFile(path=str(path), content=content, **fields)  # type: ignore[arg-type]
         return write_file(op, root=str(self.root), denied=denied)
 
     def outside_untouched(self) -> None:
@@ -412,7 +413,7 @@ def test_a_link_swapped_in_after_the_check_is_judged_again_where_it_leads(box: B
         return None if decision.action == "allow" else decision.rule
 
     result = write_file(
-        pb.WriteFile(path=str(notes), content=b"#!/bin/sh\n"),
+        WriteFile(path=str(notes), content=b"#!/bin/sh\n"),
         root=str(box.root),
         denied=policy.denied_rule,
         judge=judge,

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from endpointd.config import KeyConfig
 from endpointd.guard.policy import CredentialScope
 from endpointd.link.keys import DeviceKey, _write_key_file
+from endpointd.model import CredentialRef, Delivery
 from endpointd.secrets import ca as ca_module
 from endpointd.secrets import delivery, environment_secrets, own_secrets, secret_looking
 from endpointd.secrets.ca import DeviceCA, system_trust_pem, write_bundle
@@ -711,7 +712,7 @@ def test_injection_refuses_what_cannot_be_one_header_line() -> None:
 async def test_prepare_sets_up_the_proxy_and_the_bundle(tmp_path: Path, token: str) -> None:
     prepared = delivery.prepare(
         tmp_path / "spool",
-        [pb.CredentialRef(name=API, delivery=HTTP)],
+        [CredentialRef(name=API, delivery=Delivery.HTTP)],
         {API: token.encode()},
         scopes={API: CredentialScope(allow=("*",), hosts=("api.example.com",))},
         directory=tmp_path,

@@ -30,7 +30,16 @@ from endpointd.guard.policy import (
     example_text,
     parse_policy,
 )
-from superagent_proto.v1 import endpoint_pb2 as pb
+from endpointd.model import (
+    Cancel,
+    Command,
+    CredentialRef,
+    Exec,
+    ListDir,
+    ReadFile,
+    Reason,
+    WriteFile,
+)
 from tests.cli_output import in_a_terminal, one_line_error, read_until
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.gateway_server import FakeGateway
@@ -91,24 +100,24 @@ def _effective_here(mode: str = "required", network: str = "allow") -> str:
 _UNUSABLE = "sandbox=none; network=none; enforced=no"
 
 
-def _exec(argv: list[str], cwd: str = "", credentials: tuple[str, ...] = ()) -> pb.Command:
-    return pb.Command(
+def _exec(argv: list[str], cwd: str = "", credentials: tuple[str, ...] = ()) -> Command:
+    return Command(
         command_id="c1",
-        exec=pb.ExecCommand(argv=argv, cwd=cwd),
-        credentials=[pb.CredentialRef(name=n) for n in credentials],
+        op=Exec(argv=tuple(argv), cwd=cwd),
+        credentials=tuple(CredentialRef(name=n) for n in credentials),
     )
 
 
-def _read(path: Path | str) -> pb.Command:
-    return pb.Command(command_id="c1", read_file=pb.ReadFile(path=str(path)))
+def _read(path: Path | str) -> Command:
+    return Command(command_id="c1", op=ReadFile(path=str(path)))
 
 
-def _write(path: Path | str) -> pb.Command:
-    return pb.Command(command_id="c1", write_file=pb.WriteFile(path=str(path), content=b"x"))
+def _write(path: Path | str) -> Command:
+    return Command(command_id="c1", op=WriteFile(path=str(path), content=b"x"))
 
 
-def _list(path: Path | str) -> pb.Command:
-    return pb.Command(command_id="c1", list_dir=pb.ListDir(path=str(path)))
+def _list(path: Path | str) -> Command:
+    return Command(command_id="c1", op=ListDir(path=str(path)))
 
 
 def _cli(
@@ -211,7 +220,7 @@ def test_a_broken_file_refuses_everything_but_cancel_until_fixed(env: Env) -> No
     assert f"{env.path}:4:" in decision.message
     assert "every command is refused" in decision.message
     assert policy.check(_read(env.root / "f")).action == "deny"
-    cancel = pb.Command(command_id="c2", cancel=pb.CancelCommand(target_command_id="c1"))
+    cancel = Command(command_id="c2", op=Cancel(target_command_id="c1"))
     assert policy.check(cancel).action == "allow"
     assert policy.hash() == _hash_of(env.path.read_bytes(), _UNUSABLE)
 
@@ -314,7 +323,7 @@ def test_allowed_roots_resolve_symlinks_and_dotdot(env: Env) -> None:
         assert "is outside the allowed roots" in decision.message
         refusal = decision.refusal
         assert refusal is not None
-        assert refusal.reason == pb.Refused.REASON_POLICY_DENIED
+        assert refusal.reason == Reason.POLICY_DENIED
     assert "resolves to" in policy.check(_read(inside / "escape-file")).message
 
     # No cwd: the first allowed root, which is where the daemon runs it.
@@ -432,9 +441,9 @@ def test_command_rules_first_match_wins_and_name_the_rule(env: Env) -> None:
     ask = policy.check(_exec(["ls"]))
     refusal = ask.refusal
     assert refusal is not None  # code that ignores `ask` fails closed
-    assert refusal.reason == pb.Refused.REASON_APPROVAL_DENIED
+    assert refusal.reason == Reason.APPROVAL_DENIED
     timeout = ask.approval_refusal("timeout")
-    assert timeout.reason == pb.Refused.REASON_APPROVAL_TIMEOUT
+    assert timeout.reason == Reason.APPROVAL_TIMEOUT
     assert "default_action" in timeout.message
 
 
@@ -469,7 +478,7 @@ def test_credential_scopes(env: Env) -> None:
     assert '"git *", "gh *"' in out_of_scope.message
     refusal = out_of_scope.refusal
     assert refusal is not None
-    assert refusal.reason == pb.Refused.REASON_CREDENTIAL_UNAVAILABLE
+    assert refusal.reason == Reason.CREDENTIAL_UNAVAILABLE
 
     no_scope = policy.check(_exec(["git", "fetch"], credentials=("npm-token",)))
     assert (no_scope.action, no_scope.rule) == ("deny", "credentials.npm-token.allow")
@@ -710,7 +719,7 @@ def test_writes_that_would_run_code_later_are_protected_even_when_all_is_allowed
         assert str(path) in decision.message
         assert "[[files]]" in decision.message
         assert decision.refusal is not None
-        assert decision.refusal.reason == pb.Refused.REASON_POLICY_DENIED
+        assert decision.refusal.reason == Reason.POLICY_DENIED
         assert policy.check_path(str(path), "write").rule == rule
         # Reading and listing them is not what runs code.
         assert policy.check(_read(path)).action == "allow"
@@ -753,7 +762,7 @@ def test_files_rules_allow_or_ask_for_protected_writes(env: Env) -> None:
     assert "needs approval on the device" in rc.message
     refusal = rc.refusal
     assert refusal is not None  # a daemon that ignored `ask` would fail closed
-    assert refusal.reason == pb.Refused.REASON_APPROVAL_DENIED
+    assert refusal.reason == Reason.APPROVAL_DENIED
 
     # What no rule names stays protected.
     config = policy.check(_write(repo / ".git" / "config"))

@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 
 import endpointd.commands.daemon as daemon_module
+from endpointd import wire
 from endpointd.commands.daemon import Daemon
 from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
 from endpointd.guard.policy import Policy
 from endpointd.journal import Journal
+from endpointd.model import Command, Finished
 from endpointd.process.executor import ExecLimits, supervisor_argv
 from endpointd.spool import ExitStatus, read_all, spool_dir
 from endpointd.status import StatusReporter
@@ -158,8 +160,8 @@ def _daemon(tmp_path: Path, journal: Journal) -> Daemon:
     )
 
 
-def _exec(command_id: str, seq: int, argv: list[str]) -> pb.Command:
-    return pb.Command(command_id=command_id, seq=seq, exec=pb.ExecCommand(argv=argv))
+def _exec(command_id: str, seq: int, argv: list[str]) -> Command:
+    return wire.command(pb.Command(command_id=command_id, seq=seq, exec=pb.ExecCommand(argv=argv)))
 
 
 async def _until(predicate: object, timeout: float) -> None:
@@ -190,11 +192,11 @@ async def test_exit_is_seen_at_once_without_the_poll(
         daemon.handle_command(_exec("c2", 2, ["sh", "-c", "exit 7"]))
         await _until(lambda: all(a.state == "finished" for a in daemon.commands.values()), 20)
         results = {cid: a.result for cid, a in daemon.commands.items()}
-        assert results["c1"] is not None
-        assert results["c2"] is not None
-        assert results["c1"].finished.exit_code == 0
-        assert results["c1"].finished.total_output_bytes == 5
-        assert results["c2"].finished.exit_code == 7
+        assert isinstance(results["c1"], Finished)
+        assert isinstance(results["c2"], Finished)
+        assert results["c1"].exit_code == 0
+        assert results["c1"].total_output_bytes == 5
+        assert results["c2"].exit_code == 7
         assert not daemon._pidfds
         assert not daemon.children  # our supervisors were reaped, not left as zombies
         assert read_all(spool_dir(tmp_path, "c1")) == [(1, b"done\n")]
@@ -230,7 +232,7 @@ async def test_a_reattached_supervisor_is_watched_too(tmp_path: Path) -> None:
     journal.insert(
         command_id="c1",
         seq=1,
-        body=command.SerializeToString(deterministic=True),
+        body=command.body,
         body_sha256=b"h" * 32,
         state="accepted",
         accepted=True,
@@ -246,8 +248,8 @@ async def test_a_reattached_supervisor_is_watched_too(tmp_path: Path) -> None:
         assert "c1" in daemon._pidfds
         await _until(lambda: daemon.commands["c1"].state == "finished", 20)
         result = daemon.commands["c1"].result
-        assert result is not None
-        assert result.finished.exit_code == 0
+        assert isinstance(result, Finished)
+        assert result.exit_code == 0
     finally:
         proc.wait(timeout=10)
         daemon.close()
@@ -311,8 +313,12 @@ async def test_a_result_goes_to_the_writer_before_its_fsync_and_is_journaled_fir
     daemon.on_connected(asyncio.Queue())
     # Journaled `running` on receipt: nothing was queued ahead of it.
     daemon.handle_command(
-        pb.Command(
-            command_id="c1", seq=1, write_file=pb.WriteFile(path=str(tmp_path / "f"), content=b"x")
+        wire.command(
+            pb.Command(
+                command_id="c1",
+                seq=1,
+                write_file=pb.WriteFile(path=str(tmp_path / "f"), content=b"x"),
+            )
         )
     )
     entry = journal.get("c1")

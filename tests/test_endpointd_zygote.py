@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from endpointd.model import Exec
 from endpointd.process import zygote as _zygote
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, go, pid_alive, revoke_or_adopt
 from endpointd.spool import ExitStatus, read_all
-from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
 from tests.fakes.gateway_server import FakeGateway, exec_command
 from tests.helpers import assert_eventually
@@ -38,7 +38,7 @@ def _lines(path: Path) -> int:
 
 
 def _spec(spool: Path, argv: list[str], cwd: Path, **fields: object) -> dict[str, object]:
-    ex = pb.ExecCommand(argv=argv, cwd=str(cwd), **fields)  # type: ignore[arg-type]
+    ex = Exec(argv=tuple(argv), cwd=str(cwd), **fields)  # type: ignore[arg-type]
     return exec_spec(spool, ex, limits=ExecLimits(max_timeout_seconds=60), default_cwd=cwd)
 
 

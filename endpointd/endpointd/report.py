@@ -34,7 +34,8 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
     path = state_directory / JOURNAL_FILE
     if not path.exists():
         return []
-    from superagent_proto.v1 import endpoint_pb2
+    from endpointd import wire
+    from endpointd.model import Cancel, Exec, ListDir, ReadFile, WriteFile
 
     try:
         journal = Journal(path, readonly=True)
@@ -51,14 +52,14 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
         for entry in entries:
             kind = summary = None
             if entry.body is not None:
-                command = endpoint_pb2.Command.FromString(entry.body)
-                kind = command.WhichOneof("kind")
-                if kind == "exec":
-                    summary = " ".join(command.exec.argv)
-                elif kind in ("read_file", "write_file", "list_dir"):
-                    summary = getattr(command, kind).path
-                elif kind == "cancel":
-                    summary = command.cancel.target_command_id
+                command = wire.decode_command(entry.body)
+                kind, op = command.kind, command.op
+                if isinstance(op, Exec):
+                    summary = " ".join(op.argv)
+                elif isinstance(op, ReadFile | WriteFile | ListDir):
+                    summary = op.path
+                elif isinstance(op, Cancel):
+                    summary = op.target_command_id
             out.append(
                 {
                     "command_id": entry.command_id,

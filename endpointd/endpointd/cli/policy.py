@@ -80,7 +80,7 @@ def policy_check(
     import shlex
 
     from endpointd.guard.policy import FileOp, expand_path, load_policy
-    from superagent_proto.v1 import endpoint_pb2 as pb
+    from endpointd.model import Command, CredentialRef, Exec
 
     if bool(path) == bool(command):
         raise click.UsageError("give either a COMMAND or --path PATH")
@@ -99,9 +99,9 @@ def policy_check(
             raise click.BadParameter("the command is empty")
         where = os.path.abspath(expand_path(cwd)) if cwd else ""
         decision = policy.check(
-            pb.Command(
-                exec=pb.ExecCommand(argv=argv, cwd=where),
-                credentials=[pb.CredentialRef(name=n) for n in credentials],
+            Command(
+                op=Exec(argv=tuple(argv), cwd=where),
+                credentials=tuple(CredentialRef(name=n) for n in credentials),
             )
         )
         explanation = policy.explain(argv, where or None, list(credentials))

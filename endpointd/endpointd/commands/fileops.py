@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from endpointd.guard import files
 from endpointd.guard.files import Checker, PathRefused
+from endpointd.model import ListDir, ReadFile, WriteFile
 from endpointd.spool import STREAM_DATA, SpoolWriter
-from superagent_proto.v1 import endpoint_pb2
 
 # Until the policy file sets one: the most a single read_file returns.
 MAX_READ_BYTES = 64 * 1024 * 1024
@@ -64,7 +64,7 @@ def _os_error(action: str, path: str, exc: OSError) -> OpResult:
 
 
 def read_file(
-    op: endpoint_pb2.ReadFile,
+    op: ReadFile,
     out: SpoolWriter,
     *,
     root: str,
@@ -72,7 +72,7 @@ def read_file(
     judge: Checker | None = None,
 ) -> OpResult:
     """Read ``op.path`` (inside ``root``) into ``out``: ``op.offset``, at most ``op.limit``."""
-    limit = min(op.limit, MAX_READ_BYTES) if op.HasField("limit") else MAX_READ_BYTES
+    limit = min(op.limit, MAX_READ_BYTES) if op.limit is not None else MAX_READ_BYTES
     try:
         with files.walk(root, op.path, leaf="file", denied=denied) as opened:
             assert opened.fd is not None
@@ -107,7 +107,7 @@ def _skip(fd: int, offset: int) -> None:
 
 
 def write_file(
-    op: endpoint_pb2.WriteFile,
+    op: WriteFile,
     *,
     root: str,
     denied: Checker,
@@ -137,9 +137,9 @@ def write_file(
         return _os_error("writing", op.path, exc)
 
 
-def _write_in(dir_fd: int, name: str, op: endpoint_pb2.WriteFile) -> OpResult:
+def _write_in(dir_fd: int, name: str, op: WriteFile) -> OpResult:
     target = op.path
-    must_not_exist = op.HasField("expected_sha256") and len(op.expected_sha256) == 0
+    must_not_exist = op.expected_sha256 is not None and len(op.expected_sha256) == 0
     existing_mode: int | None = None
     current: bytes | None = None
     try:
@@ -158,14 +158,14 @@ def _write_in(dir_fd: int, name: str, op: endpoint_pb2.WriteFile) -> OpResult:
             if stat.S_ISDIR(st.st_mode):
                 return _failure(f"is a directory: {target}")
             existing_mode = stat.S_IMODE(st.st_mode)
-            if op.HasField("expected_sha256") and not must_not_exist:
+            if op.expected_sha256 is not None and not must_not_exist:
                 current = _sha256(fd) if stat.S_ISREG(st.st_mode) else b""
         except OSError as exc:
             return _os_error("reading", target, exc)
         finally:
             os.close(fd)
 
-    if op.HasField("expected_sha256") and not must_not_exist:
+    if op.expected_sha256 is not None and not must_not_exist:
         if existing_mode is None:
             return _failure(f"expected_sha256 mismatch: {target} does not exist")
         if current != op.expected_sha256:
@@ -177,7 +177,7 @@ def _write_in(dir_fd: int, name: str, op: endpoint_pb2.WriteFile) -> OpResult:
     elif must_not_exist and existing_mode is not None:
         return _failure(f"expected_sha256 mismatch: {target} already exists")
 
-    wanted = op.mode if op.HasField("mode") else existing_mode
+    wanted = op.mode if op.mode is not None else existing_mode
     mode = files.cap_mode(0o644 if wanted is None else wanted)
     try:
         fd, tmp = _create_temp(dir_fd, name)
@@ -300,7 +300,7 @@ class _Lister:
 
 
 def list_dir(
-    op: endpoint_pb2.ListDir,
+    op: ListDir,
     out: SpoolWriter,
     *,
     root: str,

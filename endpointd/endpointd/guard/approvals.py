@@ -80,8 +80,8 @@ from typing import Any, Literal
 
 from endpointd.errors import EndpointdError
 from endpointd.fsutil import atomic_write, exclusive_lock
+from endpointd.model import Command, CredentialRef, Delivery, Exec, ListDir, ReadFile, WriteFile
 from endpointd.paths import ensure_private_dir
-from superagent_proto.v1 import endpoint_pb2
 
 APPROVALS_DIR = "approvals"
 # The daemon's per-start key (see the module doc); a dot file, so never taken for a request.
@@ -180,36 +180,34 @@ def printable(text: str, limit: int | None = 500) -> str:
 # ---------------------------------------------------------------------------- describing
 
 
-def summarize(command: endpoint_pb2.Command) -> str:
+def summarize(command: Command) -> str:
     """One line describing ``command`` for an approval request (names, never values)."""
-    kind = command.WhichOneof("kind")
-    if kind == "exec":
-        ex = command.exec
-        parts = [shlex.join(ex.argv)]
-        if ex.cwd:
-            parts.append(f"in {ex.cwd}")
+    op = command.op
+    if isinstance(op, Exec):
+        parts = [shlex.join(op.argv)]
+        if op.cwd:
+            parts.append(f"in {op.cwd}")
         if command.credentials:
             parts.append("with credentials " + ", ".join(c.name for c in command.credentials))
         return " ".join(parts)
-    if kind in ("read_file", "write_file", "list_dir"):
-        return f"{kind} {getattr(command, kind).path}"
-    return kind or "unknown command"
+    if isinstance(op, ReadFile | WriteFile | ListDir):
+        return f"{op.KIND} {op.path}"
+    return command.kind or "unknown command"
 
 
-def delivery_label(ref: endpoint_pb2.CredentialRef) -> str:
+def delivery_label(ref: CredentialRef) -> str:
     """How a credential reaches the command: ``env VAR``, ``file VAR``, ``git helper``, …"""
-    refs = endpoint_pb2.CredentialRef
-    if ref.delivery == refs.DELIVERY_ENV:
+    if ref.delivery == Delivery.ENV:
         return f"env {ref.env_var}"
-    if ref.delivery == refs.DELIVERY_FILE:
+    if ref.delivery == Delivery.FILE:
         return f"file {ref.env_var}"
-    if ref.delivery == refs.DELIVERY_GIT_HELPER:
+    if ref.delivery == Delivery.GIT_HELPER:
         return "git helper" + (f" as user {ref.env_var}" if ref.env_var else "")
     try:
-        name = refs.Delivery.Name(ref.delivery)
+        name = Delivery(ref.delivery).name
     except ValueError:
-        return f"delivery {ref.delivery}"
-    return name.removeprefix("DELIVERY_").lower().replace("_", " ")  # "http": a header
+        return f"delivery {int(ref.delivery)}"
+    return name.lower().replace("_", " ")  # "http": a header
 
 
 def _same(text: str) -> str:
@@ -228,7 +226,7 @@ def _blob(data: bytes, redact: Callable[[str], str]) -> dict[str, Any]:
     }
 
 
-def describe(command: endpoint_pb2.Command, redact: Callable[[str], str] = _same) -> dict[str, Any]:
+def describe(command: Command, redact: Callable[[str], str] = _same) -> dict[str, Any]:
     """Everything about ``command`` the owner should see before approving it, as JSON-ready
     data; every text passes ``redact`` (the daemon's redactor) first.
 
@@ -238,35 +236,32 @@ def describe(command: endpoint_pb2.Command, redact: Callable[[str], str] = _same
     ``mode``, ``create_parents``, ``expected_sha256``. read_file: ``path``, ``offset``,
     ``limit``. list_dir: ``path``, ``depth``.
     """
-    kind = command.WhichOneof("kind")
-    out: dict[str, Any] = {"kind": kind or "unknown"}
-    if kind == "exec":
-        ex = command.exec
-        out["argv"] = [redact(arg) for arg in ex.argv]
-        out["cwd"] = redact(ex.cwd)
-        out["env"] = {redact(k): redact(v) for k, v in sorted(ex.env.items())}
-        out["stdin"] = _blob(ex.stdin, redact) if ex.HasField("stdin") else None
+    op = command.op
+    out: dict[str, Any] = {"kind": command.kind or "unknown"}
+    if isinstance(op, Exec):
+        out["argv"] = [redact(arg) for arg in op.argv]
+        out["cwd"] = redact(op.cwd)
+        out["env"] = {redact(k): redact(v) for k, v in sorted(op.env.items())}
+        out["stdin"] = _blob(op.stdin, redact) if op.stdin is not None else None
         out["credentials"] = [
             {"name": redact(ref.name), "delivery": redact(delivery_label(ref))}
             for ref in command.credentials
         ]
-    elif kind == "write_file":
-        wf = command.write_file
-        out["path"] = redact(wf.path)
-        out["content"] = _blob(wf.content, redact)
-        out["mode"] = wf.mode if wf.HasField("mode") else None
-        out["create_parents"] = wf.create_parents
+    elif isinstance(op, WriteFile):
+        out["path"] = redact(op.path)
+        out["content"] = _blob(op.content, redact)
+        out["mode"] = op.mode
+        out["create_parents"] = op.create_parents
         out["expected_sha256"] = (
-            wf.expected_sha256.hex() if wf.HasField("expected_sha256") else None
+            op.expected_sha256.hex() if op.expected_sha256 is not None else None
         )
-    elif kind == "read_file":
-        rf = command.read_file
-        out["path"] = redact(rf.path)
-        out["offset"] = rf.offset
-        out["limit"] = rf.limit if rf.HasField("limit") else None
-    elif kind == "list_dir":
-        out["path"] = redact(command.list_dir.path)
-        out["depth"] = command.list_dir.depth
+    elif isinstance(op, ReadFile):
+        out["path"] = redact(op.path)
+        out["offset"] = op.offset
+        out["limit"] = op.limit
+    elif isinstance(op, ListDir):
+        out["path"] = redact(op.path)
+        out["depth"] = op.depth
     return out
 
 

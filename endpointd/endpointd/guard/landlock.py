@@ -147,15 +147,19 @@ def restrict_self(rules: Ruleset) -> None:
     enforce(create(rules))
 
 
-def create(rules: Ruleset, grants: Sequence[tuple[str, int]] = ()) -> int:
+def create(
+    rules: Ruleset, grants: Sequence[tuple[str, int]] = (), *, filesystem: bool = True
+) -> int:
     """Build the kernel ruleset for ``rules`` plus explicit ``grants`` (path, rights; a
     path is opened without following a final symlink, so a link never carries a grant to
-    its target); returns its fd, for :func:`enforce` (e.g. in a child after fork)."""
+    its target); returns its fd, for :func:`enforce` (e.g. in a child after fork), and
+    :func:`add` can still grant more until then. ``filesystem=False``: a ruleset for
+    ``rules``' ports only (a layer of its own, enforced on top of another)."""
     abi = abi_version()
     if abi < 1:
         raise LandlockError(errno.ENOSYS, "this kernel has no Landlock")
     libc = _libc()
-    handled_fs = _fs_rights(abi)
+    handled_fs = _fs_rights(abi) if filesystem else 0
     attr = _RulesetAttr(handled_access_fs=handled_fs)
     size = 8
     if abi >= 4:
@@ -165,7 +169,8 @@ def create(rules: Ruleset, grants: Sequence[tuple[str, int]] = ()) -> int:
         attr.handled_access_net = net
         size = 16
     if abi >= 6:
-        attr.scoped = (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if rules.scoped else 0
+        scoped = rules.scoped and filesystem  # (a ports-only layer adds nothing here)
+        attr.scoped = (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if scoped else 0
         size = 24
     fd = libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
     if fd < 0:
@@ -176,8 +181,7 @@ def create(rules: Ruleset, grants: Sequence[tuple[str, int]] = ()) -> int:
             *((p, handled_fs) for p in rules.write),
         ]:
             _allow_beneath(libc, fd, path, rights & handled_fs, follow=True)
-        for path, rights in grants:
-            _allow_beneath(libc, fd, path, rights & handled_fs, follow=False)
+        _add(libc, fd, grants, handled_fs)
         if abi >= 4:
             for port in rules.connect_ports or ():
                 _allow_port(libc, fd, port, CONNECT_TCP)
@@ -187,6 +191,16 @@ def create(rules: Ruleset, grants: Sequence[tuple[str, int]] = ()) -> int:
         os.close(fd)
         raise
     return int(fd)
+
+
+def add(ruleset_fd: int, grants: Sequence[tuple[str, int]]) -> None:
+    """More ``grants`` (as :func:`create`'s) for a filesystem ruleset not yet enforced."""
+    _add(_libc(), ruleset_fd, grants, _fs_rights(abi_version()))
+
+
+def _add(libc: ctypes.CDLL, fd: int, grants: Sequence[tuple[str, int]], handled: int) -> None:
+    for path, rights in grants:
+        _allow_beneath(libc, fd, path, rights & handled, follow=False)
 
 
 def enforce(ruleset_fd: int) -> None:

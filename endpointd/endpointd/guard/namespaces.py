@@ -8,13 +8,13 @@ and the credentials delivered to the other command. So each command runs in a PI
 of its own, with its own ``/proc`` mounted over the real one: it sees only its own process
 tree, and there is no PID of anyone else's to name.
 
-How (called by the supervisor in the command's forked child, see
-:func:`endpointd.process.supervisor._spawn_confined`):
+How (driven by :mod:`endpointd.process.nsinit`, usually before the command is known):
 
-1. :func:`enter`: ``unshare`` a new PID and mount namespace (and, when not root, a user
-   namespace mapping the user to itself, which is what grants the right to mount); mounts
-   are made private first, so nothing done inside propagates to the host.
-2. The caller forks: the new child is PID 1 of the namespace. :func:`mount_proc` mounts a
+1. :func:`enter`, in a helper the supervisor forks: ``unshare`` a new PID and mount
+   namespace (and, when not root, a user namespace mapping the user to itself, which is
+   what grants the right to mount); mounts are made private first, so nothing done inside
+   propagates to the host.
+2. The helper forks: the new child is PID 1 of the namespace. :func:`mount_proc` mounts a
    fresh ``/proc`` there, and that process stays as the namespace's init (it reaps orphans;
    when it exits, the kernel ends everything left in the namespace).
 

@@ -49,9 +49,9 @@ from endpointd.guard import environment, sandbox
 from endpointd.guard.files import fold as _fold
 from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
+from endpointd.model import Command, Exec, ListDir, ReadFile, Reason, WriteFile
 from endpointd.paths import ensure_private_dir, state_dir
 from endpointd.secrets.store import NAME_RULE, valid_name
-from superagent_proto.v1 import endpoint_pb2
 
 POLICY_FILE = "policy.toml"
 EXAMPLE_FILE = "policy.example.toml"
@@ -101,7 +101,6 @@ DEFAULT_DENIED_PATHS = (
     "~/Library/Cookies",
 )
 
-_R = endpoint_pb2.Refused
 # How much of a command line a message quotes: enough to recognise it, not a wall of text.
 _QUOTE_LIMIT = 200
 _MAX_ARG_TOKENS = 2000
@@ -109,7 +108,7 @@ _MAX_ARG_TOKENS = 2000
 
 @dataclass(frozen=True)
 class Refusal:
-    reason: endpoint_pb2.Refused.Reason.ValueType
+    reason: Reason
     message: str
 
 
@@ -128,7 +127,7 @@ class Decision:
     rule: str
     message: str
     # The Refused reason when action is "deny".
-    reason: endpoint_pb2.Refused.Reason.ValueType = _R.REASON_POLICY_DENIED
+    reason: Reason = Reason.POLICY_DENIED
 
     @property
     def refusal(self) -> Refusal | None:
@@ -149,11 +148,11 @@ class Decision:
         """The refusal for an ``ask`` that a human denied or nobody answered in time."""
         if outcome == "timeout":
             return Refusal(
-                _R.REASON_APPROVAL_TIMEOUT,
+                Reason.APPROVAL_TIMEOUT,
                 f"nobody approved it on the device in time ({self.rule} asks for approval)",
             )
         return Refusal(
-            _R.REASON_APPROVAL_DENIED,
+            Reason.APPROVAL_DENIED,
             f"denied by the user on the device ({self.rule} asks for approval)",
         )
 
@@ -873,27 +872,26 @@ class Policy:
 
     # ------------------------------------------------------------------ checks
 
-    def check(self, command: endpoint_pb2.Command) -> Decision:
+    def check(self, command: Command) -> Decision:
         """Judge ``command`` (already structurally validated)."""
-        kind = command.WhichOneof("kind")
+        op = command.op
+        kind = command.kind
         if kind == "cancel":
             return Decision("allow", "cancel", "cancelling a command is always allowed")
         loaded = self._refresh()
         if loaded.rules is None:
             return self._broken_decision(loaded)
-        if kind == "exec":
-            ex = command.exec
+        if isinstance(op, Exec):
             return self._exec(
                 loaded,
-                list(ex.argv),
-                ex.cwd,
+                list(op.argv),
+                op.cwd,
                 [c.name for c in command.credentials],
                 None,
-                env=dict(ex.env),
+                env=dict(op.env),
             )
-        if kind in ("read_file", "write_file", "list_dir"):
-            op = getattr(command, kind)
-            return self._file_decision(loaded, str(op.path), self._file_op(kind), None)
+        if isinstance(op, ReadFile | WriteFile | ListDir):
+            return self._file_decision(loaded, op.path, self._file_op(op.KIND), None)
         return Decision("deny", "policy", f"the policy does not know command kind {kind!r}")
 
     def check_path(self, path: str, op: FileOp = "read") -> Decision:
@@ -1109,7 +1107,7 @@ class Policy:
                     "deny",
                     rule,
                     f"{name!r} is not a valid credential name ({NAME_RULE})",
-                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                    Reason.CREDENTIAL_UNAVAILABLE,
                 )
             scope = rules.credentials.get(name)
             if scope is not None and program is _UNSET:
@@ -1126,7 +1124,7 @@ class Policy:
                     rule,
                     f"credential {name!r} has no scope in {self.path}, so it may not be delivered"
                     f' to any command: add [credentials.{name}] with allow = ["<command glob>"]',
-                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                    Reason.CREDENTIAL_UNAVAILABLE,
                 )
             resolved = program if isinstance(program, str) else None
             trusted = os.environ.get("PATH", os.defpath)
@@ -1142,7 +1140,7 @@ class Policy:
                     f"credential {name!r} may not be delivered to {quoted}{runs}: {rule} in"
                     f" {self.path} allows only {globs}, programs compared by their resolved"
                     " path",
-                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                    Reason.CREDENTIAL_UNAVAILABLE,
                 )
             assert resolved is not None
             why = code_running_reason(resolved, argv)
@@ -1151,7 +1149,7 @@ class Policy:
                     "deny",
                     rule,
                     f"credential {name!r} may not be delivered to {quoted}: {why}",
-                    _R.REASON_CREDENTIAL_UNAVAILABLE,
+                    Reason.CREDENTIAL_UNAVAILABLE,
                 )
             if steps is not None:
                 steps.append(f"credential {name}: allowed by {rule} {json.dumps(matched)}")

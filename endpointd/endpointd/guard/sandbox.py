@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -129,7 +129,7 @@ def plan(
         )
     if rules.network == "proxy" and proxy_port is None:
         raise SandboxUnavailable('network = "proxy" but no egress proxy runs for this command')
-    denied_real = tuple(_real(p) for p in denied)
+    denied_real = _real_denied(tuple(denied))
     # The owner's extra writable paths never open a denied one; the private TMPDIR is made
     # inside endpointd's (denied) state dir on purpose, for that very reason.
     extra = [_real(str(p)) for p in rules.writable_paths]
@@ -197,13 +197,25 @@ def _real(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path))
 
 
+def _real_denied(denied: tuple[str, ...]) -> tuple[str, ...]:
+    """The denied paths resolved, as :func:`_real`; resolved again only once a directory on
+    the way to one of them has changed (a symlink swapped in is a change to its parent)."""
+    paths = tuple(os.path.expanduser(p) for p in denied)
+    return _real_denied_cached(paths, _stamps("/", paths))
+
+
+@lru_cache(maxsize=16)
+def _real_denied_cached(paths: tuple[str, ...], _stamps: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(os.path.realpath(p) for p in paths)
+
+
 # --------------------------------------------------------------------------- Landlock
 
 
 def landlock_spec(c: Confinement) -> dict[str, object]:
     """What the supervisor needs to confine the command with Landlock (plain JSON)."""
     denied = _outermost(c.denied)
-    grants = list(_complement("/", landlock.READ, denied))
+    grants: list[tuple[str, int]] = []
     for root in c.write:
         if os.path.isdir(root):
             grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
@@ -213,6 +225,9 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
     else:
         connect = [c.proxy_port] if c.network == "proxy" and c.proxy_port else []
     return {
+        # Reads: the same for every command until a listed directory changes, so a spare
+        # builds them into its ruleset before the command is known (process/nsinit.py).
+        "read": _complement("/", landlock.READ, denied),
         "grants": grants,
         "connect_ports": connect,
         "bind_ports": None if c.network == "allow" else [],
@@ -223,10 +238,11 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
     }
 
 
-def _outermost(paths: Iterable[str]) -> list[str]:
+@lru_cache(maxsize=16)
+def _outermost(paths: tuple[str, ...]) -> tuple[str, ...]:
     """The paths, without those inside another of them."""
     unique = sorted(set(paths))
-    return [p for p in unique if not any(q != p and _within(p, q) for q in unique)]
+    return tuple(p for p in unique if not any(q != p and _within(p, q) for q in unique))
 
 
 def _complement(root: str, rights: int, excluded: Sequence[str]) -> list[tuple[str, int]]:

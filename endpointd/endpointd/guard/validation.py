@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 
 from endpointd.guard.policy import Refusal
-from superagent_proto.v1 import endpoint_pb2
-
-_R = endpoint_pb2.Refused
+from endpointd.model import Cancel, Command, Exec, ListDir, ReadFile, Reason, WriteFile
 
 
 def _invalid(message: str) -> Refusal:
-    return Refusal(_R.REASON_INVALID, message)
+    return Refusal(Reason.INVALID, message)
 
 
 def _absolute(path: str, field: str) -> Refusal | None:
@@ -29,48 +27,45 @@ def _absolute(path: str, field: str) -> Refusal | None:
     return None
 
 
-def validate(command: endpoint_pb2.Command) -> Refusal | None:
+def validate(command: Command) -> Refusal | None:
     if not command.command_id:
         return _invalid("command_id is required")
-    kind = command.WhichOneof("kind")
-    if kind is None:
+    op = command.op
+    if op is None:
         return Refusal(
-            _R.REASON_UNKNOWN_KIND,
+            Reason.UNKNOWN_KIND,
             "this endpointd does not know the command's kind; upgrade the daemon",
         )
-    if kind == "exec":
-        ex = command.exec
-        if not ex.argv or not ex.argv[0]:
+    if isinstance(op, Exec):
+        if not op.argv or not op.argv[0]:
             return _invalid("exec.argv must be non-empty")
-        if any("\x00" in a for a in ex.argv):
+        if any("\x00" in a for a in op.argv):
             return _invalid("exec.argv contains a NUL byte")
-        if ex.cwd:
-            bad = _absolute(ex.cwd, "exec.cwd")
+        if op.cwd:
+            bad = _absolute(op.cwd, "exec.cwd")
             if bad:
                 return bad
-        for name, value in ex.env.items():
+        for name, value in op.env.items():
             if not name or "=" in name or "\x00" in name or "\x00" in value:
                 return _invalid(f"exec.env has an invalid variable name or value: {name!r}")
         return None
-    if kind == "read_file":
-        return _absolute(command.read_file.path, "read_file.path")
-    if kind == "write_file":
-        wf = command.write_file
-        bad = _absolute(wf.path, "write_file.path")
+    if isinstance(op, ReadFile):
+        return _absolute(op.path, "read_file.path")
+    if isinstance(op, WriteFile):
+        bad = _absolute(op.path, "write_file.path")
         if bad:
             return bad
-        if wf.HasField("expected_sha256") and len(wf.expected_sha256) not in (0, 32):
+        if op.expected_sha256 is not None and len(op.expected_sha256) not in (0, 32):
             return _invalid("write_file.expected_sha256 must be empty or 32 bytes")
-        if wf.HasField("mode") and wf.mode > 0o7777:
-            return _invalid(f"write_file.mode {wf.mode:#o} is not a permission mode")
+        if op.mode is not None and op.mode > 0o7777:
+            return _invalid(f"write_file.mode {op.mode:#o} is not a permission mode")
         return None
-    if kind == "list_dir":
-        return _absolute(command.list_dir.path, "list_dir.path")
-    if kind == "cancel":
-        target = command.cancel.target_command_id
-        if not target:
+    if isinstance(op, ListDir):
+        return _absolute(op.path, "list_dir.path")
+    if isinstance(op, Cancel):
+        if not op.target_command_id:
             return _invalid("cancel.target_command_id is required")
-        if target == command.command_id:
+        if op.target_command_id == command.command_id:
             return _invalid("a cancel cannot target itself")
         return None
-    return Refusal(_R.REASON_UNKNOWN_KIND, f"unsupported command kind {kind!r}")
+    return Refusal(Reason.UNKNOWN_KIND, f"unsupported command kind {command.kind!r}")

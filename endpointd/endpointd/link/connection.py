@@ -26,15 +26,13 @@ import time
 from typing import Any
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
-from endpointd import __version__
+from endpointd import __version__, wire
 from endpointd.commands.daemon import Daemon
 from endpointd.guard import sandbox
 from endpointd.link.keys import DeviceKey
 from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
-from superagent_proto.v1 import endpoint_pb2 as pb
-from superagent_proto.v1 import endpoint_pb2_grpc
+from endpointd.model import Challenge, Heartbeat
 from superagent_shared.backoff import Backoff
 from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER, hello_signing_payload
 
@@ -77,12 +75,6 @@ class SessionEnded(Exception):
         self.code = code
 
 
-def _timestamp(seconds: float | None = None) -> Timestamp:
-    ts = Timestamp()
-    ts.FromNanoseconds(int((time.time() if seconds is None else seconds) * 1e9))
-    return ts
-
-
 class Session:
     def __init__(self, daemon: Daemon, key: DeviceKey) -> None:
         self.daemon = daemon
@@ -91,7 +83,7 @@ class Session:
         self.opened_at = time.monotonic()
         self.last_received = time.monotonic()
         self.peer_heartbeat_seq = 0
-        self.control: asyncio.Queue[pb.DeviceMessage] = asyncio.Queue()
+        self.control: asyncio.Queue[wire.Outgoing] = asyncio.Queue()
         self.on_established: asyncio.Event = asyncio.Event()
 
     def _channel(self) -> grpc.aio.Channel:
@@ -103,7 +95,7 @@ class Session:
             return grpc.aio.insecure_channel(addr.target, options=options)
         return grpc.aio.secure_channel(addr.target, creds, options=options)
 
-    def _hello(self, challenge: pb.Challenge) -> pb.DeviceMessage:
+    def _hello(self, challenge: Challenge) -> wire.Outgoing:
         config = self.daemon.config
         policy_hash = self.daemon.policy.hash()
         payload = hello_signing_payload(
@@ -113,50 +105,47 @@ class Session:
             protocol_version=PROTOCOL_VERSION_NUMBER,
             policy_hash=policy_hash,
         )
-        return pb.DeviceMessage(
-            hello=pb.Hello(
-                device_id=config.device_id,
-                daemon_version=__version__,
-                protocol_version=PROTOCOL_VERSION_NUMBER,
-                signature=self.key.sign(payload),
-                in_flight=self.daemon.in_flight(),
-                policy_hash=policy_hash,
-                # Unsigned and informational (the signed policy_hash covers the mode).
-                sandbox=self.daemon.policy.sandbox_summary,
-            )
+        return wire.hello(
+            device_id=config.device_id,
+            daemon_version=__version__,
+            protocol_version=PROTOCOL_VERSION_NUMBER,
+            signature=self.key.sign(payload),
+            in_flight=self.daemon.in_flight(),
+            policy_hash=policy_hash,
+            # Unsigned and informational (the signed policy_hash covers the mode).
+            sandbox=self.daemon.policy.sandbox_summary,
         )
 
     async def run(self, stopping: asyncio.Event) -> None:
         async with self._channel() as channel:
-            stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
-            call = stub.Connect()
+            stream = wire.open_stream(channel)
             try:
-                await self._run_call(call, stopping)
+                await self._run_stream(stream, stopping)
             finally:
-                call.cancel()
+                stream.cancel()
                 self.daemon.on_disconnected()
 
-    async def _run_call(self, call: Any, stopping: asyncio.Event) -> None:
-        first = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_SECONDS)
-        if first is grpc.aio.EOF:
+    async def _run_stream(self, stream: wire.Stream, stopping: asyncio.Event) -> None:
+        first = await asyncio.wait_for(stream.read(), HANDSHAKE_TIMEOUT_SECONDS)
+        if first is None:
             raise SessionEnded("the server closed the stream before its Challenge")
-        if first.WhichOneof("msg") != "challenge":
-            raise SessionEnded(f"protocol error: first server message is {first.WhichOneof('msg')}")
-        challenge = first.challenge
+        if not isinstance(first, Challenge):
+            raise SessionEnded(f"protocol error: first server message is {wire.kind_of(first)}")
+        challenge = first
         if challenge.protocol_version not in (0, PROTOCOL_VERSION_NUMBER):
             raise SessionEnded(
                 f"the server speaks protocol version {challenge.protocol_version}; this endpointd"
                 f" speaks {PROTOCOL_VERSION_NUMBER} — upgrade endpointd"
             )
-        if challenge.HasField("server_time"):
-            self.daemon.set_clock(challenge.server_time.ToNanoseconds() / 1e9)
+        if challenge.server_time is not None:
+            self.daemon.set_clock(challenge.server_time)
         interval = challenge.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
         self.last_received = time.monotonic()
-        await call.write(self._hello(challenge))
+        await stream.write(self._hello(challenge))
         self.daemon.on_connected(self.control)
         self.daemon.status.update(
             state="connected",
-            connected_at=_timestamp().ToJsonString(),
+            connected_at=wire.time_text(),
             heartbeat_seconds=interval,
             sandbox=self.daemon.policy.sandbox_summary,
         )
@@ -165,8 +154,8 @@ class Session:
         )
 
         tasks = [
-            asyncio.create_task(self._reader(call), name="endpointd-reader"),
-            asyncio.create_task(self._writer(call), name="endpointd-writer"),
+            asyncio.create_task(self._reader(stream), name="endpointd-reader"),
+            asyncio.create_task(self._writer(stream), name="endpointd-writer"),
             asyncio.create_task(self._heartbeat(interval), name="endpointd-heartbeat"),
             asyncio.create_task(stopping.wait(), name="endpointd-stopping"),
         ]
@@ -187,24 +176,24 @@ class Session:
             self.established = True
             self.on_established.set()
 
-    async def _reader(self, call: Any) -> None:
+    async def _reader(self, stream: wire.Stream) -> None:
         while True:
-            message = await call.read()
-            if message is grpc.aio.EOF:
-                code = await call.code()
-                details = await call.details()
+            message = await stream.read()
+            if message is None:
+                code = await stream.code()
+                details = await stream.details()
                 raise SessionEnded(
                     f"the server ended the stream ({code.name}: {details or 'no detail'})",
                     code=code,
                 )
             self.last_received = time.monotonic()
             self._mark_healthy()
-            if message.WhichOneof("msg") == "heartbeat":
-                self.peer_heartbeat_seq = max(self.peer_heartbeat_seq, message.heartbeat.seq)
+            if isinstance(message, Heartbeat):
+                self.peer_heartbeat_seq = max(self.peer_heartbeat_seq, message.seq)
                 continue
             self.daemon.handle_server_message(message)
 
-    async def _writer(self, call: Any) -> None:
+    async def _writer(self, stream: wire.Stream) -> None:
         daemon = self.daemon
         while True:
             # Cleared BEFORE draining: anything that becomes sendable meanwhile sets it
@@ -212,12 +201,12 @@ class Session:
             daemon.wake.clear()
             while True:
                 if not self.control.empty():
-                    await call.write(self.control.get_nowait())
+                    await stream.write(self.control.get_nowait())
                     continue
                 message = daemon.next_output_message()
                 if message is None:
                     break
-                await call.write(message)
+                await stream.write(message)
             await daemon.wake.wait()
 
     async def _heartbeat(self, interval: int) -> None:
@@ -242,17 +231,11 @@ class Session:
             if now - self.opened_at >= HEALTHY_AFTER_SECONDS:
                 self._mark_healthy()
             seq += 1
-            self.control.put_nowait(
-                pb.DeviceMessage(
-                    heartbeat=pb.Heartbeat(
-                        seq=seq, sent_at=_timestamp(), ack_seq=self.peer_heartbeat_seq
-                    )
-                )
-            )
+            self.control.put_nowait(wire.heartbeat(seq, ack_seq=self.peer_heartbeat_seq))
             self.daemon.wake.set()
             # The sandbox line follows policy edits made while connected.
             self.daemon.status.update(
-                last_heartbeat_at=_timestamp().ToJsonString(),
+                last_heartbeat_at=wire.time_text(),
                 sandbox=self.daemon.policy.sandbox_summary,
             )
 
@@ -306,7 +289,7 @@ async def connect_forever(daemon: Daemon, key: DeviceKey, stopping: asyncio.Even
             state="disconnected",
             last_error=message,
             last_error_code=code.name if code is not None else None,
-            last_error_at=_timestamp().ToJsonString(),
+            last_error_at=wire.time_text(),
             retry_in_seconds=round(delay, 1),
         )
         with contextlib.suppress(TimeoutError):

@@ -61,7 +61,7 @@ def pair(
     """Pair; ``allowed_roots`` (when given) are written into the local policy on success."""
     import grpc
 
-    from superagent_proto.v1 import endpoint_pb2, endpoint_pb2_grpc
+    from endpointd import wire
 
     addr = parse_server_url(url)
     check_not_paired(config_directory)
@@ -83,15 +83,7 @@ def pair(
     key, where, created = create_key(key_file)
     created_policy: Path | None = None
     hostname = socket.gethostname()
-    request = endpoint_pb2.PairRequest(
-        pairing_code=code.strip(),
-        device_name=device_name or hostname,
-        public_key=key.public_raw,
-        daemon_version=__version__,
-        protocol_version=PROTOCOL_VERSION_NUMBER,
-        platform=sys.platform,
-        hostname=hostname,
-    )
+    name = device_name or hostname
     try:
         creds = channel_credentials(trust)
         options = channel_options(trust)
@@ -101,9 +93,18 @@ def pair(
             else grpc.insecure_channel(addr.target, options=options)
         )
         with channel:
-            stub = endpoint_pb2_grpc.EndpointGatewayStub(channel)
             try:
-                response = stub.Pair(request, timeout=PAIR_TIMEOUT_SECONDS)
+                response = wire.pair(
+                    channel,
+                    pairing_code=code.strip(),
+                    device_name=name,
+                    public_key=key.public_raw,
+                    daemon_version=__version__,
+                    protocol_version=PROTOCOL_VERSION_NUMBER,
+                    platform=sys.platform,
+                    hostname=hostname,
+                    timeout=PAIR_TIMEOUT_SECONDS,
+                )
             except grpc.RpcError as exc:
                 code_name = exc.code().name if exc.code() is not None else "UNKNOWN"
                 raise PairingError(
@@ -131,7 +132,7 @@ def pair(
         config = DeviceConfig(
             server_url=addr.url,
             device_id=response.device_id,
-            device_name=request.device_name,
+            device_name=name,
             server_name=response.server_name,
             trust=trust,
             key=where,

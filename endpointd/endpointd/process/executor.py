@@ -30,6 +30,7 @@ from typing import Any
 from endpointd.fsutil import atomic_write
 from endpointd.guard import environment, sandbox
 from endpointd.guard.confinement import Confinement
+from endpointd.model import Exec
 from endpointd.process import zygote as _zygote
 from endpointd.secrets.delivery import Prepared
 from endpointd.spool import (
@@ -40,7 +41,6 @@ from endpointd.spool import (
     TMP_DIR,
     read_pid,
 )
-from superagent_proto.v1 import endpoint_pb2
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def private_tmpdir(spool: Path) -> Path:
 
 def exec_spec(
     spool: Path,
-    ex: endpoint_pb2.ExecCommand,
+    ex: Exec,
     *,
     limits: ExecLimits,
     default_cwd: Path,
@@ -134,7 +134,7 @@ def exec_spec(
         "env": delivery.apply(env) if delivery is not None else env,
         "timeout_seconds": min(timeout, limits.max_timeout_seconds),
         "kill_grace_seconds": limits.kill_grace_seconds,
-        "stdin": ex.HasField("stdin"),
+        "stdin": ex.stdin is not None,
     }
     if confinement is not None and confinement.mechanism == "landlock":
         spec["landlock"] = sandbox.landlock_spec(confinement)
@@ -146,7 +146,7 @@ def exec_spec(
         spec["unenforced"] = list(confinement.unenforced)
     if delivery is not None and delivery.remove_after:
         spec["remove_after"] = list(delivery.remove_after)
-    if ex.HasField("stdin"):
+    if ex.stdin is not None:
         atomic_write(spool / STDIN_FILE, ex.stdin, mode=0o600, fsync=False)
     return spec
 
@@ -180,7 +180,7 @@ def start_supervisor(spool: Path, spec: Mapping[str, Any]) -> subprocess.Popen[b
 
 def start_exec(
     spool: Path,
-    ex: endpoint_pb2.ExecCommand,
+    ex: Exec,
     *,
     limits: ExecLimits,
     default_cwd: Path,
@@ -225,9 +225,20 @@ class Zygote:
     ``ensure_started`` so the next command finds a zygote again.
     """
 
-    def __init__(self, *, spare_timeout: float = SPARE_TIMEOUT, spares: int = SPARES) -> None:
+    def __init__(
+        self,
+        *,
+        spare_timeout: float = SPARE_TIMEOUT,
+        spares: int = SPARES,
+        prepare_namespaces: bool | None = None,
+    ) -> None:
         self.spare_timeout = spare_timeout
         self.wanted = spares
+        # Whether spares make a confined command's PID namespace while they wait (see
+        # endpointd.process.nsinit); by default, wherever the sandbox has private /proc. The
+        # daemon turns it off while its policy says sandbox = "off".
+        self.prepare_namespaces = prepare_namespaces
+        self._taught: dict[str, Any] | None = None  # what the zygote was last taught
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ready = False
@@ -319,7 +330,10 @@ class Zygote:
         if missing <= 0 or self._sock is None:
             return
         try:
-            self._sock.send(_zygote.FORK * missing)
+            if self.prepare_namespaces is None:
+                self.prepare_namespaces = sandbox.support().private_proc
+            fork = _zygote.FORK_PREPARED if self.prepare_namespaces else _zygote.FORK
+            self._sock.send(fork * missing)
         except (BlockingIOError, InterruptedError):
             return  # asked again at the next launch
         except OSError:
@@ -358,6 +372,7 @@ class Zygote:
                 loop.call_later(REPLENISH_DELAY, self._ask)
             else:
                 self._ask()
+            self._teach(spec.get("landlock"))
             request = _zygote.encode({"spool": str(spool), "spec": dict(spec), "gated": gated})
             try:
                 await loop.sock_sendall(channel, request)
@@ -368,10 +383,35 @@ class Zygote:
                 raise
             return pid, channel
 
+    def _teach(self, confine: Mapping[str, Any] | None) -> None:
+        """Tell the zygote what this confined command's init needed that the next ones will
+        most likely need too (the hidden sockets, the read grants), so that its spares do
+        it before their command is known (:mod:`endpointd.process.nsinit`)."""
+        if not confine or not confine.get("private_proc") or self._sock is None:
+            return
+        lesson = {
+            "read": confine.get("read") or [],
+            "hidden_dirs": confine.get("hidden_dirs") or [],
+            "hidden_files": confine.get("hidden_files") or [],
+        }
+        if lesson == self._taught:
+            return
+        try:
+            # Blocking for this one rare write: a half-sent frame would derail the zygote.
+            self._sock.setblocking(True)
+            self._sock.sendall(_zygote.TEACH + _zygote.encode(lesson))
+        except OSError:
+            return  # a zygote that is gone is noticed by the next _pump
+        finally:
+            with contextlib.suppress(OSError):
+                self._sock.setblocking(False)
+        self._taught = lesson
+
     def stop(self) -> None:
         """Close our ends (the zygote and the spares exit on EOF); kill it if it lingers."""
         sock, proc = self._sock, self.proc
         self._sock, self.proc, self._ready, self._asked = None, None, False, 0
+        self._taught = None  # a new zygote knows nothing yet
         for _, channel in self._spares:
             channel.close()
         self._spares = []

@@ -373,6 +373,8 @@ def _spawn(
     the only fds passed on are 0/1/2: every other fd here is close-on-exec, as Python makes
     them.
     """
+    if confine is None or not confine.get("private_proc"):
+        discard_prepared()
     if cwd is not None:
         os.chdir(cwd)
     program = _find_program(argv[0], env)
@@ -423,74 +425,47 @@ def _spawn_confined(
 ) -> int:
     """Start ``program`` confined; returns the pid whose process group is the command's.
 
-    With ``private_proc``, this process first moves its future children into a PID
-    namespace of their own (:mod:`endpointd.guard.namespaces`); the child it forks is that
-    namespace's init (:func:`_namespace_init`), which confines itself and starts the command
-    with ``posix_spawn`` (confinement is inherited, and a vfork is far cheaper than a second
-    fork of this interpreter). Without it, the forked child confines itself and execs.
-    Whatever fails in the child is reported through a close-on-exec pipe (the errno and the
-    step), read here: a command that could not be confined is an error, never unconfined.
+    With ``private_proc``, the command is started by the init of a PID namespace of its own
+    (:mod:`endpointd.process.nsinit`): the one this spare prepared while it waited, or one
+    made now. Without it, a forked child confines itself and execs. Whatever fails is
+    reported back and raised here: a command that could not be confined is an error, never
+    run unconfined.
     """
+    if confine.get("private_proc"):
+        return _spawn_in_namespace(program, argv, env, (stdin_fd, out_w, err_w), confine)
     from endpointd.guard import landlock
 
     rules = landlock.Ruleset(
         connect_ports=confine.get("connect_ports"), bind_ports=confine.get("bind_ports")
     )
-    grants = [(str(path), int(rights)) for path, rights in confine.get("grants") or ()]
+    grants = [
+        (str(path), int(rights))
+        for path, rights in [*(confine.get("read") or ()), *(confine.get("grants") or ())]
+    ]
     network = str(confine.get("seccomp") or "")
     install_seccomp: Callable[[str], None] | None = None
     if network:
         from endpointd.guard import seccomp
 
         install_seccomp = seccomp.install
-    private_proc = bool(confine.get("private_proc"))
-    status_r = status_w = -1
-    if private_proc:
-        from endpointd.guard import namespaces
-
-        try:
-            namespaces.enter()
-        except OSError as exc:
-            raise SandboxFailed(
-                exc.errno or errno.EPERM,
-                f"the sandbox could not be applied (private /proc): {exc.strerror or exc}",
-            ) from None
-        status_r, status_w = os.pipe()
     report_r, report_w = os.pipe()
     try:
         pid = os.fork()
     except BaseException:
-        for fd in (report_r, report_w, status_r, status_w):
-            if fd >= 0:
-                os.close(fd)
+        os.close(report_r)
+        os.close(report_w)
         raise
-    if pid == 0:  # the child: system calls only, then exec, spawn or _exit
+    if pid == 0:  # the child: system calls only, then exec or _exit
         step = "setup"
         try:
             os.close(report_r)
             os.setpgid(0, 0)
-            if private_proc:
-                os.close(status_r)
-                step = "private /proc"
-                from endpointd.guard import namespaces
-
-                namespaces.mount_proc()
-                namespaces.hide(
-                    list(confine.get("hidden_dirs") or ()),
-                    list(confine.get("hidden_files") or ()),
-                )
             step = "landlock"
             landlock.enforce(landlock.create(rules, grants))
             if install_seccomp is not None:
                 step = "seccomp"
                 install_seccomp(network)
             step = "exec"
-            if private_proc:
-                command = _spawn_plain(program, argv, env, stdin_fd, out_w, err_w)
-                # The command holds the streams now; the init must not keep them open.
-                for fd in (stdin_fd, out_w, err_w, report_w):
-                    os.close(fd)
-                _namespace_init(command, status_w)
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
@@ -504,21 +479,94 @@ def _spawn_confined(
         finally:
             os._exit(127)
     os.close(report_w)
-    if status_w >= 0:
-        os.close(status_w)
-        _INIT_STATUS[pid] = status_r
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also here: the group must exist before we might signal it
     try:
         report = os.read(report_r, 256)
     finally:
         os.close(report_r)
-    if not report:
-        return pid  # exec'd, or spawned by the namespace's init: the pipe closed
-    _poll_blocking(pid)
-    status_fd = _INIT_STATUS.pop(pid, None)
-    if status_fd is not None:
-        os.close(status_fd)
+    if report:  # else exec'd: the close-on-exec pipe closed
+        _poll_blocking(pid)
+        _raise_report(report, argv)
+    return pid
+
+
+# The namespace init this spare prepared while it waited for a request (see prepare_init).
+_prepared: Any = None
+
+
+def prepare_init(preparation: dict[str, Any] | None) -> None:
+    """In a spare: make the namespace and init a confined command will need, ahead of the
+    request (:mod:`endpointd.process.nsinit`; ``preparation``: what the last confined
+    command's init was given, see ``Zygote.teach``). Failing here costs nothing: the
+    command's own attempt reports why."""
+    global _prepared
+    from endpointd.process import nsinit
+
+    with contextlib.suppress(OSError):
+        _prepared = nsinit.prepare(preparation)
+
+
+def discard_prepared() -> None:
+    """The request needs no namespace: let the prepared init go."""
+    global _prepared
+    if _prepared is not None:
+        _prepared.discard()
+        _prepared = None
+
+
+def _spawn_in_namespace(
+    program: str,
+    argv: list[str],
+    env: dict[str, str],
+    streams: tuple[int, int, int],
+    confine: dict[str, Any],
+) -> int:
+    global _prepared
+    from endpointd.process import nsinit
+
+    init, _prepared = _prepared, None
+    if init is None:
+        try:
+            init = nsinit.prepare()
+        except OSError as exc:
+            raise SandboxFailed(
+                exc.errno or errno.EPERM,
+                f"the sandbox could not be applied (private /proc): {exc.strerror or exc}",
+            ) from None
+    report_r, report_w = os.pipe()
+    try:
+        init.start(program, argv, env, (*streams, report_w), confine)
+    except BaseException:
+        os.close(report_r)
+        init.discard()
+        raise
+    finally:
+        os.close(report_w)
+    _INIT_STATUS[init.pid] = init.status
+    with contextlib.suppress(OSError):
+        os.setpgid(init.pid, init.pid)  # the init does it too: the group exists either way
+    try:
+        report = _read_all(report_r)
+    finally:
+        os.close(report_r)
+    if report == nsinit.STARTED:
+        return int(init.pid)
+    _poll_blocking(init.pid)
+    os.close(_INIT_STATUS.pop(init.pid))
+    _raise_report(report or b"%d:setup" % errno.EPERM, argv)
+    raise AssertionError("unreachable")
+
+
+def _read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 256):
+        data += chunk
+    return data
+
+
+def _raise_report(report: bytes, argv: list[str]) -> None:
+    """Raise what a child wrote on its report pipe (``errno:step``)."""
     code_text, _, step = report.decode("ascii", "replace").partition(":")
     code = int(code_text) if code_text.isdigit() else errno.EPERM
     if step == "exec":
@@ -526,58 +574,11 @@ def _spawn_confined(
     raise SandboxFailed(code, f"the sandbox could not be applied ({step}): {os.strerror(code)}")
 
 
-def _spawn_plain(
-    program: str, argv: list[str], env: dict[str, str], stdin_fd: int, out_w: int, err_w: int
-) -> int:
-    """``posix_spawn`` the command with the given streams, in this process's group."""
-    return os.posix_spawn(
-        program,
-        argv,
-        env,
-        file_actions=[
-            (os.POSIX_SPAWN_DUP2, stdin_fd, 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-        ],
-        setsigdef=_RESET_SIGNALS,
-        setsigmask=(),
-    )
-
-
-# What the command must have at their defaults: ignored signals survive exec (Python ignores
-# SIGPIPE and SIGXFSZ; a namespace's init ignores the terminating ones).
-_RESET_SIGNALS = (
-    signal.SIGPIPE,
-    signal.SIGXFSZ,
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-)
 # The namespace init's pid -> the pipe on which it reports how the command ended.
 _INIT_STATUS: dict[int, int] = {}
 # Inits whose report came in: they are on their way out (tearing the namespace down) and are
 # neither waited for nor reaped here.
 _INIT_EXITING: set[int] = set()
-
-
-def _namespace_init(command: int, status_w: int) -> None:
-    """PID 1 of the command's namespace, once the command runs as ``command``; never returns.
-
-    It reaps orphans, and when the command ends it writes how (its exit code, negative for
-    a signal) to ``status_w`` and exits, whereupon the kernel kills whatever is left in the
-    namespace (background jobs, `setsid` escapees included). It ignores the terminating
-    signals the supervisor sends the group; the command, not being an init, gets and obeys
-    them.
-    """
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
-    while True:
-        reaped, status = os.waitpid(-1, 0)
-        if reaped == command:
-            os.write(status_w, str(os.waitstatus_to_exitcode(status)).encode())
-            os._exit(0)
 
 
 def _poll_blocking(pid: int) -> None:

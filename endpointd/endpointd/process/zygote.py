@@ -37,7 +37,11 @@ reads a truncated request sees EOF and runs nothing.)
 
 Wire format. Zygote to daemon: a single ``R`` once it is ready, then per spare a 4-byte
 big-endian pid carrying the daemon's end of the spare's socketpair (``SCM_RIGHTS``); pid 0
-without a socket means a fork failed. Daemon to zygote: one byte ``F`` per spare wanted.
+without a socket means a fork failed. Daemon to zygote: one byte per spare wanted, ``F``, or
+``P`` for a spare that prepares the namespace of a confined command while it waits
+(:mod:`endpointd.process.nsinit`); or ``S``, a 4-byte big-endian length and that much JSON:
+what those spares apply ahead from then on (the hidden sockets and read grants the last
+confined command had).
 Daemon to spare: a 4-byte big-endian length, then that many bytes of JSON; for a request
 with ``"gated": true``, later one byte ``G`` once the daemon's journal holds the command
 durably. A gated spare does everything up to starting the command, then waits for that
@@ -67,6 +71,8 @@ if TYPE_CHECKING:
 
 READY = b"R"
 FORK = b"F"
+FORK_PREPARED = b"P"  # a spare that prepares a confined command's namespace while it waits
+TEACH = b"S"  # then a length-prefixed JSON: what prepared spares apply ahead from now on
 GO = b"G"  # daemon to a gated spare: the command is journaled durably, start it
 LENGTH = struct.Struct(">I")
 PID = struct.Struct(">I")
@@ -200,7 +206,9 @@ def _become_supervisor(
         os._exit(code)
 
 
-def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
+def _spare_main(
+    channel: socket.socket, daemon: socket.socket, prepare: bool, taught: dict[str, Any] | None
+) -> None:
     """In a freshly forked spare: get ready, wait for a request, become its supervisor."""
     code = 0
     try:
@@ -209,6 +217,8 @@ def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
         _reset_signals()
         _detach_fds(keep=channel.fileno())
         _supervise.become_subreaper()  # whatever the request, before it arrives
+        if prepare:
+            _supervise.prepare_init(taught)
         request = _recv_message(channel)
         if request is not None:
             gate = (lambda: channel.recv(1) == GO) if request.get("gated") else None
@@ -222,7 +232,9 @@ def _spare_main(channel: socket.socket, daemon: socket.socket) -> None:
         os._exit(code)
 
 
-def _fork_spare(daemon: socket.socket) -> tuple[int, socket.socket]:
+def _fork_spare(
+    daemon: socket.socket, prepare: bool, taught: dict[str, Any] | None
+) -> tuple[int, socket.socket]:
     """Fork a spare; its pid and our end of its socketpair."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(Exception):
@@ -236,7 +248,7 @@ def _fork_spare(daemon: socket.socket) -> tuple[int, socket.socket]:
         raise
     if pid == 0:
         ours.close()
-        _spare_main(theirs, daemon)
+        _spare_main(theirs, daemon, prepare, taught)
     theirs.close()
     return pid, ours
 
@@ -252,16 +264,33 @@ def serve(fd: int) -> None:
         _supervise.load_libc()
         _supervise.load_sandbox()
     sock.sendall(READY)
+    taught: dict[str, Any] | None = None
+    pending = b""
     while True:
         try:
-            wanted = sock.recv(64)
+            received = sock.recv(64 * 1024)
         except OSError:
             return
-        if not wanted:
+        if not received:
             return  # the daemon is gone
-        for _ in range(wanted.count(FORK)):
+        pending += received
+        while pending:
+            byte, rest = pending[:1], pending[1:]
+            if byte == TEACH:
+                if len(rest) < LENGTH.size:
+                    break
+                (size,) = LENGTH.unpack(rest[: LENGTH.size])
+                if len(rest) < LENGTH.size + size:
+                    break
+                with contextlib.suppress(ValueError):
+                    taught = json.loads(rest[LENGTH.size : LENGTH.size + size])
+                pending = rest[LENGTH.size + size :]
+                continue
+            pending = rest
+            if byte not in (FORK, FORK_PREPARED):
+                continue
             try:
-                pid, channel = _fork_spare(sock)
+                pid, channel = _fork_spare(sock, byte == FORK_PREPARED, taught)
             except OSError as exc:
                 print(f"endpointd zygote: cannot fork: {exc}", file=sys.stderr)
                 try:

@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from endpointd.guard import environment
+from endpointd.model import CredentialRef, Delivery
 from endpointd.secrets import peer
 from endpointd.secrets.proxy import (
     HTTPS_PORT,
@@ -87,7 +88,6 @@ from endpointd.secrets.proxy import (
     parse_authority,
 )
 from endpointd.spoolformat import TMP_DIR
-from superagent_proto.v1 import endpoint_pb2 as pb
 
 if TYPE_CHECKING:
     from endpointd.guard.policy import CredentialScope
@@ -129,11 +129,11 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # dynamic loader starts, which files a shell sources, where programs are found, where they
 # send traffic and what they trust (:func:`endpointd.guard.environment.reserved`).
 
-_DELIVERY_NAMES = {
-    pb.CredentialRef.DELIVERY_ENV: "env",
-    pb.CredentialRef.DELIVERY_FILE: "file",
-    pb.CredentialRef.DELIVERY_GIT_HELPER: "git helper",
-    pb.CredentialRef.DELIVERY_HTTP: "http",
+_DELIVERY_NAMES: dict[int, str] = {
+    Delivery.ENV: "env",
+    Delivery.FILE: "file",
+    Delivery.GIT_HELPER: "git helper",
+    Delivery.HTTP: "http",
 }
 
 
@@ -143,7 +143,7 @@ class DeliveryError(Exception):
     (REASON_CREDENTIAL_UNAVAILABLE)."""
 
 
-def _check_env_name(ref: pb.CredentialRef) -> None:
+def _check_env_name(ref: CredentialRef) -> None:
     name = ref.env_var
     how = _DELIVERY_NAMES.get(ref.delivery, "this delivery")
     if not name:
@@ -160,7 +160,7 @@ def _check_env_name(ref: pb.CredentialRef) -> None:
         )
 
 
-def check(refs: Sequence[pb.CredentialRef]) -> None:
+def check(refs: Sequence[CredentialRef]) -> None:
     """Check what can be checked without the values (names, variables, deliveries).
 
     Raises :class:`DeliveryError`. The daemon may call this on receipt, before Accepted;
@@ -171,7 +171,7 @@ def check(refs: Sequence[pb.CredentialRef]) -> None:
     for ref in refs:
         if not ref.name:
             raise DeliveryError("a credential reference has no name")
-        if ref.delivery in (pb.CredentialRef.DELIVERY_ENV, pb.CredentialRef.DELIVERY_FILE):
+        if ref.delivery in (Delivery.ENV, Delivery.FILE):
             _check_env_name(ref)
             earlier = targets.get(ref.env_var.upper())
             if earlier is not None:
@@ -179,9 +179,9 @@ def check(refs: Sequence[pb.CredentialRef]) -> None:
                     f"credentials {earlier!r} and {ref.name!r} both target env_var {ref.env_var!r}"
                 )
             targets[ref.env_var.upper()] = ref.name
-        elif ref.delivery == pb.CredentialRef.DELIVERY_HTTP:
+        elif ref.delivery == Delivery.HTTP:
             pass  # env_var unused; the hosts are checked against the policy by prepare()
-        elif ref.delivery == pb.CredentialRef.DELIVERY_GIT_HELPER:
+        elif ref.delivery == Delivery.GIT_HELPER:
             git_helpers += 1
             if git_helpers > 1:
                 raise DeliveryError(
@@ -343,7 +343,7 @@ def remove(spool: Path) -> None:
 
 def prepare(
     spool: Path,
-    refs: Sequence[pb.CredentialRef],
+    refs: Sequence[CredentialRef],
     values: Mapping[str, bytes],
     *,
     scopes: Mapping[str, CredentialScope] | None = None,
@@ -378,12 +378,12 @@ def prepare(
     try:
         for index, ref in enumerate(refs):
             value = values[ref.name]
-            if ref.delivery == pb.CredentialRef.DELIVERY_ENV:
+            if ref.delivery == Delivery.ENV:
                 prepared.env[ref.env_var] = _env_value(ref, value)
-            elif ref.delivery == pb.CredentialRef.DELIVERY_FILE:
+            elif ref.delivery == Delivery.FILE:
                 path = _write_file(prepared, spool, index, ref, value)
                 prepared.env[ref.env_var] = path
-            elif ref.delivery == pb.CredentialRef.DELIVERY_HTTP:
+            elif ref.delivery == Delivery.HTTP:
                 injections.append(_injection(ref, scopes, value))
             else:
                 _prepare_git(prepared, ref, value, _hosts(ref, scopes))
@@ -401,7 +401,7 @@ def prepare(
     return prepared
 
 
-def _hosts(ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope]) -> tuple[str, ...]:
+def _hosts(ref: CredentialRef, scopes: Mapping[str, CredentialScope]) -> tuple[str, ...]:
     """The credential's ``hosts`` in the policy; DeliveryError when there are none."""
     scope = scopes.get(ref.name)
     hosts = scope.hosts if scope is not None else ()
@@ -416,7 +416,7 @@ def _hosts(ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope]) -> tupl
 
 
 def _injection(
-    ref: pb.CredentialRef, scopes: Mapping[str, CredentialScope], value: bytes
+    ref: CredentialRef, scopes: Mapping[str, CredentialScope], value: bytes
 ) -> Injection:
     from endpointd.guard.policy import DEFAULT_HEADER
 
@@ -485,7 +485,7 @@ def _prepare_proxy(
             prepared.env[name] = str(prepared.ca_bundle)
 
 
-def _env_value(ref: pb.CredentialRef, value: bytes) -> str:
+def _env_value(ref: CredentialRef, value: bytes) -> str:
     if b"\0" in value:
         raise DeliveryError(
             f"credential {ref.name!r} contains a NUL byte, which an environment variable "
@@ -502,7 +502,7 @@ def _env_value(ref: pb.CredentialRef, value: bytes) -> str:
 
 
 def _write_file(
-    prepared: Prepared, spool: Path, index: int, ref: pb.CredentialRef, value: bytes
+    prepared: Prepared, spool: Path, index: int, ref: CredentialRef, value: bytes
 ) -> str:
     if prepared._file_dir is None:
         directory = credentials_dir(spool.absolute())
@@ -527,7 +527,7 @@ def _write_file(
 
 
 def _prepare_git(
-    prepared: Prepared, ref: pb.CredentialRef, value: bytes, hosts: Sequence[str]
+    prepared: Prepared, ref: CredentialRef, value: bytes, hosts: Sequence[str]
 ) -> None:
     if not value or not _plain_line(value):
         raise DeliveryError(

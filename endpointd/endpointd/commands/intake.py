@@ -1,0 +1,262 @@
+"""Receiving: commands and acknowledgements from the server, and the journal after a restart.
+
+A command is checked (validation, ``not_after``, the policy, its credential references) and
+journaled before anything else happens to it: a refused one as finished, the others as
+accepted, or at once as running when the starter takes it next. A redelivery is answered
+from the journal and never run again. An Ack moves the point output is resent from, and
+lets a result go. After a restart (:meth:`Intake.recover`) the journal is the memory: queued
+commands are queued again, running execs re-attached or, gone, finished as unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+
+from endpointd import wire
+from endpointd.commands.starter import Starter
+from endpointd.commands.state import Active, refused
+from endpointd.guard.policy import Decision, Refusal
+from endpointd.guard.validation import validate
+from endpointd.journal import Entry
+from endpointd.model import Ack, Challenge, Command, Finished, Reason
+from endpointd.process.executor import pid_alive
+from endpointd.secrets import delivery
+from endpointd.spool import SUPERVISOR_PID_FILE, ExitStatus, read_pid, remove_spool, spool_dir
+
+log = logging.getLogger(__name__)
+
+
+class Intake(Starter):
+    """Receiving and recovery, on starting."""
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> None:
+        """Rebuild the in-memory view from the journal after a (re)start."""
+        # A new key for this boot: answers given to a previous daemon are void, and only
+        # someone who can read the state dir (the owner, never a sandboxed command) can
+        # make new ones.
+        self.approvals.renew_key()
+        pruned = self.journal.prune()
+        if pruned:
+            log.info("pruned %d acknowledged command records", pruned)
+        for entry in self.journal.active():
+            active = self._from_entry(entry)
+            self.commands[active.command_id] = active
+            if active.state == "accepted":
+                self._queue_start(active)
+            elif active.state == "running":
+                self._reattach(active)
+        if self.commands:
+            log.info("resuming %d journaled command(s)", len(self.commands))
+        self._publish()
+
+    def _from_entry(self, entry: Entry) -> Active:
+        command = wire.decode_command(entry.body) if entry.body is not None else None
+        result = wire.decode_result(entry.result) if entry.result is not None else None
+        active = Active(
+            command_id=entry.command_id,
+            seq=entry.seq,
+            command=command,
+            state=entry.state,
+            spool=spool_dir(self.state_directory, entry.command_id),
+            acked=entry.acked_offset,
+            sent=entry.acked_offset,
+            result=result,
+            pid=entry.pid,
+        )
+        if result is not None:
+            active.total = result.total_output_bytes if isinstance(result, Finished) else 0
+        return active
+
+    def _reattach(self, active: Active) -> None:
+        active.max_output = self.policy.limits.max_output_bytes
+        status = ExitStatus.read(active.spool)
+        if status is not None:
+            self._finish_exec(active, status)
+            return
+        if active.kind != "exec":
+            # A file operation interrupted by the crash: it ran in the dead daemon's thread.
+            self._finish_unknown(active)
+            return
+        if active.pid is None:
+            active.pid = read_pid(active.spool / SUPERVISOR_PID_FILE)
+        if active.pid is None or not pid_alive(active.pid):
+            self._finish_unknown(active)
+            return
+        active.started_mono = time.monotonic()
+        self._watch_exit(active)
+        log.info(
+            "re-attached to running command %s (supervisor pid %d)", active.command_id, active.pid
+        )
+
+    # ------------------------------------------------------------------ receiving
+
+    def handle_server_message(self, message: wire.Inbound) -> None:
+        if isinstance(message, Command):
+            self.handle_command(message)
+        elif isinstance(message, Ack):
+            self.handle_ack(message)
+        elif isinstance(message, Challenge):
+            log.warning("ignoring an unexpected second Challenge on the stream")
+
+    def handle_command(self, command: Command) -> None:
+        body = command.body
+        digest = hashlib.sha256(body).digest()
+        command_id = command.command_id
+        existing = self.journal.get(command_id) if command_id else None
+        if existing is not None:
+            self._redelivered(command, existing, digest)
+            return
+
+        refusal, rule = validate(command), "validation"
+        if refusal is None and self._expired(command):
+            refusal, rule = (
+                Refusal(Reason.EXPIRED, "not_after passed before the command arrived"),
+                "not_after",
+            )
+        decision: Decision | None = None
+        if refusal is None:
+            decision = self.policy.check(command)
+            if decision.action == "deny":
+                refusal, rule = decision.refusal, decision.rule
+        if refusal is None and command.credentials:
+            try:
+                delivery.check(command.credentials)
+            except delivery.DeliveryError as exc:
+                refusal = Refusal(Reason.CREDENTIAL_UNAVAILABLE, str(exc))
+                rule = "credentials"
+        if refusal is not None:
+            refusal = Refusal(refusal.reason, self.redact_text(refusal.message))
+            log.info("refusing %s: %s", command_id or "(no id)", refusal.message)
+            self.audit.record("refused", command_id, rule, refusal.message)
+            result = refused(command_id, refusal)
+            if not command_id:
+                self._send(wire.result(result))  # nothing to journal it under
+                return
+            self.journal.insert(
+                command_id=command_id,
+                seq=command.seq,
+                body=body,
+                body_sha256=digest,
+                state="finished",
+                accepted=False,
+                result=wire.encode_result(result),
+            )
+            self.commands[command_id] = Active(
+                command_id=command_id,
+                seq=command.seq,
+                command=command,
+                state="finished",
+                spool=spool_dir(self.state_directory, command_id),
+                result=result,
+                total=0,
+            )
+            self.wake.set()
+            return
+
+        # Journaled (fsync'd) before Accepted is sent and before anything runs. A command
+        # that the starter will take next (nothing queued ahead of it, the starter idle) is
+        # journaled as `running` at once: one fsync instead of two before it starts, and
+        # that fsync runs in a thread while a spare gets ready for it (_launch_exec). A
+        # crash before it is started is then reported as an unknown outcome, as one between
+        # `running` and the start always was; never as a second run.
+        asks = decision is not None and decision.action == "ask"
+        start_next = (
+            self.clock_offset is not None
+            and not self._start_heap
+            and not self._starting
+            and not asks  # it waits for a human: journaled as accepted, never "running"
+        )
+        self.journal.insert(
+            command_id=command_id,
+            seq=command.seq,
+            body=body,
+            body_sha256=digest,
+            state="running" if start_next else "accepted",
+            accepted=True,
+            # One that starts next gets its fsync in a thread, while a spare gets ready.
+            durable=not start_next,
+        )
+        active = Active(
+            command_id=command_id,
+            seq=command.seq,
+            command=command,
+            state="accepted",
+            spool=spool_dir(self.state_directory, command_id),
+            journaled_running=start_next,
+        )
+        self.commands[command_id] = active
+        log.info("accepted %s (seq %d, %s)", command_id, command.seq, active.kind)
+        if start_next:
+            active.durable = asyncio.get_running_loop().run_in_executor(None, self.journal.sync)
+            self._queue_start(active)  # Accepted follows the fsync (_make_durable)
+        else:
+            self._queue_start(active)
+            self._send(wire.accepted(command_id))
+
+    def _redelivered(self, command: Command, existing: Entry, digest: bytes) -> None:
+        command_id = command.command_id
+        if existing.body_sha256 != digest:
+            # Sent once and not journaled: the journal row belongs to the original command.
+            log.warning(
+                "refusing %s: same id as a journaled command, different content", command_id
+            )
+            self.audit.record("refused", command_id, "duplicate", "same id as a journaled command")
+            refusal = Refusal(
+                Reason.DUPLICATE,
+                "command_id is already journaled on this device with different content",
+            )
+            self._send(wire.result(refused(command_id, refusal)))
+            return
+        log.info("redelivery of %s (%s): replaying, not re-running", command_id, existing.state)
+        if existing.accepted:
+            self._send(wire.accepted(command_id))
+        active = self.commands.get(command_id)
+        if active is not None:
+            active.sent = min(active.sent, active.acked)
+            active.result_sent = False
+            self.wake.set()
+        elif existing.result is not None:
+            # Acknowledged already; the server evidently lost that, so tell it again.
+            self._send(wire.result(wire.decode_result(existing.result)))
+
+    def handle_ack(self, ack: Ack) -> None:
+        active = self.commands.get(ack.command_id)
+        if active is None:
+            log.debug("ack for %s, which is not active", ack.command_id)
+            return
+        offset = ack.acked_output_offset
+        if offset < active.acked:
+            # The server holds less than it once acknowledged (e.g. restored from backup):
+            # resend from where it really is, results included.
+            log.warning(
+                "%s: server rewound its ack from %d to %d; resending",
+                ack.command_id,
+                active.acked,
+                offset,
+            )
+            active.sent = min(active.sent, offset)
+            active.result_sent = False
+        elif offset > active.sent:
+            active.sent = offset  # it already has more than this stream sent: skip ahead
+        if offset != active.acked:
+            active.acked = offset
+            active.acked_dirty = True
+        if ack.finished:
+            if active.result is None:
+                log.warning("ignoring Ack.finished for %s: it has not finished", ack.command_id)
+            else:
+                self._forget(active)
+        self.wake.set()
+
+    def _forget(self, active: Active) -> None:
+        self.journal.mark_acked(active.command_id, active.acked)
+        if active.reader is not None:
+            active.reader.close()
+        remove_spool(active.spool)
+        self.commands.pop(active.command_id, None)
+        self._publish()

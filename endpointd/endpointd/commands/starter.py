@@ -1,0 +1,507 @@
+"""Starting: accepted commands, one at a time in seq order, from the policy to a process.
+
+At its start a command meets the policy again (it may have changed since it arrived); an
+``ask`` waits for the owner (:meth:`Starter._await_approval`). An exec then gets its
+credentials (:meth:`Starter._deliver`) and its sandbox (:meth:`Starter._confinement`), and
+is handed to a supervisor: a zygote's spare, or a fresh interpreter. File operations run in
+a worker thread, confined to the allowed root holding their path; a cancel acts on its
+target. Nothing starts before the journal row recording that it did is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+from dataclasses import replace
+
+from endpointd import wire
+from endpointd.commands.exits import Exits
+from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
+from endpointd.commands.state import Active, finished, refused
+from endpointd.guard import sandbox
+from endpointd.guard.approvals import describe, summarize
+from endpointd.guard.confinement import Confinement
+from endpointd.guard.policy import Decision, Refusal
+from endpointd.model import Cancel, Command, Delivery, Exec, ListDir, ReadFile, Reason, WriteFile
+from endpointd.process.executor import (
+    ExecLimits,
+    ZygoteError,
+    exec_spec,
+    go,
+    private_tmpdir,
+    request_cancel,
+    revoke_or_adopt,
+    start_supervisor,
+)
+from endpointd.secrets import delivery
+from endpointd.secrets.ca import device_ca
+from endpointd.secrets.proxy import Egress
+from endpointd.secrets.store import CredentialError
+from endpointd.spool import SpoolWriter
+
+log = logging.getLogger(__name__)
+
+# Clock offsets beyond this are worth a warning: not_after decisions are made in server time.
+SKEW_WARNING_SECONDS = 30.0
+
+
+class Starter(Exits):
+    """Starting, on finishing."""
+
+    def _queue_start(self, active: Active) -> None:
+        heapq.heappush(self._start_heap, (active.seq, active.command_id))
+        self._start_ready.set()
+
+    def set_clock(self, server_time: float) -> None:
+        offset = server_time - time.time()
+        if abs(offset) > SKEW_WARNING_SECONDS:
+            log.warning("this machine's clock is %.0f s off the server's", -offset)
+        self.clock_offset = offset
+        self._start_ready.set()
+
+    def server_now(self) -> float:
+        return time.time() + (self.clock_offset or 0.0)
+
+    def _expired(self, command: Command) -> bool:
+        deadline = command.not_after
+        return deadline is not None and self.server_now() > deadline
+
+    async def starter(self) -> None:
+        """Start accepted commands one at a time, lowest seq first."""
+        if self.zygote is not None:
+            self.zygote.ensure_started()
+        while True:
+            await self._start_ready.wait()
+            self._start_ready.clear()
+            # Not before the first Challenge: not_after is judged in server time.
+            while self._start_heap and self.clock_offset is not None:
+                _, command_id = heapq.heappop(self._start_heap)
+                active = self.commands.get(command_id)
+                if active is None or active.state != "accepted" or active.command is None:
+                    continue
+                self._starting = True
+                try:
+                    await self._start(active)
+                except Exception as exc:  # a bug or OS failure must not stall the queue
+                    log.exception("starting %s failed", command_id)
+                    self._finish_result(
+                        active,
+                        finished(
+                            command_id,
+                            exit_code=-1,
+                            error=f"endpointd could not start the command: {exc}",
+                            total=0,
+                            seconds=0,
+                        ),
+                        total=0,
+                    )
+                finally:
+                    self._starting = False
+
+    async def _make_durable(self, active: Active) -> None:
+        """Wait for the journal row's fsync if it is still running, then send Accepted."""
+        durable, active.durable = active.durable, None
+        if durable is not None:
+            await durable
+            self._send(wire.accepted(active.command_id))
+
+    async def _start(self, active: Active) -> None:
+        command = active.command
+        assert command is not None
+        if active.kind != "exec" or self._expired(command):
+            await self._make_durable(active)
+        if self._expired(command):
+            self._finish_result(
+                active,
+                refused(
+                    active.command_id,
+                    Refusal(Reason.EXPIRED, "not_after passed before the command could start"),
+                ),
+                total=0,
+            )
+            return
+        if not active.journaled_running and not await self._allowed_now(active, command):
+            return
+        if not active.journaled_running:
+            self.journal.mark_running(active.command_id)
+        active.max_output = self.policy.limits.max_output_bytes
+        op = command.op
+        if isinstance(op, ReadFile):
+            cap = active.max_output
+            if op.limit is None or op.limit > cap:
+                op = replace(op, limit=cap)
+                command = active.command = replace(command, op=op)
+        active.state = "running"
+        active.started_mono = time.monotonic()
+        self._publish()
+        if isinstance(op, Exec):
+            await self._start_exec(active, op)
+        elif isinstance(op, Cancel):
+            result = self._cancel(op)
+            self._finish_op(active, result, total=0)
+        else:
+            await self._run_file_op(active, command)
+
+    async def _allowed_now(self, active: Active, command: Command) -> bool:
+        """The policy again, at start: it may have changed since the command arrived (or the
+        daemon restarted). An `ask` starts the wait for a human and returns False; the
+        command is started later, once approved (:meth:`_await_approval`)."""
+        decision = self.policy.check(command)
+        if decision.action == "deny":
+            assert decision.refusal is not None
+            self._refuse_started(active, decision.refusal, decision.rule)
+            return False
+        if decision.action == "ask" and not active.approved:
+            if active.approval_rule is None:
+                active.approval_rule = decision.rule
+                asyncio.get_running_loop().create_task(
+                    self._await_approval(active, command, decision),
+                    name=f"approval:{active.command_id}",
+                )
+            return False
+        return True
+
+    async def _await_approval(self, active: Active, command: Command, decision: Decision) -> None:
+        limit = self.policy.limits.ask_timeout_seconds
+        # All the owner is shown passes the redactor: exec.env is non-secret by the
+        # protocol, yet a value (or stdin, or a file's content) may still hold a credential.
+        queued = self.approvals.request(
+            active.command_id,
+            self.redact_text(summarize(command)),
+            self.redact_text(command.origin),
+            decision.rule,
+            limit,
+            details=describe(command, self.redact_text),
+        )
+        # Queued before a restart: the request keeps its deadline (never more than a timeout).
+        timeout = min(float(limit), max(0.0, queued.expires_at - time.time()))
+        deadline = self.server_now() + timeout
+        self._send_awaiting(active, deadline)
+        active.approval_deadline = deadline
+        log.info("%s waits for local approval (%s)", active.command_id, decision.rule)
+
+        def forged(detail: str) -> None:
+            # An answer not made by `endpointd approve`/`deny` under this daemon's key.
+            try:
+                self.audit.record("forged_approval", active.command_id, decision.rule, detail)
+            except OSError as exc:
+                log.warning("cannot write the audit log: %s", exc)
+
+        outcome = await self.approvals.wait(active.command_id, timeout, on_forged=forged)
+        self.approvals.forget(active.command_id)
+        active.approval_deadline = None
+        if active.state != "accepted" or self.commands.get(active.command_id) is not active:
+            return  # cancelled meanwhile
+        if outcome == "approved":
+            self.audit.record("approved", active.command_id, decision.rule, "approved locally")
+            active.approved = True
+            self._send(wire.accepted(active.command_id))
+            self._queue_start(active)
+            return
+        event = "denied" if outcome == "denied" else "approval_timeout"
+        refusal = decision.approval_refusal("denied" if outcome == "denied" else "timeout")
+        self.audit.record(event, active.command_id, decision.rule, refusal.message)
+        self._finish_result(active, refused(active.command_id, refusal), total=0)
+
+    def _refuse_started(self, active: Active, refusal: Refusal, rule: str) -> None:
+        refusal = Refusal(refusal.reason, self.redact_text(refusal.message))
+        log.info("refusing %s: %s", active.command_id, refusal.message)
+        self.audit.record("refused", active.command_id, rule, refusal.message)
+        self._finish_result(active, refused(active.command_id, refusal), total=0)
+
+    async def _start_exec(self, active: Active, ex: Exec) -> None:
+        active.launching = True
+        try:
+            await self._launch_exec(active, ex)
+        finally:
+            active.launching = False
+
+    async def _deliver(self, active: Active) -> bool:
+        """Resolve and prepare the command's brokered credentials, and its proxy (http
+        delivery, or ``network = "proxy"``); False if refused."""
+        command = active.command
+        assert command is not None
+        rules = self.policy.rules
+        network = rules.network if rules is not None else "allow"
+        if not command.credentials and network != "proxy":
+            return True
+        prepared: delivery.Prepared | None = None
+        values: dict[str, bytes] = {}
+        store = self.credentials
+        try:
+            if command.credentials and store is None:
+                raise delivery.DeliveryError("this endpointd has no credential store")
+            if store is not None and command.credentials:
+                indexed = set(await asyncio.to_thread(store.names))
+                for ref in command.credentials:
+                    # Only what the store indexes: the redactor masks exactly those values,
+                    # so a keyring entry set behind its back is never delivered unmasked.
+                    if ref.name not in indexed:
+                        raise delivery.DeliveryError(
+                            f"credential {ref.name!r} is not stored on this device "
+                            f"(`endpointd creds add {ref.name}`)"
+                        )
+                    value = await asyncio.to_thread(store.get, ref.name)
+                    if value is None:
+                        raise delivery.DeliveryError(
+                            f"credential {ref.name!r} is not stored on this device "
+                            f"(`endpointd creds add {ref.name}`)"
+                        )
+                    values[ref.name] = value
+            ca = None
+            if any(ref.delivery == Delivery.HTTP for ref in command.credentials):
+                ca = await asyncio.to_thread(device_ca, self.policy.config_dir)
+            # The CA bundle goes in the command's private TMPDIR, which it may read.
+            tmp = private_tmpdir(active.spool)
+            prepared = delivery.prepare(
+                active.spool,
+                command.credentials,
+                values,
+                scopes=rules.credentials if rules is not None else {},
+                egress=Egress(
+                    network=network,
+                    allow_hosts=rules.proxy_hosts if rules is not None else (),
+                ),
+                directory=tmp,
+                ca=ca,
+                root_pid=lambda: active.pid,
+            )
+            await prepared.start()
+        except (delivery.DeliveryError, CredentialError, OSError) as exc:
+            if prepared is not None:
+                prepared.close()
+            await self._make_durable(active)
+            message = str(exc)
+            if isinstance(exc, OSError) and not isinstance(exc, delivery.DeliveryError):
+                message = f"cannot prepare the command's credentials: {exc.strerror or exc}"
+            self._refuse_started(
+                active,
+                Refusal(Reason.CREDENTIAL_UNAVAILABLE, message),
+                "credentials",
+            )
+            return False
+        active.delivery = prepared
+        if not values:
+            return True
+        # The values delivered must be in the redactor this command's output will pass:
+        # rebuild it now if the store changed since it was last looked at.
+        self._redactor_checked = float("-inf")
+        if not self.redactor().covers(values.values()):
+            prepared.close()
+            self._refuse_started(
+                active,
+                Refusal(
+                    Reason.CREDENTIAL_UNAVAILABLE,
+                    "a credential changed while the command started; send it again",
+                ),
+                "credentials",
+            )
+            active.delivery = None
+            return False
+        assert store is not None
+        for name in prepared.names:
+            with contextlib.suppress(CredentialError, OSError):
+                store.touch(name)
+        return True
+
+    def _exec_limits(self) -> ExecLimits:
+        """The daemon's limits, capped by the local policy's (which follow edits)."""
+        cap = self.policy.limits.max_runtime_seconds
+        return ExecLimits(
+            max_timeout_seconds=min(self.limits.max_timeout_seconds, cap),
+            kill_grace_seconds=self.limits.kill_grace_seconds,
+        )
+
+    def _confinement(self, active: Active, ex: Exec) -> Confinement | None:
+        """The sandbox of this command (None: refused, and already finished as such)."""
+        rules = self.policy.rules
+        cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
+        workspace = self.policy.workspace_for(cwd)
+        if rules is None or workspace is None:
+            self._refuse_started(
+                active,
+                Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root"),
+                "allowed_roots",
+            )
+            return None
+        proxy = active.delivery.proxy_port if active.delivery is not None else None
+        try:
+            return sandbox.plan(
+                rules,
+                denied=[str(d.path) for d in self.policy.denied_paths],
+                workspace=str(workspace),
+                tmpdir=str(private_tmpdir(active.spool)),
+                proxy_port=proxy,
+            )
+        except sandbox.SandboxUnavailable as exc:
+            self._refuse_started(active, Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox")
+            return None
+
+    async def _launch_exec(self, active: Active, ex: Exec) -> None:
+        if not await self._deliver(active):
+            return
+        confinement = self._confinement(active, ex)
+        if confinement is None:
+            await self._make_durable(active)
+            return
+        rules = self.policy.rules
+        spec = exec_spec(
+            active.spool,
+            ex,
+            limits=self._exec_limits(),
+            default_cwd=self.default_cwd or self.policy.default_root,
+            delivery=active.delivery,
+            confinement=confinement,
+            passed_env=rules.env.passed if rules is not None else (),
+        )
+        pid: int | None = None
+        how = "fresh interpreter"
+        zygote = self.zygote
+        if zygote is not None:
+            # Spares make a PID namespace ahead while commands get one (the policy may
+            # change sandbox to "off" and back at any time).
+            landlock = spec.get("landlock")
+            zygote.prepare_namespaces = bool(landlock and landlock.get("private_proc"))
+        if zygote is not None and zygote.ready():
+            try:
+                # Gated while the journal's fsync runs: the spare gets ready meanwhile.
+                gated = active.durable is not None
+                pid, active.done = await zygote.launch(active.spool, spec, gated=gated)
+                how = "zygote"
+            except ZygoteError as exc:
+                log.warning("%s; starting %s without it", exc, active.command_id)
+                # The request may have reached it: make sure a late fork cannot run the
+                # command too, or adopt the fork that already did.
+                pid = revoke_or_adopt(active.spool)
+                how = "zygote (adopted)"
+            else:
+                if gated:
+                    try:
+                        await self._make_durable(active)
+                    except BaseException:
+                        active.done.close()  # withdrawn: the spare exits without running it
+                        active.done = None
+                        raise
+                    go(active.done)
+        await self._make_durable(active)  # (a no-op if done above)
+        if pid is None:
+            proc = start_supervisor(active.spool, spec)
+            self.children[active.command_id] = proc
+            pid = proc.pid
+            how = "fresh interpreter"
+            if zygote is not None:
+                zygote.ensure_started()  # ready in the background, for the next command
+        active.pid = pid
+        self._watch_exit(active)
+        self.journal.set_pid(active.command_id, pid)
+        log.info(
+            "started %s: %s (supervisor pid %d, %s)", active.command_id, list(ex.argv), pid, how
+        )
+
+    async def _run_file_op(self, active: Active, command: Command) -> None:
+        """Run a read_file, write_file or list_dir confined to the allowed root holding its
+        path (:mod:`endpointd.commands.fileops`): no denied directory is walked through, and what
+        the open really reached is judged again before a byte moves (``judge``)."""
+        from endpointd.guard.files import root_of
+        from endpointd.guard.policy import FileOp
+
+        active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        writer = SpoolWriter(active.spool)
+        active.local_task = True
+        policy = self.policy
+        request = command.op
+        assert isinstance(request, ReadFile | WriteFile | ListDir)
+        kind, path = request.KIND, request.path
+        op: FileOp = "read" if kind == "read_file" else "list" if kind == "list_dir" else "write"
+
+        def verdict(decision: Decision) -> str | None:
+            if decision.action == "allow":
+                return None
+            if (
+                decision.action == "ask"
+                and active.approved
+                and decision.rule == active.approval_rule
+            ):
+                return None  # the owner approved this rule for this command
+            return decision.rule
+
+        def judge(real: str) -> str | None:
+            """The rule refusing what the operation really reached, or None: the decision
+            at the start, again, on the real path."""
+            return verdict(policy.check_path(real, op))
+
+        def entry_judge(real: str) -> str | None:
+            """A listing's entries and subdirectories: as :func:`judge`, except that
+            default_action, which judged the listing as a whole, does not hide them."""
+            decision = policy.check_path(real, "list")
+            return None if decision.rule == "default_action" else verdict(decision)
+
+        root = root_of(path, [str(r) for r in policy.allowed_roots])
+        try:
+            if root is None:
+                result = OpResult(1, f"{kind} path {path} is outside the allowed roots")
+            elif isinstance(request, ReadFile):
+                result = await asyncio.to_thread(
+                    read_file,
+                    request,
+                    writer,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                )
+            elif isinstance(request, ListDir):
+                result = await asyncio.to_thread(
+                    list_dir,
+                    request,
+                    writer,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                    entries=entry_judge,
+                )
+            else:
+                result = await asyncio.to_thread(
+                    write_file,
+                    request,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                )
+        finally:
+            writer.close()
+            active.local_task = False
+        self._finish_op(active, result, total=writer.total)
+
+    def _cancel(self, cancel: Cancel) -> OpResult:
+        target_id = cancel.target_command_id
+        target = self.commands.get(target_id)
+        if target is None:
+            known = self.journal.get(target_id)
+            if known is None:
+                return OpResult(1, f"unknown command {target_id}")
+            return OpResult(1, f"command {target_id} is not running (already finished)")
+        if target.approval_deadline is not None:
+            # Still waiting for a local human: the wait ends, and the command never runs.
+            self.approvals.forget(target_id)
+            target.approval_deadline = None
+            self._finish_result(
+                target,
+                refused(
+                    target_id,
+                    Refusal(
+                        Reason.APPROVAL_DENIED,
+                        "cancelled by the control plane while waiting for local approval",
+                    ),
+                ),
+                total=0,
+            )
+            return OpResult()
+        if target.state != "running" or target.kind != "exec" or target.pid is None:
+            return OpResult(1, f"command {target_id} is not a running exec ({target.state})")
+        if not request_cancel(target.spool, target.pid, cancel.grace_seconds):
+            return OpResult(1, f"command {target_id} is no longer running")
+        log.info("cancelling %s (grace %ss)", target_id, cancel.grace_seconds or "default")
+        return OpResult()

@@ -1,0 +1,203 @@
+"""The device protocol's words as plain data: what the server asks, what the device answers.
+
+Everything past :mod:`endpointd.wire` works on these: the policy judges a :class:`Command`,
+validation checks it, the executor and the file operations carry out its ``op``, and the
+daemon answers with a :class:`Finished` or a :class:`Refused`. Only ``wire`` converts them
+from and to protobuf, so this module imports nothing of it; field names and meanings are
+the ``.proto``'s (``proto/superagent_proto/v1/endpoint.proto``), with proto3's "unset"
+spelled ``None`` where the protocol tells it apart from a zero (``optional`` fields).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+__all__ = [
+    "Ack",
+    "Cancel",
+    "Challenge",
+    "Command",
+    "CredentialRef",
+    "Delivery",
+    "Exec",
+    "Finished",
+    "Heartbeat",
+    "InFlight",
+    "InFlightState",
+    "ListDir",
+    "Op",
+    "PairResponse",
+    "ReadFile",
+    "Reason",
+    "Refused",
+    "Result",
+    "WriteFile",
+]
+
+
+class Delivery(enum.IntEnum):
+    """How a credential reaches the command (``CredentialRef.Delivery``, same numbers)."""
+
+    UNSPECIFIED = 0
+    ENV = 1  # the value in environment variable env_var
+    FILE = 2  # a 0600 file whose path is in env_var
+    GIT_HELPER = 3  # endpointd answers git's credential requests for the policy's hosts
+    HTTP = 4  # never reaches the command: the proxy adds it to HTTPS requests
+
+
+class Reason(enum.IntEnum):
+    """Why the device refused a command (``Refused.Reason``, same numbers)."""
+
+    POLICY_DENIED = 1
+    EXPIRED = 2
+    UNKNOWN_KIND = 3
+    DUPLICATE = 4
+    INVALID = 5
+    APPROVAL_DENIED = 6
+    APPROVAL_TIMEOUT = 7
+    CREDENTIAL_UNAVAILABLE = 8
+
+
+@dataclass(slots=True, frozen=True)
+class CredentialRef:
+    name: str
+    # A number this daemon does not know stays a plain int: delivery.check refuses it by
+    # number, as a newer server should hear.
+    delivery: Delivery | int = Delivery.UNSPECIFIED
+    env_var: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class Exec:
+    KIND: ClassVar[str] = "exec"
+
+    argv: tuple[str, ...] = ()
+    cwd: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_seconds: int = 0
+    stdin: bytes | None = None  # None: /dev/null, distinct from an empty input
+
+
+@dataclass(slots=True, frozen=True)
+class ReadFile:
+    KIND: ClassVar[str] = "read_file"
+
+    path: str
+    offset: int = 0
+    limit: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class WriteFile:
+    KIND: ClassVar[str] = "write_file"
+
+    path: str
+    content: bytes = b""
+    mode: int | None = None
+    create_parents: bool = False
+    # Empty: the file must not exist yet; None: write unconditionally.
+    expected_sha256: bytes | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ListDir:
+    KIND: ClassVar[str] = "list_dir"
+
+    path: str
+    depth: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Cancel:
+    KIND: ClassVar[str] = "cancel"
+
+    target_command_id: str
+    grace_seconds: int = 0
+
+
+Op = Exec | ReadFile | WriteFile | ListDir | Cancel
+
+
+@dataclass(slots=True, frozen=True)
+class Command:
+    command_id: str = ""
+    seq: int = 0
+    # What to do; None when the server used a kind this daemon predates.
+    op: Op | None = None
+    credentials: tuple[CredentialRef, ...] = ()
+    origin: str = ""
+    # Deadline for starting it, in server time (seconds); None when the server set none.
+    not_after: float | None = None
+    # The Command as received, serialized deterministically (wire sets it): what the
+    # journal keeps, and whose SHA-256 tells a redelivery from a reuse of the id.
+    body: bytes = field(default=b"", repr=False, compare=False)
+
+    @property
+    def kind(self) -> str | None:
+        """The protocol's name of ``op`` ("exec", "read_file", …), None if unknown."""
+        return self.op.KIND if self.op is not None else None
+
+
+@dataclass(slots=True, frozen=True)
+class Ack:
+    command_id: str
+    acked_output_offset: int = 0
+    finished: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Challenge:
+    nonce: bytes = b""
+    server_time: float | None = None  # seconds; None when the server sent none
+    protocol_version: int = 0
+    heartbeat_interval_seconds: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Heartbeat:
+    seq: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Finished:
+    command_id: str
+    exit_code: int = 0
+    signal: int = 0
+    error: str = ""
+    total_output_bytes: int = 0
+    duration_ns: int = 0
+    timed_out: bool = False
+    output_truncated: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Refused:
+    command_id: str
+    reason: Reason
+    message: str = ""
+
+
+# A command's terminal answer, held until the server acknowledges it.
+Result = Finished | Refused
+
+InFlightState = Literal["accepted", "awaiting_approval", "running", "finished"]
+
+
+@dataclass(slots=True, frozen=True)
+class InFlight:
+    command_id: str
+    acked_output_offset: int
+    state: InFlightState
+
+
+@dataclass(slots=True, frozen=True)
+class PairResponse:
+    """What the server answers a pairing code with (``endpointd pair``)."""
+
+    device_id: str
+    server_cert_sha256: bytes  # SHA-256 of its leaf certificate's DER
+    server_name: str
+    server_ca_pem: str  # empty when its certificate chains to a public CA

@@ -1,0 +1,349 @@
+"""The init of a command's PID namespace, forked before the command is known.
+
+A confined command runs in a PID and mount namespace of its own whose PID 1, its *init*,
+mounts a private ``/proc``, confines itself, starts the command and reaps
+(:mod:`endpointd.guard.namespaces` says why). Making one costs an ``unshare``, a fork of this
+interpreter (with its copy-on-write faults) and a mount: about two milliseconds, which a
+spare supervisor spends while it waits for a request (:func:`prepare`), so that a command's
+path holds only what depends on the command: confining and spawning it (:meth:`Init.start`).
+
+How: the supervisor forks a helper that ``unshare``s and forks the init, tells the
+supervisor the init's pid and exits; the init, reparented to the supervisor (a child
+subreaper), mounts ``/proc`` and blocks on a socketpair. The helper keeps the supervisor
+itself in the host's namespaces, so a spare that is handed an unconfined command after all
+just closes the socket: the init reads EOF and exits, taking its namespace with it.
+
+The request is one message: the command's fds (stdin, stdout, stderr, and the report pipe)
+passed with ``SCM_RIGHTS``, then a length-prefixed JSON body (program, argv, env, cwd and
+the Landlock spec). The init applies it (hidden sockets, Landlock, seccomp), ``posix_spawn``s
+the command and says so on the report pipe (``ok``); what fails is written there instead,
+as ``errno:step``, and EOF alone means the init died before either. From then on the init
+reaps orphans until the command ends, writes its exit code to the status pipe and exits.
+
+Standard library only, like the supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import socket
+import struct
+
+from endpointd.guard import landlock, namespaces
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+_LENGTH = struct.Struct(">I")
+_FDS = 4  # stdin, stdout, stderr, report
+# On the report pipe: the command runs. Anything else is ``errno:step``; EOF alone means the
+# init died first.
+STARTED = b"ok"
+
+# What the command must have at their defaults: ignored signals survive exec (Python ignores
+# SIGPIPE and SIGXFSZ; an init ignores the terminating ones).
+RESET_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+)
+
+
+class Init:
+    """A namespace's init waiting for its command; ``status`` is the pipe on which it
+    reports how the command ended."""
+
+    __slots__ = ("_control", "pid", "status")
+
+    def __init__(self, pid: int, control: socket.socket, status: int) -> None:
+        self.pid = pid
+        self._control = control
+        self.status = status
+
+    def start(
+        self,
+        program: str,
+        argv: list[str],
+        env: dict[str, str],
+        fds: tuple[int, int, int, int],
+        confine: dict[str, Any],
+    ) -> None:
+        """Hand the command over (see the module doc); the report pipe, ``fds[3]``, says
+        whether it started."""
+        body = json.dumps(
+            {"program": program, "argv": argv, "env": env, "cwd": os.getcwd(), "confine": confine}
+        ).encode("utf-8")
+        message = _LENGTH.pack(len(body)) + body
+        try:
+            sent = socket.send_fds(self._control, [message], list(fds))
+            if sent < len(message):  # (not an empty send: the init may have closed by now)
+                self._control.sendall(message[sent:])
+        finally:
+            self._control.close()
+
+    def discard(self) -> None:
+        """Not needed after all: the init exits on EOF; reaped by the supervisor's loop."""
+        self._control.close()
+        os.close(self.status)
+
+
+def prepare(preparation: dict[str, Any] | None = None) -> Init:
+    """Fork a helper that makes the namespace and its init (see the module doc).
+
+    The caller must be a child subreaper, so that the init becomes its child. OSError if
+    the namespace cannot be made. ``preparation`` (the last confined command's hidden
+    sockets and read grants) is applied ahead too; a command that differs just costs it.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    status_r, status_w = os.pipe()
+    pid_r, pid_w = os.pipe()
+    try:
+        helper = os.fork()
+    except BaseException:
+        for fd in (status_r, status_w, pid_r, pid_w):
+            os.close(fd)
+        ours.close()
+        theirs.close()
+        raise
+    if helper == 0:
+        _helper(theirs.fileno(), status_w, pid_w, preparation)
+    theirs.close()
+    os.close(status_w)
+    os.close(pid_w)
+    try:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(helper, 0)
+        said = b""
+        while chunk := os.read(pid_r, 64):
+            said += chunk
+    finally:
+        os.close(pid_r)
+    text = said.decode("ascii", "replace")
+    if text.isdigit():
+        return Init(int(text), ours, status_r)
+    ours.close()
+    os.close(status_r)
+    code, _, why = text.partition(":")
+    code_number = int(code) if code.isdigit() else errno.EPERM
+    raise OSError(code_number, why or os.strerror(code_number))
+
+
+def _helper(
+    control: int, status_w: int, pid_w: int, preparation: dict[str, Any] | None
+) -> NoReturn:
+    """The forked helper: unshare, fork the init, say its pid (or why not), exit."""
+    try:
+        _close_all_but({control, status_w, pid_w})
+        # Forked from a supervisor that may already have set its handlers and wakeup fd.
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            namespaces.enter()
+            init = os.fork()
+        except OSError as exc:
+            os.write(pid_w, f"{exc.errno or errno.EPERM}:{exc.strerror or exc}".encode())
+            os._exit(0)
+        if init == 0:
+            os.close(pid_w)
+            _init_main(socket.socket(fileno=control), status_w, preparation)
+        os.write(pid_w, str(init).encode())
+    finally:
+        os._exit(0)
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """The helper and the init hold nothing of the supervisor's (its socket to the daemon
+    above all: the daemon waits for that socket's EOF), only what they use and 0-2."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+
+
+def _receive(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
+    """The request and its fds; None on EOF (the command went elsewhere)."""
+    head, fds, _, _ = socket.recv_fds(control, _LENGTH.size, _FDS)
+    for fd in fds:
+        os.set_inheritable(fd, False)  # only what posix_spawn dup2s reaches the command
+    if len(head) < _LENGTH.size:
+        for fd in fds:
+            os.close(fd)
+        return None
+    (size,) = _LENGTH.unpack(head)
+    chunks = []
+    while size:
+        chunk = control.recv(min(size, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        size -= len(chunk)
+    if len(fds) != _FDS:
+        raise ValueError(f"{len(fds)} fds with the request")
+    request: dict[str, Any] = json.loads(b"".join(chunks))
+    return request, fds
+
+
+class _Ahead:
+    """What the init did before its command was known: the sockets it hid, and a ruleset
+    (not yet enforced) holding the read grants."""
+
+    __slots__ = ("hidden", "read", "ruleset")
+
+    def __init__(self, preparation: dict[str, Any]) -> None:
+        self.hidden = (preparation["hidden_dirs"], preparation["hidden_files"])
+        self.read = preparation["read"]
+        namespaces.hide(*self.hidden)
+        self.ruleset = landlock.create(_filesystem_rules(), _grants(self.read))
+
+
+def _filesystem_rules() -> landlock.Ruleset:
+    # Ports, when the network is limited, are a layer of their own (see _confine), so that
+    # this one does not depend on the command.
+    return landlock.Ruleset(connect_ports=None, bind_ports=None)
+
+
+def _grants(pairs: list[list[Any]]) -> list[tuple[str, int]]:
+    return [(str(path), int(rights)) for path, rights in pairs]
+
+
+def _init_main(
+    control: socket.socket, status_w: int, preparation: dict[str, Any] | None
+) -> NoReturn:
+    """PID 1 of the new namespace; never returns."""
+    early: OSError | None = None
+    ahead: _Ahead | None = None
+    try:
+        os.setpgid(0, 0)  # the command's process group: the supervisor signals it as a whole
+        namespaces.mount_proc()
+    except OSError as exc:
+        early = exc  # told to the supervisor once a request brings the report pipe
+    if early is None and preparation:
+        with contextlib.suppress(Exception):  # what fails here is done (and told) later
+            ahead = _Ahead(preparation)
+    try:
+        received = _receive(control)
+    except BaseException:
+        os._exit(1)  # a torn request: the supervisor reads EOF on its report pipe
+    if received is None:
+        os._exit(0)
+    request, (stdin_fd, out_w, err_w, report_w) = received
+    control.close()
+    step = "private /proc"
+    try:
+        if early is not None:
+            raise early
+        _confine(request["confine"], request["cwd"], ahead)
+        step = "exec"
+        command = spawn(request["program"], request["argv"], request["env"], stdin_fd, out_w, err_w)
+    except _Failed as failed:
+        _report(report_w, failed.errno, failed.step)
+    except BaseException as exc:
+        _report(report_w, exc.errno if isinstance(exc, OSError) else None, step)
+    # The command holds the streams now; the init must not keep them open.
+    for fd in (stdin_fd, out_w, err_w):
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.write(report_w, STARTED)
+    os.close(report_w)
+    reap(command, status_w)
+
+
+class _Failed(Exception):
+    def __init__(self, code: int | None, step: str) -> None:
+        self.errno, self.step = code, step
+
+
+def _report(report_w: int, code: int | None, step: str) -> NoReturn:
+    with contextlib.suppress(BaseException):
+        os.write(report_w, f"{code or errno.EPERM}:{step}".encode())
+    os._exit(127)
+
+
+def _confine(confine: dict[str, Any], cwd: str, ahead: _Ahead | None) -> None:
+    """Hide, move to ``cwd`` and confine this process as ``confine`` says, using what was
+    done ahead only where it is exactly what the command needs; :class:`_Failed` says
+    which step failed."""
+    step = "private /proc"
+    try:
+        hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
+        if ahead is None or ahead.hidden != hidden:
+            namespaces.hide(*hidden)  # (over what was hidden ahead: more hiding, never less)
+        step = "cwd"
+        os.chdir(cwd)
+        step = "landlock"
+        read = confine.get("read") or []
+        if ahead is not None and ahead.read == read:
+            ruleset = ahead.ruleset
+            landlock.add(ruleset, _grants(confine.get("grants") or []))
+        else:
+            if ahead is not None:
+                os.close(ahead.ruleset)
+            ruleset = landlock.create(
+                _filesystem_rules(), _grants([*read, *(confine.get("grants") or [])])
+            )
+        ports = landlock.Ruleset(
+            connect_ports=confine.get("connect_ports"), bind_ports=confine.get("bind_ports")
+        )
+        limited = ports.connect_ports is not None or ports.bind_ports is not None
+        ports_layer = -1
+        if limited and landlock.abi_version() >= 4:
+            ports_layer = landlock.create(ports, filesystem=False)
+        landlock.enforce(ruleset)
+        if ports_layer >= 0:
+            landlock.enforce(ports_layer)
+        network = str(confine.get("seccomp") or "")
+        if network:
+            step = "seccomp"
+            from endpointd.guard import seccomp
+
+            seccomp.install(network)
+    except OSError as exc:
+        raise _Failed(exc.errno, step) from None
+
+
+def spawn(
+    program: str, argv: list[str], env: dict[str, str], stdin_fd: int, out_w: int, err_w: int
+) -> int:
+    """``posix_spawn`` the command with the given streams, in this process's group."""
+    return os.posix_spawn(
+        program,
+        argv,
+        env,
+        file_actions=[
+            (os.POSIX_SPAWN_DUP2, stdin_fd, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1),
+            (os.POSIX_SPAWN_DUP2, err_w, 2),
+        ],
+        setsigdef=RESET_SIGNALS,
+        setsigmask=(),
+    )
+
+
+def reap(command: int, status_w: int) -> NoReturn:
+    """Be the namespace's init once the command runs as ``command``; never returns.
+
+    It reaps orphans, and when the command ends it writes how (its exit code, negative for
+    a signal) to ``status_w`` and exits, whereupon the kernel kills whatever is left in the
+    namespace (background jobs, `setsid` escapees included). It ignores the terminating
+    signals the supervisor sends the group; the command, not being an init, gets and obeys
+    them.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        reaped, status = os.waitpid(-1, 0)
+        if reaped == command:
+            with contextlib.suppress(OSError):  # a supervisor that is gone cannot be told
+                os.write(status_w, str(os.waitstatus_to_exitcode(status)).encode())
+            os._exit(0)
