@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -160,3 +162,39 @@ async def test_a_spare_taught_other_read_rules_applies_the_commands_own(tmp_path
         zygote.stop()
     assert [b"canary-7d1f" in out for out in outputs] == [True, True, False, False]
     assert [b"refused" in out for out in outputs] == [False, False, True, True]
+
+
+def test_an_unconfined_command_handed_to_a_prepared_supervisor_stays_in_its_namespace(
+    tmp_path: Path,
+) -> None:
+    # The daemon never does this (Zygote.launch picks an unprepared spare), but a prepared
+    # supervisor can no longer start anything outside its namespace: it must run the command
+    # there (more confined than asked), never fail open or lose it.
+    script = """
+import os, sys
+sys.path.append(sys.argv[1])
+from endpointd.process import supervisor
+supervisor.become_subreaper()
+supervisor.prepare_init(None)
+stdin = os.open(os.devnull, os.O_RDONLY)
+pgid, out, err = supervisor._spawn(
+    ["sh", "-c", "echo $$; readlink /proc/self/ns/pid"], sys.argv[2], {"PATH": "/usr/bin:/bin"},
+    stdin, None,
+)
+data = b""
+while chunk := os.read(out, 4096):
+    data += chunk
+sys.stdout.write(data.decode())
+"""
+    package_root = str(Path(__file__).resolve().parents[1] / "endpointd")
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, package_root, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    pid_inside, namespace = done.stdout.split()
+    assert pid_inside == "2"
+    assert namespace != os.readlink("/proc/self/ns/pid")

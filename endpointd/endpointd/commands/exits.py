@@ -155,6 +155,8 @@ class Exits(Sender):
 
     def _on_done_closed(self, command_id: str) -> None:
         self._unwatch_exit(command_id)
+        if self.zygote is not None:
+            self.zygote.replenish()
         active = self.commands.get(command_id)
         if active is None:
             return

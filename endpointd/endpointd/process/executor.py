@@ -14,6 +14,7 @@ A "shell string" needs nothing special: the control plane sends ``argv = ["sh", 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -213,8 +214,11 @@ class ZygoteError(Exception):
 # Spares the daemon keeps in hand: one per command started back to back, a second so that a
 # burst does not wait for the zygote's next fork.
 SPARES = 2
-# How long a replacement spare waits to be forked while another is still in hand (seconds).
-REPLENISH_DELAY = 0.02
+# While another spare is in hand, a replacement is forked once a command ends (see
+# Zygote.replenish), or at the latest this long after the launch (seconds): a spare, above
+# all one that prepares a namespace, costs milliseconds of CPU, which a command starting at
+# the same moment would wait for on a small machine.
+REPLENISH_LATEST = 0.25
 
 
 class Zygote:
@@ -242,8 +246,11 @@ class Zygote:
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._ready = False
-        self._spares: list[tuple[int, socket.socket]] = []
-        self._asked = 0  # spares asked for and not yet received
+        # Spares in hand: pid, our end of its socket, and whether it made a PID namespace
+        # ahead (it can then run nothing outside that namespace).
+        self._spares: list[tuple[int, socket.socket, bool]] = []
+        # Spares asked for and not yet received, in order: whether each prepares one.
+        self._asked: collections.deque[bool] = collections.deque()
         self._failed = False  # the zygote reported a failed fork since the last launch
         self._lock = asyncio.Lock()
 
@@ -303,7 +310,7 @@ class Zygote:
                     for fd in fds:
                         os.close(fd)
                     raise EOFError  # gone (or out of step, which is as bad)
-                self._asked -= 1
+                prepared = self._asked.popleft() if self._asked else False
                 (pid,) = _zygote.PID.unpack(data)
                 if pid == 0 or len(fds) != 1:
                     for fd in fds:
@@ -313,7 +320,7 @@ class Zygote:
                 channel = socket.socket(fileno=fds[0])
                 channel.set_inheritable(False)
                 channel.setblocking(False)
-                self._spares.append((pid, channel))
+                self._spares.append((pid, channel, prepared))
         except (BlockingIOError, InterruptedError):
             pass
         except (OSError, EOFError):
@@ -324,21 +331,23 @@ class Zygote:
             return False
         return self._ready
 
-    def _ask(self) -> None:
-        """Ask for enough spares to hold ``wanted`` again."""
-        missing = self.wanted - len(self._spares) - self._asked
+    def _ask(self, prepared: bool | None = None) -> None:
+        """Ask for enough spares to hold ``wanted`` again: ``prepared`` ones (that make a
+        PID namespace ahead) or not; by default as ``prepare_namespaces`` says."""
+        missing = self.wanted - len(self._spares) - len(self._asked)
         if missing <= 0 or self._sock is None:
             return
         try:
             if self.prepare_namespaces is None:
                 self.prepare_namespaces = sandbox.support().private_proc
-            fork = _zygote.FORK_PREPARED if self.prepare_namespaces else _zygote.FORK
-            self._sock.send(fork * missing)
+            if prepared is None:
+                prepared = self.prepare_namespaces
+            self._sock.send((_zygote.FORK_PREPARED if prepared else _zygote.FORK) * missing)
         except (BlockingIOError, InterruptedError):
             return  # asked again at the next launch
         except OSError:
             return  # gone: the next _pump notices
-        self._asked += missing
+        self._asked.extend([prepared] * missing)
 
     async def launch(
         self, spool: Path, spec: Mapping[str, Any], *, gated: bool = False
@@ -350,29 +359,31 @@ class Zygote:
         before it starts the command (closing the socket instead withdraws it), so that the
         journal's fsync and the spare's preparation overlap.
         """
+        confine = spec.get("landlock")
+        namespace = bool(confine and confine.get("private_proc"))
         async with self._lock:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.spare_timeout
             while True:
                 if not self._pump():
                     raise ZygoteError("the zygote is not running")
-                if self._spares:
+                if (taken := self._take(namespace)) is not None:
                     break
                 if self._failed:
                     self._failed = False
                     raise ZygoteError("the zygote could not fork")
-                self._ask()
+                self._ask(namespace)
                 if loop.time() >= deadline or self._sock is None:
                     raise ZygoteError("no spare from the zygote in time")
                 await _readable(loop, self._sock, deadline - loop.time())
-            pid, channel = self._spares.pop(0)
+            pid, channel = taken
             if self._spares:
-                # Another spare is in hand: fork the replacement a little later, so that the
-                # fork does not compete for the CPU with the command just handed over.
-                loop.call_later(REPLENISH_DELAY, self._ask)
+                # Another spare is in hand: fork the replacement later, so that the fork does
+                # not compete for the CPU with the command just handed over.
+                loop.call_later(REPLENISH_LATEST, self._ask)
             else:
                 self._ask()
-            self._teach(spec.get("landlock"))
+            self._teach(confine)
             request = _zygote.encode({"spool": str(spool), "spec": dict(spec), "gated": gated})
             try:
                 await loop.sock_sendall(channel, request)
@@ -382,6 +393,30 @@ class Zygote:
                     raise ZygoteError(f"the spare {pid} is gone: {exc}") from exc
                 raise
             return pid, channel
+
+    def _take(self, namespace: bool) -> tuple[int, socket.socket] | None:
+        """A spare for a command that gets a PID namespace (``namespace``) or not.
+
+        A prepared spare (one that made the namespace ahead) for the first, else any; an
+        unprepared one for the second, since a prepared spare starts everything in its
+        namespace. Spares of the kind no longer asked for go (the policy changed): each
+        makes room for one of the right kind.
+        """
+        for i, (pid, channel, prepared) in enumerate(self._spares):
+            if prepared == namespace:
+                del self._spares[i]
+                return pid, channel
+        if namespace and self._spares:
+            pid, channel, _ = self._spares.pop(0)
+            return pid, channel
+        for _, channel, _ in self._spares:
+            channel.close()  # it exits without running anything
+        self._spares.clear()
+        return None
+
+    def replenish(self) -> None:
+        """A command ended: a good moment to fork the spares that are missing."""
+        self._ask()
 
     def _teach(self, confine: Mapping[str, Any] | None) -> None:
         """Tell the zygote what this confined command's init needed that the next ones will
@@ -410,9 +445,10 @@ class Zygote:
     def stop(self) -> None:
         """Close our ends (the zygote and the spares exit on EOF); kill it if it lingers."""
         sock, proc = self._sock, self.proc
-        self._sock, self.proc, self._ready, self._asked = None, None, False, 0
+        self._sock, self.proc, self._ready = None, None, False
+        self._asked.clear()
         self._taught = None  # a new zygote knows nothing yet
-        for _, channel in self._spares:
+        for _, channel, _ in self._spares:
             channel.close()
         self._spares = []
         if sock is not None:

@@ -7,11 +7,12 @@ interpreter (with its copy-on-write faults) and a mount: about two milliseconds,
 spare supervisor spends while it waits for a request (:func:`prepare`), so that a command's
 path holds only what depends on the command: confining and spawning it (:meth:`Init.start`).
 
-How: the supervisor forks a helper that ``unshare``s and forks the init, tells the
-supervisor the init's pid and exits; the init, reparented to the supervisor (a child
-subreaper), mounts ``/proc`` and blocks on a socketpair. The helper keeps the supervisor
-itself in the host's namespaces, so a spare that is handed an unconfined command after all
-just closes the socket: the init reads EOF and exits, taking its namespace with it.
+How: the supervisor ``unshare``s (a mount namespace of its own, a PID namespace for its
+children) and forks the init, which mounts ``/proc`` and blocks on a socketpair. From then
+on every process the supervisor starts lands in that namespace, so the daemon hands a
+prepared spare confined commands only (``Zygote.launch``); one that gets an unconfined
+command anyway starts it through the init too, without Landlock but still in the
+namespace: more confined than asked, never less.
 
 The request is one message: the command's fds (stdin, stdout, stderr, and the report pipe)
 passed with ``SCM_RIGHTS``, then a length-prefixed JSON body (program, argv, env, cwd and
@@ -75,7 +76,7 @@ class Init:
         argv: list[str],
         env: dict[str, str],
         fds: tuple[int, int, int, int],
-        confine: dict[str, Any],
+        confine: dict[str, Any] | None,
     ) -> None:
         """Hand the command over (see the module doc); the report pipe, ``fds[3]``, says
         whether it started."""
@@ -91,74 +92,43 @@ class Init:
             self._control.close()
 
     def discard(self) -> None:
-        """Not needed after all: the init exits on EOF; reaped by the supervisor's loop."""
+        """After a failed hand-over: the init exits on EOF."""
         self._control.close()
         os.close(self.status)
 
 
 def prepare(preparation: dict[str, Any] | None = None) -> Init:
-    """Fork a helper that makes the namespace and its init (see the module doc).
+    """Move this process into a new mount namespace and its future children into a new PID
+    namespace, and fork their init (see the module doc); once per process.
 
-    The caller must be a child subreaper, so that the init becomes its child. OSError if
-    the namespace cannot be made. ``preparation`` (the last confined command's hidden
-    sockets and read grants) is applied ahead too; a command that differs just costs it.
+    OSError if the namespace cannot be made. ``preparation`` (the last confined command's
+    hidden sockets and read grants) is applied ahead too; a command that differs just
+    costs that work.
     """
+    namespaces.enter()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe()
-    pid_r, pid_w = os.pipe()
     try:
-        helper = os.fork()
+        pid = os.fork()
     except BaseException:
-        for fd in (status_r, status_w, pid_r, pid_w):
+        for fd in (status_r, status_w):
             os.close(fd)
         ours.close()
         theirs.close()
         raise
-    if helper == 0:
-        _helper(theirs.fileno(), status_w, pid_w, preparation)
+    if pid == 0:
+        try:
+            _close_all_but({theirs.fileno(), status_w})
+            # Forked from a supervisor that may have set its handlers and wakeup fd already.
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            _init_main(socket.socket(fileno=theirs.fileno()), status_w, preparation)
+        finally:
+            os._exit(1)
     theirs.close()
     os.close(status_w)
-    os.close(pid_w)
-    try:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(helper, 0)
-        said = b""
-        while chunk := os.read(pid_r, 64):
-            said += chunk
-    finally:
-        os.close(pid_r)
-    text = said.decode("ascii", "replace")
-    if text.isdigit():
-        return Init(int(text), ours, status_r)
-    ours.close()
-    os.close(status_r)
-    code, _, why = text.partition(":")
-    code_number = int(code) if code.isdigit() else errno.EPERM
-    raise OSError(code_number, why or os.strerror(code_number))
-
-
-def _helper(
-    control: int, status_w: int, pid_w: int, preparation: dict[str, Any] | None
-) -> NoReturn:
-    """The forked helper: unshare, fork the init, say its pid (or why not), exit."""
-    try:
-        _close_all_but({control, status_w, pid_w})
-        # Forked from a supervisor that may already have set its handlers and wakeup fd.
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        try:
-            namespaces.enter()
-            init = os.fork()
-        except OSError as exc:
-            os.write(pid_w, f"{exc.errno or errno.EPERM}:{exc.strerror or exc}".encode())
-            os._exit(0)
-        if init == 0:
-            os.close(pid_w)
-            _init_main(socket.socket(fileno=control), status_w, preparation)
-        os.write(pid_w, str(init).encode())
-    finally:
-        os._exit(0)
+    return Init(pid, ours, status_r)
 
 
 def _close_all_but(keep: set[int]) -> None:
@@ -270,11 +240,19 @@ def _report(report_w: int, code: int | None, step: str) -> NoReturn:
     os._exit(127)
 
 
-def _confine(confine: dict[str, Any], cwd: str, ahead: _Ahead | None) -> None:
+def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> None:
     """Hide, move to ``cwd`` and confine this process as ``confine`` says, using what was
     done ahead only where it is exactly what the command needs; :class:`_Failed` says
     which step failed."""
     step = "private /proc"
+    if confine is None:  # (an unconfined command in a prepared spare: see the module doc)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            raise _Failed(exc.errno, "cwd") from None
+        if ahead is not None:
+            os.close(ahead.ruleset)
+        return
     try:
         hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
         if ahead is None or ahead.hidden != hidden:

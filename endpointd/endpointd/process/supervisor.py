@@ -373,14 +373,15 @@ def _spawn(
     the only fds passed on are 0/1/2: every other fd here is close-on-exec, as Python makes
     them.
     """
-    if confine is None or not confine.get("private_proc"):
-        discard_prepared()
     if cwd is not None:
         os.chdir(cwd)
     program = _find_program(argv[0], env)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
+        if _prepared is not None or (confine is not None and confine.get("private_proc")):
+            streams = (stdin_fd, out_w, err_w)
+            return _spawn_in_namespace(program, argv, env, streams, confine), out_r, err_r
         if confine is not None:
             return (
                 _spawn_confined(program, argv, env, stdin_fd, out_w, err_w, confine),
@@ -423,16 +424,11 @@ def _spawn_confined(
     err_w: int,
     confine: dict[str, Any],
 ) -> int:
-    """Start ``program`` confined; returns the pid whose process group is the command's.
-
-    With ``private_proc``, the command is started by the init of a PID namespace of its own
-    (:mod:`endpointd.process.nsinit`): the one this spare prepared while it waited, or one
-    made now. Without it, a forked child confines itself and execs. Whatever fails is
-    reported back and raised here: a command that could not be confined is an error, never
-    run unconfined.
+    """Start ``program`` confined without a PID namespace (where there is none): a forked
+    child confines itself and execs; returns its pid, the command's process group. What
+    fails is reported back and raised here: a command that could not be confined is an
+    error, never run unconfined.
     """
-    if confine.get("private_proc"):
-        return _spawn_in_namespace(program, argv, env, (stdin_fd, out_w, err_w), confine)
     from endpointd.guard import landlock
 
     rules = landlock.Ruleset(
@@ -507,21 +503,17 @@ def prepare_init(preparation: dict[str, Any] | None) -> None:
         _prepared = nsinit.prepare(preparation)
 
 
-def discard_prepared() -> None:
-    """The request needs no namespace: let the prepared init go."""
-    global _prepared
-    if _prepared is not None:
-        _prepared.discard()
-        _prepared = None
-
-
 def _spawn_in_namespace(
     program: str,
     argv: list[str],
     env: dict[str, str],
     streams: tuple[int, int, int],
-    confine: dict[str, Any],
+    confine: dict[str, Any] | None,
 ) -> int:
+    """Start ``program`` through the init of a PID namespace of its own
+    (:mod:`endpointd.process.nsinit`): the one this spare prepared while it waited, or one
+    made now. Returns the init's pid, the command's process group; what fails in the init
+    is raised here, and a command that could not be confined never runs."""
     global _prepared
     from endpointd.process import nsinit
 
