@@ -115,9 +115,10 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
     import asyncpg
 
     from controlplane.db.urls import asyncpg_dsn
+    from controlplane.domain import TERMINAL_COMMAND_STATES, Notify
     from controlplane.effects.runner import create_pool
     from controlplane.gateway import specs
-    from controlplane.gateway.queue import DONE_CHANNEL, TERMINAL, CommandQueue, done_command_id
+    from controlplane.gateway.queue import CommandQueue, done_command_id
 
     version = await postgres_version(server_url)
     print("\n".join(f"- {k}: {v}" for k, v in machine_summary(version)), flush=True)
@@ -180,7 +181,7 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
                 if len(done_counts) >= total:
                     all_done.set()
 
-            await listener.add_listener(DONE_CHANNEL, on_done)
+            await listener.add_listener(Notify.COMMAND_DONE, on_done)
 
             first_delivery: dict[str, float] = {}
 
@@ -200,7 +201,7 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
                     await asyncio.sleep(0.5)
                     final = await pool.fetchval(
                         "SELECT count(*) FROM commands WHERE state = ANY($1::text[])",
-                        list(TERMINAL),
+                        list(TERMINAL_COMMAND_STATES),
                     )
                     if final >= total:
                         all_done.set()
@@ -228,7 +229,7 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
                 for row in await pool.fetch(
                     "SELECT id, device_id, state, output_size, total_output_bytes FROM commands "
                     "WHERE NOT state = ANY($1::text[]) ORDER BY device_id, seq",
-                    list(TERMINAL),
+                    list(TERMINAL_COMMAND_STATES),
                 ):
                     device = by_id[row["device_id"]]
                     stream = (
@@ -267,7 +268,7 @@ async def run(args: argparse.Namespace, server_url: str) -> StormResult:
             except TimeoutError:
                 pass
             await asyncio.sleep(1)  # late duplicates, if any, would show up now
-            await listener.remove_listener(DONE_CHANNEL, on_done)
+            await listener.remove_listener(Notify.COMMAND_DONE, on_done)
 
             deliveries: collections.Counter[str] = collections.Counter()
             misrouted = 0

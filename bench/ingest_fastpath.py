@@ -53,7 +53,7 @@ from bench.simdevice import (
 )
 from controlplane.channels.github.webhooks import sign
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest.intake import INBOX_CHANNEL
+from controlplane.domain import Notify
 from superagent_shared.ids import new_id
 from tests.helpers import free_port
 
@@ -219,7 +219,7 @@ async def _measure(
     def on_inbox(_c: object, _p: int, _ch: str, payload: object) -> None:
         arrived[str(payload).partition(":")[0]] = time.monotonic()
 
-    await listener.add_listener(INBOX_CHANNEL, on_inbox)
+    await listener.add_listener(Notify.INBOX, on_inbox)
     sent: dict[str, float] = {}
     took: list[float] = []
     await _load(port, path, args.warmup, args.senders, 0, signed, sent, took)

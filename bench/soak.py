@@ -102,6 +102,7 @@ from bench.simdevice import (
 )
 from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import TicketState
 from controlplane.gateway.tls import gateway_tls
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
@@ -122,8 +123,7 @@ from tests.replica_process import ReplicaProcess
 
 ALICE = Actor("alice", "alice", groups=("console",))
 OWNER = "web:alice"
-FINAL_STATES = ("completed", "failed", "stopped")
-LIVE_STATES = ("open", "running", "waiting_device")
+LIVE_STATES = (TicketState.OPEN, TicketState.RUNNING, TicketState.WAITING_DEVICE)
 SERVE_ENV = {"SUPERAGENT_LLM__TIMEOUT": "2"}
 _THREAD = re.compile(r"^thread (thr_\w+) ")
 _EVENT = re.compile(r"^\s+\[(trg_\w+)\] \S+ (\S+) from .*?Z: (.*)$")

@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from controlplane import logs
 from controlplane.access import guard
 from controlplane.api.state import AppState, app_state
-from controlplane.db.models import TICKET_STATES
+from controlplane.domain import LIVE_COMMAND_STATES, TicketState
 from controlplane.errors import Unauthorized
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.settings import Settings
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 SCRAPE_TIMEOUT = 2.0
 # The classic text format, which every Prometheus reads (newer clients default to 1.0.0).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PENDING_COMMAND_STATES = ("queued", "delivered", "awaiting_approval", "running")
 EFFECT_STATES = ("ready", "running", "backoff", "dead")
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 
@@ -79,7 +78,7 @@ async def _queues(conn: AsyncConnection) -> list[Metric]:
     ).one()
     commands = await conn.execute(
         text("SELECT state, count(*) FROM commands WHERE state = ANY(:states) GROUP BY state"),
-        {"states": list(PENDING_COMMAND_STATES)},
+        {"states": list(LIVE_COMMAND_STATES)},
     )
     tickets = await conn.execute(text("SELECT state, count(*) FROM tickets GROUP BY state"))
     return [
@@ -97,14 +96,14 @@ async def _queues(conn: AsyncConnection) -> list[Metric]:
             "superagent_commands",
             "Device commands not finished yet, by state.",
             "state",
-            PENDING_COMMAND_STATES,
+            LIVE_COMMAND_STATES,
             {row[0]: row[1] for row in commands},
         ),
         _gauge_by(
             "superagent_tickets",
             "Tickets by state.",
             "state",
-            TICKET_STATES,
+            tuple(TicketState),
             {row[0]: row[1] for row in tickets},
         ),
     ]

@@ -22,20 +22,13 @@ from controlplane.api.state import AppState
 from controlplane.authorization.approvals import ApprovalService
 from controlplane.channels import registry as channel_registry
 from controlplane.channels.context import ChannelContext
-from controlplane.channels.github.pull_requests import (
-    OPEN_PULL_REQUEST_EFFECT,
-    open_pull_request_handler,
-)
-from controlplane.channels.outbound import (
-    ACK_EFFECT,
-    REPLY_EFFECT,
-    acknowledge_handler,
-    reply_handler,
-)
+from controlplane.channels.github.pull_requests import open_pull_request_handler
+from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.db import migrate
 from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, redacted
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import Handlers
 from controlplane.effects.runner import EffectRunner, runner_id
 from controlplane.gateway.hub import DeviceHub
@@ -46,7 +39,7 @@ from controlplane.heartbeat import ReplicaHeartbeat
 from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership, WhileLeading
 from controlplane.router.router import Router, RouterService, TurnTaker
-from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
+from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from controlplane.services import LOOPS_SHARE, DatabaseWatch, Service, run_services
 from controlplane.settings import Settings
 from controlplane.watchdog.supervisor import WatchdogChild
@@ -175,10 +168,12 @@ async def replica(
                 renew_seconds=settings.router.renew_seconds,
             )
             handlers = Handlers()
-            handlers.register(RUN_EFFECT, run_handler(pool, queue))
-            handlers.register(REPLY_EFFECT, reply_handler(pool, channels))
-            handlers.register(ACK_EFFECT, acknowledge_handler(pool, channels))
-            handlers.register(OPEN_PULL_REQUEST_EFFECT, open_pull_request_handler(pool, channels))
+            handlers.register(EffectKind.RUN_COMMAND, run_handler(pool, queue))
+            handlers.register(EffectKind.REPLY, reply_handler(pool, channels))
+            handlers.register(EffectKind.ACKNOWLEDGE, acknowledge_handler(pool, channels))
+            handlers.register(
+                EffectKind.OPEN_PULL_REQUEST, open_pull_request_handler(pool, channels)
+            )
             services: list[Service] = [
                 DatabaseWatch(dsn, exit_after=settings.database_outage_exit_seconds),
                 ReplicaHeartbeat(pool, replica_id),

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from controlplane.domain import CLOSED_TICKET_SQL
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.leadership import ROUTER_LEASE
 
@@ -101,8 +102,8 @@ async def read(session: AsyncSession, model: str) -> Status:
             text(
                 "SELECT "
                 "(SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS inbox, "
-                "(SELECT count(*) FROM tickets WHERE state NOT IN "
-                "  ('completed', 'failed', 'stopped')) AS tickets, "
+                f"(SELECT count(*) FROM tickets WHERE state NOT IN ({CLOSED_TICKET_SQL})) "
+                "  AS tickets, "
                 "(SELECT count(*) FROM assignments WHERE ended_at IS NULL) AS rounds, "
                 "(SELECT count(*) FROM tickets WHERE state = 'waiting_device') AS away, "
                 "(SELECT count(*) FROM tickets WHERE state = 'waiting_human') AS asking, "

@@ -2,6 +2,10 @@
 
 Postgres comes from ``TEST_DATABASE_URL`` when set, otherwise from the ``pgserver`` wheel,
 started once per test run and shared by the xdist workers (pgserver coordinates them).
+
+Every collected test is marked ``pg`` when it needs Postgres and ``slow`` when it starts
+processes, from what its code and fixtures reach (tests/support/markers.py says how);
+``scripts/test --quick`` runs the tests that are neither.
 """
 
 from __future__ import annotations
@@ -23,8 +27,16 @@ from controlplane.db.urls import asyncpg_dsn, with_database
 from endpointd.process.executor import Zygote
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
 from tests.helpers import assert_eventually
+from tests.support import markers
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test ``pg`` when it needs Postgres, ``slow`` when it starts processes."""
+    for item in items:
+        markers.mark(item)
 
 
 @pytest.fixture(scope="session")

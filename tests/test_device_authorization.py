@@ -29,14 +29,14 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
-from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
+from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from controlplane.router.tools import Toolbox, Turn
 from controlplane.settings import Settings, WorkerSettings
 from controlplane.workers import control
@@ -165,7 +165,7 @@ def _json(value: object) -> dict[str, Any]:
 
 async def _replies(pool: asyncpg.Pool, thread_id: str | None = None) -> list[str]:
     rows = await pool.fetch(
-        "SELECT payload FROM effects WHERE kind = $1 ORDER BY created_at, id", REPLY_EFFECT
+        "SELECT payload FROM effects WHERE kind = $1 ORDER BY created_at, id", EffectKind.REPLY
     )
     payloads = [_json(row["payload"]) for row in rows]
     return [str(p["text"]) for p in payloads if thread_id is None or p["thread_id"] == thread_id]
@@ -182,8 +182,10 @@ async def _commands_on(pool: asyncpg.Pool, device: LocalDevice) -> int:
 async def _run_effects(pool: asyncpg.Pool, queue: CommandQueue) -> None:
     """Carry out every queued /run as the outbox would (each once)."""
     handler = run_handler(pool, queue)
-    for row in await pool.fetch("SELECT * FROM effects WHERE kind = $1", RUN_EFFECT):
-        claimed = ClaimedEffect(row["id"], RUN_EFFECT, row["key"], _json(row["payload"]), 1, 1)
+    for row in await pool.fetch("SELECT * FROM effects WHERE kind = $1", EffectKind.RUN_COMMAND):
+        claimed = ClaimedEffect(
+            row["id"], EffectKind.RUN_COMMAND, row["key"], _json(row["payload"]), 1, 1
+        )
         with contextlib.suppress(Postpone):  # submitted; its result is not final yet
             await handler(claimed)
 

@@ -27,15 +27,11 @@ from controlplane.api.state import AppState
 from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import Notify
 from controlplane.gateway import devices, specs
 from controlplane.gateway import hub as hub_module
 from controlplane.gateway.pairing import MAX_WRONG_PER_CODE
-from controlplane.gateway.queue import (
-    COMMANDS_CHANNEL,
-    CommandQueue,
-    CommandResult,
-    PendingCommand,
-)
+from controlplane.gateway.queue import CommandQueue, CommandResult, PendingCommand
 from controlplane.settings import GrpcSettings, Settings
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
@@ -498,8 +494,8 @@ async def test_lost_notifications_are_made_up_for_by_the_poll(
     hub = gateway.hub
     await assert_eventually(lambda: hub._listener is not None)
     assert hub._listener is not None
-    await hub._listener.remove_listener(COMMANDS_CHANNEL, hub._on_commands)
-    await hub._listener.remove_listener(hub_module.DEVICES_CHANNEL, hub._on_devices)
+    await hub._listener.remove_listener(Notify.COMMANDS, hub._on_commands)
+    await hub._listener.remove_listener(Notify.DEVICES, hub._on_devices)
     device = await paired(gateway)
     await device.connect()
     await assert_eventually(lambda: device.device_id in gateway.hub.streams)

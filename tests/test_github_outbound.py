@@ -24,12 +24,10 @@ from controlplane.channels.base import (
 from controlplane.channels.github.adapter import GithubAdapter, marker
 from controlplane.channels.github.auth import TokenAuth
 from controlplane.channels.github.client import GithubClient
-from controlplane.channels.github.pull_requests import (
-    OPEN_PULL_REQUEST_EFFECT,
-    open_pull_request_handler,
-)
+from controlplane.channels.github.pull_requests import open_pull_request_handler
 from controlplane.channels.github.webhooks import sign
-from controlplane.channels.outbound import ACK_EFFECT, acknowledge_handler
+from controlplane.channels.outbound import acknowledge_handler
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
 from controlplane.errors import TransientError
 from controlplane.ingest.intake import Intake
@@ -174,18 +172,18 @@ async def test_the_open_pull_request_effect_records_the_url_on_the_ticket(
         "body": "Background: ...",
         "ticket_id": "tkt_pr",
     }
-    await handler(_effect(OPEN_PULL_REQUEST_EFFECT, payload))
-    await handler(_effect(OPEN_PULL_REQUEST_EFFECT, payload, attempt=2))  # a retry
+    await handler(_effect(EffectKind.OPEN_PULL_REQUEST, payload))
+    await handler(_effect(EffectKind.OPEN_PULL_REQUEST, payload, attempt=2))  # a retry
     [pull] = github.pulls(REPO)
     assert await pool.fetchval("SELECT pr_url FROM tickets WHERE id = 'tkt_pr'") == pull["html_url"]
 
     with pytest.raises(Permanent, match="needs head"):
-        await handler(_effect(OPEN_PULL_REQUEST_EFFECT, {**payload, "head": ""}))
+        await handler(_effect(EffectKind.OPEN_PULL_REQUEST, {**payload, "head": ""}))
     with pytest.raises(Permanent, match="404"):
-        await handler(_effect(OPEN_PULL_REQUEST_EFFECT, {**payload, "repo": "acme/gone"}))
+        await handler(_effect(EffectKind.OPEN_PULL_REQUEST, {**payload, "repo": "acme/gone"}))
     unconfigured = open_pull_request_handler(pool, Channels())
     with pytest.raises(Postpone, match="not configured"):
-        await unconfigured(_effect(OPEN_PULL_REQUEST_EFFECT, payload))
+        await unconfigured(_effect(EffectKind.OPEN_PULL_REQUEST, payload))
 
 
 async def test_githubs_answers_become_what_the_outbox_does(
@@ -255,10 +253,12 @@ async def test_an_explicit_request_is_acknowledged_end_to_end(
         )
     assert response.status_code == 202, response.text
     assert response.json()["triggers"][0]["verdict"] == "explicit"
-    row = await pool.fetchrow("SELECT id, key, payload FROM effects WHERE kind = $1", ACK_EFFECT)
+    row = await pool.fetchrow(
+        "SELECT id, key, payload FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE
+    )
     assert row is not None
     assert row["payload"]["message_ref"] == f"issue_comment:{comment['id']}"
 
     acknowledge = acknowledge_handler(pool, Channels([adapter]))
-    await acknowledge(_effect(ACK_EFFECT, row["payload"]))
+    await acknowledge(_effect(EffectKind.ACKNOWLEDGE, row["payload"]))
     assert [r["content"] for r in github.reactions("issue_comment", comment["id"])] == ["eyes"]

@@ -22,7 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import people
 from controlplane.channels.base import ChannelAdapter, Channels, OutboundMessage
-from controlplane.channels.outbound import ACK_EFFECT, reply_handler
+from controlplane.channels.outbound import reply_handler
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import Conflict
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
@@ -221,7 +222,7 @@ async def test_an_explicit_request_is_acknowledged_and_others_are_not(
     acks = await pool.fetch(
         "SELECT key, payload->>'message_ref' AS ref FROM effects WHERE kind = $1 "
         "AND key = ANY($2::text[])",
-        ACK_EFFECT,
+        EffectKind.ACKNOWLEDGE,
         [asked.trigger_id, chatter.trigger_id],
     )
     assert [(row["key"], row["ref"]) for row in acks] == [(asked.trigger_id, "issue_comment:1")]

@@ -12,15 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.db.engine import transaction
 from controlplane.db.models import PolicyVersion
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import Notify
 from controlplane.errors import Conflict, InvalidInput, NotFound
 from controlplane.ingest import inbox, policy
-from controlplane.ingest.intake import (
-    INBOX_CHANNEL,
-    ROUTER_CHANNEL,
-    IncomingTrigger,
-    Intake,
-    ThreadRef,
-)
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import (
     Actor,
     Assessment,
@@ -200,8 +195,8 @@ class Notifications:
 async def notifications(database_url: str) -> AsyncIterator[Notifications]:
     conn = await asyncpg.connect(asyncpg_dsn(database_url))
     seen = Notifications()
-    await conn.add_listener(ROUTER_CHANNEL, seen)
-    await conn.add_listener(INBOX_CHANNEL, seen)
+    await conn.add_listener(Notify.ROUTER, seen)
+    await conn.add_listener(Notify.INBOX, seen)
     yield seen
     await conn.close()
 
@@ -220,7 +215,7 @@ async def test_events_are_stored_judged_and_routed(
     assert (explicit.verdict, explicit.route, explicit.duplicate) == ("explicit", "router", False)
     assert (ignored.verdict, ignored.route) == ("ignored", "dropped")
     assert explicit.thread_id == ignored.thread_id  # one thread for acme/app#12
-    assert notifications.received == [(ROUTER_CHANNEL, explicit.trigger_id)]
+    assert notifications.received == [(Notify.ROUTER, explicit.trigger_id)]
     rows = await pool.fetch(
         "SELECT id, verdict, verdict_reason, routed_at IS NULL AS pending, policy_version_id, "
         "(SELECT data FROM blobs WHERE id = payload_blob_id) AS payload FROM triggers ORDER BY id"
@@ -283,7 +278,7 @@ async def test_events_on_subscribed_threads_pass_through_without_the_router(
     assert (ci.route, ci.tickets) == ("subscribers", tuple(sorted((first, second))))
     assert (review.route, review.verdict) == ("subscribers", "ignored")
     assert spam.route == "dropped"  # noise, even here
-    assert {channel for channel, _ in notifications.received} == {INBOX_CHANNEL}
+    assert {channel for channel, _ in notifications.received} == {Notify.INBOX}
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE routed_at IS NULL") == 1
 
     events = await inbox.read(pool, first)
@@ -312,7 +307,7 @@ async def test_a_handed_back_event_reaches_the_router_once_no_ticket_holds_it(
     assert await inbox.hand_back(pool, second, chatter.trigger_id) == "dropped"
     await notifications.wait_for(1)
     await _settle()  # and nothing more arrives
-    assert notifications.received == [(ROUTER_CHANNEL, request.trigger_id)]
+    assert notifications.received == [(Notify.ROUTER, request.trigger_id)]
     pending = await pool.fetch("SELECT id, route FROM triggers WHERE routed_at IS NULL")
     assert sorted((row["id"], row["route"]) for row in pending) == sorted(
         [(opened.trigger_id, "router"), (request.trigger_id, "router")]

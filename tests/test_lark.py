@@ -20,12 +20,8 @@ from controlplane.channels.base import Channels, OutboundMessage
 from controlplane.channels.lark import events
 from controlplane.channels.lark.channel import LarkAdapter
 from controlplane.channels.lark.long_connection import LongConnection
-from controlplane.channels.outbound import (
-    ACK_EFFECT,
-    REPLY_EFFECT,
-    acknowledge_handler,
-    reply_handler,
-)
+from controlplane.channels.outbound import acknowledge_handler, reply_handler
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
 from controlplane.errors import TransientError
 from controlplane.ingest.intake import Intake
@@ -204,7 +200,7 @@ async def test_a_signed_encrypted_mention_is_an_explicit_request_recorded_once(
     assert stored["event"]["message"]["message_id"] == "om_1"
     assert TOKEN not in row["data"].decode()  # the verification token is not kept
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
-    ack = await pool.fetchval("SELECT payload FROM effects WHERE kind = $1", ACK_EFFECT)
+    ack = await pool.fetchval("SELECT payload FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE)
     assert _object(ack)["message_ref"] == "om_1"
 
 
@@ -341,7 +337,7 @@ def _reply(reply_id: str, thread: tuple[str, str], attempt: int = 1) -> ClaimedE
         "thread_external_id": thread[1],
         "text": "On it: the build fails on a missing fixture.",
     }
-    return ClaimedEffect(f"eff_{reply_id}", REPLY_EFFECT, reply_id, payload, 1, attempt)
+    return ClaimedEffect(f"eff_{reply_id}", EffectKind.REPLY, reply_id, payload, 1, attempt)
 
 
 async def test_replies_go_out_in_thread_once_per_reply_id(
@@ -401,11 +397,13 @@ async def test_an_accepted_request_is_marked_seen(
     engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
     await _thread_of_a_request(engine, pool, adapter)
-    row = await pool.fetchrow("SELECT id, key, payload FROM effects WHERE kind = $1", ACK_EFFECT)
+    row = await pool.fetchrow(
+        "SELECT id, key, payload FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE
+    )
     assert row is not None
     acknowledge = acknowledge_handler(pool, Channels([adapter]))
     await acknowledge(
-        ClaimedEffect(row["id"], ACK_EFFECT, row["key"], _object(row["payload"]), 1, 1)
+        ClaimedEffect(row["id"], EffectKind.ACKNOWLEDGE, row["key"], _object(row["payload"]), 1, 1)
     )
     assert fake.reactions == [
         {"message_id": "om_root", "body": {"reaction_type": {"emoji_type": "OnIt"}}}

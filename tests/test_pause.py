@@ -11,15 +11,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import pause
 from controlplane.channels.base import Channels
-from controlplane.channels.outbound import REPLY_EFFECT, reply_handler
+from controlplane.channels.outbound import reply_handler
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.leadership import Leadership
 from controlplane.router.router import RouterService
-from controlplane.router.rules_only import RUN_EFFECT, RulesOnlyRouter, run_handler
+from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from tests.helpers import assert_eventually, run_cli, save_policy
 
 
@@ -92,7 +93,7 @@ async def test_commands_are_not_started_while_paused(pool: asyncpg.Pool) -> None
         await pause.pause(pool, "test")
         effect = ClaimedEffect(
             "eff_x",
-            RUN_EFFECT,
+            EffectKind.RUN_COMMAND,
             "trg_x",
             {
                 "trigger_id": "trg_x",
@@ -115,7 +116,9 @@ async def test_replies_wait_in_the_outbox_for_their_channel_and_for_resume(
     pool: asyncpg.Pool,
 ) -> None:
     send = reply_handler(pool, Channels())
-    effect = ClaimedEffect("eff_x", REPLY_EFFECT, "msg_x", {"source": "github", "text": "hi"}, 1, 1)
+    effect = ClaimedEffect(
+        "eff_x", EffectKind.REPLY, "msg_x", {"source": "github", "text": "hi"}, 1, 1
+    )
     with pytest.raises(Postpone, match="github is not configured") as waiting:
         await send(effect)
     assert waiting.value.seconds >= 60  # kept, not retried into a dead letter

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import EffectKind
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.router.router import Router
@@ -108,7 +108,7 @@ async def _replies_to(pool: asyncpg.Pool, thread_id: str) -> list[str]:
     rows = await pool.fetch(
         "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
         "AND payload->>'thread_id' = $2 ORDER BY created_at",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
         thread_id,
     )
     return [row["text"] for row in rows]
@@ -119,7 +119,7 @@ async def _admin_alerts(pool: asyncpg.Pool) -> list[str]:
         "SELECT e.payload->>'text' AS text FROM effects e JOIN threads t "
         "ON t.id = e.payload->>'thread_id' WHERE e.kind = $1 AND t.source = 'web' "
         "AND t.external_id = 'admin' ORDER BY e.created_at",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
     )
     return [row["text"] for row in rows]
 

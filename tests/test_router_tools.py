@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.domain import EffectKind
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, Rule, SourcePolicy
 from controlplane.router.tools import Toolbox, Turn
@@ -274,7 +274,7 @@ async def test_replies_go_through_the_outbox(
     result = await tools.call("reply", {"thread": request.thread_id, "text": "On it."}, turn)
     assert result.ok
     effect = await _one(pool, "SELECT kind, key, payload FROM effects")
-    assert effect["kind"] == REPLY_EFFECT
+    assert effect["kind"] == EffectKind.REPLY
     payload = (
         json.loads(effect["payload"]) if isinstance(effect["payload"], str) else effect["payload"]
     )

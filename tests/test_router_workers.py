@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.domain import EffectKind
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
@@ -83,7 +83,7 @@ async def _replies(pool: asyncpg.Pool, thread_id: str) -> list[str]:
     rows = await pool.fetch(
         "SELECT payload FROM effects WHERE kind = $1 AND payload->>'thread_id' = $2 "
         "ORDER BY created_at",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
         thread_id,
     )
     return [

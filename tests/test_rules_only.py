@@ -11,19 +11,13 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.authorization import devices as access
-from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
-from controlplane.router.rules_only import (
-    NOTICE,
-    RUN_EFFECT,
-    RulesOnlyRouter,
-    parse,
-    run_handler,
-)
+from controlplane.router.rules_only import NOTICE, RulesOnlyRouter, parse, run_handler
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
 
@@ -80,7 +74,7 @@ def _json(value: object) -> dict[str, object]:
 
 async def _replies(pool: asyncpg.Pool) -> list[tuple[str, str]]:
     rows = await pool.fetch(
-        "SELECT payload FROM effects WHERE kind = $1 ORDER BY created_at, id", REPLY_EFFECT
+        "SELECT payload FROM effects WHERE kind = $1 ORDER BY created_at, id", EffectKind.REPLY
     )
     payloads = [_json(r["payload"]) for r in rows]
     return [(str(p["thread_id"]), str(p["text"])) for p in payloads]
@@ -134,10 +128,10 @@ async def test_run_queues_once_and_reports_the_result(
         == "Running on laptop: echo 'hello world' (the result follows here)"
     )
     assert "no paired device 'nowhere'" in replies[bad.thread_id]
-    effect = await pool.fetchrow("SELECT * FROM effects WHERE kind = $1", RUN_EFFECT)
+    effect = await pool.fetchrow("SELECT * FROM effects WHERE kind = $1", EffectKind.RUN_COMMAND)
     assert effect is not None
     payload = _json(effect["payload"])
-    claimed = ClaimedEffect(effect["id"], RUN_EFFECT, effect["key"], payload, 1, 1)
+    claimed = ClaimedEffect(effect["id"], EffectKind.RUN_COMMAND, effect["key"], payload, 1, 1)
     handler = run_handler(pool, queue)
     for _ in range(2):  # retried before the command is final: still one command
         with pytest.raises(Postpone):
@@ -158,7 +152,7 @@ async def test_run_queues_once_and_reports_the_result(
     notices = await pool.fetch(
         "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
         "AND payload->>'text' LIKE '%waits for local approval%'",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
     )
     assert len(notices) == 1
     assert 'rule: ask-first "*echo*"' in notices[0]["text"]

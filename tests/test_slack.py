@@ -17,10 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from controlplane.api.app import create_app
 from controlplane.api.state import AppState
 from controlplane.channels.base import Channels
-from controlplane.channels.outbound import ACK_EFFECT, acknowledge_handler, reply_handler
+from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.channels.slack import SlackAdapter
 from controlplane.channels.slack.signing import sign
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
 from controlplane.effects.runner import EffectRunner
 from controlplane.errors import TransientError
@@ -194,7 +195,7 @@ async def test_a_mention_is_an_explicit_request_on_its_slack_thread(
     assert (row["kind"], row["verdict"], row["route"]) == ("app_mention", "explicit", "router")
     stored = await pool.fetchval("SELECT data FROM blobs WHERE id = $1", row["payload_blob_id"])
     assert "legacy-verification-token" not in bytes(stored).decode()  # no secrets kept
-    ack = await pool.fetchrow("SELECT payload FROM effects WHERE kind = $1", ACK_EFFECT)
+    ack = await pool.fetchrow("SELECT payload FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE)
     assert ack is not None
     payload = ack["payload"]
     assert (json.loads(payload) if isinstance(payload, str) else payload)[
@@ -263,7 +264,10 @@ async def test_a_retry_of_a_recorded_event_is_answered_from_the_record(
     assert again.json()["trigger"]["duplicate"] is True
     assert len(slack.calls) == calls
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
-    assert await pool.fetchval("SELECT count(*) FROM effects WHERE kind = $1", ACK_EFFECT) == 1
+    assert (
+        await pool.fetchval("SELECT count(*) FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE)
+        == 1
+    )
 
 
 @pytest.mark.usefixtures("allowlist")
@@ -331,7 +335,10 @@ async def test_bots_never_make_requests(
         (f"{TEAM_ID}/B0HOOK", "deploy-hook", "ignored"),
         (f"{TEAM_ID}/U0CIBOT", "ci-bot", "ignored"),
     ]
-    assert await pool.fetchval("SELECT count(*) FROM effects WHERE kind = $1", ACK_EFFECT) == 1
+    assert (
+        await pool.fetchval("SELECT count(*) FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE)
+        == 1
+    )
 
 
 # ------------------------------------------------------------------------ outbound
@@ -458,7 +465,7 @@ async def test_an_accepted_request_gets_eyes_through_the_outbox(
     for body in (request, ignored):
         assert (await _post(client, body)).status_code == 200
     handlers = Handlers()
-    handlers.register(ACK_EFFECT, acknowledge_handler(pool, Channels([adapter])))
+    handlers.register(EffectKind.ACKNOWLEDGE, acknowledge_handler(pool, Channels([adapter])))
     runner = EffectRunner(asyncpg_dsn(database_url), handlers, EffectsSettings(), owner="t")
     await runner.start()
     try:
@@ -476,7 +483,7 @@ async def test_an_accepted_request_gets_eyes_through_the_outbox(
     await ack(
         ClaimedEffect(
             "eff_x",
-            ACK_EFFECT,
+            EffectKind.ACKNOWLEDGE,
             "k",
             {
                 "trigger_id": "trg_x",
@@ -492,5 +499,7 @@ async def test_an_accepted_request_gets_eyes_through_the_outbox(
 
 
 async def _no_pending_acks(pool: asyncpg.Pool) -> bool:
-    count = await pool.fetchval("SELECT count(*) FROM effects WHERE kind = $1", ACK_EFFECT)
+    count = await pool.fetchval(
+        "SELECT count(*) FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE
+    )
     return bool(count == 0)

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from controlplane.channels.outbound import REPLY_EFFECT
+from controlplane.domain import EffectKind
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
 from controlplane.router.router import Router
@@ -117,7 +117,7 @@ async def _alerts(pool: asyncpg.Pool) -> list[str]:
     rows = await pool.fetch(
         "SELECT e.payload FROM effects e JOIN threads t ON t.id = e.payload->>'thread_id' "
         "WHERE e.kind = $1 AND t.source = 'web' AND t.external_id = 'watchdog-admin'",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
     )
     return [
         (json.loads(r["payload"]) if isinstance(r["payload"], str) else r["payload"])["text"]
@@ -168,7 +168,7 @@ async def test_a_stalled_worker_is_nudged_then_requeued_then_stopped(
     thread = await reports.home_thread(pool, ticket_id)
     told = await pool.fetchval(
         "SELECT payload->>'text' FROM effects WHERE kind = $1 AND payload->>'thread_id' = $2",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
         thread,
     )
     assert f"I stopped {ticket_id}" in told
@@ -464,7 +464,7 @@ async def test_an_admin_asks_why_and_the_router_answers_from_the_record(
     replies = await pool.fetch(
         "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
         "AND payload->>'thread_id' = $2",
-        REPLY_EFFECT,
+        EffectKind.REPLY,
         asked.thread_id,
     )
     assert [r["text"] for r in replies] == [f"{ticket_id} waits for people: keep which?"]

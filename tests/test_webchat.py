@@ -28,9 +28,10 @@ from controlplane.api.state import AppState
 from controlplane.channels import webchat
 from controlplane.channels.base import Channels, OutboundMessage
 from controlplane.channels.context import ChannelContext
-from controlplane.channels.outbound import REPLY_EFFECT, reply_handler
+from controlplane.channels.outbound import reply_handler
 from controlplane.channels.webchat import inbound
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
@@ -147,7 +148,7 @@ async def reply(pool: asyncpg.Pool, channels: Channels, thread: str, text: str) 
     reply_id = new_id("msg")
     effect = ClaimedEffect(
         id=new_id("eff"),
-        kind=REPLY_EFFECT,
+        kind=EffectKind.REPLY,
         key=reply_id,
         payload={
             "reply_id": reply_id,

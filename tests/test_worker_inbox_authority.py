@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane import doctor
 from controlplane.authorization import devices as access
 from controlplane.channels.github import webhooks
-from controlplane.channels.github.pull_requests import OPEN_PULL_REQUEST_EFFECT
+from controlplane.domain import EffectKind
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import Ingested, Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
@@ -256,7 +256,7 @@ class Issue:
         if call.name == "open_pull_request":
             count = await self.pool.fetchval(
                 "SELECT count(*) FROM effects WHERE kind = $1 AND payload->>'ticket_id' = $2",
-                OPEN_PULL_REQUEST_EFFECT,
+                EffectKind.OPEN_PULL_REQUEST,
                 ticket_id,
             )
             return int(count)

@@ -16,8 +16,9 @@ from typing import Any
 import asyncpg
 import pytest
 
+from controlplane.domain import TERMINAL_COMMAND_STATES
 from controlplane.gateway import specs, wire
-from controlplane.gateway.queue import TERMINAL, CommandQueue
+from controlplane.gateway.queue import CommandQueue
 from controlplane.router.tools import Refused
 from controlplane.workers import tools as worker_tools
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -115,7 +116,7 @@ async def test_a_long_command_becomes_a_background_job_whose_end_is_an_event(
         pending = _last_result(fake_llm.chat_requests[1])
         job = pending["job"]
         assert job.startswith("cmd_")
-        assert pending["state"] not in TERMINAL
+        assert pending["state"] not in TERMINAL_COMMAND_STATES
         assert "background" in pending["note"]
         assert "exit_code" not in pending
         # The turn is over (plain text) but the job runs: the round holds its slot.
@@ -127,7 +128,9 @@ async def test_a_long_command_becomes_a_background_job_whose_end_is_an_event(
             job,
         )
         assert row is not None
-        assert row["state"] not in TERMINAL, "the job ended too soon to observe the wait"
+        assert row["state"] not in TERMINAL_COMMAND_STATES, (
+            "the job ended too soon to observe the wait"
+        )
         assert row["open"] is True
         assert row["slot"] == "regular"
         assert row["ticket"] == "running"

@@ -35,10 +35,9 @@ import asyncpg
 from controlplane.authorization import devices
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Conn
+from controlplane.domain import CLOSED_TICKET_STATES, EffectKind, Notify, TicketState
 from controlplane.effects.outbox import enqueue
 from controlplane.identities import SOURCES
-from controlplane.ingest.intake import CLOSED_TICKET_STATES, WORKERS_CHANNEL
-from controlplane.router.rules_only import RUN_EFFECT
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.workers import control, reports
@@ -277,7 +276,7 @@ class ApprovalService(Service):
                 "approval": approval["id"],
                 "at": datetime.now(UTC).isoformat(),
             }
-            resume = approval["resume"] or "open"
+            resume = approval["resume"] or TicketState.OPEN
             moved = await conn.fetchval(
                 "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
                 "state = $4::text, "
@@ -297,12 +296,15 @@ class ApprovalService(Service):
             )
             if moved is None:
                 return  # the ticket moved on meanwhile (stopped, rerouted): nothing to run
-            await conn.execute("SELECT pg_notify($1, $2)", WORKERS_CHANNEL, approval["ticket_id"])
+            await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, approval["ticket_id"])
             said = f"{name} approved: {approval['what']} runs on {approval['device']}."
         else:
             run = devices.loads(approval["run"]) or {}
             await enqueue(
-                conn, RUN_EFFECT, str(run["trigger_id"]), run | {"approval": approval["id"]}
+                conn,
+                EffectKind.RUN_COMMAND,
+                str(run["trigger_id"]),
+                run | {"approval": approval["id"]},
             )
             said = (
                 f"{name} approved: running {approval['what']} on {approval['device']} "

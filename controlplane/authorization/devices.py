@@ -46,6 +46,7 @@ import asyncpg
 
 from controlplane import identities
 from controlplane.db.pool import Conn, Db
+from controlplane.domain import TicketState
 from controlplane.errors import Forbidden, InvalidInput, NotFound
 from controlplane.people import check_name
 from superagent_shared.ids import new_id
@@ -320,7 +321,7 @@ async def grant_ticket(
     by: str,
     what: str,
     director: frozenset[str] = frozenset(),
-    resume: str = "open",
+    resume: str = TicketState.OPEN,
 ) -> dict[str, Any]:
     """Check ``device`` for the ticket's requester and record the grant on the ticket. When
     the owner must be asked, the ticket waits in ``waiting_human`` (hold ``device_approval``)

@@ -36,14 +36,13 @@ from controlplane.channels.base import (
     style_of,
 )
 from controlplane.db.pool import Conn
+from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.pause import hold_while_paused
 
 log = logging.getLogger(__name__)
 
-REPLY_EFFECT = "reply"  # payload: reply_id, thread_id, source, thread_external_id, text
-ACK_EFFECT = "acknowledge"  # payload: trigger_id, source, thread_external_id, message_ref
 WAIT_FOR_ADAPTER_SECONDS = 3600.0
 
 
@@ -90,7 +89,7 @@ async def enqueue_reply(
         text = clip_words(text, IM_MAX_WORDS)
     await enqueue(
         conn,
-        REPLY_EFFECT,
+        EffectKind.REPLY,
         reply_id,
         {
             "reply_id": reply_id,

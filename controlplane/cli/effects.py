@@ -9,7 +9,7 @@ import click
 
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
-from controlplane.effects.outbox import NOTIFY_CHANNEL
+from controlplane.domain import Notify
 from controlplane.errors import InvalidInput, NotFound
 
 
@@ -73,7 +73,7 @@ def retry(effect: str) -> None:
                 "locked_by = NULL, next_attempt_at = now() WHERE id = $1",
                 effect,
             )
-            await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, effect)
+            await conn.execute("SELECT pg_notify($1, $2)", Notify.EFFECTS, effect)
 
     run_with_pool(load_settings(), revive)
     click.echo(f"{effect} is back in the outbox; it runs at once.")

@@ -10,6 +10,7 @@ import click
 
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
+from controlplane.domain import CLOSED_TICKET_STATES, TicketState
 from controlplane.workers import control, views
 
 
@@ -32,7 +33,7 @@ def tickets() -> None:
 
 
 def _since(view: views.TicketView) -> str:
-    if view.state == "waiting_device" and view.wait_until is not None:
+    if view.state == TicketState.WAITING_DEVICE and view.wait_until is not None:
         return f"waits until {view.wait_until:%Y-%m-%d %H:%M} UTC"
     return f"{view.updated_at:%Y-%m-%d %H:%M}"
 
@@ -114,7 +115,7 @@ def stop(ticket: str) -> None:
             return await control.stop(conn, ticket, by="the CLI")
 
     was = run_with_pool(load_settings(), work)
-    if was in ("completed", "failed", "stopped"):
+    if was in CLOSED_TICKET_STATES:
         click.echo(f"{ticket} was already {was}")
     else:
         click.echo(f"stopped {ticket} (it was {was}); its device work is being cancelled")

@@ -12,8 +12,8 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.domain import CLOSED_TICKET_STATES
 from controlplane.errors import Conflict
-from controlplane.ingest.intake import CLOSED_TICKET_STATES
 from controlplane.settings import Settings
 from controlplane.workers import control
 

@@ -14,8 +14,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.db.pool import Db
-
-LIVE_STATES = ("queued", "delivered", "awaiting_approval", "running")
+from controlplane.domain import LIVE_COMMAND_STATES
 
 COLUMNS = (
     "c.id, c.kind, c.spec, c.state, c.exit_code, c.error, c.refusal_reason, c.signal, "
@@ -58,7 +57,7 @@ def view(row: asyncpg.Record) -> dict[str, Any]:
         "device": row["device"],
         "ticket_id": row["ticket_id"],
         "state": row["state"],
-        "live": row["state"] in LIVE_STATES,
+        "live": row["state"] in LIVE_COMMAND_STATES,
         "exit_code": row["exit_code"],
         "signal": row["signal"],
         "timed_out": row["timed_out"],

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane import __version__
 from controlplane.console import commands
+from controlplane.domain import TicketState
 from controlplane.settings import Settings
 from controlplane.status import Status, ago, leader_line
 from controlplane.status import read as read_status
@@ -97,11 +98,13 @@ async def overview(
     tickets = [dict(row) for row in waiting]
     attention = {
         "questions": [
-            t for t in tickets if t["state"] == "waiting_human" and t["hold"] != "failed"
+            t for t in tickets if t["state"] == TicketState.WAITING_HUMAN and t["hold"] != "failed"
         ],
-        "reviews": [t for t in tickets if t["state"] == "ready"],
+        "reviews": [t for t in tickets if t["state"] == TicketState.READY],
         "approvals": approvals,
-        "failed_tickets": [t for t in tickets if t["state"] == "failed" or t["hold"] == "failed"],
+        "failed_tickets": [
+            t for t in tickets if t["state"] == TicketState.FAILED or t["hold"] == "failed"
+        ],
         "dead_effects": [dict(row) for row in dead],
         "findings": [{**dict(row), "actions": list(row["actions"])} for row in findings],
         # Set aside after failing, with the command that puts each back (dead effects are

@@ -7,6 +7,7 @@ migration). Every primary key is a prefixed random ID from ``superagent_shared.i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar
@@ -32,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from controlplane.domain import CLOSED_TICKET_SQL, CommandState, TicketState, sql_list
 from superagent_shared.ids import new_id
 
 NAMING = {
@@ -42,28 +44,6 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-TICKET_STATES = (
-    "open",
-    "running",
-    "waiting_device",
-    "waiting_human",
-    "ready",
-    "completed",
-    "failed",
-    "stopped",
-)
-COMMAND_STATES = (
-    "queued",
-    "delivered",
-    # Accepted by the device, whose local policy holds it until a human there decides.
-    "awaiting_approval",
-    "running",
-    "finished",
-    "failed",
-    "cancelled",
-    "expired",
-    "refused",
-)
 COMMAND_KINDS = ("exec", "read_file", "write_file", "list_dir", "cancel")
 SESSION_KINDS = ("router", "worker", "watchdog")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
@@ -81,8 +61,12 @@ APPROVAL_STATES = ("pending", "approved", "denied", "expired", "cancelled")
 FAILURE_CLASSES = ("transient", "context", "permanent", "malformed", "internal")
 
 
-def _one_of(column: str, values: tuple[str, ...]) -> str:
-    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+# The command states ix_commands_pending covers.
+_PENDING_INDEXED = (CommandState.QUEUED, CommandState.DELIVERED, CommandState.RUNNING)
+
+
+def _one_of(column: str, values: Iterable[str]) -> str:
+    return f"{column} IN ({sql_list(values)})"
 
 
 def _id(prefix: str) -> Mapped[str]:
@@ -409,18 +393,20 @@ class Ticket(Base):
 
     __tablename__ = "tickets"
     __table_args__ = (
-        CheckConstraint(_one_of("state", TICKET_STATES), name="state"),
+        CheckConstraint(_one_of("state", TicketState), name="state"),
         # The worker services' once-a-second look for tickets that need a round reads
         # live tickets only; finished ones pile up outside this index.
         Index(
             "ix_tickets_live",
             "state",
-            postgresql_where=text("state NOT IN ('completed', 'failed', 'stopped')"),
+            postgresql_where=text(f"state NOT IN ({CLOSED_TICKET_SQL})"),
         ),
     )
     id: Mapped[str] = _id("tkt")
     title: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(20), default="open", server_default="open")
+    state: Mapped[str] = mapped_column(
+        String(20), default=TicketState.OPEN, server_default=TicketState.OPEN
+    )
     device_id: Mapped[str | None] = mapped_column(ForeignKey("devices.id"))
     # Why the requester may use that device, checked in code when it was chosen: rule
     # (owner | delegated | shared | approved, or pending while the owner is asked), what
@@ -687,13 +673,13 @@ class Command(Base):
     __tablename__ = "commands"
     __table_args__ = (
         UniqueConstraint("device_id", "seq"),
-        CheckConstraint(_one_of("state", COMMAND_STATES), name="state"),
+        CheckConstraint(_one_of("state", CommandState), name="state"),
         CheckConstraint(_one_of("kind", COMMAND_KINDS), name="kind"),
         Index(
             "ix_commands_pending",
             "device_id",
             "seq",
-            postgresql_where=text("state IN ('queued', 'delivered', 'running')"),
+            postgresql_where=text(f"state IN ({sql_list(_PENDING_INDEXED)})"),
         ),
     )
     id: Mapped[str] = _id("cmd")
@@ -705,7 +691,9 @@ class Command(Base):
     credential_names: Mapped[list[str]] = mapped_column(
         ARRAY(String(200)), default=list, server_default=text("'{}'")
     )
-    state: Mapped[str] = mapped_column(String(20), default="queued", server_default="queued")
+    state: Mapped[str] = mapped_column(
+        String(20), default=CommandState.QUEUED, server_default=CommandState.QUEUED
+    )
     not_after: Mapped[datetime]
     exit_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)

@@ -7,7 +7,6 @@ handlers, and deletes each one only if its generation still matches (DESIGN.md Â
 
 from controlplane.effects.handlers import ClaimedEffect, Handler, Handlers, Postpone
 from controlplane.effects.outbox import (
-    NOTIFY_CHANNEL,
     EffectRef,
     enqueue,
     enqueue_in,
@@ -15,7 +14,6 @@ from controlplane.effects.outbox import (
 )
 
 __all__ = [
-    "NOTIFY_CHANNEL",
     "ClaimedEffect",
     "EffectRef",
     "Handler",

@@ -19,9 +19,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.pool import Conn
+from controlplane.domain import Notify
 from superagent_shared.ids import new_id, new_ids
-
-NOTIFY_CHANNEL = "superagent_effects"
 
 # One round trip: the upsert and the wake-up. Postgres folds identical notifications in one
 # transaction into one, so a transaction that enqueues many effects wakes runners once, and
@@ -40,7 +39,7 @@ WITH up AS (
                                THEN excluded.next_attempt_at
                                ELSE effects.next_attempt_at END
     RETURNING id, generation
-), wake AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '') AS n)
+), wake AS (SELECT pg_notify('{Notify.EFFECTS}', '') AS n)
 SELECT up.id, up.generation FROM up, wake
 """
 # The same statement for SQLAlchemy, whose text() binds by name.
@@ -62,7 +61,7 @@ WITH up AS (
                                THEN excluded.next_attempt_at
                                ELSE effects.next_attempt_at END
     RETURNING id, kind, key, generation
-), wake AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '') AS n)
+), wake AS (SELECT pg_notify('{Notify.EFFECTS}', '') AS n)
 SELECT up.id, up.kind, up.key, up.generation FROM up, wake
 """
 

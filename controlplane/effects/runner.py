@@ -31,8 +31,8 @@ import asyncpg
 
 from controlplane import backoff, failures
 from controlplane.db import pool as db_pool
+from controlplane.domain import Notify
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
-from controlplane.effects.outbox import NOTIFY_CHANNEL
 from controlplane.services import Service, critical_loop, sleep_unless
 from controlplane.settings import EffectsSettings
 
@@ -204,7 +204,7 @@ class EffectRunner(Service):
             return
         await self._close_listener()
         self._listener = await asyncpg.connect(self.dsn)
-        await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        await self._listener.add_listener(Notify.EFFECTS, self._on_notify)
         # Anything enqueued while we were not listening is found by the next claim.
         self._wake.set()
 

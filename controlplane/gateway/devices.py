@@ -9,6 +9,7 @@ from sqlalchemy import func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.models import Command, Device, DeviceShare
+from controlplane.domain import LIVE_COMMAND_STATES, Notify
 from controlplane.errors import NotFound
 
 # A stream sends heartbeats every 15 s and replicas batch last_seen writes every 5 s; a
@@ -75,7 +76,7 @@ def sandbox_shown(view: DeviceView) -> str:
 async def list_devices(session: AsyncSession, *, include_revoked: bool = False) -> list[DeviceView]:
     depth = (
         select(Command.device_id, func.count().label("depth"))
-        .where(Command.state.in_(("queued", "delivered", "awaiting_approval", "running")))
+        .where(Command.state.in_(LIVE_COMMAND_STATES))
         .group_by(Command.device_id)
         .subquery()
     )
@@ -136,7 +137,7 @@ async def revoke(session: AsyncSession, name_or_id: str) -> Device:
         device.revoked_at = datetime.now(UTC)
         device.connected_replica = None
         await session.execute(
-            text("SELECT pg_notify('superagent_devices', :payload)"),
+            text(f"SELECT pg_notify('{Notify.DEVICES}', :payload)"),
             {"payload": f"revoked:{device.id}"},
         )
     return device

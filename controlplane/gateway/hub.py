@@ -21,15 +21,13 @@ from typing import Any
 import asyncpg
 import grpc
 
-from controlplane.gateway.queue import COMMANDS_CHANNEL, CommandQueue, announced_command
+from controlplane.domain import Notify
+from controlplane.gateway.queue import CommandQueue, announced_command
 from controlplane.gateway.stream import DeviceStream
 from controlplane.services import Service, critical_loop, sleep_unless
 
 log = logging.getLogger(__name__)
 
-DEVICES_CHANNEL = (
-    "superagent_devices"  # payload: "revoked:<device>" | "connected:<device>:<stream>"
-)
 POLL_SECONDS = 1.0
 SWEEP_SECONDS = 1.0  # silence is noticed at most this long after its limit
 WRITE_BATCH_SECONDS = 0.5  # see write_slot
@@ -81,7 +79,7 @@ class DeviceHub(Service):
     def _notify(self, payload: str) -> None:
         async def send() -> None:
             with contextlib.suppress(Exception):
-                await self.queue.pool.execute("SELECT pg_notify($1, $2)", DEVICES_CHANNEL, payload)
+                await self.queue.pool.execute("SELECT pg_notify($1, $2)", Notify.DEVICES, payload)
 
         asyncio.get_running_loop().create_task(send())
 
@@ -115,9 +113,15 @@ class DeviceHub(Service):
     async def _ensure_listener(self) -> None:
         if self._listener is not None and not self._listener.is_closed():
             return
-        self._listener = await asyncpg.connect(self.dsn)
-        await self._listener.add_listener(COMMANDS_CHANNEL, self._on_commands)
-        await self._listener.add_listener(DEVICES_CHANNEL, self._on_devices)
+        listener = await asyncpg.connect(self.dsn)
+        try:
+            await listener.add_listener(Notify.COMMANDS, self._on_commands)
+            await listener.add_listener(Notify.DEVICES, self._on_devices)
+        except BaseException:
+            listener.terminate()
+            raise
+        # Published only once it listens: a half-set-up connection is nobody's to use.
+        self._listener = listener
         for stream in self.streams.values():  # anything missed while reconnecting
             stream.wake()
 

@@ -27,6 +27,13 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization.devices import covered_sql, refusal
+from controlplane.domain import (
+    LIVE_COMMAND_SQL,
+    TERMINAL_COMMAND_SQL,
+    TERMINAL_COMMAND_STATES,
+    CommandState,
+    Notify,
+)
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -34,12 +41,6 @@ from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
-# Payload: the id of a device with new work, or the new command as JSON (_SUBMIT).
-COMMANDS_CHANNEL = "superagent_commands"
-# Payload: the id of a command that reached a final state, or its result as JSON (see
-# _FINISH and done_command_id).
-DONE_CHANNEL = "superagent_command_done"
-TERMINAL = frozenset({"finished", "failed", "cancelled", "expired", "refused"})
 _LISTENER_IDLE = 1.0  # seconds without waiters before the LISTEN connection is returned
 # Commands submitted while the LISTEN connection was up, remembered for a later wait()
 # (see CommandQueue._watched); the oldest are forgotten beyond this many.
@@ -71,11 +72,11 @@ class CommandResult:
 
     @property
     def done(self) -> bool:
-        return self.state in TERMINAL
+        return self.state in TERMINAL_COMMAND_STATES
 
     @property
     def ok(self) -> bool:
-        return self.state == "finished" and self.exit_code == 0 and not self.signal
+        return self.state == CommandState.FINISHED and self.exit_code == 0 and not self.signal
 
     @property
     def output_complete(self) -> bool:
@@ -99,7 +100,7 @@ class CommandResult:
 
 
 def done_command_id(payload: str) -> str:
-    """The command id in a ``DONE_CHANNEL`` payload: a bare id, or a result as JSON."""
+    """The command id in a ``Notify.COMMAND_DONE`` payload: a bare id, or a result as JSON."""
     if payload.startswith("{"):
         command_id = json.loads(payload)["id"]
         assert isinstance(command_id, str)
@@ -147,7 +148,7 @@ WITH dev AS (
     RETURNING id, device_id, seq, kind, spec, not_after, origin
 )
 SELECT cmd.id,
-       pg_notify('{COMMANDS_CHANNEL}',
+       pg_notify('{Notify.COMMANDS}',
                  CASE WHEN octet_length(told.command) <= {_MAX_NOTIFY_PAYLOAD}
                       THEN told.command ELSE cmd.device_id END)
 FROM cmd, LATERAL (SELECT json_build_object(
@@ -163,7 +164,7 @@ WITH expired AS (
     UPDATE commands SET state = 'expired', finished_at = now(),
         error = 'not delivered before not_after'
     WHERE device_id = $1 AND state = 'queued' AND not_after < now()
-    RETURNING id, pg_notify('{DONE_CHANNEL}', id)
+    RETURNING id, pg_notify('{Notify.COMMAND_DONE}', id)
 )
 SELECT id, seq, kind, spec, not_after, origin, state,
        cancel_requested_at IS NOT NULL AS cancel_requested
@@ -189,7 +190,7 @@ WITH current AS (
         timed_out = $8, output_truncated = $9, total_output_bytes = $10, finished_at = now()
     FROM current
     WHERE c.id = current.id
-      AND current.state NOT IN ('finished', 'failed', 'cancelled', 'expired', 'refused')
+      AND current.state NOT IN ({TERMINAL_COMMAND_SQL})
       AND ($10::bigint IS NULL OR current.output_size >= $10::bigint)
     RETURNING {", ".join(f"c.{name}" for name in CommandResult.__dataclass_fields__)}
 ), sized AS (
@@ -197,7 +198,7 @@ WITH current AS (
 )
 SELECT current.state,
        current.output_size,
-       (SELECT count(pg_notify('{DONE_CHANNEL}',
+       (SELECT count(pg_notify('{Notify.COMMAND_DONE}',
                                CASE WHEN octet_length(told.result) <= {_MAX_NOTIFY_PAYLOAD}
                                     THEN told.result ELSE done.id END))
         FROM done, LATERAL (SELECT json_build_object(
@@ -226,7 +227,7 @@ class PendingCommand:
 
 
 def announced_command(payload: str) -> tuple[str, PendingCommand | None]:
-    """A ``COMMANDS_CHANNEL`` payload: the device id, and the new command if it came along.
+    """A ``Notify.COMMANDS`` payload: the device id, and the new command if it came along.
 
     Raises ValueError (or KeyError) for a payload that is JSON but not a command.
     """
@@ -240,7 +241,7 @@ def announced_command(payload: str) -> tuple[str, PendingCommand | None]:
         spec=specs.from_json(data["kind"], data["spec"]),
         not_after=datetime.fromtimestamp(float(data["not_after"]), UTC),
         origin=data["origin"],
-        state="queued",
+        state=CommandState.QUEUED,
     )
     return str(data["device_id"]), command
 
@@ -391,7 +392,7 @@ class CommandQueue:
                     await self.pool.release(listener)
             try:
                 listener = await self.pool.acquire()
-                await listener.add_listener(DONE_CHANNEL, self._on_done)
+                await listener.add_listener(Notify.COMMAND_DONE, self._on_done)
                 listener.add_termination_listener(self._on_listener_lost)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 return  # waiters fall back to polling until the next attempt
@@ -442,7 +443,7 @@ class CommandQueue:
             if listener is not None:
                 self._forget_listener()
                 with contextlib.suppress(Exception):
-                    await listener.remove_listener(DONE_CHANNEL, self._on_done)
+                    await listener.remove_listener(Notify.COMMAND_DONE, self._on_done)
                     listener.remove_termination_listener(self._on_listener_lost)
                 with contextlib.suppress(Exception):
                     await self.pool.release(listener)
@@ -495,16 +496,19 @@ class CommandQueue:
             )
             if row is None:
                 raise NotFound(f"no command {command_id!r}")
-            if row["state"] == "queued" and not row["online"]:
+            if row["state"] == CommandState.QUEUED and not row["online"]:
                 await conn.execute(
                     "UPDATE commands SET state = 'cancelled', cancel_requested_at = now(), "
                     "finished_at = now(), error = 'cancelled before delivery' WHERE id = $1",
                     command_id,
                 )
-                await conn.execute("SELECT pg_notify($1, $2)", DONE_CHANNEL, command_id)
+                await conn.execute("SELECT pg_notify($1, $2)", Notify.COMMAND_DONE, command_id)
                 needs_device = False
             else:
-                needs_device = row["state"] not in TERMINAL and row["cancel_requested_at"] is None
+                needs_device = (
+                    row["state"] not in TERMINAL_COMMAND_STATES
+                    and row["cancel_requested_at"] is None
+                )
                 if needs_device:
                     await conn.execute(
                         "UPDATE commands SET cancel_requested_at = now() WHERE id = $1",
@@ -547,7 +551,7 @@ class CommandQueue:
             "RETURNING id) SELECT count(pg_notify($3, id)) FROM cancelled",
             list(command_ids),
             device_id,
-            DONE_CHANNEL,
+            Notify.COMMAND_DONE,
         )
 
     async def mark_delivered(self, command_ids: Sequence[str]) -> None:
@@ -586,8 +590,7 @@ class CommandQueue:
             "approval_deadline = $4, accepted_at = coalesce(accepted_at, now()), "
             "delivered_at = coalesce(delivered_at, now()) "
             "WHERE id = $1 AND device_id = $2 "
-            "AND state IN ('queued', 'delivered', 'running', 'awaiting_approval') "
-            "AND output_size = 0",
+            f"AND state IN ({LIVE_COMMAND_SQL}) AND output_size = 0",
             command_id,
             device_id,
             rule,
@@ -623,7 +626,9 @@ class CommandQueue:
             list(command_ids),
             device_id,
         )
-        return {row["id"]: (row["output_size"], row["state"] in TERMINAL) for row in rows}
+        return {
+            row["id"]: (row["output_size"], row["state"] in TERMINAL_COMMAND_STATES) for row in rows
+        }
 
     async def store_output(self, device_id: str, command_id: str, offset: int, data: bytes) -> int:
         """Store ``data`` if it extends the output; return the new contiguous size.
@@ -641,7 +646,11 @@ class CommandQueue:
             if row is None:
                 raise NotFound(f"device {device_id} has no command {command_id}")
             size: int = row["output_size"]
-            if offset > size or offset + len(data) <= size or row["state"] in TERMINAL:
+            if (
+                offset > size
+                or offset + len(data) <= size
+                or row["state"] in TERMINAL_COMMAND_STATES
+            ):
                 return size
             new = data[size - offset :]
             await conn.execute(
@@ -704,7 +713,7 @@ class CommandQueue:
         )
         if row is None:
             raise NotFound(f"device {device_id} has no command {command_id}")
-        return bool(row["recorded"]) or row["state"] in TERMINAL
+        return bool(row["recorded"]) or row["state"] in TERMINAL_COMMAND_STATES
 
     async def held_needing_attention(self, replica_id: str) -> list[tuple[str, bool]]:
         """``(device id, revoked)`` for devices held by ``replica_id`` with queued work, and

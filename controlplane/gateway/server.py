@@ -1,7 +1,8 @@
 """The gRPC server of the device gateway: Pair and Connect, over TLS by default.
 
-Transport only: each RPC translates between protobuf and the domain (``pairing``,
-``stream``) and maps domain errors to gRPC status codes in one function.
+Transport only: each RPC hands plain data (:mod:`.messages`, converted from protobuf by
+``wire.Servicer``, this class's base) to the domain (``pairing``, ``stream``) and maps domain
+errors to gRPC status codes in one function.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ import logging
 import random
 import socket
 import urllib.parse
+from collections.abc import Coroutine
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import SuperagentError
-from controlplane.gateway import pairing
+from controlplane.gateway import pairing, wire
 from controlplane.gateway.hub import DeviceHub
+from controlplane.gateway.messages import PairRequest, PairResponse
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.stream import DeviceStream
 from controlplane.gateway.tls import ServerTls
 from controlplane.services import Service
 from controlplane.settings import GrpcSettings
-from superagent_proto.v1 import endpoint_pb2 as pb
-from superagent_proto.v1 import endpoint_pb2_grpc
 from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def peer_address(context: grpc.aio.ServicerContext) -> str:
     return peer
 
 
-class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
+class EndpointGateway(wire.Servicer):
     def __init__(
         self,
         sessions: async_sessionmaker[AsyncSession],
@@ -86,9 +87,7 @@ class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
             per_peer=settings.pairing_failures_per_peer, everyone=settings.pairing_failures_global
         )
 
-    async def Pair(
-        self, request: pb.PairRequest, context: grpc.aio.ServicerContext
-    ) -> pb.PairResponse:
+    async def pair(self, request: PairRequest, context: grpc.aio.ServicerContext) -> PairResponse:
         if request.protocol_version not in (0, PROTOCOL_VERSION_NUMBER):
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -129,22 +128,18 @@ class EndpointGateway(endpoint_pb2_grpc.EndpointGatewayServicer):
             log.exception("pairing failed")
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the gateway log")
         log.info("paired device %s (%s)", device.id, device.name)
-        return pb.PairResponse(
+        return PairResponse(
             device_id=device.id,
             server_cert_sha256=self.tls.leaf_sha256 if self.tls else b"",
             server_name=self.server_name,
             server_ca_pem=self.tls.ca_pem.decode() if self.tls else "",
         )
 
-    # A coroutine using context.read()/write() rather than an async generator: the stream
-    # needs one writer task beside its reader, which the generator style cannot express.
-    async def Connect(  # type: ignore[override]
-        self, request_iterator: object, context: grpc.aio.ServicerContext
-    ) -> None:
+    def connect(self, context: grpc.aio.ServicerContext) -> Coroutine[object, object, None]:
         stream = DeviceStream(
             self.hub, self.queue, context, heartbeat_seconds=self.settings.heartbeat_seconds
         )
-        await stream.run()
+        return stream.run()  # not awaited here: a frame less per stream (wire.Servicer)
 
 
 class GatewayService(Service):
@@ -193,7 +188,7 @@ class GatewayService(Service):
 
     async def run(self) -> None:
         server = grpc.aio.server(options=self._options())
-        endpoint_pb2_grpc.add_EndpointGatewayServicer_to_server(self.gateway, server)
+        wire.add_to_server(self.gateway, server)
         host = self.settings.host
         address = (
             f"[{host}]:{self.settings.port}" if ":" in host else f"{host}:{self.settings.port}"

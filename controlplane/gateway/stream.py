@@ -29,17 +29,16 @@ import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from google.protobuf.message import DecodeError
 
+from controlplane.domain import CommandState
 from controlplane.errors import InvalidInput, NotFound
-from controlplane.gateway import wire
+from controlplane.gateway import messages, wire
 from controlplane.gateway.queue import CommandQueue, PendingCommand
-from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.protocol import (
     MAX_OUTPUT_CHUNK_BYTES,
     PROTOCOL_VERSION_NUMBER,
@@ -97,7 +96,7 @@ class _Buffer:
 
 @dataclass
 class _Result:
-    state: str
+    state: CommandState
     exit_code: int | None = None
     signal: int | None = None
     error: str | None = None
@@ -166,7 +165,7 @@ class DeviceStream:
         self._helpers: set[asyncio.Task[None]] | frozenset[asyncio.Task[None]] = _NO_TASKS
         # None rather than empty: most streams of a replica are idle, and an empty list or
         # dict is 56-64 bytes each (bench/RESULTS.md, idle fleet).
-        self._outbox: list[pb.ServerMessage] | None = None
+        self._outbox: list[wire.Outgoing] | None = None
         self._writing = False  # a write is in flight (the writer task's or the reader's)
         self._delivering = False
         self._wake_again = False
@@ -238,8 +237,8 @@ class DeviceStream:
                 # The loop is here, not in a method of its own: one coroutine frame less
                 # for each of a replica's idle streams to hold.
                 while True:
-                    message = await _read(self.context)
-                    if message is grpc.aio.EOF:
+                    message = await wire.read(self.context)
+                    if message is None:
                         raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream")
                     await self._on_message(message)
             except asyncio.CancelledError:
@@ -266,6 +265,8 @@ class DeviceStream:
                 # The device's message named something it has no business with (another
                 # device's command, one that does not exist): the device's fault, not ours.
                 failure = StreamClosed(grpc.StatusCode.INVALID_ARGUMENT, failure.message)
+            elif isinstance(failure, wire.Undecodable):
+                failure = _undecodable()
             if isinstance(failure, StreamClosed):
                 if failure.code in _VIOLATIONS:
                     log.warning("closed the stream of %s: %s", self.device_id, failure.message)
@@ -304,7 +305,7 @@ class DeviceStream:
 
     # -- writing -------------------------------------------------------------------------
 
-    def _send(self, message: pb.ServerMessage) -> None:
+    def _send(self, message: wire.Outgoing) -> None:
         """Queue ``message``; a writer task runs while there is something to write."""
         if self._outbox is None:
             self._outbox = []
@@ -326,7 +327,7 @@ class DeviceStream:
         finally:
             self._writing = False
 
-    async def _write_now(self, message: pb.ServerMessage) -> None:
+    async def _write_now(self, message: wire.Outgoing) -> None:
         """Write from the reader itself if no write is in flight (no task to start or wake)."""
         if self._writing or self._outbox:
             self._send(message)
@@ -343,15 +344,9 @@ class DeviceStream:
 
     # -- liveness ------------------------------------------------------------------------
 
-    def _heartbeat(self) -> pb.ServerMessage:
+    def _heartbeat(self) -> wire.Outgoing:
         self._heartbeat_seq += 1
-        return pb.ServerMessage(
-            heartbeat=pb.Heartbeat(
-                seq=self._heartbeat_seq,
-                sent_at=wire.timestamp_now(),
-                ack_seq=self._peer_heartbeat_seq,
-            )
-        )
+        return wire.heartbeat(seq=self._heartbeat_seq, ack_seq=self._peer_heartbeat_seq)
 
     def check_liveness(self, now: float) -> None:
         """The hub's sweep: end a silent stream; keep the device hearing from us."""
@@ -373,22 +368,21 @@ class DeviceStream:
     async def _handshake(self) -> None:
         nonce = os.urandom(32)
         await self.context.write(
-            pb.ServerMessage(
-                challenge=pb.Challenge(
-                    nonce=nonce,
-                    server_time=wire.timestamp(datetime.now(UTC)),
-                    protocol_version=PROTOCOL_VERSION_NUMBER,
-                    heartbeat_interval_seconds=max(1, round(self.heartbeat_seconds)),
-                )
+            wire.challenge(
+                nonce=nonce,
+                server_time=datetime.now(UTC),
+                protocol_version=PROTOCOL_VERSION_NUMBER,
+                heartbeat_interval_seconds=max(1, round(self.heartbeat_seconds)),
             )
         )
         try:
-            first = await asyncio.wait_for(_read(self.context), HELLO_TIMEOUT)
+            hello = await asyncio.wait_for(wire.read(self.context), HELLO_TIMEOUT)
         except TimeoutError as exc:
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "no Hello within 10 s") from exc
-        if first is grpc.aio.EOF or not first.HasField("hello"):
+        except wire.Undecodable:
+            raise _undecodable() from None
+        if not isinstance(hello, messages.Hello):  # None: the device closed the stream
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "the first message must be a Hello")
-        hello = first.hello
         if not _valid_id(hello.device_id):
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "unknown device; pair it again")
         if hello.protocol_version != PROTOCOL_VERSION_NUMBER:
@@ -444,30 +438,23 @@ class DeviceStream:
         if held:
             self._device_holds = set(held)
         progress = await self.queue.progress(self.device_id, held)
-        running = [i.command_id for i in hello.in_flight if i.state == pb.InFlight.STATE_RUNNING]
-        awaiting = [
-            i.command_id for i in hello.in_flight if i.state == pb.InFlight.STATE_AWAITING_APPROVAL
-        ]
+        running = [i.command_id for i in hello.in_flight if i.state == "running"]
+        awaiting = [i.command_id for i in hello.in_flight if i.state == "awaiting_approval"]
         if running or awaiting:
             await self.queue.resume_approvals(self.device_id, running=running, awaiting=awaiting)
         for item in hello.in_flight:
             if not _valid_id(item.command_id):
                 continue  # no such command; nothing to acknowledge
             size, final = progress.get(item.command_id, (0, True))
-            self._send(
-                pb.ServerMessage(
-                    ack=pb.Ack(command_id=item.command_id, acked_output_offset=size, finished=final)
-                )
-            )
+            self._send(wire.ack(item.command_id, size, finished=final))
 
     # -- reading and delivering ------------------------------------------------------
 
-    async def _on_message(self, message: pb.DeviceMessage) -> None:
+    async def _on_message(self, message: messages.DeviceMessage) -> None:
         self.last_received = now = time.monotonic()
         self.hub.touch(self.device_id)
-        kind = message.WhichOneof("msg")
-        if kind == "heartbeat":
-            self._peer_heartbeat_seq = max(self._peer_heartbeat_seq, message.heartbeat.seq)
+        if isinstance(message, messages.Heartbeat):
+            self._peer_heartbeat_seq = max(self._peer_heartbeat_seq, message.seq)
             # Answered, so the device hears from us every interval without a timer per
             # stream. An idle stream answers in the hub's next batch of writes, which
             # holds up its reading for up to WRITE_BATCH_SECONDS; a busy stream (anything
@@ -478,50 +465,50 @@ class DeviceStream:
             await self._write_now(self._heartbeat())
             return
         self._last_busy = now
-        if kind is None:
+        if isinstance(message, messages.Unknown):
             raise StreamClosed(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "an empty message, or one of a kind this gateway does not know, after the "
                 "handshake; is endpointd newer than the control plane?",
             )
-        _check(message, kind)
-        if kind == "accepted":
+        if isinstance(message, messages.Hello):
+            raise StreamClosed(
+                grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {message.KIND} after the handshake"
+            )
+        _check(message)
+        if isinstance(message, messages.OutputChunk):
+            await self._buffer_output(message)
+        elif isinstance(message, messages.Accepted):
             if isinstance(self._unaccepted, set):
-                self._unaccepted.discard(message.accepted.command_id)
+                self._unaccepted.discard(message.command_id)
             # Not awaited: the command's output or result, often right behind, must not
             # wait for it, and a late mark never undoes them (it only moves a command
             # that is still queued or delivered to running).
-            command_id = message.accepted.command_id
+            command_id = message.command_id
             self._spawn(
                 self.queue.mark_accepted(self.device_id, command_id), f"accepted:{command_id}"
             )
-        elif kind == "output":
-            await self._buffer_output(message.output)
-        elif kind == "finished":
-            await self._on_finished(message.finished)
-        elif kind == "awaiting_approval":
-            await self._on_awaiting_approval(message.awaiting_approval)
-        elif kind == "refused" and message.refused.reason == pb.Refused.REASON_DUPLICATE:
+        elif isinstance(message, messages.Finished):
+            await self._on_finished(message)
+        elif isinstance(message, messages.AwaitingApproval):
+            await self._on_awaiting_approval(message)
+        elif message.reason == "duplicate":
             # Same id, different content: the original command is still the device's,
             # and must not be closed by this refusal.
             log.warning(
                 "device %s refused a conflicting duplicate of %s",
                 self.device_id,
-                message.refused.command_id,
+                message.command_id,
             )
-        elif kind == "refused":
-            refused = message.refused
+        else:
+            refused = message
             await self._complete(
                 refused.command_id,
                 _Result(
-                    state="refused",
-                    refusal_reason=wire.REFUSAL_REASONS.get(refused.reason, "unspecified"),
+                    state=CommandState.REFUSED,
+                    refusal_reason=refused.reason,
                     error=_text(refused.message) or None,
                 ),
-            )
-        else:
-            raise StreamClosed(
-                grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} after the handshake"
             )
 
     async def _hold_for_write_slot(self) -> None:
@@ -629,7 +616,7 @@ class DeviceStream:
 
     # -- output and results --------------------------------------------------------------
 
-    async def _buffer_output(self, chunk: pb.OutputChunk) -> None:
+    async def _buffer_output(self, chunk: messages.OutputChunk) -> None:
         buffer = self._buffers.get(chunk.command_id) if self._buffers else None
         if buffer is not None and buffer.start + len(buffer.data) != chunk.offset:
             await self._flush()  # not contiguous: store what we have, then start afresh
@@ -688,7 +675,7 @@ class DeviceStream:
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    async def _on_awaiting_approval(self, waiting: pb.AwaitingApproval) -> None:
+    async def _on_awaiting_approval(self, waiting: messages.AwaitingApproval) -> None:
         """The device's local policy holds the command until a human there decides."""
         # Its Accepted came just before and is recorded by a task of its own (see above);
         # landing after this, it would move the command back to running.
@@ -700,15 +687,15 @@ class DeviceStream:
             self.device_id,
             waiting.command_id,
             rule=_text(waiting.rule)[:MAX_APPROVAL_RULE] or None,
-            deadline=_deadline(waiting),
+            deadline=waiting.deadline,
         )
 
-    async def _on_finished(self, finished: pb.Finished) -> None:
+    async def _on_finished(self, finished: messages.Finished) -> None:
         error = _text(finished.error) or None
         if finished.timed_out and not error:
             error = "timed out"
         result = _Result(
-            state="failed" if error else "finished",
+            state=CommandState.FAILED if error else CommandState.FINISHED,
             exit_code=finished.exit_code,
             signal=finished.signal,
             error=error,
@@ -751,31 +738,13 @@ class DeviceStream:
             self._ack(command_id, progress.get(command_id, (0, False))[0], finished=False)
 
     def _ack(self, command_id: str, offset: int, *, finished: bool) -> None:
-        self._send(
-            pb.ServerMessage(
-                ack=pb.Ack(command_id=command_id, acked_output_offset=offset, finished=finished)
-            )
-        )
+        self._send(wire.ack(command_id, offset, finished=finished))
 
 
-def _deadline(waiting: pb.AwaitingApproval) -> datetime | None:
-    """The device's deadline, or None if unset or not a representable time."""
-    if not waiting.HasField("deadline") or waiting.deadline.seconds <= 0:
-        return None
-    try:
-        return waiting.deadline.ToDatetime(tzinfo=UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-async def _read(context: grpc.aio.ServicerContext) -> Any:  # as context.read() itself
-    """The next device message; a closed stream for bytes that are not one."""
-    try:
-        return await context.read()
-    except DecodeError:
-        raise StreamClosed(
-            grpc.StatusCode.INVALID_ARGUMENT, "a message that does not parse as a DeviceMessage"
-        ) from None
+def _undecodable() -> StreamClosed:
+    return StreamClosed(
+        grpc.StatusCode.INVALID_ARGUMENT, "a message that does not parse as a DeviceMessage"
+    )
 
 
 def _valid_id(value: str) -> bool:
@@ -783,19 +752,23 @@ def _valid_id(value: str) -> bool:
     return 0 < len(value) <= MAX_ID_CHARS and "\x00" not in value
 
 
-def _check(message: pb.DeviceMessage, kind: str) -> None:
+def _check(
+    message: messages.Accepted
+    | messages.OutputChunk
+    | messages.Finished
+    | messages.Refused
+    | messages.AwaitingApproval,
+) -> None:
     """Refuse what no well-behaved device sends: bad ids, chunks over the protocol's size."""
-    body = getattr(message, kind)
-    command_id = getattr(body, "command_id", None)
-    if command_id is not None and not _valid_id(command_id):
+    if not _valid_id(message.command_id):
         raise StreamClosed(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{kind}: the command id must be 1 to {MAX_ID_CHARS} characters without NUL",
+            f"{message.KIND}: the command id must be 1 to {MAX_ID_CHARS} characters without NUL",
         )
-    if kind == "output" and len(message.output.data) > MAX_OUTPUT_CHUNK_BYTES:
+    if isinstance(message, messages.OutputChunk) and len(message.data) > MAX_OUTPUT_CHUNK_BYTES:
         raise StreamClosed(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"an output chunk of {len(message.output.data)} bytes; the protocol allows 64 KiB",
+            f"an output chunk of {len(message.data)} bytes; the protocol allows 64 KiB",
         )
 
 

@@ -13,8 +13,8 @@ from datetime import datetime
 import asyncpg
 
 from controlplane.db.pool import Db
+from controlplane.domain import CLOSED_TICKET_SQL, Notify
 from controlplane.errors import NotFound
-from controlplane.ingest.intake import CLOSED_SQL, ROUTER_CHANNEL
 
 # An explicit "/stop" on a ticket's thread is carried out by the worker service, never
 # read by the worker (see controlplane.workers.service). SQL over triggers aliased ``g``.
@@ -100,7 +100,7 @@ async def hand_back(pool: asyncpg.Pool, ticket_id: str, trigger_id: str) -> str:
         holders = await conn.fetchval(
             "SELECT count(*) FROM ticket_inbox i JOIN tickets t ON t.id = i.ticket_id "
             "WHERE i.trigger_id = $1 AND i.handed_back_at IS NULL "
-            f"AND t.state NOT IN ({CLOSED_SQL})",
+            f"AND t.state NOT IN ({CLOSED_TICKET_SQL})",
             trigger_id,
         )
         if holders:
@@ -114,5 +114,5 @@ async def hand_back(pool: asyncpg.Pool, ticket_id: str, trigger_id: str) -> str:
             "router" if routed else "dropped",
         )
         if routed:
-            await conn.execute("SELECT pg_notify($1, $2)", ROUTER_CHANNEL, trigger_id)
+            await conn.execute("SELECT pg_notify($1, $2)", Notify.ROUTER, trigger_id)
         return "router" if routed else "dropped"

@@ -30,22 +30,13 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.channels.outbound import ACK_EFFECT
-from controlplane.effects.outbox import NOTIFY_CHANNEL as EFFECTS_CHANNEL
+from controlplane.domain import CLOSED_TICKET_SQL, EffectKind, Notify
 from controlplane.errors import InvalidInput, NotFound, TransientError
 from controlplane.ingest import policy as policies
 from controlplane.ingest.policy import Actor, Event, Policy
 from controlplane.people import Directory
 from superagent_shared.ids import new_id
 
-ROUTER_CHANNEL = "superagent_router"  # payload: a trigger id for the router's inbox
-WORKERS_CHANNEL = "superagent_workers"  # payload: a ticket id that may need a worker round
-INBOX_CHANNEL = "superagent_inbox"  # payload: "trg_…:tkt_…,tkt_…" (the trigger, its tickets)
-
-# Tickets in these states no longer receive their threads' events.
-CLOSED_TICKET_STATES = ("completed", "failed", "stopped")
-# The same, as a SQL list: ``state NOT IN ({CLOSED_SQL})``.
-CLOSED_SQL = ", ".join(f"'{state}'" for state in CLOSED_TICKET_STATES)
 _POLICY_REFRESH_SECONDS = 1.0
 _MAX_TEXT = 1_000_000  # characters of an event's text kept on the trigger row
 
@@ -200,7 +191,7 @@ WITH new_thread AS (
     FROM thread LEFT JOIN LATERAL (
         SELECT array_agg(s.ticket_id ORDER BY s.ticket_id) AS tickets
         FROM subscriptions s JOIN tickets k ON k.id = s.ticket_id
-        WHERE s.thread_id = thread.id AND k.state NOT IN ({CLOSED_SQL})
+        WHERE s.thread_id = thread.id AND k.state NOT IN ({CLOSED_TICKET_SQL})
     ) subs ON true
 ), t AS (
     INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name,
@@ -222,19 +213,19 @@ WITH new_thread AS (
     SELECT unnest(decided.tickets), t.id FROM t, decided WHERE t.route = 'subscribers'
 ), ack AS (
     INSERT INTO effects (id, kind, key, payload, next_attempt_at)
-    SELECT $21::text, '{ACK_EFFECT}', t.id,
+    SELECT $21::text, '{EffectKind.ACKNOWLEDGE}', t.id,
            jsonb_build_object('trigger_id', t.id, 'source', $2::text,
                               'thread_external_id', $3::text, 'message_ref', $22::text),
            now()
     FROM t WHERE $22::text IS NOT NULL
     ON CONFLICT (kind, key) DO NOTHING
-    RETURNING pg_notify('{EFFECTS_CHANNEL}', '')
+    RETURNING pg_notify('{Notify.EFFECTS}', '')
 )
 SELECT t.id, t.thread_id, t.route, decided.tickets,
        CASE t.route
            WHEN 'subscribers' THEN
-               pg_notify('{INBOX_CHANNEL}', t.id || ':' || array_to_string(decided.tickets, ','))
-           WHEN 'router' THEN pg_notify('{ROUTER_CHANNEL}', t.id)
+               pg_notify('{Notify.INBOX}', t.id || ':' || array_to_string(decided.tickets, ','))
+           WHEN 'router' THEN pg_notify('{Notify.ROUTER}', t.id)
        END AS notified
 FROM t, decided
 """

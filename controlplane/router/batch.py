@@ -20,7 +20,7 @@ from datetime import datetime
 
 import asyncpg
 
-from controlplane.ingest.intake import CLOSED_SQL
+from controlplane.domain import CLOSED_TICKET_SQL
 
 SNIPPET = 200  # characters of an event's text shown inline
 NEIGHBOURS = 2  # earlier messages of the same thread shown as context
@@ -75,7 +75,7 @@ _EVENT_COLUMNS = (
     "(SELECT name FROM people p WHERE p.id = t.person_id) AS person, "
     "(SELECT array_agg(s.ticket_id ORDER BY s.ticket_id) FROM subscriptions s "
     f" JOIN tickets k ON k.id = s.ticket_id WHERE s.thread_id = t.thread_id "
-    f" AND k.state NOT IN ({CLOSED_SQL})) AS tickets"
+    f" AND k.state NOT IN ({CLOSED_TICKET_SQL})) AS tickets"
 )
 
 

@@ -35,7 +35,8 @@ import openai
 
 from controlplane import pause, prompts
 from controlplane.db import outage
-from controlplane.ingest.intake import ROUTER_CHANNEL, PolicySource
+from controlplane.domain import Notify
+from controlplane.ingest.intake import PolicySource
 from controlplane.leadership import Leadership
 from controlplane.llm import Accounting, LlmClient
 from controlplane.llm.client import Answer, screen_calls
@@ -413,7 +414,7 @@ class RouterService(Service):
     async def _listen(self) -> asyncpg.Connection | None:
         try:
             conn = await asyncpg.connect(self.dsn)
-            await conn.add_listener(ROUTER_CHANNEL, lambda *_: self._wake.set())
+            await conn.add_listener(Notify.ROUTER, lambda *_: self._wake.set())
         except (OSError, asyncpg.PostgresError) as exc:
             if not await outage.absorbed(exc, "router"):
                 log.warning("router: no LISTEN connection (%s); polling", exc)

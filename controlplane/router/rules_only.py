@@ -27,13 +27,20 @@ import asyncpg
 from controlplane.authorization import devices as access
 from controlplane.channels.base import IM_MAX_WORDS, Style, clip_words, style_of
 from controlplane.channels.outbound import enqueue_reply
+from controlplane.domain import (
+    CLOSED_TICKET_SQL,
+    CLOSED_TICKET_STATES,
+    TERMINAL_COMMAND_STATES,
+    CommandState,
+    EffectKind,
+)
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import NotFound, SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
-from controlplane.gateway.queue import TERMINAL, CommandQueue
-from controlplane.ingest.intake import CLOSED_SQL, CLOSED_TICKET_STATES, PolicySource
+from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.intake import PolicySource
 from controlplane.pause import hold_while_paused
 from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
@@ -42,8 +49,6 @@ from controlplane.watchdog import explain
 from controlplane.workers import control
 from superagent_shared.ids import id_prefix, new_id, stable_id
 
-# Runs a /run command through the outbox: submits it (once), then posts its result when final.
-RUN_EFFECT = "run_command"
 NOTICE = (
     "No model is configured, so I can only follow commands: /run <device> <command>, "
     "/tickets, /devices, /stop <ticket>."
@@ -184,12 +189,12 @@ class RulesOnlyRouter:
                 )
             # Submitted by the outbox, keyed by this event: a turn that runs twice (a new
             # leader after a crash) queues the command once.
-            await _enqueue(conn, RUN_EFFECT, event.id, run)
+            await _enqueue(conn, EffectKind.RUN_COMMAND, event.id, run)
         return f"Running on {found.name}: {shlex.join(argv)} (the result follows here)"
 
     async def _tickets(self, event: batches.Event, argument: str) -> str:
         rows = await self.pool.fetch(
-            f"SELECT id, title, state FROM tickets WHERE state NOT IN ({CLOSED_SQL}) "
+            f"SELECT id, title, state FROM tickets WHERE state NOT IN ({CLOSED_TICKET_SQL}) "
             "ORDER BY created_at LIMIT 50"
         )
         if not rows:
@@ -245,7 +250,7 @@ async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[st
                 "SELECT id FROM commands WHERE ticket_id = $1 AND kind <> 'cancel' "
                 "AND state <> ALL($2::text[])",
                 ticket_id,
-                list(TERMINAL),
+                list(TERMINAL_COMMAND_STATES),
             )
         ]
         if was in CLOSED_TICKET_STATES:
@@ -306,7 +311,7 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
                 await reply(tools, thread, text, Turn(None, None, ()))
                 return
         result = await queue.result(command_id)
-        if result.state == "awaiting_approval":
+        if result.state == CommandState.AWAITING_APPROVAL:
             deadline = f", refused at {result.approval_deadline:%H:%M:%S} UTC if nobody answers"
             await reply(
                 tools,
@@ -322,7 +327,7 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
         tail = result.output_tail.decode("utf-8", "replace")[-_TAIL:]
         how = (
             f"exit {result.exit_code}"
-            if result.state == "finished"
+            if result.state == CommandState.FINISHED
             else f"{result.state}" + (f": {result.error}" if result.error else "")
         )
         text = f"{command_id} {how}." + (f"\n```\n{tail}\n```" if tail.strip() else "")

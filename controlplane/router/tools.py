@@ -39,16 +39,11 @@ import asyncpg
 
 from controlplane.authorization import devices as access
 from controlplane.channels.base import IM_MAX_WORDS, Style, style_of, word_count
-from controlplane.channels.outbound import REPLY_EFFECT
 from controlplane.db.pool import Conn
+from controlplane.domain import CLOSED_TICKET_STATES, EffectKind, Notify
 from controlplane.effects.outbox import enqueue
 from controlplane.ingest import policy as policies
-from controlplane.ingest.intake import (
-    CLOSED_TICKET_STATES,
-    INBOX_CHANNEL,
-    WORKERS_CHANNEL,
-    PolicySource,
-)
+from controlplane.ingest.intake import PolicySource
 from controlplane.llm.schema import arguments_problem, specs_by_name
 from controlplane.watchdog import explain
 from controlplane.workers import control
@@ -461,7 +456,7 @@ class Toolbox:
             workdir,
             speculative,
         )
-        await conn.execute("SELECT pg_notify($1, $2)", WORKERS_CHANNEL, ticket_id)
+        await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, ticket_id)
         await conn.execute(
             "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, "
             "trigger_id, policy_version_id, scope, person_id) "
@@ -546,7 +541,7 @@ class Toolbox:
         )
         await enqueue(
             conn,
-            REPLY_EFFECT,
+            EffectKind.REPLY,
             reply_id,  # the outbound message's dedupe key: sent once however often retried
             {
                 "reply_id": reply_id,
@@ -604,7 +599,7 @@ class Toolbox:
             ticket_id,
             trigger_id,
         )
-        await conn.execute("SELECT pg_notify($1, $2)", INBOX_CHANNEL, f"{trigger_id}:{ticket_id}")
+        await conn.execute("SELECT pg_notify($1, $2)", Notify.INBOX, f"{trigger_id}:{ticket_id}")
         return {"forwarded": trigger_id, "to": ticket_id}, f"forwarded to {ticket_id}", [trigger_id]
 
     async def _stop_ticket(

@@ -10,6 +10,7 @@ import asyncpg
 from controlplane import pause
 from controlplane.alerts import alert_admin
 from controlplane.channels.outbound import enqueue_reply
+from controlplane.domain import CLOSED_TICKET_STATES
 from controlplane.settings import WatchdogSettings
 from controlplane.watchdog.findings import Open, acted
 from controlplane.workers import control, events, reports
@@ -46,7 +47,7 @@ async def stop(pool: asyncpg.Pool, finding: Open, ticket_id: str, why: str) -> N
     async with pool.acquire() as conn, conn.transaction():
         was = await control.stop(conn, ticket_id, by=WATCHDOG)
         thread = await reports.home_thread(conn, ticket_id)
-        if thread is not None and was not in ("completed", "failed", "stopped"):
+        if thread is not None and was not in CLOSED_TICKET_STATES:
             await enqueue_reply(
                 conn,
                 thread,

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from controlplane.gateway.queue import TERMINAL
+from controlplane.domain import TERMINAL_COMMAND_STATES
 from controlplane.settings import Settings
 from controlplane.watchdog.findings import Seen
 from controlplane.workers.session import canonical_call, message_content
@@ -173,7 +173,7 @@ async def workers(pool: asyncpg.Pool, settings: Settings) -> list[Seen]:
         FROM assignments a JOIN tickets t ON t.id = a.ticket_id
         WHERE a.ended_at IS NULL AND t.state = 'running'
         """,
-        list(TERMINAL),
+        list(TERMINAL_COMMAND_STATES),
     )
     seen = []
     now = await pool.fetchval("SELECT now()")

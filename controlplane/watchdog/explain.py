@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization import devices as access
+from controlplane.domain import TERMINAL_COMMAND_STATES
 from controlplane.gateway.devices import ONLINE_WINDOW
-from controlplane.gateway.queue import TERMINAL
 from controlplane.watchdog.findings import open_findings
 
 
@@ -65,7 +65,7 @@ async def facts(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any] | None:
         "JOIN commands c ON c.id = j.command_id "
         "WHERE j.ticket_id = $1 AND c.state <> ALL($2::text[]) ORDER BY c.seq",
         ticket_id,
-        list(TERMINAL),
+        list(TERMINAL_COMMAND_STATES),
     )
     out["unfinished_commands"] = [
         {

@@ -30,7 +30,7 @@ import asyncpg
 import openai
 
 from controlplane import failures
-from controlplane.gateway.queue import DONE_CHANNEL
+from controlplane.domain import Notify
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.status import WATCHDOG_MARK
@@ -217,7 +217,7 @@ class Watchdog(Service):
             "WHERE device_id = $1 AND state = 'queued' AND not_after < now() "
             "RETURNING id, pg_notify($2, id)",
             finding.subject,
-            DONE_CHANNEL,
+            Notify.COMMAND_DONE,
         )
         if rows:
             await findings.acted(

@@ -18,9 +18,9 @@ import asyncpg
 
 from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn
+from controlplane.domain import CLOSED_TICKET_STATES, LIVE_COMMAND_SQL, Notify, TicketState
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway.queue import CommandQueue
-from controlplane.ingest.intake import CLOSED_TICKET_STATES, WORKERS_CHANNEL
 from controlplane.workers import events, slots
 from controlplane.workers.retries import HOLD as RETRYING
 
@@ -53,7 +53,7 @@ async def stop(conn: Conn, ticket_id: str, *, by: str) -> str:
     )
     if active is not None:
         await slots.end(conn, active, "stopped")
-    await conn.execute("SELECT pg_notify($1, $2)", WORKERS_CHANNEL, ticket_id)
+    await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, ticket_id)
     return state
 
 
@@ -62,13 +62,13 @@ async def retry(pool: asyncpg.Pool, ticket_id: str, *, by: str, note: str = "") 
     a failed round now instead of after its backoff."""
     async with pool.acquire() as conn, conn.transaction():
         state = await _state(conn, ticket_id)
-        if state == "open" and await conn.fetchval(
+        if state == TicketState.OPEN and await conn.fetchval(
             "UPDATE tickets SET retry_at = now() WHERE id = $1 AND hold = $2 RETURNING id",
             ticket_id,
             RETRYING,
         ):
             return  # its failed round is retried now rather than after the backoff
-        if state != "waiting_human":
+        if state != TicketState.WAITING_HUMAN:
             raise InvalidInput(f"{ticket_id} is {state}; only a ticket waiting for people retries")
         hold = await conn.fetchval("SELECT hold FROM tickets WHERE id = $1", ticket_id)
         if hold == access.HOLD:
@@ -132,7 +132,7 @@ async def reroute(
             by=by,
             what=f"{ticket_id} ({str(title)[:100]})",
             director=director,
-            resume="waiting_device",
+            resume=TicketState.WAITING_DEVICE,
         )
         waits = not access.covers(grant)
         if not waits:
@@ -166,7 +166,7 @@ async def cancel_stopped(pool: asyncpg.Pool, queue: CommandQueue) -> int:
     rows = await pool.fetch(
         "SELECT c.id FROM commands c JOIN tickets t ON t.id = c.ticket_id "
         "WHERE t.state = 'stopped' AND c.kind <> 'cancel' AND c.cancel_requested_at IS NULL "
-        "AND c.state IN ('queued', 'delivered', 'awaiting_approval', 'running') LIMIT 100"
+        f"AND c.state IN ({LIVE_COMMAND_SQL}) LIMIT 100"
     )
     for row in rows:
         await queue.cancel(row["id"], grace_seconds=5)

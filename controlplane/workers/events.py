@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.db.pool import Conn, Db
-from controlplane.gateway.queue import TERMINAL, CommandResult
+from controlplane.domain import TERMINAL_COMMAND_STATES
+from controlplane.gateway.queue import CommandResult
 from controlplane.ingest import inbox
 from controlplane.workers import authority, output
 from superagent_shared.ids import new_id
 
-_TERMINAL = list(TERMINAL)
+_TERMINAL = list(TERMINAL_COMMAND_STATES)
 TEXT_LIMIT = 4000  # characters of a channel event shown inline (recall for the rest)
 HEADER = (
     "Events since your last step, one JSON record per line. Each record's authority is set "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane.domain import CommandState
 from controlplane.gateway.queue import CommandResult
 
 INLINE_CHARS = 2000  # characters of head, and of tail, shown inline
@@ -46,7 +47,7 @@ def describe(result: CommandResult) -> dict[str, Any]:
         out["error"] = result.error
     if result.refusal_reason:
         out["refused"] = result.refusal_reason
-    if result.state == "awaiting_approval":
+    if result.state == CommandState.AWAITING_APPROVAL:
         out["note"] = (
             f"the device's owner must approve this locally (rule {result.approval_rule!r}); "
             "it runs once approved, and its result arrives as an event"

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.db.pool import Conn, Db
-from controlplane.ingest.intake import ROUTER_CHANNEL
+from controlplane.domain import Notify, TicketState
 from controlplane.workers import slots
 from superagent_shared.ids import new_id
 
@@ -150,11 +150,11 @@ async def finish_in(
             ticket_id,
         )
         await _insert_report(conn, report_id, ticket_id, assignment_id, report, None, used)
-        return "stopped"
+        return TicketState.STOPPED
     if status == "ready":
-        state, hold = ("ready", None) if pr_url else ("completed", "ready")
+        state, hold = (TicketState.READY, None) if pr_url else (TicketState.COMPLETED, "ready")
     else:
-        state, hold = "waiting_human", status
+        state, hold = TicketState.WAITING_HUMAN, status
     await conn.execute(
         "UPDATE tickets SET state = $2, hold = $3, pr_url = coalesce(pr_url, $4), "
         "updated_at = now() WHERE id = $1",
@@ -223,7 +223,7 @@ async def _to_router(
         text,
         REPORT_VERDICT,
     )
-    await conn.execute("SELECT pg_notify($1, $2)", ROUTER_CHANNEL, trigger_id)
+    await conn.execute("SELECT pg_notify($1, $2)", Notify.ROUTER, trigger_id)
     return trigger_id
 
 

@@ -30,11 +30,11 @@ import openai
 from controlplane.authorization import devices as access
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.db import outage
+from controlplane.domain import CLOSED_TICKET_SQL, Notify, sql_list
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.inbox import IS_STOP
-from controlplane.ingest.intake import CLOSED_SQL, INBOX_CHANNEL, WORKERS_CHANNEL
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.workers import control, reports, retries, slots
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
 
-_CI_SQL = ", ".join(f"'{kind}'" for kind in sorted(CI_KINDS))
+_CI_SQL = sql_list(sorted(CI_KINDS))
 # Tickets that need a round, and why; human-woken ones may use the extra slot.
 _WAKE = f"""
 SELECT t.id, t.state, CASE WHEN t.hold = 'retrying' THEN 'retry' ELSE 'new' END AS why,
@@ -123,7 +123,7 @@ RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name, g.text
 _STOPS = f"""
 UPDATE ticket_inbox i SET read_at = now()
 FROM tickets t, triggers g
-WHERE i.ticket_id = t.id AND g.id = i.trigger_id AND t.state NOT IN ({CLOSED_SQL})
+WHERE i.ticket_id = t.id AND g.id = i.trigger_id AND t.state NOT IN ({CLOSED_TICKET_SQL})
   AND i.read_at IS NULL AND i.handed_back_at IS NULL AND {IS_STOP}
 RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name
 """
@@ -192,7 +192,7 @@ class WorkerService(Service):
     async def _listen(self) -> asyncpg.Connection | None:
         try:
             conn = await asyncpg.connect(self.dsn)
-            for channel in (WORKERS_CHANNEL, INBOX_CHANNEL):
+            for channel in (Notify.WORKERS, Notify.INBOX):
                 await conn.add_listener(channel, lambda *_: self._wake.set())
         except (OSError, asyncpg.PostgresError) as exc:
             if not await outage.absorbed(exc, "workers"):  # an outage is logged once

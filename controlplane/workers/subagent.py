@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import openai
 
+from controlplane.domain import TicketState
 from controlplane.gateway.queue import CommandQueue
 from controlplane.router.tools import SUBAGENT
 from controlplane.settings import Settings
@@ -52,7 +53,7 @@ class Subagent:
         assignment = await slots.start(
             self.pool,
             ticket_id,
-            states=("open",),
+            states=(TicketState.OPEN,),
             woken_by=SUBAGENT,
             owner=self.owner,
             lease=self.lease,

@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.channels.github.pull_requests import OPEN_PULL_REQUEST_EFFECT
+from controlplane.domain import CommandState, EffectKind
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
@@ -412,7 +412,7 @@ class WorkerToolbox:
             await self.pool.execute(
                 "UPDATE jobs SET background = true WHERE command_id = $1", command_id
             )
-            if result.state == "queued" and not await self._online():
+            if result.state == CommandState.QUEUED and not await self._online():
                 self.outcome.device_away = True
         return result
 
@@ -566,7 +566,7 @@ class WorkerToolbox:
         }
         async with self.pool.acquire() as conn:
             # One pull request per ticket and branch, however often this is called.
-            await enqueue(conn, OPEN_PULL_REQUEST_EFFECT, f"{self.ticket.id}:{head}", payload)
+            await enqueue(conn, EffectKind.OPEN_PULL_REQUEST, f"{self.ticket.id}:{head}", payload)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + PR_WAIT_SECONDS
         while loop.time() < deadline:

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization import devices as access
+from controlplane.domain import CLOSED_TICKET_SQL
 from controlplane.errors import NotFound
-from controlplane.ingest.intake import CLOSED_SQL
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ async def tickets(
     pool: asyncpg.Pool, *, everything: bool = False, limit: int = 50
 ) -> list[TicketView]:
     """Open tickets, newest first (``everything``: closed ones too)."""
-    where = "" if everything else f"WHERE t.state NOT IN ({CLOSED_SQL}) "
+    where = "" if everything else f"WHERE t.state NOT IN ({CLOSED_TICKET_SQL}) "
     rows = await pool.fetch(f"{_SELECT}{where}ORDER BY t.created_at DESC LIMIT $1", limit)
     return [_view(row) for row in rows]
 

@@ -46,6 +46,7 @@ import openai
 from controlplane import prompts
 from controlplane.channels.outbound import WhileWaiting, enqueue_reply
 from controlplane.db.pool import Db
+from controlplane.domain import TicketState
 from controlplane.gateway.queue import CommandQueue
 from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
 from controlplane.llm.client import ToolCall, screen_calls
@@ -439,7 +440,7 @@ class Worker:
                     # A link cut or a laptop lid closed for a moment is nobody's news: the
                     # thread hears only if the ticket still waits after the grace.
                     delay=self.limits.device_notice_seconds,
-                    only_while=WhileWaiting(ticket.id, "waiting_device", until),
+                    only_while=WhileWaiting(ticket.id, TicketState.WAITING_DEVICE, until),
                 )
         log.info("worker %s: device %s away; waiting", ticket.id, ticket.device_name)
         return "waiting_device"

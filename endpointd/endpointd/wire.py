@@ -5,7 +5,7 @@ Inbound, a ServerMessage becomes plain data (:mod:`endpointd.model`): a Command 
 plain values and travels on as :data:`Outgoing`, which nothing else looks into. The gRPC
 stubs are wrapped here too (:func:`open_stream`, :func:`pair`), so the rest of endpointd,
 the policy engine first, works on dataclasses and never on generated code; a layering test
-(tests/test_endpointd_layers.py) keeps it so.
+(tests/test_protobuf_boundary.py) keeps it so.
 
 What this module must not do is judge: it converts field for field, keeping proto3's
 distinctions (an unset ``optional`` field is None, not a zero; an empty ``kind`` oneof is a

@@ -23,7 +23,6 @@ from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
-OPEN_PULL_REQUEST_EFFECT = "open_pull_request"
 _FIELDS = ("repo", "head", "base", "title")
 
 

@@ -14,8 +14,9 @@ import asyncpg
 
 from controlplane.channels.base import ChannelAdapter, ChannelError, OutboundMessage
 from controlplane.channels.context import ChannelContext
-from controlplane.channels.webchat.hub import NOTIFY_CHANNEL, ChatHub
+from controlplane.channels.webchat.hub import ChatHub
 from controlplane.channels.webchat.inbound import SOURCE
+from controlplane.domain import Notify
 from controlplane.ingest.intake import Intake
 from controlplane.services import Service
 from controlplane.settings import Settings
@@ -28,7 +29,7 @@ WITH recorded AS (
     VALUES ($1, '{SOURCE}', $2, $1, $3)
     ON CONFLICT (reply_id) DO NOTHING
 )
-SELECT pg_notify('{NOTIFY_CHANNEL}', $4)
+SELECT pg_notify('{Notify.WEBCHAT}', $4)
 """
 
 

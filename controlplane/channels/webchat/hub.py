@@ -6,7 +6,7 @@ sent whatever they have not seen yet, read from the database: the database is th
 truth, so a lost wake-up costs latency, never a message, and any replica serves any client.
 
 Changes on this replica wake its watchers directly. Changes on other replicas arrive as a
-NOTIFY on :data:`NOTIFY_CHANNEL` (payload: the conversation id), sent in the transaction
+NOTIFY on ``Notify.WEBCHAT`` (payload: the conversation id), sent in the transaction
 that stored the message, so the row is visible when the notification arrives. One LISTEN
 connection per replica carries them for all its sockets; after a reconnect every watched
 conversation is read again, for anything missed meanwhile.
@@ -29,13 +29,13 @@ import asyncpg
 from controlplane import backoff
 from controlplane.channels.webchat import history
 from controlplane.channels.webchat.history import ChatMessage
+from controlplane.domain import Notify
 from controlplane.errors import InvalidInput
 from controlplane.ingest.policy import Actor
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless
 
 log = logging.getLogger(__name__)
 
-NOTIFY_CHANNEL = "superagent_webchat"  # payload: a conversation id whose messages changed
 # Rows are stamped when their statement starts and visible when it commits: a row may show
 # up after a later-stamped one was sent. Re-reading this far back (and remembering what was
 # sent that recently) catches it.
@@ -143,7 +143,7 @@ class ChatHub(Service):
         """Wake this conversation's watchers on every replica (after its row committed)."""
         self.changed(thread)
         try:
-            await self.pool.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, thread)
+            await self.pool.execute("SELECT pg_notify($1, $2)", Notify.WEBCHAT, thread)
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -190,7 +190,7 @@ class ChatHub(Service):
             return
         listener = await asyncpg.connect(self.dsn)
         try:
-            await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+            await listener.add_listener(Notify.WEBCHAT, self._on_notify)
         except BaseException:
             await listener.close(timeout=2)
             raise

@@ -1,25 +1,30 @@
-"""endpointd's layering, read from its source: which modules may import what."""
+"""Where protobuf is touched, read from the source: the walks behind the protobuf boundary
+tests (tests/test_protobuf_boundary.py). import-linter checks the imports too
+([tool.importlinter]); only these walks also see message methods called past a wire module.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "endpointd" / "endpointd"
 # The generated stubs and protobuf's own types: only the wire module converts them.
 PROTOBUF = ("superagent_proto", "google.protobuf")
-WIRE = "endpointd/wire.py"
 # Message methods of protobuf: called elsewhere, they would mean a message got past the wire.
 PROTOBUF_METHODS = {
     "ByteSize",
     "ClearField",
     "CopyFrom",
+    "DiscardUnknownFields",
     "FromDatetime",
     "FromNanoseconds",
     "FromString",
     "HasField",
+    "ListFields",
     "MergeFrom",
+    "MergeFromString",
     "ParseFromString",
+    "SerializePartialToString",
     "SerializeToString",
     "ToDatetime",
     "ToJsonString",
@@ -28,7 +33,7 @@ PROTOBUF_METHODS = {
 }
 
 
-def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+def imports(tree: ast.AST) -> list[tuple[int, str]]:
     """Every module an import statement names, anywhere (functions included): for
     ``from a.b import c``, both ``a.b`` and ``a.b.c`` (c may be a module)."""
     found: list[tuple[int, str]] = []
@@ -41,38 +46,40 @@ def _imports(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def _protobuf(name: str) -> bool:
+def is_protobuf(name: str) -> bool:
     return any(name == root or name.startswith(root + ".") for root in PROTOBUF)
+
+
+def _modules(package: Path) -> list[tuple[str, ast.AST]]:
+    """``(path relative to the repository, its syntax tree)`` for every module under
+    ``package``."""
+    return [
+        (
+            path.relative_to(package.parent).as_posix(),
+            ast.parse(path.read_text(encoding="utf-8"), filename=str(path)),
+        )
+        for path in sorted(package.rglob("*.py"))
+    ]
 
 
 def protobuf_importers(package: Path) -> dict[str, list[int]]:
     """``{module path: [line, …]}`` for every module under ``package`` with an import of
     the protocol stubs or of protobuf."""
     offenders: dict[str, list[int]] = {}
-    for path in sorted(package.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        lines = sorted({line for line, name in _imports(tree) if _protobuf(name)})
+    for where, tree in _modules(package):
+        lines = sorted({line for line, name in imports(tree) if is_protobuf(name)})
         if lines:
-            offenders[path.relative_to(package.parent).as_posix()] = lines
+            offenders[where] = lines
     return offenders
 
 
-def test_only_the_wire_module_imports_protobuf() -> None:
-    offenders = protobuf_importers(PACKAGE)
-    wire = offenders.pop(WIRE, None)
-    assert offenders == {}, (
-        "only endpointd/wire.py may touch protobuf; convert to endpointd.model there instead"
-    )
-    assert wire, "the wire module imports no protobuf: is the walk broken?"
-
-
-def test_only_the_wire_module_calls_protobuf_methods() -> None:
+def protobuf_callers(package: Path, wire: str) -> dict[str, list[str]]:
+    """``{module path: ["line: method", …]}`` for every module under ``package`` but the
+    ``wire`` module that names a protobuf message method."""
     offenders: dict[str, list[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        where = path.relative_to(PACKAGE.parent).as_posix()
-        if where == WIRE:
+    for where, tree in _modules(package):
+        if where == wire:
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         calls = [
             f"{node.lineno}: {node.attr}"
             for node in ast.walk(tree)
@@ -80,21 +87,4 @@ def test_only_the_wire_module_calls_protobuf_methods() -> None:
         ]
         if calls:
             offenders[where] = calls
-    assert offenders == {}
-
-
-def test_the_walk_finds_every_form_of_import() -> None:
-    source = """
-import superagent_proto.v1.endpoint_pb2 as pb
-from superagent_proto.v1 import endpoint_pb2
-from superagent_proto import v1
-from google import protobuf
-import os, google.protobuf.timestamp_pb2
-from endpointd import wire
-
-def late() -> None:
-    from superagent_proto.v1 import endpoint_pb2_grpc
-    import google.protobuf
-"""
-    flagged = sorted({line for line, name in _imports(ast.parse(source)) if _protobuf(name)})
-    assert flagged == [2, 3, 4, 5, 6, 10, 11]
+    return offenders
