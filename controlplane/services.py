@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import sqlalchemy.exc
 
-from controlplane import backoff
 from controlplane.db import outage
 from controlplane.errors import TransientError
+from superagent_shared import backoff
 
 log = logging.getLogger(__name__)
 

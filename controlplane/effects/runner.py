@@ -29,12 +29,13 @@ from typing import Any
 
 import asyncpg
 
-from controlplane import backoff, failures
+from controlplane import failures
 from controlplane.db import pool as db_pool
 from controlplane.domain import Notify
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
 from controlplane.services import Service, critical_loop, sleep_unless
 from controlplane.settings import EffectsSettings
+from superagent_shared import backoff
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from typing import Any
 import asyncpg
 import openai
 
-from controlplane import backoff
 from controlplane.llm.errors import (
     ContextExceeded,
     LlmError,
@@ -36,6 +35,7 @@ from controlplane.llm.errors import (
     Transient,
 )
 from controlplane.settings import LlmPrices, LlmSettings
+from superagent_shared import backoff
 from superagent_shared.ids import new_id
 
 __all__ = [

@@ -20,8 +20,8 @@ import os
 import sys
 import time
 
-from controlplane import backoff
 from controlplane.services import Service, sleep_unless
+from superagent_shared import backoff
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,12 @@ from typing import Literal
 
 import asyncpg
 
-from controlplane import backoff, failures
+from controlplane import failures
 from controlplane.alerts import alert_admin
 from controlplane.channels.outbound import enqueue_reply
 from controlplane.settings import Settings
 from controlplane.workers import reports, slots
+from superagent_shared import backoff
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)

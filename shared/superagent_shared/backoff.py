@@ -1,15 +1,33 @@
-"""Reconnect delays shared by both ends of the device protocol (DESIGN.md §5).
+"""Retry delays, the one module for both programs: exponential, capped, jittered.
 
-endpointd redials the gateway with these delays, and the gateway's tests (or any other
-client of the protocol) can reuse the same policy, so "1 s ×1.6 ±20 % up to 120 s" is
-written down exactly once. Only the standard library is used: this module ships in the
-daemon wheel.
+:func:`delay` is the stateless form (retry number ``attempt`` of an effect, a model call, a
+service loop); :class:`Backoff` keeps the count for a loop that redials, as endpointd does
+with the gateway ("1 s ×1.6 ±20 % up to 120 s", DESIGN.md §5). Jitter keeps many retriers,
+a fleet of daemons cut off by the same outage above all, from marching in step. Only the
+standard library is used: this module ships in the daemon wheel.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+
+
+def delay(
+    attempt: int, *, base: float = 1.0, factor: float = 2.0, cap: float = 60.0, jitter: float = 0.2
+) -> float:
+    """Seconds to wait before retry number ``attempt`` (1-based): ``base * factor**(attempt-1)``,
+    capped at ``cap``, then scaled by a random factor in ``[1 - jitter, 1 + jitter]``."""
+    return _jittered(_capped(base, factor, attempt - 1, cap), jitter)
+
+
+def _capped(base: float, factor: float, exponent: int, cap: float) -> float:
+    # Clamped: a float power overflows long before any real retry count gets there.
+    return min(cap, base * factor ** min(max(exponent, 0), 200))
+
+
+def _jittered(seconds: float, jitter: float) -> float:
+    return seconds * random.uniform(1.0 - jitter, 1.0 + jitter)  # noqa: S311 - not security
 
 
 @dataclass
@@ -36,14 +54,12 @@ class Backoff:
 
     def peek(self) -> float:
         """The un-jittered delay the next call would be based on."""
-        # min() before the power would overflow only after ~1500 attempts; clamp anyway.
-        exponent = min(self._attempt, 200)
-        return min(self.cap, self.initial * self.factor**exponent)
+        return _capped(self.initial, self.factor, self._attempt, self.cap)
 
     def next_delay(self) -> float:
         base = self.peek()
         self._attempt += 1
-        return base * random.uniform(1.0 - self.jitter, 1.0 + self.jitter)  # noqa: S311
+        return _jittered(base, self.jitter)
 
     def reset(self) -> None:
         self._attempt = 0

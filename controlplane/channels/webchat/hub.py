@@ -26,13 +26,13 @@ from typing import Any
 
 import asyncpg
 
-from controlplane import backoff
 from controlplane.channels.webchat import history
 from controlplane.channels.webchat.history import ChatMessage
 from controlplane.domain import Notify
 from controlplane.errors import InvalidInput
 from controlplane.ingest.policy import Actor
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless
+from superagent_shared import backoff
 
 log = logging.getLogger(__name__)
 
