@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from endpointd.errors import ConfigError
 from endpointd.fsutil import atomic_write
@@ -165,33 +165,36 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class CommandRule:
-    index: int  # 1-based position among the [[commands]] tables
+class _MatchRule:
+    """One table of a rule list: its action for what ``match`` matches."""
+
+    TABLE: ClassVar[str]
+    index: int  # 1-based position among the tables of its list
     action: Action
     match: str
     name: str | None = None
 
     @property
     def rule(self) -> str:
-        label = self.name or f"commands[{self.index}]"
+        """How audits, approvals and refusals name it: its name, or ``TABLE[index]``."""
+        label = self.name or f"{self.TABLE}[{self.index}]"
         return f"{label} {json.dumps(self.match)}"
 
 
 @dataclass(frozen=True)
-class FileRule:
+class CommandRule(_MatchRule):
+    """A ``[[commands]]`` table: what happens to commands whose argv matches ``match``."""
+
+    TABLE: ClassVar[str] = "commands"
+
+
+@dataclass(frozen=True)
+class FileRule(_MatchRule):
     """A ``[[files]]`` table: what happens to file operations ``ops`` on paths matching
     ``match`` (a glob over the absolute path; ``*`` crosses ``/``)."""
 
-    index: int  # 1-based position among the [[files]] tables
-    action: Action
-    match: str
+    TABLE: ClassVar[str] = "files"
     ops: tuple[FileOp, ...] = FILE_OPS
-    name: str | None = None
-
-    @property
-    def rule(self) -> str:
-        label = self.name or f"files[{self.index}]"
-        return f"{label} {json.dumps(self.match)}"
 
 
 @dataclass(frozen=True)
