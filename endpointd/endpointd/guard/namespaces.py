@@ -10,11 +10,11 @@ tree, and there is no PID of anyone else's to name.
 
 How (driven by :mod:`endpointd.process.nsinit`, usually before the command is known):
 
-1. :func:`enter`, in a helper the supervisor forks: ``unshare`` a new PID and mount
+1. :func:`enter`, in the supervisor: ``unshare`` a new PID and mount
    namespace (and, when not root, a user namespace mapping the user to itself, which is
    what grants the right to mount); mounts are made private first, so nothing done inside
    propagates to the host.
-2. The helper forks: the new child is PID 1 of the namespace. :func:`mount_proc` mounts a
+2. The supervisor forks: the new child is PID 1 of the namespace. :func:`mount_proc` mounts a
    fresh ``/proc`` there, and that process stays as the namespace's init (it reaps orphans;
    when it exits, the kernel ends everything left in the namespace).
 

@@ -132,8 +132,8 @@ def prepare(preparation: dict[str, Any] | None = None) -> Init:
 
 
 def _close_all_but(keep: set[int]) -> None:
-    """The helper and the init hold nothing of the supervisor's (its socket to the daemon
-    above all: the daemon waits for that socket's EOF), only what they use and 0-2."""
+    """The init holds nothing of the supervisor's (its socket to the daemon above all: the
+    daemon waits for that socket's EOF), only what it uses and 0-2."""
     low = 3
     for fd in sorted(keep):
         os.closerange(low, fd)
