@@ -94,8 +94,13 @@ async def test_a_confined_command_gets_the_prepared_namespace_and_nothing_else(
     spare, init = await _spare_with_init(prepared)
     # The early init holds only its own socket to the supervisor: not the supervisor's
     # socket to the daemon, whose EOF is how the daemon learns that a command ended.
-    fds = [os.readlink(f"/proc/{init}/fd/{fd}") for fd in os.listdir(f"/proc/{init}/fd")]
-    assert len([t for t in fds if t.startswith("socket:")]) == 1, fds
+
+    def sockets() -> list[str]:
+        fds = [os.readlink(f"/proc/{init}/fd/{fd}") for fd in os.listdir(f"/proc/{init}/fd")]
+        return [t for t in fds if t.startswith("socket:")]
+
+    # (Just forked, it still has all of the supervisor's; it closes them before it waits.)
+    await assert_eventually(lambda: len(sockets()) == 1, timeout=15)
     prepared_namespace = os.readlink(f"/proc/{init}/ns/pid")
     assert prepared_namespace != os.readlink("/proc/self/ns/pid")
 
