@@ -39,7 +39,7 @@ class ReplicaHeartbeat(Service):
             await self.pool.execute(
                 "UPDATE replicas SET stopped_at = now() WHERE id = $1", self.replica_id
             )
-        except (OSError, asyncpg.PostgresError) as exc:
+        except outage.DATABASE_ERRORS as exc:
             log.warning("heartbeat: could not record the stop (%s)", exc)
 
 

@@ -3,8 +3,9 @@ pull requests opened idempotently, and answers mapped to what the outbox should 
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import httpx
@@ -26,13 +27,16 @@ from controlplane.channels.github.auth import TokenAuth
 from controlplane.channels.github.client import GithubClient
 from controlplane.channels.github.pull_requests import open_pull_request_handler
 from controlplane.channels.github.webhooks import sign
-from controlplane.channels.outbound import acknowledge_handler
+from controlplane.channels.outbound import acknowledge_handler, enqueue_reply, reply_handler
+from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
+from controlplane.effects import Handlers
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
+from controlplane.effects.runner import EffectRunner
 from controlplane.errors import TransientError
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
-from controlplane.settings import GithubSettings, Settings
+from controlplane.settings import EffectsSettings, GithubSettings, Settings
 from tests.fakes.github_server import FakeClock, FakeGitHub
 from tests.github_fixtures import (  # noqa: F401 - fixtures
     REPO,
@@ -40,7 +44,7 @@ from tests.github_fixtures import (  # noqa: F401 - fixtures
     flaky_issue_fixture,
     github_fixture,
 )
-from tests.helpers import save_policy
+from tests.helpers import assert_eventually, save_policy
 
 SECRET = "whsec-outbound-test"
 pytestmark = pytest.mark.usefixtures("flaky_issue")
@@ -57,13 +61,13 @@ async def adapter(
     await adapter.close()
 
 
-def _reply(reply_id: str, attempt: int = 1, thread: str = f"{REPO}#1") -> OutboundMessage:
+def _reply(reply_id: str, *, first_try: bool = True, thread: str = f"{REPO}#1") -> OutboundMessage:
     return OutboundMessage(
         reply_id=reply_id,
         thread_id="thr_1",
         thread_external_id=thread,
         text="## Background\nThe test depends on the weekday.\n\n## Change\nPinned the clock.",
-        attempt=attempt,
+        first_try=first_try,
     )
 
 
@@ -78,11 +82,11 @@ async def test_a_reply_is_one_comment_with_its_marker_however_often_retried(
     assert marker("rpl_a") == "<!-- superagent:rpl_a -->"
 
     # A retry after a send that happened but was not recorded finds it instead.
-    again = await adapter.send(_reply("rpl_a", attempt=2))
+    again = await adapter.send(_reply("rpl_a", first_try=False))
     assert again == first
     assert len(github.comments(REPO, 1)) == 1
     # A retry of a send that never happened posts it.
-    await adapter.send(_reply("rpl_b", attempt=3))
+    await adapter.send(_reply("rpl_b", first_try=False))
     assert [c["body"].endswith(marker("rpl_b")) for c in github.comments(REPO, 1)] == [
         False,
         True,
@@ -92,13 +96,70 @@ async def test_a_reply_is_one_comment_with_its_marker_however_often_retried(
     assert len(github.calls("POST", "/issues/1/comments")) == 2
 
 
+async def test_a_reply_posted_but_not_recorded_is_not_posted_twice(
+    github: FakeGitHub, adapter: GithubAdapter, pool: asyncpg.Pool, database_url: str
+) -> None:
+    """A runner posts a reply and is stopped before recording it (its handler cancelled,
+    the effect handed back). Meanwhile the same reply is queued again (a worker's round
+    replayed). Both start the effect's attempts over, so the next claim is "attempt 1"
+    although the reply is on GitHub: the outbox must still look for its marker first."""
+    thread_id = "thr_requeued"
+    await pool.execute(
+        "INSERT INTO threads (id, source, external_id) VALUES ($1, 'github', $2)",
+        thread_id,
+        f"{REPO}#1",
+    )
+    text, reply_id = "Done: tkt_1 pinned the clock.", "msg_requeued"
+    async with pool.acquire() as conn:
+        await enqueue_reply(conn, thread_id, text, reply_id)
+    posted_once = asyncio.Event()
+
+    class PostsThenHangs(GithubAdapter):
+        async def send(self, message: OutboundMessage) -> str:
+            await super().send(message)
+            posted_once.set()
+            await asyncio.Event().wait()  # stopped here: posted, never recorded
+            raise AssertionError("unreachable")
+
+    hanging = PostsThenHangs(adapter.client, adapter.intake, pool, adapter.settings)
+    await _run_replies(database_url, pool, hanging, until=posted_once.is_set)
+    async with pool.acquire() as conn:
+        assert await enqueue_reply(conn, thread_id, text, reply_id)  # not recorded as sent
+    await _run_replies(database_url, pool, adapter, until=lambda: _no_effects(pool))
+
+    posted = [c for c in github.comments(REPO, 1) if c["body"].endswith(marker(reply_id))]
+    assert len(posted) == 1, [c["body"] for c in posted]
+    assert await pool.fetchval("SELECT count(*) FROM sent_messages WHERE reply_id = $1", reply_id)
+
+
+async def _run_replies(
+    database_url: str,
+    pool: asyncpg.Pool,
+    adapter: GithubAdapter,
+    until: Callable[[], object],
+) -> None:
+    """An effect runner sending replies through ``adapter`` until ``until`` holds."""
+    handlers = Handlers()
+    handlers.register(EffectKind.REPLY, reply_handler(pool, Channels([adapter])))
+    runner = EffectRunner(asyncpg_dsn(database_url), handlers, EffectsSettings(), owner="t")
+    await runner.start()
+    try:
+        await assert_eventually(until, message="the reply effect got that far")
+    finally:
+        await runner.stop()
+
+
+async def _no_effects(pool: asyncpg.Pool) -> bool:
+    return not await pool.fetchval("SELECT count(*) FROM effects")
+
+
 async def test_the_marker_is_found_beyond_the_first_page(
     github: FakeGitHub, adapter: GithubAdapter
 ) -> None:
     for n in range(130):
         github.comment(REPO, 1, f"chatter {n}")
     await adapter.send(_reply("rpl_late"))
-    await adapter.send(_reply("rpl_late", attempt=2))
+    await adapter.send(_reply("rpl_late", first_try=False))
     assert len(github.comments(REPO, 1)) == 131
     listed = [r.query.get("page", "1") for r in github.calls("GET", "/issues/1/comments")]
     assert listed == ["1", "2"]

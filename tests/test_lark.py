@@ -361,7 +361,7 @@ async def test_replies_go_out_in_thread_once_per_reply_id(
     assert recorded == sent["message_id"]
     # A retry whose first attempt posted but was not recorded: Lark's uuid dedupes it.
     again = await adapter.send(
-        OutboundMessage("msg_aaaaaaaaaaaa", thread[0], thread[1], "same again", attempt=2)
+        OutboundMessage("msg_aaaaaaaaaaaa", thread[0], thread[1], "same again", first_try=False)
     )
     assert again == sent["message_id"]
     assert len(fake.replies) == 1

@@ -347,12 +347,12 @@ async def test_a_threaded_conversation_with_the_agent(
     }
 
     # Retries post nothing new: the same transaction id on the same device...
-    again = OutboundMessage("rpl_matrix1", request["thread_id"], f"{room}|{root}", "x", 1)
+    again = OutboundMessage("rpl_matrix1", request["thread_id"], f"{room}|{root}", "x", True)
     assert await bot.adapter.send(again) == sent_id
     # ...and, from another device (no transaction in common), the reply id in the content.
     other = MatrixAdapter(_settings_for(bot, device_id="OTHERDEVICE"), bot.intake, pool)
     try:
-        retried = OutboundMessage("rpl_matrix1", request["thread_id"], f"{room}|{root}", "x", 2)
+        retried = OutboundMessage("rpl_matrix1", request["thread_id"], f"{room}|{root}", "x", False)
         assert await other.send(retried) == sent_id
         # A 👀 the homeserver already has (its transaction forgotten) is not an error.
         await other.acknowledge(Acknowledgement(request["id"], f"{room}|{root}", root))

@@ -238,7 +238,7 @@ async def test_a_said_message_is_an_explicit_request_and_replies_reach_every_wat
             thread_id=sent[0]["thread_id"],
             thread_external_id=thread,
             text="Flaky test; fixing it.",
-            attempt=2,
+            first_try=False,
         )
         assert await served.adapter.send(retried) == reply_id
         count = await pool.fetchval(

@@ -7,8 +7,8 @@ Mode, Matrix sync, Lark's long connection, GitHub polling).
 
 Outbound, the outbox calls the adapter of a thread's source:
 
-* :meth:`ChannelAdapter.send` posts a reply on the thread. It runs at least once: a retry
-  (``attempt > 1``) may follow a send that happened but was not recorded, so an adapter
+* :meth:`ChannelAdapter.send` posts a reply on the thread. It runs at least once: any but
+  the ``first_try`` may follow a send that happened but was not recorded, so an adapter
   either uses the channel's own idempotency key (Matrix transaction ids, Lark's ``uuid``)
   or looks for its message before posting again (GitHub, Slack: the ``reply_id`` marker).
 * :meth:`ChannelAdapter.acknowledge` marks an accepted request as seen (👀), at once.
@@ -52,7 +52,8 @@ class OutboundMessage:
     thread_id: str
     thread_external_id: str
     text: str
-    attempt: int = 1  # > 1: an earlier attempt may have posted it already
+    # False: an earlier try may have posted it already (the outbox's ClaimedEffect.first_try)
+    first_try: bool = True
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,7 @@ def reply_handler(pool: asyncpg.Pool, channels: Channels) -> Any:
             thread_id=str(payload["thread_id"]),
             thread_external_id=str(payload["thread_external_id"]),
             text=text,
-            attempt=effect.attempt,
+            first_try=effect.first_try,
         )
         try:
             external_id = await adapter.send(message)

@@ -744,6 +744,8 @@ class Effect(Base):
     payload: Mapped[dict[str, Any]]
     generation: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Every claim, never reset (attempts is the failure budget, which starts over).
+    claims: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     next_attempt_at: Mapped[datetime] = mapped_column(server_default=func.now())
     locked_by: Mapped[str | None] = mapped_column(String(200))
     last_error: Mapped[str | None] = mapped_column(Text)

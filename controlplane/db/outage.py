@@ -51,6 +51,13 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+# Anything a database call can raise that is the database's answer or its absence (and not
+# a bug in the caller): what a loop catches around a statement. Narrower tuples missed the
+# asyncpg errors that are not PostgresError (InterfaceError, InternalClientError), which a
+# restart raises, and a loop then called its own outage "a bug".
+DATABASE_ERRORS: tuple[type[Exception], ...] = (asyncpg.PostgresError, *CONNECTION_ERRORS)
+
+
 class DatabaseGoneError(SuperagentError):
     """The database stayed unreachable past ``SUPERAGENT_DATABASE_OUTAGE_EXIT_SECONDS``."""
 

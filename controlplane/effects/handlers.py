@@ -14,7 +14,15 @@ class ClaimedEffect:
     key: str
     payload: dict[str, Any]
     generation: int
-    attempt: int  # 1 on the first try
+    attempt: int  # 1 on the first try of this payload: the failure budget, which starts over
+    claims: int = 1  # every claim of the row, never reset
+
+    @property
+    def first_try(self) -> bool:
+        """No runner claimed this effect before, so it cannot have run already. After a
+        runner died mid-handler this is False even when ``attempt`` started over (a new
+        payload for the same key, a revived effect)."""
+        return self.claims <= 1 and self.attempt <= 1
 
 
 class Postpone(Exception):

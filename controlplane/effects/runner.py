@@ -4,7 +4,8 @@ Protocol (all on raw asyncpg, the hot path of every external action):
 
 * **Claim** ``LIMIT n FOR UPDATE SKIP LOCKED`` over the partial ready index, in one short
   statement that also sets ``locked_by`` and pushes ``next_attempt_at`` to now + lease.
-  Claiming counts an attempt, so an effect that kills its runner cannot loop forever.
+  Claiming counts an attempt, so an effect that kills its runner cannot loop forever, and
+  a claim (``claims``, never reset), so a handler knows whether it may have run before.
 * **Execute** handlers as tasks, at most ``concurrency`` at once. While they run, a renewal
   loop keeps extending their leases; only a dead runner lets a lease lapse, and then another
   runner retries the effect.
@@ -48,9 +49,10 @@ WITH ready AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE effects e
-SET locked_by = $2, next_attempt_at = now() + $3::interval, attempts = e.attempts + 1
+SET locked_by = $2, next_attempt_at = now() + $3::interval, attempts = e.attempts + 1,
+    claims = e.claims + 1
 FROM ready WHERE e.id = ready.id
-RETURNING e.id, e.kind, e.key, e.payload, e.generation, e.attempts
+RETURNING e.id, e.kind, e.key, e.payload, e.generation, e.attempts, e.claims
 """
 
 # Delete what finished at the generation it ran; release what was replaced meanwhile.
@@ -240,6 +242,7 @@ class EffectRunner(Service):
                 payload=row["payload"],
                 generation=row["generation"],
                 attempt=row["attempts"],
+                claims=row["claims"],
             )
             task = asyncio.create_task(self._execute(effect), name=f"effect:{effect.id}")
             self._inflight[effect.id] = task

@@ -27,6 +27,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization.devices import covered_sql, refusal
+from controlplane.db import outage
 from controlplane.domain import (
     LIVE_COMMAND_SQL,
     TERMINAL_COMMAND_SQL,
@@ -394,7 +395,7 @@ class CommandQueue:
                 listener = await self.pool.acquire()
                 await listener.add_listener(Notify.COMMAND_DONE, self._on_done)
                 listener.add_termination_listener(self._on_listener_lost)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except outage.DATABASE_ERRORS:
                 return  # waiters fall back to polling until the next attempt
             self._listener = listener
             self._listener_generation += 1

@@ -87,7 +87,7 @@ class Containment:
             if isinstance(cause, LlmError):
                 self.reachable()  # it answered, if badly
             return await self._count(failed, backoff)
-        except (asyncpg.PostgresError, OSError) as exc:
+        except outage.DATABASE_ERRORS as exc:
             if not await outage.absorbed(exc, "router"):
                 log.warning("router: cannot record a failed turn (%s); it stays queued", exc)
         except Exception:

@@ -57,6 +57,10 @@ from superagent_shared.ids import new_id, new_ids
 
 log = logging.getLogger(__name__)
 
+# What a turn may raise before it takes a batch: the model provider's or the database's
+# trouble, retried with backoff. Anything else is a bug and logged with its traceback.
+_UNTAKEN_TURN_ERRORS: tuple[type[Exception], ...] = (openai.OpenAIError, *outage.DATABASE_ERRORS)
+
 MAX_STEPS = 8  # model calls per turn: the model may call tools, read results, call again
 READ_RESULTS = frozenset(
     {"recall", "assess", "subagent", "explain"}
@@ -363,7 +367,7 @@ class RouterService(Service):
                     continue
                 try:
                     paused = await pause.current(self.pool)
-                except (asyncpg.PostgresError, OSError) as exc:
+                except outage.DATABASE_ERRORS as exc:
                     if not await outage.absorbed(exc, "router"):  # an outage is logged once
                         log.warning("router: cannot read the pause flag (%s)", exc)
                     paused = None
@@ -384,7 +388,7 @@ class RouterService(Service):
                     await sleep_unless(self.stopping, backoff)
                     backoff = min(backoff * 2, self.max_backoff)
                     continue
-                except (openai.OpenAIError, asyncpg.PostgresError, OSError) as exc:
+                except _UNTAKEN_TURN_ERRORS as exc:
                     # Before any batch was taken: the database, most likely.
                     if not await outage.absorbed(exc, "router"):
                         log.warning("router turn failed (%s); retrying in %.0fs", exc, backoff)
@@ -415,7 +419,7 @@ class RouterService(Service):
         try:
             conn = await asyncpg.connect(self.dsn)
             await conn.add_listener(Notify.ROUTER, lambda *_: self._wake.set())
-        except (OSError, asyncpg.PostgresError) as exc:
+        except outage.DATABASE_ERRORS as exc:
             if not await outage.absorbed(exc, "router"):
                 log.warning("router: no LISTEN connection (%s); polling", exc)
             return None

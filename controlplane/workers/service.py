@@ -194,7 +194,7 @@ class WorkerService(Service):
             conn = await asyncpg.connect(self.dsn)
             for channel in (Notify.WORKERS, Notify.INBOX):
                 await conn.add_listener(channel, lambda *_: self._wake.set())
-        except (OSError, asyncpg.PostgresError) as exc:
+        except outage.DATABASE_ERRORS as exc:
             if not await outage.absorbed(exc, "workers"):  # an outage is logged once
                 log.warning("workers: no LISTEN connection (%s); polling", exc)
             return None
@@ -208,7 +208,7 @@ class WorkerService(Service):
         try:
             # Given up now, not at lease end: another replica resumes them at once.
             await slots.release(self.pool, self.owner, list(self.rounds))
-        except (OSError, asyncpg.PostgresError) as exc:
+        except outage.DATABASE_ERRORS as exc:
             log.warning("workers: could not release leases (%s); they expire", exc)
         self.rounds.clear()
 

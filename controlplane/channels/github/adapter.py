@@ -1,8 +1,8 @@
 """The GitHub adapter: replies as issue/PR comments, 👀 on accepted requests, polling.
 
 A thread is one issue or PR, ``owner/repo#number``: everything a reply needs. Each reply
-carries a hidden marker, ``<!-- superagent:{reply_id} -->``; a retry (``attempt > 1``)
-first looks for a comment with its marker and returns that one instead of posting twice.
+carries a hidden marker, ``<!-- superagent:{reply_id} -->``; any but the first try first
+looks for a comment with its marker and returns that one instead of posting twice.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class GithubAdapter(ChannelAdapter):
     async def send(self, message: OutboundMessage) -> str:
         repo, number = parse_thread(message.thread_external_id)
         mark = marker(message.reply_id)
-        if message.attempt > 1:
+        if not message.first_try:
             earlier = await self.client.find_comment(repo, number, mark)
             if earlier is not None:
                 return f"issue_comment:{earlier['id']}"

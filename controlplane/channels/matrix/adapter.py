@@ -5,7 +5,7 @@ fallback to the root for clients without threads. It is sent with
 ``PUT /rooms/{room}/send/m.room.message/{txnId}`` and the reply id as the transaction id:
 the homeserver answers a repeated transaction with the event it already made, so a retried
 send posts nothing new. A transaction is remembered for a limited time only (Synapse: about
-half an hour), so a retry (``attempt > 1``) first looks for the bot's recent message that
+half an hour), so a retry (not ``first_try``) first looks for the bot's recent message that
 carries the reply id in its content (:data:`REPLY_ID_KEY`).
 """
 
@@ -65,7 +65,7 @@ class MatrixAdapter(ChannelAdapter):
 
     async def send(self, message: OutboundMessage) -> str:
         room_id, root = _thread(message.thread_external_id)
-        if message.attempt > 1:
+        if not message.first_try:
             earlier = await self._sent_before(room_id, message.reply_id)
             if earlier is not None:
                 return earlier

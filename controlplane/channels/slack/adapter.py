@@ -8,7 +8,7 @@ so it is answered at once.
 
 Outbound, a reply goes into its thread (``chat.postMessage`` with ``thread_ts``) carrying
 Slack message metadata ``superagent_reply`` / ``{"reply_id": ...}``. A retried send
-(``attempt > 1``) first reads the thread (``conversations.replies`` with
+(not ``first_try``) first reads the thread (``conversations.replies`` with
 ``include_all_metadata``) and returns the message already there instead of posting twice.
 """
 
@@ -131,7 +131,7 @@ class SlackAdapter(ChannelAdapter):
 
     async def send(self, message: OutboundMessage) -> str:
         channel, thread_ts = _ref(message.thread_external_id)
-        if message.attempt > 1:
+        if not message.first_try:
             posted = await self._posted(channel, thread_ts, message.reply_id)
             if posted is not None:
                 return f"{channel}:{posted}"
