@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Conn
+from controlplane.replies import enqueue_reply
 from superagent_shared.ids import new_id, stable_id
 
 log = logging.getLogger(__name__)

@@ -36,11 +36,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane import logs
 from controlplane.access import guard
-from controlplane.api.state import AppState, app_state
 from controlplane.domain import LIVE_COMMAND_STATES, TicketState
 from controlplane.errors import Unauthorized
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.settings import Settings
+from controlplane.web.state import AppState, app_state
 
 log = logging.getLogger(__name__)
 

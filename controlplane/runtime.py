@@ -18,8 +18,6 @@ import uvicorn
 from controlplane.access import sessions
 from controlplane.api.app import create_app
 from controlplane.api.request_head import BoundedHttpToolsProtocol
-from controlplane.api.state import AppState
-from controlplane.authorization.approvals import ApprovalService
 from controlplane.channels import registry as channel_registry
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.github.pull_requests import open_pull_request_handler
@@ -42,7 +40,9 @@ from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from controlplane.services import LOOPS_SHARE, DatabaseWatch, Service, run_services
 from controlplane.settings import Settings
+from controlplane.tickets.approvals import ApprovalService
 from controlplane.watchdog.supervisor import WatchdogChild
+from controlplane.web.state import AppState
 from controlplane.workers.service import WorkerService
 from controlplane.workers.subagent import Subagent
 

@@ -34,7 +34,6 @@ from controlplane.access import sessions
 from controlplane.api import access
 from controlplane.api.access import is_public
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.channels.base import Channels
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.webchat.adapter import WebChatAdapter
@@ -42,6 +41,7 @@ from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.intake import Intake
 from controlplane.runtime import HttpService
 from controlplane.settings import Settings
+from controlplane.web.state import AppState
 from tests.cli_output import one_line_error
 from tests.helpers import assert_eventually, free_port
 from tests.replica_process import ReplicaProcess

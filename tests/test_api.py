@@ -6,10 +6,10 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.db.engine import create_engine
 from controlplane.errors import NotFound
 from controlplane.settings import Settings
+from controlplane.web.state import AppState
 
 TOKEN = "api-test-token-8c2e41f0a7d35b96e1c4"
 

@@ -34,17 +34,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane import versions
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.authorization import devices as access
 from controlplane.console.hub import TOPICS, ConsoleHub, Watcher
 from controlplane.db.engine import transaction
 from controlplane.db.models import PromptVersion
+from controlplane.findings import Seen, record
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.specs import Exec
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor
 from controlplane.settings import Settings
-from controlplane.watchdog.findings import Seen, record
+from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
 from tests.console_browser import ARTIFACTS, chromium, screenshot
 from tests.helpers import assert_eventually, free_port

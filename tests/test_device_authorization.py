@@ -39,7 +39,7 @@ from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from controlplane.router.tools import Toolbox, Turn
 from controlplane.settings import Settings, WorkerSettings
-from controlplane.workers import control
+from controlplane.tickets import control
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.helpers import assert_eventually, run_cli, save_policy
@@ -491,7 +491,7 @@ async def _asked(
     pool: asyncpg.Pool, thread_id: str, settings: Settings | None = None
 ) -> tuple[str, str]:
     """The one message to the owner on the request's thread, and its approval id."""
-    from controlplane.authorization.approvals import ApprovalService
+    from controlplane.tickets.approvals import ApprovalService
 
     service = ApprovalService(pool, settings or Settings())
     await service.pass_once()
@@ -505,7 +505,7 @@ async def _asked(
 
 
 async def _pass(pool: asyncpg.Pool) -> None:
-    from controlplane.authorization.approvals import ApprovalService
+    from controlplane.tickets.approvals import ApprovalService
 
     await ApprovalService(pool, Settings()).pass_once()
 
@@ -559,7 +559,7 @@ async def test_the_owners_denial_stops_the_ticket(
 async def test_no_answer_in_time_stops_the_ticket(
     world: World, pool: asyncpg.Pool, queue: CommandQueue
 ) -> None:
-    from controlplane.authorization.approvals import ApprovalService
+    from controlplane.tickets.approvals import ApprovalService
 
     quick = Settings(workers=WorkerSettings(device_approval_seconds=0.5))
     created, request = await world.ask_ticket(BOB, "alice-laptop")

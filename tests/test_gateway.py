@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
@@ -33,6 +32,7 @@ from controlplane.gateway import hub as hub_module
 from controlplane.gateway.pairing import MAX_WRONG_PER_CODE
 from controlplane.gateway.queue import CommandQueue, CommandResult, PendingCommand
 from controlplane.settings import GrpcSettings, Settings
+from controlplane.web.state import AppState
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
 from superagent_shared.protocol import hello_signing_payload

@@ -14,7 +14,6 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.channels.base import (
     Acknowledgement,
     ChannelError,
@@ -27,7 +26,7 @@ from controlplane.channels.github.auth import TokenAuth
 from controlplane.channels.github.client import GithubClient
 from controlplane.channels.github.pull_requests import open_pull_request_handler
 from controlplane.channels.github.webhooks import sign
-from controlplane.channels.outbound import acknowledge_handler, enqueue_reply, reply_handler
+from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
 from controlplane.effects import Handlers
@@ -36,7 +35,9 @@ from controlplane.effects.runner import EffectRunner
 from controlplane.errors import TransientError
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.replies import enqueue_reply
 from controlplane.settings import EffectsSettings, GithubSettings, Settings
+from controlplane.web.state import AppState
 from tests.fakes.github_server import FakeClock, FakeGitHub
 from tests.github_fixtures import (  # noqa: F401 - fixtures
     REPO,

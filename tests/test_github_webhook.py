@@ -16,12 +16,12 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.channels.github import endpoint, webhooks
 from controlplane.channels.github.webhooks import sign
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, Settings
+from controlplane.web.state import AppState
 from tests.helpers import save_policy
 
 SECRET = "whsec-test-4411"

@@ -34,7 +34,6 @@ from websockets.asyncio.client import connect
 
 from controlplane import handles, people
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.channels.base import Channels
 from controlplane.channels.github.webhooks import sign as github_sign
 from controlplane.channels.lark.channel import LarkAdapter
@@ -47,6 +46,7 @@ from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import Ingested, Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, LarkSettings, Settings, SlackSettings
+from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
 from tests.fakes.github_server import FakeGitHub
 from tests.fakes.lark_server import APP_ID, APP_SECRET, BOT_NAME, BOT_OPEN_ID, FakeLark

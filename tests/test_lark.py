@@ -15,7 +15,6 @@ from pydantic import SecretStr, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.channels.base import Channels, OutboundMessage
 from controlplane.channels.lark import events
 from controlplane.channels.lark.channel import LarkAdapter
@@ -27,6 +26,7 @@ from controlplane.errors import TransientError
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import LarkSettings, Settings
+from controlplane.web.state import AppState
 from tests.fakes.lark_server import (
     APP_ID,
     APP_SECRET,

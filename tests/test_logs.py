@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane import logs
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.settings import Settings
+from controlplane.web.state import AppState
 from tests.helpers import assert_eventually, free_port
 
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")

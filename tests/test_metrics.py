@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.db.engine import create_engine, transaction
 from controlplane.db.models import (
     Command,
@@ -28,6 +27,7 @@ from controlplane.db.models import (
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.metrics import SCRAPE_TIMEOUT
 from controlplane.settings import Settings
+from controlplane.web.state import AppState
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 Samples = dict[Key, float]

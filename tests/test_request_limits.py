@@ -37,13 +37,13 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.db import migrate
 from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.pairing import CODE_ALPHABET
 from controlplane.gateway.server import EndpointGateway
 from controlplane.settings import GrpcSettings, HttpSettings, Settings
+from controlplane.web.state import AppState
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
 from tests.gateway_harness import FakeDevice, Gateway, running_gateway

@@ -18,7 +18,7 @@ from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router import batch as batches
 from controlplane.router.router import Router
 from controlplane.router.tools import Turn
-from controlplane.workers import reports
+from controlplane.tickets import reports
 from controlplane.workers.subagent import Subagent
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall

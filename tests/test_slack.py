@@ -15,7 +15,6 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.api.state import AppState
 from controlplane.channels.base import Channels
 from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.channels.slack import SlackAdapter
@@ -28,6 +27,7 @@ from controlplane.errors import TransientError
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import EffectsSettings, Settings, SlackSettings
+from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
 from tests.fakes.slack_server import BOT_ID, BOT_TOKEN, BOT_USER, TEAM_ID, Failure, FakeSlack
 from tests.helpers import assert_eventually, save_policy

@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 
 from controlplane.gateway.queue import CommandQueue
-from controlplane.workers import reports
+from controlplane.tickets import reports
 from tests.cli_output import one_line_error
 from tests.worker_harness import local_device, ticket
 

@@ -27,9 +27,8 @@ from controlplane.ingest.policy import Actor
 from controlplane.router.router import Router
 from controlplane.router.rules_only import RulesOnlyRouter
 from controlplane.settings import Settings, WatchdogSettings
-from controlplane.watchdog import explain
+from controlplane.tickets import explain, reports, slots
 from controlplane.watchdog.service import Watchdog
-from controlplane.workers import reports, slots
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.worker_harness import (  # noqa: F401 - fixtures

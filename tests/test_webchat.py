@@ -24,7 +24,6 @@ from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Origin
 
-from controlplane.api.state import AppState
 from controlplane.channels import webchat
 from controlplane.channels.base import Channels, OutboundMessage
 from controlplane.channels.context import ChannelContext
@@ -38,6 +37,7 @@ from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.runtime import HttpService
 from controlplane.services import Service
 from controlplane.settings import HttpSettings, Settings, WebChatSettings
+from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
 from tests.helpers import assert_eventually, free_port, save_policy
 

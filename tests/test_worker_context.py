@@ -21,8 +21,9 @@ import openai
 import pytest
 
 from controlplane.gateway.queue import CommandQueue
+from controlplane.llm.transcript import message_content
 from controlplane.settings import LlmSettings
-from controlplane.workers.session import PROGRESS_NOTE, WorkerSession, message_content
+from controlplane.workers.session import PROGRESS_NOTE, WorkerSession
 from tests.fakes.openai_server import (
     FAKE_MODEL,
     ChatRequest,

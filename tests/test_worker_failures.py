@@ -157,7 +157,7 @@ async def test_a_bug_in_our_code_fails_the_round_with_its_traceback_not_the_serv
     monkeypatch.setattr(tools.WorkerToolbox, "call", broken)
     fake_llm.respond_with(lambda request: Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
-    caplog.set_level(logging.ERROR, logger="controlplane.workers.retries")
+    caplog.set_level(logging.ERROR, logger="controlplane.tickets.retries")
     async with _service(pool, queue, fake_llm, dsn) as service:
         await assert_eventually(
             lambda: _blocked(pool, ticket_id), timeout=30, message="the ticket blocked"

@@ -41,7 +41,7 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import Ingested, Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import Settings, WorkerSettings
-from controlplane.workers import authority
+from controlplane.tickets import authority
 from controlplane.workers import tools as worker_tools
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.helpers import assert_eventually, save_policy

@@ -34,7 +34,7 @@ from controlplane.errors import InvalidInput
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
-from controlplane.workers import control
+from controlplane.tickets import control
 from controlplane.workers import worker as worker_module
 from controlplane.workers.session import INTERRUPTED
 from controlplane.workers.worker import RECOVERY_NOTE

@@ -24,9 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from controlplane.access import guard, headers, sessions, throttle
-from controlplane.api.state import AppState
 from controlplane.errors import SuperagentError, TransientError, Unauthorized
 from controlplane.services import is_transient
+from controlplane.web.state import AppState
 
 CLOSE_UNAUTHORIZED = 1008  # a websocket refused for its credentials or its origin
 SESSION_RECHECK_SECONDS = 15.0  # how soon an open websocket notices its session ended

@@ -13,8 +13,8 @@ from controlplane import __version__, metrics
 from controlplane.api import console, errors
 from controlplane.api.access import RequireAccess
 from controlplane.api.body_limit import BodyLimit
-from controlplane.api.state import AppState, app_state
 from controlplane.channels import registry as channel_registry
+from controlplane.web.state import AppState, app_state
 
 State = Annotated[AppState, Depends(app_state)]
 

@@ -29,7 +29,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
 from controlplane.access import guard, headers, sessions, signin, static_files
-from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat.connection import refuse
 from controlplane.console import (
     access,
@@ -46,6 +45,7 @@ from controlplane.console import versions as documents
 from controlplane.errors import InvalidInput, TransientError, Unauthorized
 from controlplane.gateway.queue import CommandQueue
 from controlplane.services import is_transient
+from controlplane.web.state import AppState, app_state
 
 T = TypeVar("T")
 

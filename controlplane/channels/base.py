@@ -20,30 +20,12 @@ Anything else (timeouts, 5xx, rate limits) is retried with backoff by the outbox
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import ClassVar
 
 from controlplane.services import Service
-
-
-class Style(StrEnum):
-    """How replies on a channel are written (DESIGN §3.5)."""
-
-    im = "im"  # chat: at most IM_MAX_WORDS words, decisions, questions and results only
-    structured = "structured"  # GitHub: background, change, validation; complete
-
-
-IM_MAX_WORDS = 100
-STRUCTURED_SOURCES = frozenset({"github"})
-
-
-def style_of(source: str) -> Style:
-    """GitHub threads get structured replies; every chat channel gets IM style."""
-    return Style.structured if source in STRUCTURED_SOURCES else Style.im
 
 
 @dataclass(frozen=True)
@@ -107,21 +89,6 @@ class ChannelAdapter(ABC):
     async def close(self) -> None:
         """Release clients and connections."""
         return None
-
-
-_WORD = re.compile(r"\S+")
-
-
-def word_count(text: str) -> int:
-    return len(_WORD.findall(text))
-
-
-def clip_words(text: str, limit: int = IM_MAX_WORDS) -> str:
-    """``text`` cut to ``limit`` words (whitespace kept), with an ellipsis when cut."""
-    matches = list(_WORD.finditer(text))
-    if len(matches) <= limit:
-        return text
-    return text[: matches[limit - 1].end()] + " …"
 
 
 class Channels:

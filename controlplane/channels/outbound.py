@@ -18,90 +18,25 @@ channel's "seen" mark (👀); reactions are idempotent on every channel, so a re
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from controlplane.channels.base import (
-    IM_MAX_WORDS,
     Acknowledgement,
     ChannelError,
     Channels,
     OutboundMessage,
     RateLimited,
-    Style,
-    clip_words,
-    style_of,
 )
-from controlplane.db.pool import Conn
-from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
-from controlplane.effects.outbox import enqueue
 from controlplane.pause import hold_while_paused
+from controlplane.replies import Style, clip_words, style_of
 
 log = logging.getLogger(__name__)
 
 WAIT_FOR_ADAPTER_SECONDS = 3600.0
-
-
-@dataclass(frozen=True)
-class WhileWaiting:
-    """Send a delayed reply only if its ticket still waits as it did when it was queued
-    (the same state and wait end): a device back within the delay is nobody's news."""
-
-    ticket_id: str
-    state: str
-    wait_until: datetime
-
-    def as_json(self) -> dict[str, str]:
-        return {
-            "ticket_id": self.ticket_id,
-            "state": self.state,
-            "wait_until": self.wait_until.isoformat(),
-        }
-
-
-async def enqueue_reply(
-    conn: Conn,
-    thread_id: str,
-    text: str,
-    reply_id: str,
-    *,
-    clip: bool = True,
-    delay: float = 0.0,
-    only_while: WhileWaiting | None = None,
-) -> bool:
-    """Queue a reply written by the program rather than the router's model (a command's
-    result, a notice that a device is away), cut to the channel's limit when ``clip``;
-    sent after ``delay`` seconds, and then only if ``only_while`` still holds.
-
-    Keyed by ``reply_id``: queued again, or after it was sent, it is still one message.
-    Returns False when there is no such thread or the reply was already sent.
-    """
-    row = await conn.fetchrow("SELECT source, external_id FROM threads WHERE id = $1", thread_id)
-    if row is None:
-        return False
-    if await conn.fetchval("SELECT 1 FROM sent_messages WHERE reply_id = $1", reply_id):
-        return False
-    if clip and style_of(row["source"]) is Style.im:
-        text = clip_words(text, IM_MAX_WORDS)
-    await enqueue(
-        conn,
-        EffectKind.REPLY,
-        reply_id,
-        {
-            "reply_id": reply_id,
-            "thread_id": thread_id,
-            "source": row["source"],
-            "thread_external_id": row["external_id"],
-            "text": text,
-            **({"only_while": only_while.as_json()} if only_while is not None else {}),
-        },
-        delay=delay,
-    )
-    return True
 
 
 async def _moot(pool: asyncpg.Pool, payload: dict[str, Any]) -> bool:

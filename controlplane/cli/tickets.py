@@ -11,7 +11,8 @@ import click
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.domain import CLOSED_TICKET_STATES, TicketState
-from controlplane.workers import control, views
+from controlplane.tickets import control
+from controlplane.workers import views
 
 
 @click.group()

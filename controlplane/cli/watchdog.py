@@ -107,7 +107,7 @@ async def _parent_gone(parent_pid: int, stop: asyncio.Event) -> None:
 
 
 async def _open(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-    from controlplane.watchdog.findings import open_findings
+    from controlplane.findings import open_findings
 
     return await open_findings(pool)
 
@@ -143,7 +143,7 @@ def findings(as_json: bool) -> None:
 def why(ticket: str, as_json: bool) -> None:
     """Why TICKET is where it is: its state, device, round, jobs, reports and findings."""
     setup_logging("WARNING")
-    from controlplane.watchdog.explain import facts, render
+    from controlplane.tickets.explain import facts, render
 
     found = run_with_pool(load_settings(), lambda pool: facts(pool, ticket))
     if found is None:

@@ -1,7 +1,7 @@
 """What the ticket page can do to a ticket: stop it, retry it, move it to another device.
 
 The same functions as ``superagent tickets stop`` / ``retry`` / ``reroute``
-(:mod:`controlplane.workers.control`), signed "the console"; this module only words the
+(:mod:`controlplane.tickets.control`), signed "the console"; this module only words the
 answers for the page.
 """
 
@@ -15,7 +15,7 @@ import asyncpg
 from controlplane.domain import CLOSED_TICKET_STATES
 from controlplane.errors import Conflict
 from controlplane.settings import Settings
-from controlplane.workers import control
+from controlplane.tickets import control
 
 BY = "the console"
 

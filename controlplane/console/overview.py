@@ -19,10 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from controlplane import __version__
 from controlplane.console import commands
 from controlplane.domain import TicketState
+from controlplane.findings import open_findings
 from controlplane.settings import Settings
 from controlplane.status import Status, ago, leader_line
 from controlplane.status import read as read_status
-from controlplane.watchdog.findings import open_findings
 
 LIMIT = 50
 FAILED_WITHIN = "7 days"

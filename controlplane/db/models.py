@@ -170,7 +170,7 @@ class Trigger(Base):
             postgresql_where=text("route = 'subscribers' AND digested_at IS NULL"),
         ),
         # Messages that may answer an owner's approval (``approve apr_…`` / ``deny apr_…``):
-        # the approvals sweep reads only these (controlplane.authorization.approvals).
+        # the approvals sweep reads only these (controlplane.tickets.approvals).
         Index(
             "ix_triggers_approval_answers",
             "created_at",

@@ -134,7 +134,7 @@ class Verdict:
     noise: bool = False  # dropped even where a ticket is subscribed
     inferred: InferredMode | None = None  # for candidates: what the router may do with it
     # A human on the source's allowlist, addressing the agent or not: a follow-up on a
-    # ticket's thread carries authority in its worker's inbox (controlplane.workers.events).
+    # ticket's thread carries authority in its worker's inbox (controlplane.tickets.events).
     allowlisted: bool = False
 
     @property

@@ -34,6 +34,7 @@ from controlplane.llm.errors import (
     Permanent,
     Transient,
 )
+from controlplane.llm.transcript import canonical_arguments
 from controlplane.settings import LlmPrices, LlmSettings
 from superagent_shared import backoff
 from superagent_shared.ids import new_id
@@ -301,7 +302,7 @@ def screen_calls(
     seen: dict[tuple[str, str], str] = {}
     out: list[tuple[ToolCall, str | None]] = []
     for index, call in enumerate(calls):
-        key = (call.name, _canonical(call.arguments))
+        key = (call.name, canonical_arguments(call.arguments))
         if key in seen:
             out.append((call, f"not run: the same call as {seen[key]} in this answer"))
         elif index >= limit:
@@ -310,13 +311,6 @@ def screen_calls(
             seen[key] = call.id
             out.append((call, None))
     return out
-
-
-def _canonical(arguments: str) -> str:
-    try:
-        return json.dumps(json.loads(arguments or "{}"), sort_keys=True, separators=(",", ":"))
-    except ValueError:
-        return arguments
 
 
 def cost(usage: Usage, prices: LlmPrices) -> Decimal:

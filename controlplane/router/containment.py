@@ -30,10 +30,10 @@ import openai
 
 from controlplane import failures
 from controlplane.alerts import alert_admin
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.db import outage
 from controlplane.llm import LlmError
 from controlplane.llm.errors import Permanent, Transient
+from controlplane.replies import enqueue_reply
 from controlplane.settings import RouterSettings
 from superagent_shared.ids import stable_id
 

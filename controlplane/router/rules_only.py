@@ -25,8 +25,6 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization import devices as access
-from controlplane.channels.base import IM_MAX_WORDS, Style, clip_words, style_of
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.domain import (
     CLOSED_TICKET_SQL,
     CLOSED_TICKET_STATES,
@@ -42,11 +40,11 @@ from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import PolicySource
 from controlplane.pause import hold_while_paused
+from controlplane.replies import IM_MAX_WORDS, Style, clip_words, enqueue_reply, style_of
 from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
 from controlplane.router.tools import Toolbox, Turn
-from controlplane.watchdog import explain
-from controlplane.workers import control
+from controlplane.tickets import control, explain
 from superagent_shared.ids import id_prefix, new_id, stable_id
 
 NOTICE = (
@@ -177,7 +175,7 @@ class RulesOnlyRouter:
             }
             if not access.covers(grant):
                 # Someone else's device: its owner is asked; the command is queued only once
-                # they approve (controlplane.authorization.approvals).
+                # they approve (controlplane.tickets.approvals).
                 approval = await access.ask(
                     conn, grant, requester, what=f"`{shlex.join(argv)[:200]}`", run=run
                 )
@@ -239,7 +237,7 @@ class RulesOnlyRouter:
 
 
 async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[str]]:
-    """Stop a ticket as everyone does (:func:`controlplane.workers.control.stop`), and end
+    """Stop a ticket as everyone does (:func:`controlplane.tickets.control.stop`), and end
     its subscriptions. Returns (was it live, its unfinished commands, which the caller
     cancels through the queue)."""
     async with pool.acquire() as conn, conn.transaction():

@@ -21,7 +21,7 @@ Tools (OpenAI function-calling schemas in :data:`TOOL_SPECS`):
 * ``ignore(trigger, reason)``.
 * ``forward(trigger, ticket)``: give an event to a ticket's worker (used when pass-through
   is off); ``stop_ticket(ticket, reason)``; ``explain(ticket)``: the recorded facts behind
-  "why is tkt_x stuck?" (:mod:`controlplane.watchdog.explain`).
+  "why is tkt_x stuck?" (:mod:`controlplane.tickets.explain`).
 * ``subagent(...)``: only in the single-session baseline: create_ticket, then the work
   itself inside the call (:mod:`controlplane.workers.subagent`).
 * ``assess(trigger, verdicts, intent, target)``: the structured judgement of an inferred
@@ -38,16 +38,15 @@ from typing import Any, Protocol
 import asyncpg
 
 from controlplane.authorization import devices as access
-from controlplane.channels.base import IM_MAX_WORDS, Style, style_of, word_count
 from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES, EffectKind, Notify
 from controlplane.effects.outbox import enqueue
 from controlplane.ingest import policy as policies
 from controlplane.ingest.intake import PolicySource
 from controlplane.llm.schema import arguments_problem, specs_by_name
-from controlplane.watchdog import explain
-from controlplane.workers import control
-from controlplane.workers.reports import Spent
+from controlplane.replies import IM_MAX_WORDS, Style, style_of, word_count
+from controlplane.tickets import control, explain
+from controlplane.tickets.reports import Spent
 from superagent_shared.ids import id_prefix, new_id, stable_id
 
 MAX_REPLY_CHARS = 20_000

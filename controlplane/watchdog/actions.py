@@ -9,11 +9,11 @@ import asyncpg
 
 from controlplane import pause
 from controlplane.alerts import alert_admin
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.domain import CLOSED_TICKET_STATES
+from controlplane.findings import Open, acted
+from controlplane.replies import enqueue_reply
 from controlplane.settings import WatchdogSettings
-from controlplane.watchdog.findings import Open, acted
-from controlplane.workers import control, events, reports
+from controlplane.tickets import control, events, reports
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)

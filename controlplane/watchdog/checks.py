@@ -1,6 +1,6 @@
 """The watchdog's checks: each looks at recorded state and says what it sees.
 
-A check returns :class:`~controlplane.watchdog.findings.Seen` items for one kind; the
+A check returns :class:`~controlplane.findings.Seen` items for one kind; the
 service records them (opening, bumping or resolving findings) and then decides on actions
 from how long each has been seen and what was already done (``service.py``).
 """
@@ -12,9 +12,9 @@ from datetime import timedelta
 import asyncpg
 
 from controlplane.domain import TERMINAL_COMMAND_STATES
+from controlplane.findings import Seen
+from controlplane.llm.transcript import canonical_call, message_content
 from controlplane.settings import Settings
-from controlplane.watchdog.findings import Seen
-from controlplane.workers.session import canonical_call, message_content
 
 LOOP_WINDOW = 6  # tool calls looked at for a loop
 LOOP_DISTINCT = 2  # at most this many different calls among them: looping

@@ -18,10 +18,9 @@ import asyncpg
 import openai
 
 from controlplane import prompts
-from controlplane.llm import Accounting, LlmClient, LlmError
+from controlplane.findings import Seen
+from controlplane.llm import Accounting, LlmClient, LlmError, transcript
 from controlplane.settings import Settings
-from controlplane.watchdog.findings import Seen
-from controlplane.workers import session as sessions
 from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -82,9 +81,9 @@ class DriftCheck:
         )
         lines = []
         for call_row in reversed(calls):
-            message = sessions.message_content(call_row["content"])["message"]
+            message = transcript.message_content(call_row["content"])["message"]
             for call in message.get("tool_calls") or []:
-                lines.append("- " + sessions.canonical_call(call)[:300])
+                lines.append("- " + transcript.canonical_call(call)[:300])
         if not lines:
             return None
         question = QUESTION.format(

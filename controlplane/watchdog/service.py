@@ -29,13 +29,13 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import openai
 
-from controlplane import failures
+from controlplane import failures, findings
 from controlplane.domain import Notify
+from controlplane.findings import Open, Seen
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.status import WATCHDOG_MARK
-from controlplane.watchdog import actions, checks, drift, findings
-from controlplane.watchdog.findings import Open, Seen
+from controlplane.watchdog import actions, checks, drift
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ Every replica runs one. Each pass (woken by NOTIFY, at least every second):
 Which events wake a waiting ticket: in ``ready`` (a pull request open) any event, CI
 included; after a question, blocked or failed only a person (a human message, a retry),
 while CI and bot events are recorded for the worker to read when it wakes; an action held
-for confirmation (:mod:`controlplane.workers.authority`) only an allowlisted person or a
+for confirmation (:mod:`controlplane.tickets.authority`) only an allowlisted person or a
 retry.
 """
 
@@ -28,17 +28,17 @@ import asyncpg
 import openai
 
 from controlplane.authorization import devices as access
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.db import outage
 from controlplane.domain import CLOSED_TICKET_SQL, Notify, sql_list
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.inbox import IS_STOP
+from controlplane.replies import enqueue_reply
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.workers import control, reports, retries, slots
-from controlplane.workers.authority import CI_KINDS, HOLD
+from controlplane.tickets import control, reports, retries, slots
+from controlplane.tickets.authority import CI_KINDS, HOLD
 from controlplane.workers.worker import RoundOver, Worker
 from superagent_shared.ids import stable_id
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controlplane.db.pool import Conn, Db
+from controlplane.llm.transcript import canonical_call, message_content
 from superagent_shared.ids import new_id
 
 INTERRUPTED = (
@@ -229,23 +230,3 @@ def reduced(message: dict[str, Any], message_id: str) -> dict[str, Any]:
         "read_more": f"recall(id={message_id!r}, offset={REDUCED_CHARS})",
     }
     return {**message, "content": json.dumps(content, ensure_ascii=False)}
-
-
-def canonical_call(call: dict[str, Any]) -> str:
-    """A tool call's name and arguments, the same however the JSON was spelled."""
-    function = call.get("function", {})
-    return f"{function.get('name')}:{_canonical(function.get('arguments'))}"
-
-
-def message_content(value: Any) -> dict[str, Any]:
-    parsed = json.loads(value) if isinstance(value, str) else value
-    assert isinstance(parsed, dict)
-    return parsed
-
-
-def _canonical(arguments: Any) -> str:
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except json.JSONDecodeError:
-        return str(arguments)
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"))

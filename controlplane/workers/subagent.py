@@ -25,7 +25,7 @@ from controlplane.domain import TicketState
 from controlplane.gateway.queue import CommandQueue
 from controlplane.router.tools import SUBAGENT
 from controlplane.settings import Settings
-from controlplane.workers import reports, slots
+from controlplane.tickets import reports, slots
 from controlplane.workers.worker import RoundOver, Worker
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue, CommandResult
 from controlplane.ingest import inbox
+from controlplane.llm import transcript
 from controlplane.llm.schema import arguments_problem, specs_by_name
 from controlplane.router.tools import (
     Refused,
@@ -36,7 +37,7 @@ from controlplane.router.tools import (
     tool_spec,
 )
 from controlplane.settings import WorkerSettings
-from controlplane.workers import authority, output, reports, session
+from controlplane.tickets import authority, output, reports
 from controlplane.workers.devices import device_online
 from superagent_shared.ids import id_prefix
 
@@ -687,7 +688,7 @@ class WorkerToolbox:
         )
         if row is None:
             raise Refused(f"no message {message_id} in this ticket's session")
-        message = session.message_content(row["content"]).get("message") or {}
+        message = transcript.message_content(row["content"]).get("message") or {}
         content = message.get("content")
         text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
         end = min(len(text), offset + limit)

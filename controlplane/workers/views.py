@@ -31,7 +31,7 @@ class TicketView:
     # Why the requester may use the device (controlplane.authorization): rule, match, when.
     device_grant: dict[str, Any] | None = None
     # Rounds failed in a row, why the last failed, when the next may start
-    # (controlplane.workers.retries).
+    # (controlplane.tickets.retries).
     failed_rounds: int = 0
     last_error: str | None = None
     retry_at: datetime | None = None

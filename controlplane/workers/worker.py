@@ -7,7 +7,7 @@ and persists every message as it goes. The round ends when the worker reports to
 is over while background jobs run keeps its slot and waits for their events.
 
 A call with effects outside the device made right after input without authority is held
-(:mod:`controlplane.workers.authority`): the round ends and the ticket waits in
+(:mod:`controlplane.tickets.authority`): the round ends and the ticket waits in
 ``waiting_human`` for the requester to confirm.
 
 Limits, on by default: model calls per round, tokens per ticket, and the same tool call
@@ -15,7 +15,7 @@ repeated ``repeat_limit`` times in a row. Hitting one stops the worker with a ``
 report saying which.
 
 A model call that fails (:mod:`controlplane.llm`, retried there when transient) ends the
-round as failed (:mod:`controlplane.workers.retries`: retried with backoff, the ticket
+round as failed (:mod:`controlplane.tickets.retries`: retried with backoff, the ticket
 blocked after ``workers.failed_rounds_limit`` in a row; a bad key or an unknown model is
 the deployment's, fixed by an admin while the rounds back off). A context overflow that
 compacting harder and trying once more did not cure ends it ``blocked`` at once, the class
@@ -44,15 +44,16 @@ import asyncpg
 import openai
 
 from controlplane import prompts
-from controlplane.channels.outbound import WhileWaiting, enqueue_reply
 from controlplane.db.pool import Db
 from controlplane.domain import TicketState
 from controlplane.gateway.queue import CommandQueue
 from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
 from controlplane.llm.client import ToolCall, screen_calls
 from controlplane.llm.tokens import prompt_chars
+from controlplane.replies import WhileWaiting, enqueue_reply
 from controlplane.settings import Settings
-from controlplane.workers import authority, compaction, events, reports, session, slots
+from controlplane.tickets import authority, events, reports, slots
+from controlplane.workers import compaction, session
 from controlplane.workers.devices import device_gone, device_online
 from controlplane.workers.tools import TOOL_SPECS, Outcome, Ticket, WorkerToolbox
 from superagent_shared.ids import stable_id

@@ -15,7 +15,6 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from controlplane.api.state import app_state
 from controlplane.channels.base import Ignored
 from controlplane.channels.github import webhooks
 from controlplane.channels.webhook_body import parse_json, read_body, recorded
@@ -25,6 +24,7 @@ from controlplane.errors import (
     TransientError,
     Unauthorized,
 )
+from controlplane.web.state import app_state
 
 log = logging.getLogger(__name__)
 

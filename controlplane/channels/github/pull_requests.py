@@ -18,7 +18,7 @@ from controlplane.channels.github.webhooks import SOURCE
 from controlplane.channels.outbound import WAIT_FOR_ADAPTER_SECONDS
 from controlplane.effects.handlers import ClaimedEffect, Handler, Permanent, Postpone
 from controlplane.pause import hold_while_paused
-from controlplane.workers import events
+from controlplane.tickets import events
 from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)

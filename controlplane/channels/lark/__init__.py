@@ -20,10 +20,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from controlplane.api.state import AppState, app_state
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.errors import NotFound
+from controlplane.web.state import AppState, app_state
 
 log = logging.getLogger(__name__)
 

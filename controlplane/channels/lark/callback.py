@@ -35,10 +35,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from lark_oapi.core.utils import AESCipher
 
-from controlplane.api.state import app_state
 from controlplane.channels.base import Ignored
 from controlplane.channels.webhook_body import json_object, read_body, recorded
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
+from controlplane.web.state import app_state
 
 if TYPE_CHECKING:
     from controlplane.channels.lark.channel import LarkAdapter

@@ -17,12 +17,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from controlplane.api.state import AppState, app_state
 from controlplane.channels.base import Ignored
 from controlplane.channels.slack import signing
 from controlplane.channels.slack.adapter import SOURCE, SlackAdapter
 from controlplane.channels.webhook_body import json_object, read_body, recorded
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
+from controlplane.web.state import AppState, app_state
 
 log = logging.getLogger(__name__)
 

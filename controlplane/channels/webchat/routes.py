@@ -20,11 +20,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from controlplane.access import guard, headers, sessions, signin, static_files
-from controlplane.api.state import AppState, app_state
 from controlplane.channels.webchat import auth, connection, history, inbound
 from controlplane.channels.webchat.adapter import WebChatAdapter
 from controlplane.channels.webchat.hub import ChatClient
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
+from controlplane.web.state import AppState, app_state
 
 routes = APIRouter()
 

@@ -25,9 +25,9 @@ import asyncpg
 
 from controlplane import failures
 from controlplane.alerts import alert_admin
-from controlplane.channels.outbound import enqueue_reply
+from controlplane.replies import enqueue_reply
 from controlplane.settings import Settings
-from controlplane.workers import reports, slots
+from controlplane.tickets import reports, slots
 from superagent_shared import backoff
 from superagent_shared.ids import stable_id
 

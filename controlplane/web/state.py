@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import asyncpg
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.channels.base import Channels
 from controlplane.ingest.intake import Intake
 from controlplane.settings import Settings
+
+
+class Adapters(Protocol):
+    """The configured channel adapters (``channels.base.Channels``), as routes see them.
+
+    A protocol rather than the class, so this module sits below the channels: a route
+    looks up its own adapter and checks its type.
+    """
+
+    def get(self, source: str, /) -> object | None: ...
+
+    def sources(self) -> list[str]: ...
+
+
+class NoAdapters:
+    """No channel configured (tests of probes, the API alone)."""
+
+    def get(self, source: str, /) -> object | None:
+        return None
+
+    def sources(self) -> list[str]:
+        return []
 
 
 @dataclass
@@ -20,7 +42,7 @@ class AppState:
     replica_id: str
     intake: Intake | None = None  # None: no channel can deliver events (tests of probes)
     pool: asyncpg.Pool | None = None
-    channels: Channels = field(default_factory=Channels)
+    channels: Adapters = field(default_factory=NoAdapters)
 
 
 async def app_state(request: Request) -> AppState:

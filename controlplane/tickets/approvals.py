@@ -33,14 +33,14 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization import devices
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES, EffectKind, Notify, TicketState
 from controlplane.effects.outbox import enqueue
 from controlplane.identities import SOURCES
+from controlplane.replies import enqueue_reply
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.workers import control, reports
+from controlplane.tickets import control, reports
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import asyncpg
 
 from controlplane.authorization import devices as access
 from controlplane.domain import TERMINAL_COMMAND_STATES
+from controlplane.findings import open_findings
 from controlplane.gateway.devices import ONLINE_WINDOW
-from controlplane.watchdog.findings import open_findings
 
 
 async def facts(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any] | None:

@@ -11,7 +11,7 @@ Three kinds of event, all durable in Postgres:
 event is marked read only together with the message that shows it to the model.
 
 The message is a header line, then one JSON object per line, one per event. Each channel
-event's record names its authority (:mod:`controlplane.workers.authority`) as a field of
+event's record names its authority (:mod:`controlplane.tickets.authority`) as a field of
 its own, set from the trigger's stored facts. The text is a JSON string: every character
 that could end a line is escaped, so whatever an event's text holds (newlines, a fake
 ``[trg_…] … from alice:`` prefix, a fake record) stays inside its own record. One record per
@@ -28,7 +28,7 @@ from controlplane.db.pool import Conn, Db
 from controlplane.domain import TERMINAL_COMMAND_STATES
 from controlplane.gateway.queue import CommandResult
 from controlplane.ingest import inbox
-from controlplane.workers import authority, output
+from controlplane.tickets import authority, output
 from superagent_shared.ids import new_id
 
 _TERMINAL = list(TERMINAL_COMMAND_STATES)

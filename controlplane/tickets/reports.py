@@ -21,7 +21,7 @@ import asyncpg
 
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import Notify, TicketState
-from controlplane.workers import slots
+from controlplane.tickets import slots
 from superagent_shared.ids import new_id
 
 REPORT_SOURCE = "agent"  # the source of the router-inbox events reports become

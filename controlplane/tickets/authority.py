@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from controlplane.channels.outbound import enqueue_reply
 from controlplane.db.pool import Conn, Db
 from controlplane.ingest.inbox import InboxEvent
-from controlplane.workers import reports, slots
+from controlplane.replies import enqueue_reply
+from controlplane.tickets import reports, slots
 from superagent_shared.ids import stable_id
 
 HoldMode = Literal["public", "always", "off"]
@@ -54,7 +54,7 @@ WITH_AUTHORITY = frozenset({REQUESTER, ALLOWLISTED, OPERATOR})
 HOLD = "confirmation"  # tickets.hold while an action waits for people
 # Event kinds (before the first dot) that are CI output, whoever sent them.
 CI_KINDS = frozenset({"check_run", "check_suite", "workflow_run", "workflow_job", "status"})
-# Worker notices written on an operator's word (console, CLI): controlplane.workers.control.
+# Worker notices written on an operator's word (console, CLI): controlplane.tickets.control.
 OPERATOR_NOTICES = frozenset({"retry"})
 
 # Defence in depth only: a command that pushes or talks to GitHub with the device's ambient

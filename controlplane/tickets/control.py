@@ -21,8 +21,8 @@ from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES, LIVE_COMMAND_SQL, Notify, TicketState
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway.queue import CommandQueue
-from controlplane.workers import events, slots
-from controlplane.workers.retries import HOLD as RETRYING
+from controlplane.tickets import events, slots
+from controlplane.tickets.retries import HOLD as RETRYING
 
 
 async def _state(conn: Conn, ticket_id: str) -> str:
