@@ -437,23 +437,22 @@ async def main(args: argparse.Namespace) -> None:
         for run in range(args.runs):
             for design in args.designs:
                 url = await fresh_database(server_url, f"bench_ablation_{design}")
-                engine_url = url
-                from controlplane.db.engine import create_engine, session_factory, transaction
-                from controlplane.db.models import PolicyVersion
+                from controlplane.db.urls import asyncpg_dsn
                 from controlplane.ingest import policy
-                from controlplane.versions import save
+                from controlplane.versions import POLICY, save
 
-                engine = create_engine(engine_url, pool_size=1)
-                async with transaction(session_factory(engine)) as session:
+                conn = await asyncpg.connect(asyncpg_dsn(url))
+                try:
                     await save(
-                        session,
-                        PolicyVersion,
+                        conn,
+                        POLICY,
                         name=policy.POLICY_NAME,
                         body=Policy(default=SourcePolicy(users=list(PEOPLE))).model_dump(),
                         base_id=None,
                         author="bench",
                     )
-                await engine.dispose()
+                finally:
+                    await conn.close()
                 print(f"run {run + 1}: {design} …", flush=True)
                 result = await _run(url, design, run, args, llm)
                 results.append(result)

@@ -75,12 +75,12 @@ import asyncpg
 
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
-from controlplane.db.engine import create_engine
-from controlplane.db.urls import asyncpg_dsn, with_database
+from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects import ClaimedEffect, Handlers, enqueue
 from controlplane.effects.outbox import enqueue_many
 from controlplane.effects.runner import EffectRunner
 from controlplane.settings import EffectsSettings
+from tests.support.database import with_database
 
 SYSTEMS = ("ours", "pgqueuer", "procrastinate")
 NOOP = "noop"
@@ -190,11 +190,7 @@ class Ours(System):
         self._producer: asyncpg.Connection | None = None
 
     async def install(self) -> None:
-        engine = create_engine(self.url, pool_size=1)
-        try:
-            await migrate.upgrade(engine)
-        finally:
-            await engine.dispose()
+        await migrate.upgrade(self.url)
 
     async def insert(self, count: int) -> None:
         conn = await asyncpg.connect(self.dsn)

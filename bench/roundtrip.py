@@ -278,18 +278,13 @@ class Stack:
 async def superagent_stack(root: Path) -> AsyncIterator[Stack]:
     from controlplane.db import migrate
     from controlplane.db.embedded import EmbeddedPostgres
-    from controlplane.db.engine import create_engine
     from controlplane.gateway.tls import ensure_server_tls
 
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     embedded = EmbeddedPostgres(root)
     url = await asyncio.to_thread(embedded.start)
     try:
-        engine = create_engine(url, pool_size=1)
-        try:
-            await migrate.upgrade(engine)
-        finally:
-            await engine.dispose()
+        await migrate.upgrade(url)
         state = root / "gateway"
         # The gateway loads the CA and certificate created here (it only creates missing
         # ones), so this is the fingerprint the device pins.
@@ -352,18 +347,19 @@ async def postgres_version(url: str) -> str:
 
 
 async def new_pairing_code(url: str, name: str) -> str:
-    from controlplane.db.engine import create_engine, session_factory, transaction
+    import asyncpg
+
+    from controlplane.db.urls import asyncpg_dsn
     from controlplane.gateway import pairing
 
-    engine = create_engine(url, pool_size=1)
+    conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        async with transaction(session_factory(engine)) as session:
-            issued = await pairing.create_code(
-                session, device_name=name, owner="bench", created_by="bench.roundtrip"
-            )
+        issued = await pairing.create_code(
+            conn, device_name=name, owner="bench", created_by="bench.roundtrip"
+        )
         return issued.display
     finally:
-        await engine.dispose()
+        await conn.close()
 
 
 @dataclasses.dataclass

@@ -41,6 +41,8 @@ import time
 import warnings
 from dataclasses import dataclass
 
+import asyncpg
+
 from bench.simdevice import (
     fresh_database,
     machine_summary,
@@ -48,7 +50,6 @@ from bench.simdevice import (
     postgres_server,
     postgres_version,
 )
-from controlplane.db.models import PolicyVersion
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest import policy
@@ -223,21 +224,20 @@ async def main(args: argparse.Namespace) -> None:
         version = await postgres_version(url)
         for key, value in machine_summary(str(version)):
             print(f"- {key}: {value}")
-        engine_url = url
-        from controlplane.db.engine import create_engine, session_factory, transaction
-        from controlplane.versions import save
+        from controlplane.versions import POLICY, save
 
-        engine = create_engine(engine_url, pool_size=1)
-        async with transaction(session_factory(engine)) as session:
+        conn = await asyncpg.connect(asyncpg_dsn(url))
+        try:
             await save(
-                session,
-                PolicyVersion,
+                conn,
+                POLICY,
                 name=policy.POLICY_NAME,
                 body=Policy(default=SourcePolicy(users=["alice"])).model_dump(),
                 base_id=None,
                 author="bench",
             )
-        await engine.dispose()
+        finally:
+            await conn.close()
         model = Calibrated(args.scale)
         with FakeOpenAIServer() as fake:
             await _calibrate(url, fake, model)

@@ -178,8 +178,8 @@ async def fresh_database(server_url: str, name: str) -> str:
     import asyncpg
 
     from controlplane.db import migrate
-    from controlplane.db.engine import create_engine
-    from controlplane.db.urls import asyncpg_dsn, with_database
+    from controlplane.db.urls import asyncpg_dsn
+    from tests.support.database import with_database
 
     admin = await asyncpg.connect(asyncpg_dsn(server_url))
     try:
@@ -188,11 +188,7 @@ async def fresh_database(server_url: str, name: str) -> str:
     finally:
         await admin.close()
     url = with_database(server_url, name)
-    engine = create_engine(url, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-    finally:
-        await engine.dispose()
+    await migrate.upgrade(url)
     return url
 
 
@@ -268,22 +264,25 @@ async def pair_devices(
     url: str, server: ServerProcess, count: int, prefix: str = "sim", concurrency: int = 16
 ) -> list[Identity]:
     """Pair for real: pairing codes from ``pairing.create_code``, redeemed with the Pair RPC."""
-    from controlplane.db.engine import create_engine, session_factory, transaction
+    import asyncpg
+
+    from controlplane.db.pool import transaction
+    from controlplane.db.urls import asyncpg_dsn
     from controlplane.gateway import pairing
 
-    engine = create_engine(url, pool_size=1)
+    conn = await asyncpg.connect(asyncpg_dsn(url))
     try:
-        async with transaction(session_factory(engine)) as session:
+        async with transaction(conn) as inside:
             codes = [
                 (
                     await pairing.create_code(
-                        session, device_name=f"{prefix}-{i:05d}", owner="bench", created_by="bench"
+                        inside, device_name=f"{prefix}-{i:05d}", owner="bench", created_by="bench"
                     )
                 ).display
                 for i in range(count)
             ]
     finally:
-        await engine.dispose()
+        await conn.close()
     identities: list[Identity | None] = [None] * count
     gate = asyncio.Semaphore(concurrency)
     async with server.channel(shared=True) as channel:
@@ -758,7 +757,6 @@ async def _serve_baseline(args: argparse.Namespace, stop: asyncio.Event) -> None
 async def _serve_gateway(args: argparse.Namespace, stop: asyncio.Event) -> None:
     from datetime import timedelta
 
-    from controlplane.db.engine import create_engine, session_factory
     from controlplane.db.urls import asyncpg_dsn
     from controlplane.effects.runner import create_pool
     from controlplane.gateway.hub import DeviceHub
@@ -769,15 +767,14 @@ async def _serve_gateway(args: argparse.Namespace, stop: asyncio.Event) -> None:
     settings = _grpc_settings(args.heartbeat_seconds)
     tls = None if args.plaintext else ensure_server_tls(Path(args.tls_dir))
     dsn = asyncpg_dsn(args.database_url)
-    engine = create_engine(args.database_url)  # as controlplane.runtime.replica does
-    pool = await create_pool(dsn, size=10)
+    pool = await create_pool(dsn, size=10)  # the gateway bench's pool (bench/RESULTS.md)
     queue = CommandQueue(
         pool,
         ttl=timedelta(seconds=settings.command_ttl_seconds),
         inline=settings.output_inline_bytes,
     )
     hub = DeviceHub(dsn, queue, REPLICA_ID)
-    gateway = EndpointGateway(session_factory(engine), queue, hub, settings, tls, "bench")
+    gateway = EndpointGateway(pool, queue, hub, settings, tls, "bench")
     service = GatewayService(settings, gateway)
     await hub.start()
     await service.start()
@@ -790,7 +787,6 @@ async def _serve_gateway(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await service.stop(10)
         await hub.stop(10)
         await pool.close()
-        await engine.dispose()
 
 
 def _enable_tracemalloc(loop: asyncio.AbstractEventLoop, path: Path) -> None:

@@ -91,7 +91,6 @@ from typing import Any
 
 import asyncpg
 import httpx
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from bench.simdevice import (
     fresh_database,
@@ -100,7 +99,6 @@ from bench.simdevice import (
     postgres_server,
     postgres_version,
 )
-from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import TicketState
 from controlplane.gateway.tls import gateway_tls
@@ -388,14 +386,7 @@ async def run_once(
     work = run_dir / "work"
     work.mkdir()
     url = await fresh_database(server_url, f"soak_{label}")
-    engine = create_engine(url, pool_size=1)
-    try:
-        await save_policy(
-            async_sessionmaker(engine, expire_on_commit=False),
-            Policy(default=SourcePolicy(users=[ALICE.id])),
-        )
-    finally:
-        await engine.dispose()
+    await save_policy(url, Policy(default=SourcePolicy(users=[ALICE.id])))
     names = [f"soak-{i}" for i in range(args.devices)]
     llm = FakeOpenAIServer()
     llm.start()
@@ -428,14 +419,12 @@ async def run_once(
     try:
         replica.start()
         await _eventually(replica.up, 60, f"serve up (log {replica.log})")
-        db_engine = create_engine(url, pool_size=1)
-        db = async_sessionmaker(db_engine, expire_on_commit=False)
         for name in names:
             proxy = await TcpProxy("127.0.0.1", grpc_port).start()
             proxies.append(proxy)
             daemon = Endpointd(run_dir, name=name)
             daemons.append(daemon)
-            code = await pairing_code(db, name, owner=OWNER)
+            code = await pairing_code(pool, name, owner=OWNER)
             paired = await asyncio.to_thread(
                 daemon.pair,
                 f"https://127.0.0.1:{proxy.port}",
@@ -488,7 +477,6 @@ async def run_once(
         for task in background:
             await task
         result = await _measure(pool)
-        await db_engine.dispose()
     finally:
         stop.set()
         for task in background:

@@ -12,26 +12,25 @@ import contextlib
 import datetime as dt
 import json
 import stat
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import httpx
-import sqlalchemy.exc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
-from sqlalchemy import text
 
 from controlplane.access import admin_token
 from controlplane.access.admin_token import loopback_host as _loopback_host
 from controlplane.channels.github.adapter import make_auth
 from controlplane.channels.github.auth import AppAuth
 from controlplane.db import migrate
+from controlplane.db import pool as db_pool
 from controlplane.db.database import Database, open_database
 from controlplane.db.embedded import EmbeddedPostgres
-from controlplane.db.engine import create_engine
-from controlplane.db.urls import redacted
+from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.errors import ConfigError
 from controlplane.settings import MIN_ADMIN_TOKEN_LENGTH, Settings
 from superagent_shared.gateway_tls import certificate_sha256, format_fingerprint
@@ -162,32 +161,43 @@ def check_worker_holds(settings: Settings) -> Check:
 
 # --------------------------------------------------------------------------- database
 
+# What a database that is away, or refuses us, raises (not a bug of the check).
+_DATABASE_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+@contextlib.asynccontextmanager
+async def _connected(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """One connection for a check (as the replicas' are), closed afterwards."""
+    conn = await db_pool.connect(dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
 
 async def check_database(url: str, where: str | None = None) -> Check:
     """Reachable, and at this release's schema; ``where`` names it (default: the URL)."""
     name = "database"
     where = where or redacted(url)
     try:
-        engine = create_engine(url, pool_size=1)
+        dsn = asyncpg_dsn(url)
     except ConfigError as exc:
         return failed(name, exc.message, "set DATABASE_URL=postgresql://user:password@host/db")
     try:
-        async with asyncio.timeout(TIMEOUT):
-            current = await migrate.current_revision(engine)
+        async with asyncio.timeout(TIMEOUT), _connected(dsn) as conn:
+            current = await migrate.current_revision(conn)
     except TimeoutError:
         return failed(
             name,
             f"{where} did not answer within {TIMEOUT:.0f}s",
             "check that Postgres runs and that this machine reaches it (DATABASE_URL)",
         )
-    except (OSError, asyncpg.PostgresError, sqlalchemy.exc.DBAPIError) as exc:
+    except _DATABASE_ERRORS as exc:
         return failed(
             name,
             f"{where} unavailable ({_first_line(exc)})",
             "check DATABASE_URL (host, port, user, password, database) and that Postgres runs",
         )
-    finally:
-        await engine.dispose()
     head = migrate.head_revision()
     if current == head:
         return passed(name, f"{where}, schema current ({head})")
@@ -485,23 +495,19 @@ async def check_identities(url: str) -> Check:
     """Policy entries and account links a migration could not turn into immutable ids:
     inert (they match nobody), but someone meant them to grant authority."""
     name = "identities"
-    engine = create_engine(url, pool_size=1)
+    dsn = asyncpg_dsn(url)
     try:
-        async with asyncio.timeout(TIMEOUT), engine.connect() as conn:
-            body = await conn.scalar(
-                text(
-                    "SELECT body FROM policy_versions WHERE name = 'ingest' "
-                    "ORDER BY version DESC LIMIT 1"
-                )
+        async with asyncio.timeout(TIMEOUT), _connected(dsn) as conn:
+            body = await conn.fetchval(
+                "SELECT body FROM policy_versions WHERE name = 'ingest' "
+                "ORDER BY version DESC LIMIT 1"
             )
-            accounts = await conn.scalar(
-                text("SELECT count(*) FROM accounts WHERE handle LIKE 'unresolved:%'")
+            accounts = await conn.fetchval(
+                "SELECT count(*) FROM accounts WHERE handle LIKE 'unresolved:%'"
             )
-    except (TimeoutError, OSError, sqlalchemy.exc.DBAPIError) as exc:
+    except (TimeoutError, *_DATABASE_ERRORS) as exc:
         return failed(name, f"not read: {_first_line(exc)}", "check the database first")
-    finally:
-        await engine.dispose()
-    if isinstance(body, str):  # jsonb through a plain text() query
+    if isinstance(body, str):  # a JSON document stored as a JSON string
         body = json.loads(body)
     entries = list(body.get("unresolved") or []) if isinstance(body, dict) else []
     if not entries and not accounts:

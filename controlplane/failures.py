@@ -16,7 +16,6 @@ from typing import Literal
 
 from controlplane.db.pool import Db
 from controlplane.errors import TransientError
-from controlplane.llm.errors import LlmError
 from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -29,11 +28,9 @@ def classify(exc: BaseException) -> FailureClass:
     """A model call's class; ``transient`` for a peer or the network that may answer later;
     what the exception says of itself (``failure_class``); else ``internal``: our own code
     raised it."""
-    if isinstance(exc, LlmError) and exc.outcome != "ok":
-        return exc.outcome
-    declared = getattr(exc, "failure_class", None)
-    if declared in ("transient", "permanent"):
-        return declared  # type: ignore[no-any-return]
+    declared = _declared(exc)
+    if declared is not None:
+        return declared
     if isinstance(exc, TransientError | OSError):
         return "transient"
     return "internal"
@@ -42,11 +39,25 @@ def classify(exc: BaseException) -> FailureClass:
 def describe(exc: BaseException) -> str:
     """One line people can read: ``malformed: the answer has no choices``,
     ``internal: IndexError: list index out of range``."""
-    if isinstance(exc, LlmError):
-        return str(exc)[:MAX_ERROR]
+    declared = _declared(exc)
+    if declared is not None and str(exc).startswith(f"{declared}: "):
+        return str(exc)[:MAX_ERROR]  # it names its class itself (a model call's errors do)
     text = str(exc).splitlines()[0] if str(exc) else ""
     line = f"{classify(exc)}: {type(exc).__name__}" + (f": {text}" if text else "")
     return line[:MAX_ERROR]
+
+
+def _declared(exc: BaseException) -> FailureClass | None:
+    """The class an exception declares (``failure_class``: model errors, the outbox's
+    Permanent), if it is one of ours other than ``internal``."""
+    declared = getattr(exc, "failure_class", None)
+    for known in _DECLARABLE:
+        if declared == known:
+            return known
+    return None
+
+
+_DECLARABLE: tuple[FailureClass, ...] = ("transient", "context", "permanent", "malformed")
 
 
 def logged(logger: logging.Logger, loop: str, item_id: str, exc: BaseException, then: str) -> None:

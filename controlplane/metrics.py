@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Annotated, Any
 
-import sqlalchemy.exc
+import asyncpg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client.core import (
@@ -31,11 +31,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane import logs
 from controlplane.access import guard
+from controlplane.db import outage
+from controlplane.db.pool import Conn
 from controlplane.domain import LIVE_COMMAND_STATES, TicketState
 from controlplane.errors import Unauthorized
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -52,7 +52,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 EFFECT_STATES = ("ready", "running", "backoff", "dead")
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 
-Read = Callable[[AsyncConnection], Awaitable[list[Metric]]]
+Read = Callable[[Conn], Awaitable[list[Metric]]]
+# A group not read in time, or a database that is away: the scrape goes on without it.
+_UNREAD: tuple[type[Exception], ...] = (TimeoutError, *outage.DATABASE_ERRORS)
 State = Annotated[AppState, Depends(app_state)]
 
 
@@ -66,31 +68,28 @@ def _gauge_by(
     return family
 
 
-async def _queues(conn: AsyncConnection) -> list[Metric]:
-    inboxes = (
-        await conn.execute(
-            text(
-                "SELECT (SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS router, "
-                "(SELECT count(*) FROM ticket_inbox "
-                " WHERE read_at IS NULL AND handed_back_at IS NULL) AS tickets"
-            )
-        )
-    ).one()
-    commands = await conn.execute(
-        text("SELECT state, count(*) FROM commands WHERE state = ANY(:states) GROUP BY state"),
-        {"states": list(LIVE_COMMAND_STATES)},
+async def _queues(conn: Conn) -> list[Metric]:
+    inboxes = await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS router, "
+        "(SELECT count(*) FROM ticket_inbox "
+        " WHERE read_at IS NULL AND handed_back_at IS NULL) AS tickets"
     )
-    tickets = await conn.execute(text("SELECT state, count(*) FROM tickets GROUP BY state"))
+    assert inboxes is not None
+    commands = await conn.fetch(
+        "SELECT state, count(*) FROM commands WHERE state = ANY($1::text[]) GROUP BY state",
+        list(LIVE_COMMAND_STATES),
+    )
+    tickets = await conn.fetch("SELECT state, count(*) FROM tickets GROUP BY state")
     return [
         GaugeMetricFamily(
             "superagent_router_inbox",
             "Events waiting for the router (triggers not routed yet).",
-            value=inboxes.router,
+            value=inboxes["router"],
         ),
         GaugeMetricFamily(
             "superagent_ticket_inbox_unread",
             "Events passed through to tickets that their workers have not taken yet.",
-            value=inboxes.tickets,
+            value=inboxes["tickets"],
         ),
         _gauge_by(
             "superagent_commands",
@@ -109,25 +108,22 @@ async def _queues(conn: AsyncConnection) -> list[Metric]:
     ]
 
 
-async def _effects(conn: AsyncConnection) -> list[Metric]:
+async def _effects(conn: Conn) -> list[Metric]:
     # A claimed effect's next_attempt_at is its lease, so "due" covers both the unclaimed
     # and those whose runner died.
-    row = (
-        await conn.execute(
-            text(
-                "SELECT "
-                "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()) AS ready, "
-                "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() "
-                "  AND locked_by IS NOT NULL) AS running, "
-                "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() "
-                "  AND locked_by IS NULL) AS backoff, "
-                "count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead, "
-                "coalesce(sum(greatest(attempts - 1, 0)) FILTER (WHERE dead_at IS NULL), 0) "
-                "  AS retries "
-                "FROM effects"
-            )
-        )
-    ).one()
+    row = await conn.fetchrow(
+        "SELECT "
+        "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at <= now()) AS ready, "
+        "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() "
+        "  AND locked_by IS NOT NULL) AS running, "
+        "count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at > now() "
+        "  AND locked_by IS NULL) AS backoff, "
+        "count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead, "
+        "coalesce(sum(greatest(attempts - 1, 0)) FILTER (WHERE dead_at IS NULL), 0) "
+        "  AS retries "
+        "FROM effects"
+    )
+    assert row is not None
     return [
         _gauge_by(
             "superagent_effects",
@@ -135,19 +131,19 @@ async def _effects(conn: AsyncConnection) -> list[Metric]:
             "for a retry or a delayed start), dead (gave up; see last_error).",
             "state",
             EFFECT_STATES,
-            {state: getattr(row, state) for state in EFFECT_STATES},
+            {state: row[state] for state in EFFECT_STATES},
         ),
         GaugeMetricFamily(
             "superagent_effect_retries",
             "Retries so far (attempts beyond the first) of the effects still in the outbox.",
-            value=int(row.retries),
+            value=int(row["retries"]),
         ),
     ]
 
 
-async def _decisions(conn: AsyncConnection) -> list[Metric]:
-    rows = await conn.execute(
-        text("SELECT tool, ok, count(*) FROM router_decisions GROUP BY tool, ok ORDER BY 1, 2")
+async def _decisions(conn: Conn) -> list[Metric]:
+    rows = await conn.fetch(
+        "SELECT tool, ok, count(*) FROM router_decisions GROUP BY tool, ok ORDER BY 1, 2"
     )
     family = CounterMetricFamily(
         "superagent_router_decisions",
@@ -180,7 +176,7 @@ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
 """
 
 
-async def _llm(conn: AsyncConnection) -> list[Metric]:
+async def _llm(conn: Conn) -> list[Metric]:
     labels = ["kind", "model"]
     calls = CounterMetricFamily(
         "superagent_llm_calls", "Model calls, by session kind and model.", labels=labels
@@ -204,59 +200,52 @@ async def _llm(conn: AsyncConnection) -> list[Metric]:
         "How long model calls took, failed ones included.",
         labels=labels,
     )
-    for row in await conn.execute(text(_LLM)):
-        key = [row.kind, row.model]
-        calls.add_metric(key, row.calls)
-        errors.add_metric(key, row.errors)
+    for row in await conn.fetch(_LLM):
+        key = [row["kind"], row["model"]]
+        calls.add_metric(key, row["calls"])
+        errors.add_metric(key, row["errors"])
         for kind in ("prompt", "completion", "cached"):
-            tokens.add_metric([*key, kind], getattr(row, kind))
-        cost.add_metric(key, float(row.cost))
-        buckets = [
-            (str(float(bound)), getattr(row, f"le_{i}")) for i, bound in enumerate(LATENCY_BUCKETS)
-        ]
-        latency.add_metric(key, [*buckets, ("+Inf", row.calls)], row.latency_ms / 1000)
+            tokens.add_metric([*key, kind], row[kind])
+        cost.add_metric(key, float(row["cost"]))
+        buckets = [(str(float(bound)), row[f"le_{i}"]) for i, bound in enumerate(LATENCY_BUCKETS)]
+        latency.add_metric(key, [*buckets, ("+Inf", row["calls"])], row["latency_ms"] / 1000)
     outcomes = CounterMetricFamily(
         "superagent_llm_outcomes",
         "Model call attempts by outcome class: ok, transient (retried), context (the "
         "prompt did not fit), permanent, malformed.",
         labels=[*labels, "outcome"],
     )
-    for row in await conn.execute(text(_LLM_OUTCOMES)):
-        outcomes.add_metric([row.kind, row.model, row.outcome], row.calls)
+    for row in await conn.fetch(_LLM_OUTCOMES):
+        outcomes.add_metric([row["kind"], row["model"], row["outcome"]], row["calls"])
     return [calls, errors, tokens, cost, latency, outcomes]
 
 
-async def _devices(conn: AsyncConnection) -> list[Metric]:
+async def _devices(conn: Conn) -> list[Metric]:
     # Online as `superagent devices list` judges it: a stream held, and heard of lately
     # (a replica killed with SIGKILL cannot clear connected_replica).
-    row = (
-        await conn.execute(
-            text(
-                "SELECT count(*) FILTER (WHERE connected_replica IS NOT NULL "
-                "  AND last_seen_at > now() - CAST(:window AS interval)) AS online, "
-                "count(*) AS paired "
-                "FROM devices WHERE revoked_at IS NULL"
-            ),
-            {"window": ONLINE_WINDOW},
-        )
-    ).one()
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE connected_replica IS NOT NULL "
+        "  AND last_seen_at > now() - CAST($1 AS interval)) AS online, "
+        "count(*) AS paired "
+        "FROM devices WHERE revoked_at IS NULL",
+        ONLINE_WINDOW,
+    )
+    assert row is not None
     return [
         GaugeMetricFamily(
-            "superagent_devices_online", "Paired devices connected now.", value=row.online
+            "superagent_devices_online", "Paired devices connected now.", value=row["online"]
         ),
         GaugeMetricFamily(
-            "superagent_devices_paired", "Devices paired and not revoked.", value=row.paired
+            "superagent_devices_paired", "Devices paired and not revoked.", value=row["paired"]
         ),
     ]
 
 
-async def _failures(conn: AsyncConnection) -> list[Metric]:
+async def _failures(conn: Conn) -> list[Metric]:
     """Items that failed (controlplane.failures), and what is quarantined now."""
-    rows = await conn.execute(
-        text(
-            "SELECT loop, error_class, count(*) AS n, count(*) FILTER (WHERE quarantined) AS q "
-            "FROM item_failures GROUP BY loop, error_class ORDER BY 1, 2"
-        )
+    rows = await conn.fetch(
+        "SELECT loop, error_class, count(*) AS n, count(*) FILTER (WHERE quarantined) AS q "
+        "FROM item_failures GROUP BY loop, error_class ORDER BY 1, 2"
     )
     failed = CounterMetricFamily(
         "superagent_item_failures",
@@ -270,19 +259,16 @@ async def _failures(conn: AsyncConnection) -> list[Metric]:
         labels=["loop", "class"],
     )
     for row in rows:
-        failed.add_metric([row.loop, row.error_class], row.n)
-        given_up.add_metric([row.loop, row.error_class], row.q)
-    held = (
-        await conn.execute(
-            text(
-                "SELECT (SELECT count(*) FROM triggers WHERE undecidable_at IS NOT NULL "
-                "  AND routed_at IS NOT NULL) AS triggers, "
-                "(SELECT count(*) FROM tickets WHERE state = 'waiting_human' "
-                "  AND hold = 'blocked') AS tickets, "
-                "(SELECT count(*) FROM effects WHERE dead_at IS NOT NULL) AS effects"
-            )
-        )
-    ).one()
+        failed.add_metric([row["loop"], row["error_class"]], row["n"])
+        given_up.add_metric([row["loop"], row["error_class"]], row["q"])
+    held = await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM triggers WHERE undecidable_at IS NOT NULL "
+        "  AND routed_at IS NOT NULL) AS triggers, "
+        "(SELECT count(*) FROM tickets WHERE state = 'waiting_human' "
+        "  AND hold = 'blocked') AS tickets, "
+        "(SELECT count(*) FROM effects WHERE dead_at IS NOT NULL) AS effects"
+    )
+    assert held is not None
     return [
         failed,
         given_up,
@@ -292,7 +278,7 @@ async def _failures(conn: AsyncConnection) -> list[Metric]:
             "blocked tickets (superagent tickets retry), dead effects.",
             "kind",
             ("triggers", "tickets", "effects"),
-            {"triggers": held.triggers, "tickets": held.tickets, "effects": held.effects},
+            {"triggers": held["triggers"], "tickets": held["tickets"], "effects": held["effects"]},
         ),
     ]
 
@@ -325,9 +311,9 @@ class Scraper:
         self.timeout = timeout
         self.errors = dict.fromkeys(GROUPS, 0)  # this process's failed reads, per group
 
-    async def scrape(self, engine: AsyncEngine) -> Snapshot:
+    async def scrape(self, pool: asyncpg.Pool) -> Snapshot:
         started = time.monotonic()
-        results = await asyncio.gather(*(self._read(engine, g, r) for g, r in GROUPS.items()))
+        results = await asyncio.gather(*(self._read(pool, g, r) for g, r in GROUPS.items()))
         up = GaugeMetricFamily(
             "superagent_scrape_up",
             "1 when the database answered this group of metrics in time, else 0 (its "
@@ -351,16 +337,16 @@ class Scraper:
         )
         return Snapshot([*families, up, errors, duration])
 
-    async def _read(self, engine: AsyncEngine, group: str, read: Read) -> list[Metric] | None:
+    async def _read(self, pool: asyncpg.Pool, group: str, read: Read) -> list[Metric] | None:
         try:
             async with asyncio.timeout(self.timeout):
-                async with engine.connect() as conn, conn.begin():
+                async with pool.acquire() as conn, conn.transaction():
                     # The server gives up a little before we do, so that a slow query is
                     # cancelled there rather than only abandoned here.
                     budget_ms = max(int(self.timeout * 900), 1)
-                    await conn.execute(text(f"SET LOCAL statement_timeout = {budget_ms}"))
+                    await conn.execute(f"SET LOCAL statement_timeout = {budget_ms}")
                     return await read(conn)
-        except (TimeoutError, OSError, sqlalchemy.exc.DBAPIError) as exc:
+        except _UNREAD as exc:
             # A slow or unreachable database: a partial answer beats none.
             self.errors[group] += 1
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer"
@@ -398,5 +384,5 @@ def install(app: FastAPI, *, timeout: float = SCRAPE_TIMEOUT) -> None:
     )
     async def metrics(request: Request, state: State) -> Any:
         authorize(request, state.settings)
-        snapshot = await scraper.scrape(state.engine)
+        snapshot = await scraper.scrape(state.pool)
         return Response(generate_latest(snapshot), media_type=CONTENT_TYPE)

@@ -23,7 +23,6 @@ from controlplane.channels.context import ChannelContext
 from controlplane.channels.github.pull_requests import open_pull_request_handler
 from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.db import migrate
-from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.domain import EffectKind
@@ -122,99 +121,92 @@ async def replica(
     announce: Callable[[str], None] | None = None,
 ) -> AsyncIterator[list[Service]]:
     """Check (or apply) the schema and build this replica's services."""
-    engine = create_engine(database_url)
+    if apply_migrations:
+        before, after = await migrate.upgrade(database_url)
+        if before != after:
+            log.info("database migrated from %s to %s", before or "empty", after)
+    replica_id = runner_id()
+    dsn = asyncpg_dsn(database_url)
+    # Every query of the replica goes through this pool: the hot paths, the HTTP surfaces
+    # (sign-ins, the console, /metrics reads each group on a connection of its own).
+    pool = await create_pool(dsn, size=20)
     try:
-        if apply_migrations:
-            before, after = await migrate.upgrade(engine)
-            if before != after:
-                log.info("database migrated from %s to %s", before or "empty", after)
-        else:
-            await migrate.check_migrated(engine)
-        replica_id = runner_id()
-        dsn = asyncpg_dsn(database_url)
-        pool = await create_pool(dsn, size=10)
-        try:
-            queue = CommandQueue(
-                pool,
-                ttl=timedelta(seconds=settings.grpc.command_ttl_seconds),
-                inline=settings.grpc.output_inline_bytes,
-            )
-            hub = DeviceHub(dsn, queue, replica_id)
-            gateway = EndpointGateway(
-                session_factory(engine),
-                queue,
-                hub,
-                settings.grpc,
-                gateway_tls(settings),
-                server_name=settings.name,
-            )
-            single = settings.workers.design == "single_session"
-            intake = Intake(pool, pass_through=settings.router.pass_through and not single)
-            channels = channel_registry.build(
-                ChannelContext(settings, pool, intake, dsn, replica_id)
-            )
-            state = AppState(
-                settings=settings,
-                engine=engine,
-                replica_id=replica_id,
-                intake=intake,
-                pool=pool,
-                channels=channels,
-            )
-            leadership = Leadership(
-                pool,
-                replica_id,
-                lease_seconds=settings.router.lease_seconds,
-                renew_seconds=settings.router.renew_seconds,
-            )
-            handlers = Handlers()
-            handlers.register(EffectKind.RUN_COMMAND, run_handler(pool, queue))
-            handlers.register(EffectKind.REPLY, reply_handler(pool, channels))
-            handlers.register(EffectKind.ACKNOWLEDGE, acknowledge_handler(pool, channels))
-            handlers.register(
-                EffectKind.OPEN_PULL_REQUEST, open_pull_request_handler(pool, channels)
-            )
-            services: list[Service] = [
-                DatabaseWatch(dsn, exit_after=settings.database_outage_exit_seconds),
-                ReplicaHeartbeat(pool, replica_id),
-                EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
-                leadership,
-                hub,
-                GatewayService(settings.grpc, gateway),
-                HttpService(state, _link_announcer(state, announce) if announce else None),
-            ]
-            for adapter in channels:
-                services.extend(adapter.services())
-                services.extend(WhileLeading(s, leadership) for s in adapter.leader_services())
-            router: TurnTaker
-            if settings.model_configured:
-                client = model_client(settings)
-                if single:
-                    log.warning("workers.design = single_session: the baseline, for comparison")
-                    subagent = Subagent(pool, queue, client, settings, owner=replica_id)
-                    router = Router(
-                        pool, client, settings.llm.router_model, subagent=subagent, llm=settings.llm
-                    )
-                else:
-                    router = Router(pool, client, settings.llm.router_model, llm=settings.llm)
-                    services.append(
-                        WorkerService(pool, queue, client, settings, owner=replica_id, dsn=dsn)
-                    )
+        if not apply_migrations:
+            await migrate.check_migrated(pool)
+        queue = CommandQueue(
+            pool,
+            ttl=timedelta(seconds=settings.grpc.command_ttl_seconds),
+            inline=settings.grpc.output_inline_bytes,
+        )
+        hub = DeviceHub(dsn, queue, replica_id)
+        gateway = EndpointGateway(
+            pool,
+            queue,
+            hub,
+            settings.grpc,
+            gateway_tls(settings),
+            server_name=settings.name,
+        )
+        single = settings.workers.design == "single_session"
+        intake = Intake(pool, pass_through=settings.router.pass_through and not single)
+        channels = channel_registry.build(ChannelContext(settings, pool, intake, dsn, replica_id))
+        state = AppState(
+            settings=settings,
+            pool=pool,
+            replica_id=replica_id,
+            intake=intake,
+            channels=channels,
+        )
+        leadership = Leadership(
+            pool,
+            replica_id,
+            lease_seconds=settings.router.lease_seconds,
+            renew_seconds=settings.router.renew_seconds,
+        )
+        handlers = Handlers()
+        handlers.register(EffectKind.RUN_COMMAND, run_handler(pool, queue))
+        handlers.register(EffectKind.REPLY, reply_handler(pool, channels))
+        handlers.register(EffectKind.ACKNOWLEDGE, acknowledge_handler(pool, channels))
+        handlers.register(EffectKind.OPEN_PULL_REQUEST, open_pull_request_handler(pool, channels))
+        services: list[Service] = [
+            DatabaseWatch(dsn, exit_after=settings.database_outage_exit_seconds),
+            ReplicaHeartbeat(pool, replica_id),
+            EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
+            leadership,
+            hub,
+            GatewayService(settings.grpc, gateway),
+            HttpService(state, _link_announcer(state, announce) if announce else None),
+        ]
+        for adapter in channels:
+            services.extend(adapter.services())
+            services.extend(WhileLeading(s, leadership) for s in adapter.leader_services())
+        router: TurnTaker
+        if settings.model_configured:
+            client = model_client(settings)
+            if single:
+                log.warning("workers.design = single_session: the baseline, for comparison")
+                subagent = Subagent(pool, queue, client, settings, owner=replica_id)
+                router = Router(
+                    pool, client, settings.llm.router_model, subagent=subagent, llm=settings.llm
+                )
             else:
-                log.info("no model configured: the router runs in rules-only mode")
-                router = RulesOnlyRouter(pool, queue)
-            services.append(RouterService(router, leadership, dsn, pool, settings=settings))
-            # In every mode: owners' answers to requests for their devices, and expiries.
-            services.append(ApprovalService(pool, settings))
-            try:
-                yield services
-            finally:
-                await channels.close()
-            await queue.close()
+                router = Router(pool, client, settings.llm.router_model, llm=settings.llm)
+                services.append(
+                    WorkerService(pool, queue, client, settings, owner=replica_id, dsn=dsn)
+                )
+        else:
+            log.info("no model configured: the router runs in rules-only mode")
+            router = RulesOnlyRouter(pool, queue)
+        services.append(RouterService(router, leadership, dsn, pool, settings=settings))
+        # In every mode: owners' answers to requests for their devices, and expiries.
+        services.append(ApprovalService(pool, settings))
+        try:
+            yield services
         finally:
-            await pool.close()
+            await channels.close()
+        await queue.close()
     finally:
-        await engine.dispose()
+        await pool.close()
 
 
 def _link_announcer(
@@ -226,7 +218,7 @@ def _link_announcer(
         token = state.settings.admin_token
         if token is None:
             return
-        secret = await sessions.create_link(state.engine, token.get_secret_value())
+        secret = await sessions.create_link(state.pool, token.get_secret_value())
         host = state.settings.http.host
         if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard bind, reached on loopback
             host = "127.0.0.1"

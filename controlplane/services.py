@@ -16,7 +16,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
 import asyncpg
-import sqlalchemy.exc
 
 from controlplane.db import outage
 from controlplane.errors import TransientError
@@ -40,14 +39,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.InternalClientError,  # a connection broken mid-operation by an outage
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
 )
 
 
 def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
-        return True
     return isinstance(exc, _TRANSIENT)
 
 

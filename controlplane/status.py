@@ -8,9 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
-
+from controlplane.db.pool import Db
 from controlplane.domain import CLOSED_TICKET_SQL
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.leadership import ROUTER_LEASE
@@ -60,7 +58,7 @@ _QUARANTINED = """
 (SELECT 'trigger' AS kind, id, coalesce(route_error, '') AS reason, undecidable_at AS since,
         'superagent triggers retry ' || id AS release, count(*) OVER () AS total
  FROM triggers WHERE undecidable_at IS NOT NULL AND routed_at IS NOT NULL
- ORDER BY undecidable_at DESC LIMIT :shown)
+ ORDER BY undecidable_at DESC LIMIT $1)
 UNION ALL
 (SELECT 'ticket', t.id, coalesce(t.last_error, r.summary, ''), t.updated_at,
         'superagent tickets retry ' || t.id, count(*) OVER ()
@@ -68,76 +66,64 @@ UNION ALL
  LEFT JOIN LATERAL (SELECT summary FROM reports WHERE ticket_id = t.id
                     ORDER BY created_at DESC LIMIT 1) r ON true
  WHERE t.state = 'waiting_human' AND t.hold = 'blocked'
- ORDER BY t.updated_at DESC LIMIT :shown)
+ ORDER BY t.updated_at DESC LIMIT $1)
 UNION ALL
 (SELECT 'effect', id, kind || ': ' || coalesce(last_error, ''), dead_at,
         'superagent effects retry ' || id, count(*) OVER ()
- FROM effects WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT :shown)
+ FROM effects WHERE dead_at IS NOT NULL ORDER BY dead_at DESC LIMIT $1)
 """
 
 
-async def read(session: AsyncSession, model: str) -> Status:
-    lease = (
-        await session.execute(
-            text(
-                "SELECT holder, acquired_at, expires_at, expires_at < now() AS expired "
-                "FROM leases WHERE name = :name"
-            ),
-            {"name": ROUTER_LEASE},
-        )
-    ).first()
-    paused = (await session.execute(text("SELECT paused_at, paused_by, reason FROM pause"))).first()
-    watchdog = (
-        await session.execute(
-            text(
-                "SELECT holder, renewed_at, expires_at > now() AS alive FROM leases "
-                "WHERE name = :name"
-            ),
-            {"name": WATCHDOG_MARK},
-        )
-    ).first()
-    quarantined = (await session.execute(text(_QUARANTINED), {"shown": QUARANTINE_SHOWN})).all()
-    counts = (
-        await session.execute(
-            text(
-                "SELECT "
-                "(SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS inbox, "
-                f"(SELECT count(*) FROM tickets WHERE state NOT IN ({CLOSED_TICKET_SQL})) "
-                "  AS tickets, "
-                "(SELECT count(*) FROM assignments WHERE ended_at IS NULL) AS rounds, "
-                "(SELECT count(*) FROM tickets WHERE state = 'waiting_device') AS away, "
-                "(SELECT count(*) FROM tickets WHERE state = 'waiting_human') AS asking, "
-                "(SELECT count(*) FROM devices WHERE revoked_at IS NULL "
-                "  AND connected_replica IS NOT NULL "
-                "  AND last_seen_at > now() - CAST(:window AS interval)) "
-                "  AS online, "
-                "(SELECT count(*) FROM devices WHERE revoked_at IS NULL) AS paired"
-            ),
-            {"window": ONLINE_WINDOW},
-        )
-    ).one()
+async def read(db: Db, model: str) -> Status:
+    lease = await db.fetchrow(
+        "SELECT holder, acquired_at, expires_at, expires_at < now() AS expired "
+        "FROM leases WHERE name = $1",
+        ROUTER_LEASE,
+    )
+    paused = await db.fetchrow("SELECT paused_at, paused_by, reason FROM pause")
+    watchdog = await db.fetchrow(
+        "SELECT holder, renewed_at, expires_at > now() AS alive FROM leases WHERE name = $1",
+        WATCHDOG_MARK,
+    )
+    quarantined = await db.fetch(_QUARANTINED, QUARANTINE_SHOWN)
+    counts = await db.fetchrow(
+        "SELECT "
+        "(SELECT count(*) FROM triggers WHERE routed_at IS NULL) AS inbox, "
+        f"(SELECT count(*) FROM tickets WHERE state NOT IN ({CLOSED_TICKET_SQL})) "
+        "  AS tickets, "
+        "(SELECT count(*) FROM assignments WHERE ended_at IS NULL) AS rounds, "
+        "(SELECT count(*) FROM tickets WHERE state = 'waiting_device') AS away, "
+        "(SELECT count(*) FROM tickets WHERE state = 'waiting_human') AS asking, "
+        "(SELECT count(*) FROM devices WHERE revoked_at IS NULL "
+        "  AND connected_replica IS NOT NULL "
+        "  AND last_seen_at > now() - CAST($1 AS interval)) "
+        "  AS online, "
+        "(SELECT count(*) FROM devices WHERE revoked_at IS NULL) AS paired",
+        ONLINE_WINDOW,
+    )
+    assert counts is not None
     return Status(
         model=model,
-        router_leader=lease.holder if lease else None,
-        router_leader_since=lease.acquired_at if lease else None,
-        router_lease_expires_at=lease.expires_at if lease else None,
-        router_lease_expired=bool(lease.expired) if lease else False,
-        router_inbox=counts.inbox,
-        tickets_active=counts.tickets,
-        workers_running=counts.rounds,
-        tickets_waiting_device=counts.away,
-        tickets_waiting_human=counts.asking,
-        devices_online=counts.online,
-        devices_paired=counts.paired,
-        paused_at=paused.paused_at if paused else None,
-        paused_by=paused.paused_by if paused else None,
-        paused_reason=paused.reason if paused else None,
-        watchdog=watchdog.holder if watchdog else None,
-        watchdog_last_pass=watchdog.renewed_at if watchdog else None,
-        watchdog_alive=bool(watchdog.alive) if watchdog else False,
-        quarantined_counts={row.kind: int(row.total) for row in quarantined},
+        router_leader=lease["holder"] if lease else None,
+        router_leader_since=lease["acquired_at"] if lease else None,
+        router_lease_expires_at=lease["expires_at"] if lease else None,
+        router_lease_expired=bool(lease["expired"]) if lease else False,
+        router_inbox=counts["inbox"],
+        tickets_active=counts["tickets"],
+        workers_running=counts["rounds"],
+        tickets_waiting_device=counts["away"],
+        tickets_waiting_human=counts["asking"],
+        devices_online=counts["online"],
+        devices_paired=counts["paired"],
+        paused_at=paused["paused_at"] if paused else None,
+        paused_by=paused["paused_by"] if paused else None,
+        paused_reason=paused["reason"] if paused else None,
+        watchdog=watchdog["holder"] if watchdog else None,
+        watchdog_last_pass=watchdog["renewed_at"] if watchdog else None,
+        watchdog_alive=bool(watchdog["alive"]) if watchdog else False,
+        quarantined_counts={row["kind"]: int(row["total"]) for row in quarantined},
         quarantined=[
-            Quarantined(row.kind, row.id, row.reason[:300], row.since, row.release)
+            Quarantined(row["kind"], row["id"], row["reason"][:300], row["since"], row["release"])
             for row in quarantined
         ],
     )

@@ -13,28 +13,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sqlalchemy.engine import Connection
-
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
-from controlplane.db.engine import create_engine
 
 
 async def main(message: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pg = EmbeddedPostgres(Path(tmp))
-        engine = create_engine(pg.start())
+        url = pg.start()
         try:
             if any(p.name != "__init__.py" for p in (migrate.MIGRATIONS / "versions").glob("*.py")):
-                await migrate.upgrade(engine)
-
-            def generate(connection: Connection) -> None:
-                migrate.autogenerate(connection, message)
-
-            async with engine.begin() as conn:
-                await conn.run_sync(generate)
+                await migrate.upgrade(url)
+            await migrate.autogenerate(url, message)
         finally:
-            await engine.dispose()
             pg.stop()
 
 

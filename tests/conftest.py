@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from controlplane.db import migrate
-from controlplane.db.engine import create_engine, session_factory
 from controlplane.db.pool import create_pool
-from controlplane.db.urls import asyncpg_dsn, with_database
+from controlplane.db.urls import asyncpg_dsn
 from endpointd.process.executor import Zygote
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
 from tests.helpers import assert_eventually
 from tests.support import markers
+from tests.support.database import create_engine, session_factory, with_database
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,11 +80,7 @@ async def database_url(pg_server_url: str, worker_id: str) -> AsyncIterator[str]
     finally:
         await admin.close()
     url = with_database(pg_server_url, name)
-    engine = create_engine(url, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-    finally:
-        await engine.dispose()
+    await migrate.upgrade(url)
     yield url
     admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
     try:
@@ -95,6 +91,7 @@ async def database_url(pg_server_url: str, worker_id: str) -> AsyncIterator[str]
 
 @pytest.fixture(scope="session")
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """A SQLAlchemy engine, for tests that seed rows through the models (``db``)."""
     engine = create_engine(database_url, pool_size=5)
     yield engine
     await engine.dispose()

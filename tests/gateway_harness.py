@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import asyncpg
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import pairing
@@ -30,6 +30,7 @@ from controlplane.settings import GrpcSettings
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
 from superagent_shared.protocol import hello_signing_payload
+from tests.support.database import asyncpg_transaction
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Gateway:
     port: int
     queue: CommandQueue
     tls: ServerTls
-    sessions: async_sessionmaker[AsyncSession]
+    pool: asyncpg.Pool  # the gateway's own
     hub: DeviceHub
 
     @property
@@ -51,30 +52,32 @@ class Gateway:
         )
 
     async def pairing_code(self, name: str) -> str:
-        return await pairing_code(self.sessions, name)
+        return await pairing_code(self.pool, name)
 
 
 async def pairing_code(
-    sessions: async_sessionmaker[AsyncSession], name: str, *, owner: str = "tester"
+    db: async_sessionmaker[AsyncSession] | asyncpg.Pool, name: str, *, owner: str = "tester"
 ) -> str:
-    """A code for a device ``owner`` will own (only they may direct work to it)."""
-    async with transaction(sessions) as session:
-        issued = await pairing.create_code(
-            session, device_name=name, owner=owner, created_by="test"
-        )
+    """A code for a device ``owner`` will own (only they may direct work to it); ``db``:
+    the ``db`` or ``pool`` fixture, or a gateway's pool."""
+    async with asyncpg_transaction(db) as conn:
+        issued = await pairing.create_code(conn, device_name=name, owner=owner, created_by="test")
     return issued.display
 
 
 @contextlib.asynccontextmanager
 async def running_gateway(
     database_url: str,
-    sessions: async_sessionmaker[AsyncSession],
+    db: async_sessionmaker[AsyncSession],
     state_dir: Path,
     *,
     heartbeat_seconds: float = 15.0,
     grpc_settings: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Gateway]:
-    """A gateway on an ephemeral port; ``grpc_settings`` sets other GrpcSettings fields."""
+    """A gateway on an ephemeral port; ``grpc_settings`` sets other GrpcSettings fields.
+
+    ``db``: the fixture that empties the database first (the gateway has a pool of its own).
+    """
     dsn = asyncpg_dsn(database_url)
     pool = await create_pool(dsn, size=10)
     settings = GrpcSettings.model_validate(
@@ -84,14 +87,14 @@ async def running_gateway(
     queue = CommandQueue(pool, ttl=timedelta(hours=1), inline=64)
     hub = DeviceHub(dsn, queue, "test-replica")
     service = GatewayService(
-        settings, EndpointGateway(sessions, queue, hub, settings, tls, "test deployment")
+        settings, EndpointGateway(pool, queue, hub, settings, tls, "test deployment")
     )
     await hub.start()
     await service.start()
     try:
         while service.port is None:  # noqa: ASYNC110 - the port appears once, right after bind
             await asyncio.sleep(0.01)
-        yield Gateway(service.port, queue, tls, sessions, hub)
+        yield Gateway(service.port, queue, tls, pool, hub)
     finally:
         await service.stop(5)
         await hub.stop(5)

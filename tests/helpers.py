@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import versions
-from controlplane.db.engine import transaction
-from controlplane.db.models import PolicyVersion
 from controlplane.ingest import policy as ingest_policy
 from controlplane.ingest.policy import Policy
+from tests.support.database import asyncpg_transaction
 
 
 async def assert_eventually(
@@ -60,13 +60,16 @@ def free_port() -> int:
         return port
 
 
-async def save_policy(db: async_sessionmaker[AsyncSession], policy: Policy) -> str:
-    """Save ``policy`` as the ingest policy's next version (the first, in a fresh database)."""
-    async with transaction(db) as session:
-        latest = await versions.latest(session, PolicyVersion, ingest_policy.POLICY_NAME)
+async def save_policy(
+    db: async_sessionmaker[AsyncSession] | asyncpg.Pool | str, policy: Policy
+) -> str:
+    """Save ``policy`` as the ingest policy's next version (the first, in a fresh database);
+    ``db``: the ``db`` or ``pool`` fixture, or the database's URL."""
+    async with asyncpg_transaction(db) as conn:
+        latest = await versions.latest(conn, versions.POLICY, ingest_policy.POLICY_NAME)
         saved = await versions.save(
-            session,
-            PolicyVersion,
+            conn,
+            versions.POLICY,
             name=ingest_policy.POLICY_NAME,
             body=policy.model_dump(mode="json"),
             base_id=latest.id if latest else None,

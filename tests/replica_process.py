@@ -68,22 +68,12 @@ class ReplicaProcess:
 async def prepare_database(url: str, allowlisted: list[str]) -> None:
     """Migrate the database at ``url`` and allow ``allowlisted`` users by default, as an
     admin would before starting ``serve`` (which never migrates)."""
-    from sqlalchemy.ext.asyncio import async_sessionmaker
-
     from controlplane.db import migrate
-    from controlplane.db.engine import create_engine
     from controlplane.ingest.policy import Policy, SourcePolicy
     from tests.helpers import save_policy
 
-    engine = create_engine(url, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-        await save_policy(
-            async_sessionmaker(engine, expire_on_commit=False),
-            Policy(default=SourcePolicy(users=allowlisted)),
-        )
-    finally:
-        await engine.dispose()
+    await migrate.upgrade(url)
+    await save_policy(url, Policy(default=SourcePolicy(users=allowlisted)))
 
 
 def serve_env(

@@ -27,7 +27,6 @@ import httpx
 import pytest
 import websockets
 from pydantic import SecretStr, ValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.routing import Route
 
 from controlplane.access import sessions
@@ -53,12 +52,11 @@ LOCAL_HOSTS = ("127.0.0.1:8420", "localhost:8420", "[::1]:8420", "10.0.0.7")
 PROXIED = {"X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9", "Forwarded": "for=x"}
 
 
-def _app(engine: AsyncEngine, pool: asyncpg.Pool | None = None, **settings: object) -> AppState:
+def _app(pool: asyncpg.Pool, **settings: object) -> AppState:
     return AppState(
         settings=Settings(**settings),  # type: ignore[arg-type]
-        engine=engine,
-        replica_id="test-replica",
         pool=pool,
+        replica_id="test-replica",
         channels=Channels(),
     )
 
@@ -97,9 +95,9 @@ def _protected_routes(state: AppState) -> list[tuple[str, str]]:
 
 
 async def test_without_a_token_no_route_trusts_a_local_host_or_a_loopback_peer(
-    engine: AsyncEngine, pool: asyncpg.Pool
+    pool: asyncpg.Pool,
 ) -> None:
-    state = _app(engine, pool, admin_token=None)
+    state = _app(pool, admin_token=None)
     routes = _protected_routes(state)
     # The console, its API, the chat's API, the metrics and the API docs are all in it.
     paths = {path for _, path in routes}
@@ -113,10 +111,8 @@ async def test_without_a_token_no_route_trusts_a_local_host_or_a_loopback_peer(
                     assert answer.status_code in (401, 403), (host, method, path, answer.text)
 
 
-async def test_with_a_token_every_route_needs_it_and_the_docs_too(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
+async def test_with_a_token_every_route_needs_it_and_the_docs_too(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state) as client:
         for method, path in _protected_routes(state):
             answer = await client.request(method, path, headers=PROXIED)
@@ -130,8 +126,8 @@ async def test_with_a_token_every_route_needs_it_and_the_docs_too(
         assert (await client.get("/console/login")).status_code == 200
 
 
-async def test_the_token_is_never_taken_from_a_url(engine: AsyncEngine, pool: asyncpg.Pool) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
+async def test_the_token_is_never_taken_from_a_url(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state) as client:
         for path in ("/console/api/overview", "/metrics", "/chat", "/chat/api/threads"):
             answer = await client.get(path, params={"token": TOKEN})
@@ -140,9 +136,9 @@ async def test_the_token_is_never_taken_from_a_url(engine: AsyncEngine, pool: as
 
 
 async def test_metrics_take_a_bearer_token_from_any_peer_and_nothing_else(
-    engine: AsyncEngine,
+    pool: asyncpg.Pool,
 ) -> None:
-    state = _app(engine, admin_token=TOKEN)
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state, peer="127.0.0.1") as local:
         refused = await local.get("/metrics")
         assert refused.status_code == 401
@@ -153,10 +149,8 @@ async def test_metrics_take_a_bearer_token_from_any_peer_and_nothing_else(
         assert "superagent_" in scraped.text
 
 
-async def test_a_browser_without_a_session_gets_the_sign_in_form(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
+async def test_a_browser_without_a_session_gets_the_sign_in_form(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state) as client:
         page = await client.get("/console/tickets", headers={"Accept": "text/html"})
         assert page.status_code == 401
@@ -165,10 +159,8 @@ async def test_a_browser_without_a_session_gets_the_sign_in_form(
         assert "frame-ancestors 'self'" in page.headers["content-security-policy"]
 
 
-async def test_dns_rebinding_names_are_refused_on_a_loopback_bind(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
+async def test_dns_rebinding_names_are_refused_on_a_loopback_bind(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state) as client:
         secret = await _sign_in(client)
     # A page on attacker.example, resolving to 127.0.0.1, with the browser's session.
@@ -177,7 +169,7 @@ async def test_dns_rebinding_names_are_refused_on_a_loopback_bind(
         answer = await client.get("/console/api/overview")
         assert answer.status_code == 401
         assert "SUPERAGENT_HTTP__ALLOWED_HOSTS" in answer.json()["error"]["message"]
-    named = _app(engine, pool, admin_token=TOKEN, http={"allowed_hosts": "agent.example"})
+    named = _app(pool, admin_token=TOKEN, http={"allowed_hosts": "agent.example"})
     async with _client(named, host="agent.example") as client:
         client.cookies.set(sessions.COOKIE, secret)
         assert (await client.get("/console/api/overview")).status_code == 200
@@ -195,10 +187,8 @@ async def _sign_in(client: httpx.AsyncClient, token: str = TOKEN) -> str:
     return secret
 
 
-async def test_a_session_ends_on_the_server_at_sign_out(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
+async def test_a_session_ends_on_the_server_at_sign_out(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state) as client:
         secret = await _sign_in(client)
         assert (await client.get("/console/api/tickets")).status_code == 200
@@ -212,28 +202,26 @@ async def test_a_session_ends_on_the_server_at_sign_out(
     assert any(row["revoked_at"] is not None for row in rows)
 
 
-async def test_a_session_expires_on_the_server_and_with_its_token(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    brief = _app(engine, pool, admin_token=TOKEN, http={"session_hours": 1 / 3600})
+async def test_a_session_expires_on_the_server_and_with_its_token(pool: asyncpg.Pool) -> None:
+    brief = _app(pool, admin_token=TOKEN, http={"session_hours": 1 / 3600})
     async with _client(brief) as client:
         secret = await _sign_in(client)
     await asyncio.sleep(1.5)
     async with _client(brief) as client:
         client.cookies.set(sessions.COOKIE, secret)  # as if the browser kept it longer
         assert (await client.get("/console/api/tickets")).status_code == 401
-    state = _app(engine, pool, admin_token=TOKEN)
+    state = _app(pool, admin_token=TOKEN)
     async with _client(state) as client:
         secret = await _sign_in(client)
-    rotated = _app(engine, pool, admin_token=TOKEN + "-rotated")
+    rotated = _app(pool, admin_token=TOKEN + "-rotated")
     async with _client(rotated) as client:
         client.cookies.set(sessions.COOKIE, secret)
         assert (await client.get("/console/api/tickets")).status_code == 401
 
 
-async def test_a_one_time_link_signs_in_once(engine: AsyncEngine, pool: asyncpg.Pool) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
-    secret = await sessions.create_link(engine, TOKEN)
+async def test_a_one_time_link_signs_in_once(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN)
+    secret = await sessions.create_link(pool, TOKEN)
     async with _client(state) as client:
         used = await client.get("/console/login", params={"once": secret})
         assert used.status_code == 303
@@ -246,9 +234,9 @@ async def test_a_one_time_link_signs_in_once(engine: AsyncEngine, pool: asyncpg.
 
 
 async def test_the_chat_page_sends_the_consoles_csp_and_no_inline_script(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str
+    pool: asyncpg.Pool, database_url: str
 ) -> None:
-    state = _app(engine, pool, admin_token=TOKEN)
+    state = _app(pool, admin_token=TOKEN)
     context = ChannelContext(state.settings, pool, Intake(pool), asyncpg_dsn(database_url), "r")
     state.channels = Channels([WebChatAdapter(context)])
     async with _client(state) as client:
@@ -267,10 +255,8 @@ async def test_the_chat_page_sends_the_consoles_csp_and_no_inline_script(
 # -- sign-in attempts ----------------------------------------------------------------------
 
 
-async def test_sign_ins_are_counted_per_peer_exactly_under_a_burst(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    state = _app(engine, pool, admin_token=TOKEN, http={"signin_attempts": 10})
+async def test_sign_ins_are_counted_per_peer_exactly_under_a_burst(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN, http={"signin_attempts": 10})
     async with _client(state, peer="2001:db8:1:2::10") as client:
         answers = await asyncio.gather(
             *(client.post("/console/login", data={"token": f"guess-{i}"}) for i in range(40))
@@ -288,8 +274,8 @@ async def test_sign_ins_are_counted_per_peer_exactly_under_a_burst(
         assert (await other.post("/console/login", data={"token": TOKEN})).status_code == 303
 
 
-async def test_wrong_bearer_tokens_count_too(engine: AsyncEngine) -> None:
-    state = _app(engine, admin_token=TOKEN, http={"signin_attempts": 3})
+async def test_wrong_bearer_tokens_count_too(pool: asyncpg.Pool) -> None:
+    state = _app(pool, admin_token=TOKEN, http={"signin_attempts": 3})
     async with _client(state, peer="192.0.2.77") as client:
         wrong = {"Authorization": "Bearer guess"}
         codes = [(await client.get("/metrics", headers=wrong)).status_code for _ in range(5)]
@@ -458,10 +444,10 @@ def test_the_container_image_refuses_to_run_without_a_token(tmp_path: Path) -> N
 
 
 async def test_an_open_websocket_ends_with_its_session(
-    engine: AsyncEngine, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(access, "SESSION_RECHECK_SECONDS", 0.2)
-    state = _app(engine, pool, admin_token=TOKEN, http={"port": 0})
+    state = _app(pool, admin_token=TOKEN, http={"port": 0})
     http = HttpService(state)
     await http.start()
     try:

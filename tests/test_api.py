@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import asyncpg
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.api.app import create_app
-from controlplane.db.engine import create_engine
 from controlplane.errors import NotFound
 from controlplane.settings import Settings
 from controlplane.web.state import AppState
+from tests.support.database import unreachable_pool
 
 TOKEN = "api-test-token-8c2e41f0a7d35b96e1c4"
 
 
-def client_for(engine: AsyncEngine, **settings: object) -> tuple[httpx.AsyncClient, AppState]:
+def client_for(pool: asyncpg.Pool, **settings: object) -> tuple[httpx.AsyncClient, AppState]:
     settings.setdefault("admin_token", TOKEN)
-    state = AppState(settings=Settings(**settings), engine=engine, replica_id="test-replica")  # type: ignore[arg-type]
+    state = AppState(settings=Settings(**settings), pool=pool, replica_id="test-replica")  # type: ignore[arg-type]
     app = create_app(state)
 
     @app.get("/boom/domain")
@@ -33,8 +33,8 @@ def client_for(engine: AsyncEngine, **settings: object) -> tuple[httpx.AsyncClie
     return httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers), state
 
 
-async def test_probes_with_a_live_database(engine: AsyncEngine) -> None:
-    client, _ = client_for(engine)
+async def test_probes_with_a_live_database(pool: asyncpg.Pool) -> None:
+    client, _ = client_for(pool)
     async with client:
         assert (await client.get("/healthz")).json()["status"] == "ok"
         ready = await client.get("/readyz")
@@ -43,19 +43,19 @@ async def test_probes_with_a_live_database(engine: AsyncEngine) -> None:
 
 
 async def test_readyz_reports_an_unreachable_database() -> None:
-    dead = create_engine("postgresql://nobody:pw@127.0.0.1:1/none", pool_size=1)
+    dead = await unreachable_pool()
     client, _ = client_for(dead)
     async with client:
         ready = await client.get("/readyz")
         assert (await client.get("/healthz")).status_code == 200
-    await dead.dispose()
+    await dead.close()
     assert ready.status_code == 503
     assert ready.json()["status"] == "unavailable"
     assert "pw" not in ready.text
 
 
-async def test_errors_are_mapped_and_internals_hidden(engine: AsyncEngine) -> None:
-    client, _ = client_for(engine)
+async def test_errors_are_mapped_and_internals_hidden(pool: asyncpg.Pool) -> None:
+    client, _ = client_for(pool)
     async with client:
         missing = await client.get("/boom/domain")
         bug = await client.get("/boom/bug")

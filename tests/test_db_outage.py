@@ -30,11 +30,11 @@ import pytest
 
 from controlplane.channels.github.webhooks import sign
 from controlplane.db import migrate
-from controlplane.db.engine import create_engine, session_factory
-from controlplane.db.urls import asyncpg_dsn, with_database
+from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.policy import Policy, SourcePolicy
 from tests.helpers import assert_eventually, free_port, save_policy
 from tests.replica_process import ReplicaProcess
+from tests.support.database import with_database
 
 pytestmark = pytest.mark.slow
 
@@ -104,13 +104,8 @@ async def replica(own_postgres: OwnPostgres, tmp_path: Path) -> AsyncIterator[Re
     finally:
         await admin.close()
     url = with_database(own_postgres.url, "outage")
-    engine = create_engine(url, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-        policy = Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"])])})
-        await save_policy(session_factory(engine), policy)
-    finally:
-        await engine.dispose()
+    await migrate.upgrade(url)
+    await save_policy(url, Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"])])}))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
     env.update(

@@ -37,7 +37,8 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
-from controlplane.router.tools import Toolbox, Turn
+from controlplane.router.tools.core import Turn
+from controlplane.router.tools.toolbox import Toolbox
 from controlplane.settings import Settings, WorkerSettings
 from controlplane.tickets import control
 from superagent_shared.ids import new_id
@@ -457,22 +458,22 @@ async def test_a_team_device_is_usable_by_its_group(
     db: async_sessionmaker[AsyncSession],
     database_url: str,
 ) -> None:
-    from controlplane.db.engine import transaction
+    from controlplane.db.pool import transaction
     from controlplane.gateway import pairing
 
     pair = ("devices", "pair", "--name", "ci-box", "--shared", "slack:ops", "--json")
     issued = json.loads((await cli(database_url, *pair)).stdout)
     key = os.urandom(32)
-    async with transaction(db) as session:  # as endpointd pair does, through the gateway
+    async with transaction(pool) as conn:  # as endpointd pair does, through the gateway
         attempt = await pairing.count_attempt(
-            session,
+            conn,
             code=issued["code"],
             public_key=key,
             source="127.0.0.1",
             limits=pairing.Limits(per_peer=10, everyone=100),
         )
-    async with transaction(db) as session:
-        device = await pairing.redeem(session, attempt, public_key=key, version="1", labels={})
+    async with transaction(pool) as conn:
+        device = await pairing.redeem(conn, attempt, public_key=key, version="1", labels={})
         device_id = device.id
     owner = await pool.fetchval("SELECT owner FROM devices WHERE id = $1", device_id)
     assert owner == "web:admin"  # nobody named: the admin who made the code owns it

@@ -21,7 +21,6 @@ import psutil
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
@@ -128,8 +127,7 @@ async def test_revoked_device_is_disconnected_and_refused(
     await paired_daemon(gateway, daemon)
     daemon.start()
     await daemon.wait_connected()
-    async with transaction(db) as session:
-        await devices.revoke(session, "laptop")
+    await devices.revoke(gateway.pool, "laptop")
 
     async def disconnected() -> bool:
         return not await daemon.connected()

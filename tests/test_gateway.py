@@ -20,13 +20,11 @@ import grpc
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.db.engine import transaction
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.domain import Notify
 from controlplane.gateway import devices, specs
 from controlplane.gateway import hub as hub_module
 from controlplane.gateway.pairing import MAX_WRONG_PER_CODE
@@ -152,8 +150,7 @@ async def test_unpaired_key_and_revoked_device_are_refused(
     assert await stranger.ended() == grpc.StatusCode.UNAUTHENTICATED
     await stranger.close()
 
-    async with transaction(db) as session:
-        await devices.revoke(session, "laptop")
+    await devices.revoke(gateway.pool, "laptop")
     await device.connect()
     assert await device.ended() == grpc.StatusCode.PERMISSION_DENIED
     assert "revoked" in device.details
@@ -167,8 +164,7 @@ async def test_revoke_closes_an_open_stream_within_a_second(
     await device.connect()
     await assert_eventually(lambda: device.device_id in gateway.hub.streams)
     started = time.monotonic()
-    async with transaction(db) as session:
-        await devices.revoke(session, "laptop")
+    await devices.revoke(gateway.pool, "laptop")
     assert await device.ended(timeout=5) == grpc.StatusCode.PERMISSION_DENIED
     assert time.monotonic() - started < 1.0
     await device.close()
@@ -182,8 +178,7 @@ async def test_commands_queued_offline_arrive_in_order_and_stale_ones_expire(
     stale = await gateway.queue.submit(
         "laptop", specs.Exec(["echo", "late"]), ttl=__import__("datetime").timedelta(seconds=0)
     )
-    async with transaction(db) as session:
-        (view,) = await devices.list_devices(session)
+    (view,) = await devices.list_devices(gateway.pool)
     assert not view.online
     assert view.queue_depth == 4
 
@@ -195,8 +190,7 @@ async def test_commands_queued_offline_arrive_in_order_and_stale_ones_expire(
         assert (await gateway.queue.result(stale)).state == "expired"
         with pytest.raises(TimeoutError):
             await device.next("command", timeout=1.5)
-        async with transaction(db) as session:
-            (view,) = await devices.list_devices(session)
+        (view,) = await devices.list_devices(gateway.pool)
         assert view.online
         assert view.policy_hash == "01" * 32
         assert view.sandbox is None  # the harness speaks as a daemon older than the field
@@ -246,7 +240,7 @@ async def _hello_reporting(
 
 
 async def test_the_sandbox_a_device_reports_is_stored_and_shown_to_admins(
-    gateway: Gateway, database_url: str, engine: AsyncEngine
+    gateway: Gateway, database_url: str
 ) -> None:
     """Each Hello says how the device confines commands; the gateway stores it, and the
     CLI and the console show it, flagging a device whose commands run unconfined."""
@@ -261,7 +255,6 @@ async def test_the_sandbox_a_device_reports_is_stored_and_shown_to_admins(
     async def console() -> dict[str, Any]:
         state = AppState(
             settings=Settings(admin_token="sandbox-test-token"),
-            engine=engine,
             replica_id="test-replica",
             pool=pool,
         )
@@ -422,9 +415,9 @@ async def test_wait_trusts_notifications_only_while_its_listen_connection_lives(
         lost = await queue.submit("laptop", specs.Exec(["x"]))
         await device.next("command")
         assert lost in queue._watched
-        await queue.pool.execute(
-            "SELECT pg_terminate_backend($1)", queue._listener.get_server_pid()
-        )
+        listening = queue._listener.connection if queue._listener is not None else None
+        assert listening is not None
+        await queue.pool.execute("SELECT pg_terminate_backend($1)", listening.get_server_pid())
         await assert_eventually(lambda: lost not in queue._watched)
         await device.send(finished=pb.Finished(command_id=lost, exit_code=0))
         await assert_eventually(lambda: _state(gateway, lost, "finished"))
@@ -494,15 +487,13 @@ async def test_lost_notifications_are_made_up_for_by_the_poll(
     hub = gateway.hub
     await assert_eventually(lambda: hub._listener is not None)
     assert hub._listener is not None
-    await hub._listener.remove_listener(Notify.COMMANDS, hub._on_commands)
-    await hub._listener.remove_listener(Notify.DEVICES, hub._on_devices)
+    await hub._listener.close()
     device = await paired(gateway)
     await device.connect()
     await assert_eventually(lambda: device.device_id in gateway.hub.streams)
     command_id = await gateway.queue.submit("laptop", specs.Exec(["x"]))
     assert (await device.next("command", timeout=5)).command.command_id == command_id
-    async with transaction(db) as session:
-        await devices.revoke(session, "laptop")
+    await devices.revoke(gateway.pool, "laptop")
     assert await device.ended(timeout=5) == grpc.StatusCode.PERMISSION_DENIED
     await device.close()
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
 from controlplane.gateway import devices, specs
 from controlplane.gateway.queue import CommandResult
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -60,8 +59,7 @@ async def _has_state(gateway: Gateway, command_id: str, state: str) -> CommandRe
 
 
 async def _queue_depth(gateway: Gateway, name: str) -> int:
-    async with transaction(gateway.sessions) as session:
-        (view,) = [d for d in await devices.list_devices(session) if d.name == name]
+    (view,) = [d for d in await devices.list_devices(gateway.pool) if d.name == name]
     return view.queue_depth
 
 

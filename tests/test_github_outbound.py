@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
 from controlplane.channels.base import (
@@ -283,7 +283,6 @@ async def test_githubs_answers_become_what_the_outbox_does(
 async def test_an_explicit_request_is_acknowledged_end_to_end(
     github: FakeGitHub,
     adapter: GithubAdapter,
-    engine: AsyncEngine,
     pool: asyncpg.Pool,
     db: async_sessionmaker[AsyncSession],
 ) -> None:
@@ -301,7 +300,7 @@ async def test_an_explicit_request_is_acknowledged_end_to_end(
         }
     ).encode()
     settings = Settings(github=GithubSettings(webhook_secret=SecretStr(SECRET)))
-    state = AppState(settings=settings, engine=engine, replica_id="t", intake=Intake(pool))
+    state = AppState(settings=settings, pool=pool, replica_id="t", intake=Intake(pool))
     transport = httpx.ASGITransport(app=create_app(state))
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
         response = await http.post(

@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
 from controlplane.channels.github import endpoint, webhooks
@@ -34,7 +34,6 @@ ALICE = {"login": "alice", "id": 101, "type": "User"}
 
 
 def _client(
-    engine: AsyncEngine,
     pool: asyncpg.Pool,
     secret: str | None = SECRET,
     intake: Intake | None = None,
@@ -43,9 +42,7 @@ def _client(
         webhook_secret=SecretStr(secret) if secret else None, agent_login="agent[bot]"
     )
     settings = Settings(github=github)
-    state = AppState(
-        settings=settings, engine=engine, replica_id="test", intake=intake or Intake(pool)
-    )
+    state = AppState(settings=settings, pool=pool, replica_id="test", intake=intake or Intake(pool))
     transport = httpx.ASGITransport(app=create_app(state), raise_app_exceptions=False)
     return httpx.AsyncClient(transport=transport, base_url="http://test")
 
@@ -85,8 +82,8 @@ def _comment(number: int = 7, body: str = "@superagent please fix", pr: bool = F
     }
 
 
-async def test_a_comment_becomes_a_trigger_once(engine: AsyncEngine, pool: asyncpg.Pool) -> None:
-    async with _client(engine, pool) as client:
+async def test_a_comment_becomes_a_trigger_once(pool: asyncpg.Pool) -> None:
+    async with _client(pool) as client:
         first = await _deliver(client, "issue_comment", _comment())
         again = await _deliver(client, "issue_comment", _comment())  # GitHub's redelivery
     assert first.status_code == 202, first.text
@@ -108,9 +105,7 @@ async def test_a_comment_becomes_a_trigger_once(engine: AsyncEngine, pool: async
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
 
 
-async def test_ci_results_and_reviews_land_on_the_pull_requests_thread(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
+async def test_ci_results_and_reviews_land_on_the_pull_requests_thread(pool: asyncpg.Pool) -> None:
     check = {
         "action": "completed",
         "check_run": {
@@ -128,7 +123,7 @@ async def test_ci_results_and_reviews_land_on_the_pull_requests_thread(
         "repository": REPO,
         "sender": ALICE,
     }
-    async with _client(engine, pool) as client:
+    async with _client(pool) as client:
         ci = await _deliver(client, "check_run", check, delivery="d-ci")
         commented = await _deliver(client, "pull_request_review_comment", review, delivery="d-r")
         opened = await _deliver(client, "issue_comment", _comment(7, pr=True), delivery="d-c")
@@ -143,10 +138,8 @@ async def test_ci_results_and_reviews_land_on_the_pull_requests_thread(
     assert bot is True
 
 
-async def test_bad_deliveries_get_clear_errors_and_store_nothing(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
-    async with _client(engine, pool) as client:
+async def test_bad_deliveries_get_clear_errors_and_store_nothing(pool: asyncpg.Pool) -> None:
+    async with _client(pool) as client:
         forged = await _deliver(client, "issue_comment", _comment(), secret="not-the-secret")
         assert forged.status_code == 401
         assert "X-Hub-Signature-256" in forged.json()["error"]["message"]
@@ -174,23 +167,21 @@ async def test_bad_deliveries_get_clear_errors_and_store_nothing(
         ignored = await _deliver(client, "push", {"ref": "main", "repository": REPO})
         assert ignored.status_code == 200
         assert "push" in ignored.json()["ignored"]
-    async with _client(engine, pool, secret=None) as unconfigured:
+    async with _client(pool, secret=None) as unconfigured:
         off = await _deliver(unconfigured, "issue_comment", _comment())
         assert off.status_code == 404
         assert "SUPERAGENT_GITHUB__WEBHOOK_SECRET" in off.json()["error"]["message"]
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
 
 
-async def test_oversized_bodies_are_refused_with_413_and_store_nothing(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
+async def test_oversized_bodies_are_refused_with_413_and_store_nothing(pool: asyncpg.Pool) -> None:
     big = b'{"pad": "' + b"x" * webhooks.MAX_BODY + b'"}'
 
     async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
         for start in range(0, len(big), 1 << 20):
             yield big[start : start + (1 << 20)]
 
-    async with _client(engine, pool) as client:
+    async with _client(pool) as client:
         sized = await _deliver(client, "issue_comment", None, raw=big)
         streamed = await client.post(
             "/webhooks/github",
@@ -216,10 +207,10 @@ class StuckIntake(Intake):
 
 
 async def test_an_ingest_too_slow_for_github_answers_503_in_time(
-    engine: AsyncEngine, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(endpoint, "INGEST_BUDGET", 0.2)
-    async with _client(engine, pool, intake=StuckIntake(pool)) as client:
+    async with _client(pool, intake=StuckIntake(pool)) as client:
         response = await _deliver(client, "issue_comment", _comment(), delivery="d-slow")
     assert response.status_code == 503
     message = response.json()["error"]["message"]
@@ -229,7 +220,7 @@ async def test_an_ingest_too_slow_for_github_answers_503_in_time(
 
 
 async def test_explicit_requests_get_an_acknowledge_effect_on_what_asked(
-    engine: AsyncEngine, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+    pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
     # Allowlisted by her numeric user id: logins can be renamed and registered again.
     await save_policy(db, Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"])])}))
@@ -249,7 +240,7 @@ async def test_explicit_requests_get_an_acknowledge_effect_on_what_asked(
     bob = {"login": "bob", "id": 102, "type": "User"}
     not_allowed = _comment(body="@superagent do it")
     not_allowed["comment"] = {"id": 2, "body": "@superagent do it", "user": bob}
-    async with _client(engine, pool) as client:
+    async with _client(pool) as client:
         for event, payload, delivery in (
             ("issue_comment", _comment(), "d-1"),
             ("issues", opened, "d-2"),
@@ -269,13 +260,11 @@ async def test_explicit_requests_get_an_acknowledge_effect_on_what_asked(
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 4
 
 
-async def test_the_agents_own_comments_are_not_triggers(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> None:
+async def test_the_agents_own_comments_are_not_triggers(pool: asyncpg.Pool) -> None:
     own = _comment(body="Done: see the PR.\n\n<!-- superagent:rpl_1 -->")
     agent = {"login": "agent[bot]", "id": 9, "type": "Bot"}
     own["comment"]["user"] = own["sender"] = agent
-    async with _client(engine, pool) as client:
+    async with _client(pool) as client:
         response = await _deliver(client, "issue_comment", own)
     assert response.status_code == 200
     assert "own comment" in response.json()["ignored"]
@@ -288,12 +277,12 @@ def _fixtures() -> list[tuple[str, bytes]]:
 
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no GitHub fixtures at {FIXTURES}")
 async def test_every_real_github_payload_is_a_trigger_or_a_deliberate_ignore(
-    engine: AsyncEngine, pool: asyncpg.Pool
+    pool: asyncpg.Pool,
 ) -> None:
     files = _fixtures()
     assert files
     outcomes: dict[str, int] = {}
-    async with _client(engine, pool) as client:
+    async with _client(pool) as client:
         for n, (name, body) in enumerate(files):
             event = name.split(".")[0]
             response = await _deliver(client, event, None, raw=body, delivery=f"fixture-{n}")

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -654,7 +654,7 @@ def _slack_bodies(good: dict[str, Any]) -> list[bytes]:
 
 
 async def test_hostile_slack_webhooks_get_4xx_and_the_next_event_counts(
-    engine: AsyncEngine, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+    pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
     await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[slack_tests.ALICE_ID])}))
     with FakeSlack() as fake:
@@ -662,7 +662,7 @@ async def test_hostile_slack_webhooks_get_4xx_and_the_next_event_counts(
         fake.add_channel("C0GENERAL")
         adapter = SlackAdapter(slack_tests._settings(fake), Intake(pool))
         try:
-            async with slack_tests._client(engine, pool, adapter, adapter.settings) as client:
+            async with slack_tests._client(pool, adapter, adapter.settings) as client:
                 good = fake.say("C0GENERAL", slack_tests.ALICE, f"<@{BOT_USER}> the tests are red")
                 answers = []
                 for body in _slack_bodies(good):
@@ -738,14 +738,14 @@ def _lark_surrogate_body() -> bytes:
 
 
 async def test_hostile_lark_callbacks_get_4xx_and_the_next_event_counts(
-    engine: AsyncEngine, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+    pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
     await save_policy(db, Policy(sources={"lark": SourcePolicy(users=[lark_tests.ALICE])}))
     with FakeLark() as fake:
         for key in (lark_tests.KEY, None):
             adapter = LarkAdapter(lark_tests._settings(fake, key=key), Intake(pool))
             try:
-                async with lark_tests._client(engine, pool, adapter) as client:
+                async with lark_tests._client(pool, adapter) as client:
                     answers = []
                     for event in _lark_bad_events():
                         answer = await lark_tests.deliver(client, event, key=key)

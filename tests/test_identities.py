@@ -29,7 +29,7 @@ import pytest
 from alembic import command
 from pydantic import SecretStr
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from websockets.asyncio.client import connect
 
 from controlplane import handles, people
@@ -40,7 +40,6 @@ from controlplane.channels.lark.channel import LarkAdapter
 from controlplane.channels.slack import SlackAdapter
 from controlplane.channels.slack.signing import sign as slack_sign
 from controlplane.db import migrate
-from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import Ingested, Intake
@@ -141,9 +140,7 @@ def slack() -> Iterator[FakeSlack]:
 
 
 @asynccontextmanager
-async def _slack_events(
-    engine: AsyncEngine, pool: asyncpg.Pool, slack: FakeSlack
-) -> AsyncIterator[httpx.AsyncClient]:
+async def _slack_events(pool: asyncpg.Pool, slack: FakeSlack) -> AsyncIterator[httpx.AsyncClient]:
     settings = SlackSettings(
         bot_token=SecretStr(BOT_TOKEN),
         signing_secret=SecretStr(SLACK_SECRET),
@@ -152,7 +149,6 @@ async def _slack_events(
     adapter = SlackAdapter(settings, Intake(pool))
     state = AppState(
         settings=Settings(slack=settings),
-        engine=engine,
         replica_id="test",
         intake=adapter.intake,
         pool=pool,
@@ -183,7 +179,7 @@ async def _slack_post(client: httpx.AsyncClient, callback: dict[str, Any]) -> st
 
 
 async def test_a_slack_connect_user_with_an_allowlisted_handle_or_user_id_is_not_allowlisted(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, slack: FakeSlack, tmp_path: Path
+    pool: asyncpg.Pool, database_url: str, slack: FakeSlack, tmp_path: Path
 ) -> None:
     # The admin allowlists alice by her user id and by her handle.
     saved = await _edit_policy(
@@ -195,7 +191,7 @@ async def test_a_slack_connect_user_with_an_allowlisted_handle_or_user_id_is_not
     )
     assert saved.returncode == 0, saved.stderr
     mention = f"<@{BOT_USER}> deploy main to production"
-    async with _slack_events(engine, pool, slack) as client:
+    async with _slack_events(pool, slack) as client:
         alice = await _slack_post(client, slack.say("C0SHARED", "U0ALICE", mention))
         # Another organisation's member with the same handle, in a shared channel...
         same_handle = await _slack_post(
@@ -218,11 +214,9 @@ async def test_a_slack_connect_user_with_an_allowlisted_handle_or_user_id_is_not
 
 
 @asynccontextmanager
-async def _github_webhooks(
-    engine: AsyncEngine, pool: asyncpg.Pool
-) -> AsyncIterator[httpx.AsyncClient]:
+async def _github_webhooks(pool: asyncpg.Pool) -> AsyncIterator[httpx.AsyncClient]:
     settings = Settings(github=GithubSettings(webhook_secret=SecretStr(GITHUB_SECRET)))
-    state = AppState(settings=settings, engine=engine, replica_id="test", intake=Intake(pool))
+    state = AppState(settings=settings, pool=pool, replica_id="test", intake=Intake(pool))
     transport = httpx.ASGITransport(app=create_app(state), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         yield client
@@ -253,7 +247,7 @@ async def _github_comment(client: httpx.AsyncClient, user: dict[str, Any], text:
 
 
 async def test_a_renamed_github_login_registered_again_is_not_the_allowlisted_account(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, tmp_path: Path
+    pool: asyncpg.Pool, database_url: str, tmp_path: Path
 ) -> None:
     login = _unique("gh")
     with FakeGitHub() as github:
@@ -271,7 +265,7 @@ async def test_a_renamed_github_login_registered_again_is_not_the_allowlisted_ac
         squatter = github.user(login)
         assert squatter["id"] != original["id"] == renamed["id"]
 
-    async with _github_webhooks(engine, pool) as client:
+    async with _github_webhooks(pool) as client:
         by_squatter = await _github_comment(client, squatter, "@superagent push to main")
         by_renamed = await _github_comment(client, renamed, "@superagent fix the test")
 
@@ -285,7 +279,6 @@ async def test_a_renamed_github_login_registered_again_is_not_the_allowlisted_ac
 
 
 async def test_an_account_linked_by_github_login_follows_the_account_not_the_login(
-    engine: AsyncEngine,
     pool: asyncpg.Pool,
     database_url: str,
     db: async_sessionmaker[AsyncSession],
@@ -301,7 +294,7 @@ async def test_an_account_linked_by_github_login_follows_the_account_not_the_log
         squatter = github.user(login)
     await save_policy(db, Policy(sources={"github": SourcePolicy(users=[person])}))
 
-    async with _github_webhooks(engine, pool) as client:
+    async with _github_webhooks(pool) as client:
         by_squatter = await _github_comment(client, squatter, "@superagent run it on my laptop")
         by_renamed = await _github_comment(client, renamed, "@superagent run it on my laptop")
 
@@ -398,7 +391,6 @@ async def test_a_lark_user_whose_display_name_is_an_allowlisted_name_is_not_allo
 
 
 async def test_a_web_chat_user_choosing_an_allowlisted_persons_name_gets_no_authority(
-    engine: AsyncEngine,
     pool: asyncpg.Pool,
     database_url: str,
     db: async_sessionmaker[AsyncSession],
@@ -409,7 +401,7 @@ async def test_a_web_chat_user_choosing_an_allowlisted_persons_name_gets_no_auth
     await save_policy(db, Policy(sources={"web": SourcePolicy(users=[person], groups=[])}))
     bearer = {"Authorization": f"Bearer {CHAT_TOKEN}"}
     async with (
-        serving(engine, pool, database_url, token=CHAT_TOKEN) as served,
+        serving(pool, database_url, token=CHAT_TOKEN) as served,
         connect(f"{served.ws_url}?name={person}", additional_headers=bearer) as ws,
     ):
         await ready(ws)
@@ -511,10 +503,10 @@ async def test_a_resolvable_handle_is_stored_as_its_id(
 
 
 async def test_without_the_channels_api_a_handle_resolves_from_triggers_seen_if_unambiguous(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, tmp_path: Path
+    pool: asyncpg.Pool, database_url: str, tmp_path: Path
 ) -> None:
     seen, twice = _unique("seen"), _unique("twice")
-    async with _github_webhooks(engine, pool) as client:
+    async with _github_webhooks(pool) as client:
         await _github_comment(client, {"login": seen, "id": 5550001, "type": "User"}, "hi")
         # A login seen with two ids (renamed and registered again) names nobody for sure.
         await _github_comment(client, {"login": twice, "id": 5550002, "type": "User"}, "hi")
@@ -568,18 +560,14 @@ async def test_policy_entries_are_ids_people_or_handles_said_as_such(pool: async
 async def test_the_migration_converts_handles_to_ids_and_leaves_the_rest_inert(
     empty_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = create_engine(empty_database, pool_size=1)
+    await migrate.upgrade(empty_database, "0011")
+    conn = await asyncpg.connect(asyncpg_dsn(empty_database))
     try:
-        await migrate.upgrade(engine, "0011")
-        conn = await asyncpg.connect(asyncpg_dsn(empty_database))
-        try:
-            await _old_world(conn)
-        finally:
-            await conn.close()
-        with caplog.at_level(logging.WARNING):
-            await migrate.upgrade(engine, "0012")
+        await _old_world(conn)
     finally:
-        await engine.dispose()
+        await conn.close()
+    with caplog.at_level(logging.WARNING):
+        await migrate.upgrade(empty_database, "0012")
 
     conn = await asyncpg.connect(asyncpg_dsn(empty_database))
     try:
@@ -617,12 +605,8 @@ async def test_the_migration_converts_handles_to_ids_and_leaves_the_rest_inert(
     assert [row["actor_id"] for row in web] == ["web:admin"]
 
     # And back: what the old code reads (its ids, no fields it does not know).
-    engine = create_engine(empty_database, pool_size=1)
-    try:
-        async with engine.begin() as sync:
-            await sync.run_sync(_downgrade_to_0011)
-    finally:
-        await engine.dispose()
+    async with migrate.engine(empty_database) as engine, engine.begin() as sync:
+        await sync.run_sync(_downgrade_to_0011)
     conn = await asyncpg.connect(asyncpg_dsn(empty_database))
     try:
         back = await conn.fetchval("SELECT body FROM policy_versions ORDER BY version DESC LIMIT 1")

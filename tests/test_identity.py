@@ -29,7 +29,8 @@ from controlplane.errors import Conflict
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor, Policy, SourcePolicy
 from controlplane.router import batch as batches
-from controlplane.router.tools import Toolbox, Turn
+from controlplane.router.tools.core import Turn
+from controlplane.router.tools.toolbox import Toolbox
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
 

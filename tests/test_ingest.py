@@ -9,8 +9,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.engine import transaction
-from controlplane.db.models import PolicyVersion
+from controlplane.db.pool import Conn, transaction
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import Notify
 from controlplane.errors import Conflict, InvalidInput, NotFound
@@ -25,6 +24,7 @@ from controlplane.ingest.policy import (
     SourcePolicy,
     evaluate,
 )
+from controlplane.versions import POLICY as POLICY_VERSIONS
 from controlplane.versions import latest, save
 from superagent_shared.ids import new_id
 from tests.helpers import assert_eventually, save_policy
@@ -315,25 +315,25 @@ async def test_a_handed_back_event_reaches_the_router_once_no_ticket_holds_it(
 
 
 async def test_policy_saves_are_versioned_and_conflicts_refused(
-    intake: Intake, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+    intake: Intake, pool: asyncpg.Pool
 ) -> None:
-    async with transaction(db) as session:
-        v1 = await policy_latest(session)
+    async with transaction(pool) as conn:
+        v1 = await policy_latest(conn)
         stricter = POLICY.model_copy(update={"default": SourcePolicy(mode="ignore")})
         v2 = await save(
-            session,
-            PolicyVersion,
+            conn,
+            POLICY_VERSIONS,
             name=policy.POLICY_NAME,
             body=stricter.model_dump(),
             base_id=v1,
             author="bob",
         )
     assert v2.version == 2
-    async with transaction(db) as session:
+    async with transaction(pool) as conn:
         with pytest.raises(Conflict, match="latest is version 2"):
             await save(
-                session,
-                PolicyVersion,
+                conn,
+                POLICY_VERSIONS,
                 name=policy.POLICY_NAME,
                 body=POLICY.model_dump(),
                 base_id=v1,  # a stale base
@@ -351,7 +351,7 @@ async def test_policy_saves_are_versioned_and_conflicts_refused(
     )
 
 
-async def policy_latest(session: AsyncSession) -> str:
-    row = await latest(session, PolicyVersion, policy.POLICY_NAME)
+async def policy_latest(conn: Conn) -> str:
+    row = await latest(conn, POLICY_VERSIONS, policy.POLICY_NAME)
     assert row is not None
     return row.id

@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr, ValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
 from controlplane.channels.base import Channels, OutboundMessage
@@ -76,12 +76,9 @@ async def adapter(fake: FakeLark, pool: asyncpg.Pool) -> AsyncIterator[LarkAdapt
     await made.close()
 
 
-def _client(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter | None
-) -> httpx.AsyncClient:
+def _client(pool: asyncpg.Pool, adapter: LarkAdapter | None) -> httpx.AsyncClient:
     state = AppState(
         settings=Settings(),
-        engine=engine,
         replica_id="test",
         intake=Intake(pool),
         pool=pool,
@@ -177,9 +174,9 @@ async def deliver(
 
 
 async def test_a_signed_encrypted_mention_is_an_explicit_request_recorded_once(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
-    async with _client(engine, pool, adapter) as client:
+    async with _client(pool, adapter) as client:
         first = await deliver(client, message())
         again = await deliver(client, message())  # Lark's redelivery: same event_id
     assert first.status_code == 200, first.text
@@ -204,17 +201,15 @@ async def test_a_signed_encrypted_mention_is_an_explicit_request_recorded_once(
     assert _object(ack)["message_ref"] == "om_1"
 
 
-async def test_url_verification_plain_and_encrypted(
-    engine: AsyncEngine, pool: asyncpg.Pool, fake: FakeLark
-) -> None:
+async def test_url_verification_plain_and_encrypted(pool: asyncpg.Pool, fake: FakeLark) -> None:
     check = {"challenge": "ajls384kdjx98XX", "token": TOKEN, "type": "url_verification"}
     plain_adapter = LarkAdapter(_settings(fake, key=None), Intake(pool))
     encrypted_adapter = LarkAdapter(_settings(fake), Intake(pool))
     try:
-        async with _client(engine, pool, plain_adapter) as client:
+        async with _client(pool, plain_adapter) as client:
             plain = await deliver(client, check, key=None)
             wrong = await deliver(client, {**check, "token": "forged"}, key=None)
-        async with _client(engine, pool, encrypted_adapter) as client:
+        async with _client(pool, encrypted_adapter) as client:
             # Lark sends the URL check encrypted but unsigned.
             encrypted = await deliver(client, check, signed=False)
             forged = await deliver(client, {**check, "token": "forged"}, signed=False)
@@ -233,9 +228,9 @@ async def test_url_verification_plain_and_encrypted(
 
 
 async def test_bad_callbacks_get_clear_errors_and_store_nothing(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, allow_alice: None
 ) -> None:
-    async with _client(engine, pool, adapter) as client:
+    async with _client(pool, adapter) as client:
         forged = await deliver(client, message(), signing_key="not-the-key")
         assert forged.status_code == 401
         assert "X-Lark-Signature" in forged.json()["error"]["message"]
@@ -268,7 +263,7 @@ async def test_bad_callbacks_get_clear_errors_and_store_nothing(
 
         streamed = await client.post("/webhooks/lark", content=chunks())  # no Content-Length
         assert streamed.status_code == 413
-    async with _client(engine, pool, None) as unconfigured:
+    async with _client(pool, None) as unconfigured:
         off = await deliver(unconfigured, message())
         assert off.status_code == 404
         assert "SUPERAGENT_LARK__APP_ID" in off.json()["error"]["message"]
@@ -276,9 +271,9 @@ async def test_bad_callbacks_get_clear_errors_and_store_nothing(
 
 
 async def test_who_is_addressed_and_what_they_wrote(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
-    async with _client(engine, pool, adapter) as client:
+    async with _client(pool, adapter) as client:
         # A group message for Bob, not the bot: recorded, but not a request to the agent.
         for_bob = await deliver(
             client,
@@ -320,10 +315,8 @@ async def test_who_is_addressed_and_what_they_wrote(
     assert len(fake.api_calls("/bot/v3/info")) == 1  # the bot's identity is asked once
 
 
-async def _thread_of_a_request(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter
-) -> tuple[str, str]:
-    async with _client(engine, pool, adapter) as client:
+async def _thread_of_a_request(pool: asyncpg.Pool, adapter: LarkAdapter) -> tuple[str, str]:
+    async with _client(pool, adapter) as client:
         response = await deliver(client, message(message_id="om_root"))
     assert response.status_code == 200, response.text
     return response.json()["trigger"]["thread"], f"{CHAT}:om_root"
@@ -341,9 +334,9 @@ def _reply(reply_id: str, thread: tuple[str, str], attempt: int = 1) -> ClaimedE
 
 
 async def test_replies_go_out_in_thread_once_per_reply_id(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
-    thread = await _thread_of_a_request(engine, pool, adapter)
+    thread = await _thread_of_a_request(pool, adapter)
     send = reply_handler(pool, Channels([adapter]))
     await send(_reply("msg_aaaaaaaaaaaa", thread))
     assert len(fake.replies) == 1
@@ -394,9 +387,9 @@ async def test_the_access_token_is_cached_and_refreshed(pool: asyncpg.Pool, fake
 
 
 async def test_an_accepted_request_is_marked_seen(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
-    await _thread_of_a_request(engine, pool, adapter)
+    await _thread_of_a_request(pool, adapter)
     row = await pool.fetchrow(
         "SELECT id, key, payload FROM effects WHERE kind = $1", EffectKind.ACKNOWLEDGE
     )
@@ -411,9 +404,9 @@ async def test_an_accepted_request_is_marked_seen(
 
 
 async def test_lark_errors_become_waits_parks_or_retries(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
-    thread = await _thread_of_a_request(engine, pool, adapter)
+    thread = await _thread_of_a_request(pool, adapter)
     send = reply_handler(pool, Channels([adapter]))
     fake.fail_next("/reply", status=429, code=99991400, headers={"x-ogw-ratelimit-reset": "7"})
     with pytest.raises(Postpone) as waited:
@@ -475,10 +468,10 @@ async def test_events_over_the_long_connection_are_ingested(
 
 
 async def test_senders_are_named_by_open_id_without_the_contact_scope(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
+    pool: asyncpg.Pool, adapter: LarkAdapter, fake: FakeLark, allow_alice: None
 ) -> None:
     fake.contact_scope = False
-    async with _client(engine, pool, adapter) as client:
+    async with _client(pool, adapter) as client:
         for n in range(2):
             response = await deliver(client, message(event_id=f"ev-{n}", message_id=f"om_{n}"))
             assert response.json()["trigger"]["verdict"] == "explicit"  # allowlisted by id

@@ -190,15 +190,18 @@ def test_an_error_a_gateway_wraps_in_a_200_is_classified() -> None:
 
 
 def test_invalid_arguments_are_described_against_the_schema_the_model_saw() -> None:
-    from controlplane.llm.schema import arguments_problem, specs_by_name
-    from controlplane.workers.tools import TOOL_SPECS
+    from controlplane.tools.registry import Refusal
+    from controlplane.workers.tools.toolbox import TOOLS
 
-    schemas = specs_by_name(TOOL_SPECS)
-    assert arguments_problem("shell", '{"command": "ls"}', schemas) is None
-    assert "must be string" in (arguments_problem("shell", '{"command": 5}', schemas) or "")
-    assert "not valid JSON" in (arguments_problem("shell", '{"command": ', schemas) or "")
-    assert "no tool" in (arguments_problem("rm_rf", "{}", schemas) or "")
-    assert "required" in (arguments_problem("shell", "{}", schemas) or "")
+    def arguments_problem(name: str, arguments: str) -> str | None:
+        bound = TOOLS.bind(name, arguments)
+        return bound.error if isinstance(bound, Refusal) else None
+
+    assert arguments_problem("shell", '{"command": "ls"}') is None
+    assert "must be string" in (arguments_problem("shell", '{"command": 5}') or "")
+    assert "not valid JSON" in (arguments_problem("shell", '{"command": ') or "")
+    assert "no tool" in (arguments_problem("rm_rf", "{}") or "")
+    assert "required" in (arguments_problem("shell", "{}") or "")
 
 
 # -- the router ------------------------------------------------------------------------------

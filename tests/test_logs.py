@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import logs
 from controlplane.api.app import create_app
@@ -52,9 +53,9 @@ def lines_of(stream: io.StringIO) -> list[dict[str, Any]]:
 TOKEN = "logs-test-token-5d0a9e3c71b24f68a2e9"
 
 
-def client_for(engine: AsyncEngine) -> httpx.AsyncClient:
+def client_for(pool: asyncpg.Pool) -> httpx.AsyncClient:
     settings = Settings(admin_token=TOKEN)
-    app = create_app(AppState(settings=settings, engine=engine, replica_id="test-replica"))
+    app = create_app(AppState(settings=settings, pool=pool, replica_id="test-replica"))
 
     @app.get("/work")
     async def work() -> dict[str, str]:
@@ -71,10 +72,10 @@ def client_for(engine: AsyncEngine) -> httpx.AsyncClient:
 
 
 async def test_a_request_s_lines_carry_its_trace_id(
-    engine: AsyncEngine, json_lines: io.StringIO
+    pool: asyncpg.Pool, json_lines: io.StringIO
 ) -> None:
     parent = "4bf92f3577b34da6a3ce929d0e0e4736"
-    async with client_for(engine) as client:
+    async with client_for(pool) as client:
         given = await client.get("/work", headers={"X-Request-Id": "req-7.a:b"})
         traced = await client.get(
             "/work", headers={"traceparent": f"00-{parent}-00f067aa0ba902b7-01"}

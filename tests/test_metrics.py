@@ -8,10 +8,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.db.engine import create_engine, transaction
 from controlplane.db.models import (
     Command,
     Device,
@@ -28,6 +27,7 @@ from controlplane.db.urls import asyncpg_dsn
 from controlplane.metrics import SCRAPE_TIMEOUT
 from controlplane.settings import Settings
 from controlplane.web.state import AppState
+from tests.support.database import transaction, unreachable_pool
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 Samples = dict[Key, float]
@@ -38,7 +38,7 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def client_for(
-    engine: AsyncEngine,
+    pool: asyncpg.Pool,
     *,
     client: tuple[str, int] = ("127.0.0.1", 5000),
     headers: dict[str, str] | None = None,
@@ -46,7 +46,7 @@ def client_for(
 ) -> httpx.AsyncClient:
     """An in-process app whose admin token is TOKEN; the client sends it unless told."""
     settings.setdefault("admin_token", TOKEN)
-    state = AppState(settings=Settings(**settings), engine=engine, replica_id="test-replica")  # type: ignore[arg-type]
+    state = AppState(settings=Settings(**settings), pool=pool, replica_id="test-replica")  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=create_app(state), client=client)
     return httpx.AsyncClient(
         transport=transport,
@@ -178,9 +178,9 @@ async def add_rows(db: async_sessionmaker[AsyncSession]) -> None:
 
 
 async def test_a_scrape_reads_what_the_database_holds(
-    engine: AsyncEngine, db: async_sessionmaker[AsyncSession]
+    pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    async with client_for(engine) as client:
+    async with client_for(pool) as client:
         before = await scrape(client)
         await add_rows(db)
         after = await scrape(client)
@@ -235,11 +235,11 @@ async def test_a_scrape_reads_what_the_database_holds(
 
 
 async def test_a_slow_table_leaves_out_its_metrics_not_the_scrape(
-    engine: AsyncEngine, db: async_sessionmaker[AsyncSession], database_url: str
+    pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
     blocker = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
-        async with client_for(engine) as client:
+        async with client_for(pool) as client:
             before = await scrape(client)
             # An exclusive lock makes every read of the outbox wait, as a database stuck on
             # that table would.
@@ -268,12 +268,10 @@ async def test_a_slow_table_leaves_out_its_metrics_not_the_scrape(
 
 
 async def test_without_an_admin_token_nobody_may_scrape_loopback_included(
-    engine: AsyncEngine,
+    pool: asyncpg.Pool,
 ) -> None:
     for address in ("127.0.0.1", "::1", "10.1.2.3"):
-        async with client_for(
-            engine, client=(address, 5000), headers={}, admin_token=None
-        ) as client:
+        async with client_for(pool, client=(address, 5000), headers={}, admin_token=None) as client:
             refused = await client.get("/metrics")
         assert refused.status_code == 401
         error = refused.json()["error"]
@@ -281,9 +279,9 @@ async def test_without_an_admin_token_nobody_may_scrape_loopback_included(
         assert "SUPERAGENT_ADMIN_TOKEN" in error["message"]
 
 
-async def test_with_an_admin_token_the_scrape_needs_it(engine: AsyncEngine) -> None:
+async def test_with_an_admin_token_the_scrape_needs_it(pool: asyncpg.Pool) -> None:
     token = TOKEN
-    async with client_for(engine, client=("10.1.2.3", 5000), headers={}) as client:
+    async with client_for(pool, client=("10.1.2.3", 5000), headers={}) as client:
         missing = await client.get("/metrics")
         wrong = await client.get("/metrics", headers={"Authorization": "Bearer nope"})
         basic = await client.get("/metrics", headers={"Authorization": f"Basic {token}"})
@@ -295,17 +293,17 @@ async def test_with_an_admin_token_the_scrape_needs_it(engine: AsyncEngine) -> N
         assert token not in refused.text
     assert key("superagent_scrape_up", group="queues") in samples
     # Loopback is no exception.
-    async with client_for(engine, headers={}) as local:
+    async with client_for(pool, headers={}) as local:
         assert (await local.get("/metrics")).status_code == 401
 
 
 async def test_an_unreachable_database_still_gets_an_answer() -> None:
-    dead = create_engine("postgresql://nobody:pw-canary@127.0.0.1:1/none", pool_size=1)
+    dead = await unreachable_pool()
     try:
         async with client_for(dead) as client:
             samples = await scrape(client)
     finally:
-        await dead.dispose()
+        await dead.close()
     for group in ("queues", "effects", "decisions", "llm", "devices"):
         assert samples[key("superagent_scrape_up", group=group)] == 0
         assert samples[key("superagent_scrape_errors_total", group=group)] == 1

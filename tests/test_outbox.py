@@ -25,13 +25,13 @@ from controlplane.effects import (
     Handlers,
     Postpone,
     enqueue,
-    enqueue_in,
     enqueue_many,
 )
 from controlplane.effects.runner import EffectRunner
 from controlplane.settings import EffectsSettings
 from tests.conftest import REPO
 from tests.helpers import assert_eventually
+from tests.support.database import enqueue_in
 
 HandlerFn = Callable[[ClaimedEffect], Awaitable[None]]
 

@@ -38,7 +38,6 @@ from websockets.exceptions import ConnectionClosed
 
 from controlplane.api.app import create_app
 from controlplane.db import migrate
-from controlplane.db.engine import create_engine
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.pairing import CODE_ALPHABET
 from controlplane.gateway.server import EndpointGateway
@@ -86,11 +85,7 @@ class Server:
 @pytest.fixture
 async def server(empty_database: str, tmp_path: Path) -> AsyncIterator[Server]:
     """`superagent serve` on its own database, with GitHub, Slack, Lark and the web chat on."""
-    engine = create_engine(empty_database, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-    finally:
-        await engine.dispose()
+    await migrate.upgrade(empty_database)
     port = free_port()
     nowhere = "http://127.0.0.1:9"  # no outbound call is needed; none may reach the internet
     env = {
@@ -132,7 +127,8 @@ def body_routes() -> list[tuple[str, str]]:
     """
     state = AppState(
         settings=Settings(),
-        engine=create_engine("postgresql://nobody@127.0.0.1:9/none"),
+        # Never awaited, so never connected: the routes are only listed.
+        pool=asyncpg.create_pool("postgresql://nobody@127.0.0.1:9/none"),
         replica_id="r",
     )
     found: set[tuple[str, str]] = set()
@@ -655,7 +651,7 @@ class PeerContext:
 
 def servicer(gateway: Gateway, **settings: Any) -> EndpointGateway:
     return EndpointGateway(
-        gateway.sessions,
+        gateway.pool,
         gateway.queue,
         gateway.hub,
         GrpcSettings.model_validate({"port": 0, "pairing_failures_per_peer": PER_PEER, **settings}),
@@ -716,7 +712,7 @@ async def test_wrong_codes_over_real_ipv6_are_counted_against_the_peer_not_the_c
 ) -> None:
     settings = {"host": "::1", "pairing_failures_per_peer": PER_PEER}
     async with running_gateway(database_url, db, tmp_path, grpc_settings=settings) as gw:
-        gateway = Ipv6Gateway(gw.port, gw.queue, gw.tls, gw.sessions, gw.hub)
+        gateway = Ipv6Gateway(gw.port, gw.queue, gw.tls, gw.pool, gw.hub)
         for _ in range(PER_PEER):  # a new connection, so a new source port, each time
             refused = await attempt(gateway, random_code())
             assert refused is not None

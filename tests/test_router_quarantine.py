@@ -20,7 +20,7 @@ from controlplane.domain import EffectKind
 from controlplane.ingest.intake import Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.router.router import Router
-from controlplane.router.tools import Toolbox
+from controlplane.router.tools.toolbox import Toolbox
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
 from tests.fakes.openai_server import (
     FAKE_MODEL,

@@ -11,7 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.domain import EffectKind
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, Rule, SourcePolicy
-from controlplane.router.tools import Toolbox, Turn
+from controlplane.router.tools.core import Turn
+from controlplane.router.tools.toolbox import Toolbox
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
 

@@ -17,7 +17,7 @@ from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, Thread
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router import batch as batches
 from controlplane.router.router import Router
-from controlplane.router.tools import Turn
+from controlplane.router.tools.core import Turn
 from controlplane.tickets import reports
 from controlplane.workers.subagent import Subagent
 from superagent_shared.ids import new_id

@@ -18,6 +18,7 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.rules_only import NOTICE, RulesOnlyRouter, parse, run_handler
+from controlplane.tickets import device_grant
 from superagent_shared.ids import new_id
 from tests.helpers import save_policy
 
@@ -187,7 +188,7 @@ async def test_stop_revokes_the_mandate_and_subscriptions(
         first.trigger_id,
     )
     async with pool.acquire() as conn:  # on Alice's laptop, for Alice
-        await access.grant_ticket(
+        await device_grant.grant_ticket(
             conn,
             ticket,
             await access.device(conn, "laptop"),

@@ -22,7 +22,6 @@ import pytest
 
 from controlplane.channels.github.webhooks import sign
 from controlplane.db import migrate
-from controlplane.db.engine import create_engine, session_factory
 from controlplane.ingest.policy import Policy, SourcePolicy
 from tests.helpers import assert_eventually, free_port, save_policy
 
@@ -37,14 +36,9 @@ F_SETPIPE_SZ = 1031  # Linux; not in Python 3.11's fcntl module
 
 @pytest.fixture
 async def env(empty_database: str, tmp_path: Path) -> dict[str, str]:
-    engine = create_engine(empty_database, pool_size=1)
-    try:
-        await migrate.upgrade(engine)
-        # The load's author is allowlisted: every webhook is routed, acknowledged and logged.
-        policy = Policy(sources={"github": SourcePolicy(users=["1"])})
-        await save_policy(session_factory(engine), policy)
-    finally:
-        await engine.dispose()
+    await migrate.upgrade(empty_database)
+    # The load's author is allowlisted: every webhook is routed, acknowledged and logged.
+    await save_policy(empty_database, Policy(sources={"github": SourcePolicy(users=["1"])}))
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
     environ.update(
         {

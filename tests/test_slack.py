@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
 from controlplane.channels.base import Channels
@@ -71,11 +71,10 @@ async def allowlist(db: async_sessionmaker[AsyncSession]) -> None:
 
 
 def _client(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: SlackAdapter | None, slack: SlackSettings
+    pool: asyncpg.Pool, adapter: SlackAdapter | None, slack: SlackSettings
 ) -> httpx.AsyncClient:
     state = AppState(
         settings=Settings(slack=slack),
-        engine=engine,
         replica_id="test",
         intake=adapter.intake if adapter else Intake(pool),
         pool=pool,
@@ -86,10 +85,8 @@ def _client(
 
 
 @pytest.fixture
-async def client(
-    engine: AsyncEngine, pool: asyncpg.Pool, adapter: SlackAdapter
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with _client(engine, pool, adapter, adapter.settings) as client:
+async def client(pool: asyncpg.Pool, adapter: SlackAdapter) -> AsyncIterator[httpx.AsyncClient]:
+    async with _client(pool, adapter, adapter.settings) as client:
         yield client
 
 
@@ -153,14 +150,14 @@ async def test_bad_requests_get_clear_errors_and_store_nothing(
 
 
 async def test_unconfigured_slack_answers_404_naming_the_setting(
-    engine: AsyncEngine, pool: asyncpg.Pool, slack: FakeSlack
+    pool: asyncpg.Pool, slack: FakeSlack
 ) -> None:
     settings = _settings(slack, signing_secret=None)
-    async with _client(engine, pool, None, settings) as client:
+    async with _client(pool, None, settings) as client:
         response = await _post(client, slack.say("C0GENERAL", ALICE, "hi"))
     assert response.status_code == 404
     assert "SUPERAGENT_SLACK__SIGNING_SECRET" in response.json()["error"]["message"]
-    async with _client(engine, pool, None, _settings(slack)) as client:
+    async with _client(pool, None, _settings(slack)) as client:
         response = await _post(client, slack.say("C0GENERAL", ALICE, "hi"))
     assert response.status_code == 404
     assert "SUPERAGENT_SLACK__BOT_TOKEN" in response.json()["error"]["message"]
@@ -243,7 +240,6 @@ async def test_a_user_group_on_the_allowlist_makes_its_members_explicit(
 
 @pytest.mark.usefixtures("allowlist")
 async def test_a_retry_of_a_recorded_event_is_answered_from_the_record(
-    engine: AsyncEngine,
     client: httpx.AsyncClient,
     slack: FakeSlack,
     pool: asyncpg.Pool,
@@ -256,7 +252,7 @@ async def test_a_retry_of_a_recorded_event_is_answered_from_the_record(
     other = SlackAdapter(_settings(slack), Intake(pool))
     calls = len(slack.calls)
     retry = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
-    async with _client(engine, pool, other, other.settings) as replica:
+    async with _client(pool, other, other.settings) as replica:
         again = await _post(replica, event, headers=retry)
     await other.close()
     assert again.status_code == 200

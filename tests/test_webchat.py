@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -61,7 +61,6 @@ class Served:
 
 @asynccontextmanager
 async def serving(
-    engine: AsyncEngine,
     pool: asyncpg.Pool,
     database_url: str,
     *,
@@ -82,10 +81,9 @@ async def serving(
     channels = Channels([adapter] if adapter else [])
     state = AppState(
         settings=settings,
-        engine=engine,
+        pool=pool,
         replica_id=replica,
         intake=intake,
-        pool=pool,
         channels=channels,
     )
     http = HttpService(state)
@@ -172,10 +170,10 @@ async def web_triggers(pool: asyncpg.Pool) -> list[asyncpg.Record]:
 
 
 async def test_a_said_message_is_an_explicit_request_and_replies_reach_every_watcher(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
     async with (
-        serving(engine, pool, database_url) as served,
+        serving(pool, database_url) as served,
         connect(served.ws_url) as alice,
     ):
         assert (await ready(alice))["actor"] == "web:admin"
@@ -251,9 +249,9 @@ async def test_a_said_message_is_an_explicit_request_and_replies_reach_every_wat
 
 
 async def test_history_and_conversation_list_survive_a_reload(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
-    async with serving(engine, pool, database_url) as served:
+    async with serving(pool, database_url) as served:
         async with connect(served.ws_url + "?name=carol") as ws:
             await ready(ws)
             await say(ws, "  Deploy\nthe   staging branch  ")
@@ -297,9 +295,9 @@ async def test_history_and_conversation_list_survive_a_reload(
 
 
 async def test_a_resent_frame_records_nothing_twice(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
-    async with serving(engine, pool, database_url) as served:
+    async with serving(pool, database_url) as served:
         client_id = str(uuid.uuid4())
         async with connect(served.ws_url) as ws:
             await ready(ws)
@@ -319,7 +317,7 @@ async def test_a_resent_frame_records_nothing_twice(
 
 
 async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
     good = str(uuid.uuid4())
 
@@ -344,7 +342,7 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
         (json.dumps({"type": "watch", "thread": "chat_0000000000000000"}), "no conversation"),
         (b"\x00binary", "binary"),
     ]
-    async with serving(engine, pool, database_url) as served, connect(served.ws_url) as ws:
+    async with serving(pool, database_url) as served, connect(served.ws_url) as ws:
         await ready(ws)
         for raw, expected in bad:
             await ws.send(raw)
@@ -359,9 +357,9 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
 
 
 async def test_only_holders_of_the_admin_token_chat(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
-    async with serving(engine, pool, database_url) as served:
+    async with serving(pool, database_url) as served:
         for headers in ({}, {"Authorization": "Bearer wrong-token"}):
             async with connect(served.ws_url, additional_headers=headers) as ws:
                 refused = await recv(ws)
@@ -405,9 +403,9 @@ async def test_only_holders_of_the_admin_token_chat(
 
 
 async def test_other_sites_pages_cannot_use_the_chat(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
-    async with serving(engine, pool, database_url) as served:
+    async with serving(pool, database_url) as served:
         # Cross-site websocket hijacking: a page elsewhere opening our socket.
         async with connect(served.ws_url, origin=Origin("http://evil.example")) as ws:
             refused = await recv(ws)
@@ -425,11 +423,11 @@ async def test_other_sites_pages_cannot_use_the_chat(
 
 
 async def test_a_reply_reaches_sockets_on_another_replica(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
     async with (
-        serving(engine, pool, database_url, replica="replica-a") as a,
-        serving(engine, pool, database_url, replica="replica-b") as b,
+        serving(pool, database_url, replica="replica-a") as a,
+        serving(pool, database_url, replica="replica-b") as b,
         connect(a.ws_url) as on_a,
         connect(b.ws_url) as on_b,
     ):
@@ -453,9 +451,9 @@ async def test_a_reply_reaches_sockets_on_another_replica(
 
 
 async def test_a_turned_off_chat_says_how_to_turn_it_on(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str
+    pool: asyncpg.Pool, database_url: str
 ) -> None:
-    async with serving(engine, pool, database_url, enabled=False) as served:
+    async with serving(pool, database_url, enabled=False) as served:
         assert served.adapter is None
         async with httpx.AsyncClient(base_url=served.url, headers=BEARER) as http:
             page = await http.get("/chat")
@@ -515,9 +513,9 @@ async def answer_when_said(pool: asyncpg.Pool, channels: Channels, said: str, te
 
 
 async def test_superagent_say_prints_the_reply_and_continues_a_conversation(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
-    async with serving(engine, pool, database_url) as served:
+    async with serving(pool, database_url) as served:
         agent = asyncio.create_task(
             answer_when_said(pool, served.channels, "Is main green?", "Yes, all 212 passed.")
         )
@@ -552,7 +550,7 @@ async def test_superagent_say_prints_the_reply_and_continues_a_conversation(
 
 
 async def test_superagent_say_explains_each_failure_in_one_line(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, console_policy: None
+    pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
     code, out, err = await superagent_say("--url", nobody, "hello?")
@@ -562,7 +560,7 @@ async def test_superagent_say_explains_each_failure_in_one_line(
     assert "Traceback" not in err
     assert out == ""
 
-    async with serving(engine, pool, database_url, token=TOKEN) as served:
+    async with serving(pool, database_url, token=TOKEN) as served:
         code, _, err = await superagent_say(
             "--url", served.url, "hello", env=cli_env(SUPERAGENT_ADMIN_TOKEN="wrong-token")
         )
@@ -591,11 +589,11 @@ async def test_superagent_say_explains_each_failure_in_one_line(
 
 
 async def test_superagent_say_says_when_the_policy_will_not_act(
-    engine: AsyncEngine, pool: asyncpg.Pool, database_url: str, db: Any
+    pool: asyncpg.Pool, database_url: str, db: Any
 ) -> None:
     # A policy that no longer allowlists the console: chat messages are not requests.
     await save_policy(db, Policy(sources={}))
-    async with serving(engine, pool, database_url) as served:
+    async with serving(pool, database_url) as served:
         code, _, err = await superagent_say("--url", served.url, "do something")
         assert code == 1
         assert "will not act" in err

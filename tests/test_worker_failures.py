@@ -149,12 +149,12 @@ async def test_a_bug_in_our_code_fails_the_round_with_its_traceback_not_the_serv
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from controlplane.workers import tools
+    from controlplane.workers.tools import toolbox
 
     async def broken(self: Any, name: str, arguments: str, call_id: str) -> dict[str, Any]:
         return [][0]  # an IndexError in our own code
 
-    monkeypatch.setattr(tools.WorkerToolbox, "call", broken)
+    monkeypatch.setattr(toolbox.WorkerToolbox, "call", broken)
     fake_llm.respond_with(lambda request: Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]))
     ticket_id, _ = await ticket(pool, device, workdir=str(tmp_path))
     caplog.set_level(logging.ERROR, logger="controlplane.tickets.retries")
@@ -241,7 +241,7 @@ async def test_retry_releases_a_blocked_ticket_and_status_lists_what_is_quaranti
         assert "quarantined:    nothing" in shown.output, shown.output
 
 
-async def test_metrics_count_failures_by_loop_and_class(pool: asyncpg.Pool, engine: Any) -> None:
+async def test_metrics_count_failures_by_loop_and_class(pool: asyncpg.Pool) -> None:
     from controlplane import failures
     from controlplane.llm.errors import Malformed
     from controlplane.metrics import GROUPS
@@ -249,7 +249,7 @@ async def test_metrics_count_failures_by_loop_and_class(pool: asyncpg.Pool, engi
     await failures.record(pool, "router", "trg_x", Malformed("no choices"))
     await failures.record(pool, "workers", "tkt_x", IndexError("list index out of range"))
     await failures.record(pool, "workers", "tkt_x", IndexError("again"), quarantined=True)
-    async with engine.connect() as conn:
+    async with pool.acquire() as conn:
         metrics = await GROUPS["failures"](conn)
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

@@ -19,8 +19,9 @@ import pytest
 from controlplane.domain import TERMINAL_COMMAND_STATES
 from controlplane.gateway import specs, wire
 from controlplane.gateway.queue import CommandQueue
-from controlplane.router.tools import Refused
-from controlplane.workers import tools as worker_tools
+from controlplane.tools.registry import Refused
+from controlplane.workers.tools import shell_syntax
+from controlplane.workers.tools.toolbox import TOOL_SPECS
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.helpers import assert_eventually
@@ -680,14 +681,14 @@ async def test_a_credentialed_pipeline_is_refused_with_what_to_do_instead(
 )
 def test_what_a_credentialed_command_may_be(command: str, argv: list[str] | None) -> None:
     if argv is not None:
-        assert worker_tools._program_argv(command) == argv
+        assert shell_syntax.program_argv(command) == argv
     else:
         with pytest.raises(Refused, match="not run: "):
-            worker_tools._program_argv(command)
+            shell_syntax.program_argv(command)
 
 
 def test_the_shell_tool_tells_the_model_about_credentialed_commands() -> None:
-    (shell,) = [t for t in worker_tools.TOOL_SPECS if t["function"]["name"] == "shell"]
+    (shell,) = [t for t in TOOL_SPECS if t["function"]["name"] == "shell"]
     described = shell["function"]["description"]
     assert "single program with its arguments" in described
     assert "git push origin HEAD" in described

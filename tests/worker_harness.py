@@ -34,6 +34,7 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
 from controlplane.settings import LlmSettings, Settings, WorkerSettings
+from controlplane.tickets import device_grant
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import (
     FAKE_API_KEY,
@@ -261,7 +262,7 @@ async def file_ticket(
     )
     if device is not None:  # the device check, recorded as the router records it
         async with pool.acquire() as conn:
-            await access.grant_ticket(
+            await device_grant.grant_ticket(
                 conn,
                 ticket_id,
                 await access.device(conn, device.id),

@@ -14,10 +14,10 @@ import hmac
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
+
+from controlplane.db.pool import Db, transaction
 
 COOKIE = "superagent_session"
 LINK_TTL = timedelta(hours=1)
@@ -33,85 +33,72 @@ def token_tag(token: str) -> bytes:
     return hmac.new(token.encode(), b"superagent console session v2", hashlib.sha256).digest()[:16]
 
 
-async def _insert(
-    engine: AsyncEngine, kind: str, token: str, peer: str | None, ttl: timedelta
-) -> str:
+async def _insert(db: Db, kind: str, token: str, peer: str | None, ttl: timedelta) -> str:
     secret = secrets.token_urlsafe(_SECRET_BYTES)
-    async with engine.begin() as conn:
+    async with transaction(db) as conn:
         # Expired rows go as new ones come: the table stays as small as its live sessions.
         await conn.execute(
-            text("DELETE FROM console_sessions WHERE expires_at < now() - interval '1 day'")
+            "DELETE FROM console_sessions WHERE expires_at < now() - interval '1 day'"
         )
         await conn.execute(
-            text(
-                "INSERT INTO console_sessions (secret_hash, kind, token_tag, peer, expires_at) "
-                "VALUES (:hash, :kind, :tag, :peer, now() + make_interval(secs => :ttl))"
-            ),
-            {
-                "hash": _hash(secret),
-                "kind": kind,
-                "tag": token_tag(token),
-                "peer": peer[:100] if peer else None,
-                "ttl": ttl.total_seconds(),
-            },
+            "INSERT INTO console_sessions (secret_hash, kind, token_tag, peer, expires_at) "
+            "VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+            _hash(secret),
+            kind,
+            token_tag(token),
+            peer[:100] if peer else None,
+            ttl.total_seconds(),
         )
     return secret
 
 
-async def start(engine: AsyncEngine, token: str, peer: str | None, ttl: timedelta) -> str:
+async def start(db: Db, token: str, peer: str | None, ttl: timedelta) -> str:
     """A new session's secret (for the cookie)."""
-    return await _insert(engine, "session", token, peer, ttl)
+    return await _insert(db, "session", token, peer, ttl)
 
 
-async def valid(engine: AsyncEngine, secret: str, token: str) -> bool:
+async def valid(db: Db, secret: str, token: str) -> bool:
     if not secret or len(secret) > 200:
         return False
-    async with engine.connect() as conn:
-        found = await conn.scalar(
-            text(
-                "SELECT 1 FROM console_sessions WHERE secret_hash = :hash AND kind = 'session' "
-                "AND token_tag = :tag AND revoked_at IS NULL AND expires_at > now()"
-            ),
-            {"hash": _hash(secret), "tag": token_tag(token)},
-        )
+    found = await db.fetchval(
+        "SELECT 1 FROM console_sessions WHERE secret_hash = $1 AND kind = 'session' "
+        "AND token_tag = $2 AND revoked_at IS NULL AND expires_at > now()",
+        _hash(secret),
+        token_tag(token),
+    )
     return found is not None
 
 
-async def end(engine: AsyncEngine, secret: str) -> None:
+async def end(db: Db, secret: str) -> None:
     """Sign out: the session's cookie opens nothing from now on, on every replica."""
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "UPDATE console_sessions SET revoked_at = now() "
-                "WHERE secret_hash = :hash AND revoked_at IS NULL"
-            ),
-            {"hash": _hash(secret)},
-        )
+    await db.execute(
+        "UPDATE console_sessions SET revoked_at = now() "
+        "WHERE secret_hash = $1 AND revoked_at IS NULL",
+        _hash(secret),
+    )
 
 
-async def create_link(engine: AsyncEngine, token: str, ttl: timedelta = LINK_TTL) -> str:
+async def create_link(db: Db, token: str, ttl: timedelta = LINK_TTL) -> str:
     """A one-time sign-in link's secret: the link, unlike the token, is spent by its use."""
-    return await _insert(engine, "link", token, None, ttl)
+    return await _insert(db, "link", token, None, ttl)
 
 
 async def redeem_link(
-    engine: AsyncEngine, secret: str, token: str, peer: str | None, ttl: timedelta
+    db: Db, secret: str, token: str, peer: str | None, ttl: timedelta
 ) -> str | None:
     """A new session for a link used for the first time, before it expires; else None."""
     if not secret or len(secret) > 200:
         return None
-    async with engine.begin() as conn:
-        spent = await conn.scalar(
-            text(
-                "UPDATE console_sessions SET revoked_at = now() WHERE secret_hash = :hash "
-                "AND kind = 'link' AND token_tag = :tag AND revoked_at IS NULL "
-                "AND expires_at > now() RETURNING 1"
-            ),
-            {"hash": _hash(secret), "tag": token_tag(token)},
-        )
+    spent = await db.fetchval(
+        "UPDATE console_sessions SET revoked_at = now() WHERE secret_hash = $1 "
+        "AND kind = 'link' AND token_tag = $2 AND revoked_at IS NULL "
+        "AND expires_at > now() RETURNING 1",
+        _hash(secret),
+        token_tag(token),
+    )
     if spent is None:
         return None
-    return await start(engine, token, peer, ttl)
+    return await start(db, token, peer, ttl)
 
 
 def set_cookie(response: Response, conn: HTTPConnection, secret: str, ttl: timedelta) -> None:

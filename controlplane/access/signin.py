@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import HTTPConnection
 
 from controlplane.access import guard, sessions, throttle
+from controlplane.db.pool import Db
 from controlplane.settings import Settings
 
 
-async def with_token(
-    settings: Settings, engine: AsyncEngine, conn: HTTPConnection, token: str
-) -> str | None:
+async def with_token(settings: Settings, db: Db, conn: HTTPConnection, token: str) -> str | None:
     """A new session's secret if ``token`` is the admin token, else None.
 
     The attempt is counted before the token is compared (TooManyAttempts past the limit),
@@ -19,14 +17,14 @@ async def with_token(
     """
     where = guard.peer(conn)
     await throttle.count(
-        engine,
+        db,
         where,
         limit=settings.http.signin_attempts,
         window=settings.http.signin_window_seconds,
     )
     if settings.admin_token is None or not guard.token_matches(settings, token):
         return None
-    await throttle.clear(engine, where)
+    await throttle.clear(db, where)
     return await sessions.start(
-        engine, settings.admin_token.get_secret_value(), where, guard.session_ttl(settings)
+        db, settings.admin_token.get_secret_value(), where, guard.session_ttl(settings)
     )

@@ -11,27 +11,25 @@ from __future__ import annotations
 
 import math
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from controlplane.db.pool import Db
 from controlplane.errors import TooManyAttempts
 
-_COUNT = text(
-    "INSERT INTO signin_throttle AS t (peer, window_start, failures) VALUES (:peer, now(), 1) "
+_COUNT = (
+    "INSERT INTO signin_throttle AS t (peer, window_start, failures) VALUES ($1, now(), 1) "
     "ON CONFLICT (peer) DO UPDATE SET "
-    "failures = CASE WHEN t.window_start < now() - make_interval(secs => :window) "
+    "failures = CASE WHEN t.window_start < now() - make_interval(secs => $2) "
     "  THEN 1 ELSE t.failures + 1 END, "
-    "window_start = CASE WHEN t.window_start < now() - make_interval(secs => :window) "
+    "window_start = CASE WHEN t.window_start < now() - make_interval(secs => $2) "
     "  THEN now() ELSE t.window_start END "
     "RETURNING failures, "
-    "  EXTRACT(EPOCH FROM t.window_start + make_interval(secs => :window) - now())::float"
+    "  EXTRACT(EPOCH FROM t.window_start + make_interval(secs => $2) - now())::float"
 )
 
 
-async def count(engine: AsyncEngine, peer: str, *, limit: int, window: float) -> None:
+async def count(db: Db, peer: str, *, limit: int, window: float) -> None:
     """Count one attempt from ``peer``; TooManyAttempts once it is over ``limit``."""
-    async with engine.begin() as conn:
-        row = (await conn.execute(_COUNT, {"peer": peer, "window": window})).one()
+    row = await db.fetchrow(_COUNT, peer, float(window))
+    assert row is not None
     failures, left = int(row[0]), float(row[1])
     if failures > limit:
         retry = max(1, math.ceil(left))
@@ -40,6 +38,5 @@ async def count(engine: AsyncEngine, peer: str, *, limit: int, window: float) ->
         )
 
 
-async def clear(engine: AsyncEngine, peer: str) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(text("DELETE FROM signin_throttle WHERE peer = :peer"), {"peer": peer})
+async def clear(db: Db, peer: str) -> None:
+    await db.execute("DELETE FROM signin_throttle WHERE peer = $1", peer)

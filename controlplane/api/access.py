@@ -79,7 +79,7 @@ class RequireAccess:
                 token = self.state.settings.admin_token
                 try:
                     ok = token is not None and await sessions.valid(
-                        self.state.engine, secret, token.get_secret_value()
+                        self.state.pool, secret, token.get_secret_value()
                     )
                 except Exception as exc:
                     if not is_transient(exc):
@@ -123,7 +123,7 @@ class RequireAccess:
             if guard.token_matches(settings, presented.strip()):
                 return guard.Principal(guard.ADMIN, "bearer")
             await throttle.count(
-                self.state.engine,
+                self.state.pool,
                 guard.peer(conn),
                 limit=settings.http.signin_attempts,
                 window=settings.http.signin_window_seconds,
@@ -136,7 +136,7 @@ class RequireAccess:
             raise Unauthorized(guard.NEEDS_TOKEN)
         token = settings.admin_token.get_secret_value()
         try:
-            ok = await sessions.valid(self.state.engine, secret, token)
+            ok = await sessions.valid(self.state.pool, secret, token)
         except Exception as exc:
             if is_transient(exc):
                 raise TransientError("the database is not answering; see /readyz") from exc

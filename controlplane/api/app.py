@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse
-from sqlalchemy import text
 
 from controlplane import __version__, metrics
 from controlplane.api import console, errors
@@ -44,8 +43,7 @@ def create_app(state: AppState) -> FastAPI:
     async def readyz(state: State) -> JSONResponse:
         try:
             async with asyncio.timeout(2):
-                async with state.engine.connect() as conn:
-                    await conn.execute(text("SELECT 1"))
+                await state.pool.fetchval("SELECT 1")
         except Exception as exc:
             return JSONResponse(
                 status_code=503,

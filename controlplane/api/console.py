@@ -70,12 +70,6 @@ Admin = Annotated[AppState, Depends(admin)]
 Everything = Annotated[bool, Query(alias="all", description="Closed tickets too.")]
 
 
-def _pool(state: AppState) -> asyncpg.Pool:
-    if state.pool is None:
-        raise TransientError("the console has no database connection here; see /readyz")
-    return state.pool
-
-
 async def _read(call: Awaitable[T]) -> T:
     """The database's answer; a database that is away is a 503 saying so, not a 500."""
     try:
@@ -173,7 +167,7 @@ async def login_page(
     if admin is not None:
         secret = await _read(
             sessions.redeem_link(
-                state.engine,
+                state.pool,
                 once,
                 admin.get_secret_value(),
                 guard.peer(request),
@@ -202,7 +196,7 @@ async def login(request: Request, state: State) -> Response:
     fields = parse_qs(body.decode(errors="replace"))
     token = fields.get("token", [""])[0]
     target = access.next_page(fields.get("next", [""])[0])
-    secret = await signin.with_token(state.settings, state.engine, request, token)
+    secret = await signin.with_token(state.settings, state.pool, request, token)
     if secret is None:
         error = "That is not the admin token (SUPERAGENT_ADMIN_TOKEN)."
         return _html(pages.login(next_page=target, error=error), 401)
@@ -217,7 +211,7 @@ async def logout(request: Request, state: State) -> Response:
     access.check_origin(request)
     secret = request.cookies.get(sessions.COOKIE)
     if secret:
-        await _read(sessions.end(state.engine, secret))
+        await _read(sessions.end(state.pool, secret))
     response = RedirectResponse(access.LOGIN, status_code=303)
     access.sign_out(response)
     return response
@@ -228,14 +222,12 @@ async def logout(request: Request, state: State) -> Response:
 
 @routes.get("/console/api/overview", tags=["console"], summary="What needs attention; status")
 async def overview_data(state: Admin) -> dict[str, Any]:
-    return await _read(
-        overview.overview(state.settings, state.engine, _pool(state), state.channels.sources())
-    )
+    return await _read(overview.overview(state.settings, state.pool, state.channels.sources()))
 
 
 @routes.get("/console/api/tickets", tags=["console"], summary="Tickets, newest first")
 async def tickets_data(state: Admin, everything: Everything = False) -> dict[str, Any]:
-    return await _read(tickets.listing(_pool(state), everything=everything))
+    return await _read(tickets.listing(state.pool, everything=everything))
 
 
 @routes.get(
@@ -244,7 +236,7 @@ async def tickets_data(state: Admin, everything: Everything = False) -> dict[str
     summary="One ticket: threads, rounds, reports, commands with their output",
 )
 async def ticket_data(state: Admin, ticket_id: str) -> dict[str, Any]:
-    return await _read(tickets.detail(_pool(state), ticket_id))
+    return await _read(tickets.detail(state.pool, ticket_id))
 
 
 class RetryRequest(BaseModel):
@@ -261,7 +253,7 @@ class RerouteRequest(BaseModel):
     summary="Stop a ticket for good: mandate revoked, device work cancelled",
 )
 async def stop_ticket(state: Admin, ticket_id: str) -> dict[str, Any]:
-    return await _read(actions.stop(_pool(state), ticket_id))
+    return await _read(actions.stop(state.pool, ticket_id))
 
 
 @routes.post(
@@ -272,7 +264,7 @@ async def stop_ticket(state: Admin, ticket_id: str) -> dict[str, Any]:
 async def retry_ticket(
     state: Admin, ticket_id: str, body: RetryRequest | None = None
 ) -> dict[str, Any]:
-    return await _read(actions.retry(_pool(state), ticket_id, body.note if body else ""))
+    return await _read(actions.retry(state.pool, ticket_id, body.note if body else ""))
 
 
 @routes.post(
@@ -281,7 +273,7 @@ async def retry_ticket(
     summary="Move a ticket to another paired device",
 )
 async def reroute_ticket(state: Admin, ticket_id: str, body: RerouteRequest) -> dict[str, Any]:
-    return await _read(actions.reroute(state.settings, _pool(state), ticket_id, body.device))
+    return await _read(actions.reroute(state.settings, state.pool, ticket_id, body.device))
 
 
 @routes.get(
@@ -295,7 +287,7 @@ async def command_output(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=OUTPUT_LIMIT)] = OUTPUT_LIMIT,
 ) -> Response:
-    data = await _read(CommandQueue(_pool(state)).output(command_id, offset, limit))
+    data = await _read(CommandQueue(state.pool).output(command_id, offset, limit))
     # text/plain and nosniff: output that looks like HTML is shown, never run.
     return Response(
         data,
@@ -306,7 +298,7 @@ async def command_output(
 
 @routes.get("/console/api/devices", tags=["console"], summary="Devices, revoked ones last")
 async def devices_data(state: Admin) -> dict[str, Any]:
-    return await _read(devices.listing(state.engine, _pool(state)))
+    return await _read(devices.listing(state.pool))
 
 
 class PairRequest(BaseModel):
@@ -333,7 +325,7 @@ async def pair_device(state: Admin, body: PairRequest) -> dict[str, Any]:
     owner = (body.owner or "").strip() or None
     shared = (body.shared or "").strip() or None
     return await _read(
-        devices.pair(state.settings, state.engine, name=body.name, owner=owner, shared=shared)
+        devices.pair(state.settings, state.pool, name=body.name, owner=owner, shared=shared)
     )
 
 
@@ -343,24 +335,24 @@ async def pair_device(state: Admin, body: PairRequest) -> dict[str, Any]:
     summary="Revoke a device: its stream closes, it cannot reconnect",
 )
 async def revoke_device(state: Admin, device: str) -> dict[str, Any]:
-    return await _read(devices.revoke(state.engine, device))
+    return await _read(devices.revoke(state.pool, device))
 
 
 @routes.get("/console/api/triggers", tags=["console"], summary="Incoming events and verdicts")
 async def triggers_data(
     state: Admin, verdict: str | None = None, route: str | None = None, source: str | None = None
 ) -> dict[str, Any]:
-    return await _read(feed.feed(_pool(state), verdict=verdict, route=route, source=source))
+    return await _read(feed.feed(state.pool, verdict=verdict, route=route, source=source))
 
 
 @routes.get("/console/api/costs", tags=["console"], summary="Tokens, cache hits and cost")
 async def costs_data(state: Admin) -> dict[str, Any]:
-    return await _read(costs.costs(_pool(state)))
+    return await _read(costs.costs(state.pool))
 
 
 @routes.get("/console/api/versions", tags=["console"], summary="Prompt and policy versions")
 async def versions_data(state: Admin) -> dict[str, Any]:
-    return await _read(documents.versions(_pool(state)))
+    return await _read(documents.versions(state.pool))
 
 
 # -- live updates --------------------------------------------------------------------------
@@ -383,11 +375,11 @@ async def console_socket(websocket: WebSocket) -> None:
     try:
         access.check(websocket, state.settings)
         topics = hub.parse_topics(websocket.query_params.get("topics"))
-        pool = _pool(state)
+        pool = state.pool
     except Unauthorized as exc:
         await refuse(websocket, CLOSE_UNAUTHORIZED, exc.message)
         return
-    except (InvalidInput, TransientError) as exc:
+    except InvalidInput as exc:
         await refuse(websocket, CLOSE_BAD_REQUEST, exc.message)
         return
     console_hub = _hub(websocket, pool)

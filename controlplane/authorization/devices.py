@@ -28,7 +28,8 @@ chat identity: a device paired without ``--owner`` is the admin's (so is one wit
 all). The CLI and the console act as the admin, so a reroute from them to an admin-owned
 device is its owner's own direction.
 
-The check is recorded on the ticket (``tickets.device_grant``), and the queue repeats it for
+The check is recorded on the ticket (``tickets.device_grant``, by
+:mod:`controlplane.tickets.device_grant`), and the queue repeats it for
 each of the ticket's commands (:func:`covered_sql`): a command is queued only on the device
 the grant names, and only while what the grant rests on (the owner, a share, an approval)
 still holds. Unsharing a device therefore stops the next command of a ticket that relied on
@@ -46,7 +47,6 @@ import asyncpg
 
 from controlplane import identities
 from controlplane.db.pool import Conn, Db
-from controlplane.domain import TicketState
 from controlplane.errors import Forbidden, InvalidInput, NotFound
 from controlplane.people import check_name
 from superagent_shared.ids import new_id
@@ -310,46 +310,6 @@ async def ask(
         f"{grant['matched']} ({grant['by']})"[:200] if given else None,
     )
     return approval_id
-
-
-async def grant_ticket(
-    conn: Conn,
-    ticket_id: str,
-    device: Device,
-    requester: Requester,
-    *,
-    by: str,
-    what: str,
-    director: frozenset[str] = frozenset(),
-    resume: str = TicketState.OPEN,
-) -> dict[str, Any]:
-    """Check ``device`` for the ticket's requester and record the grant on the ticket. When
-    the owner must be asked, the ticket waits in ``waiting_human`` (hold ``device_approval``)
-    until they answer; ``resume`` is the state it takes once they approve."""
-    grant = check(device, requester, by=by, director=director)
-    if grant["rule"] in (PENDING, "approved"):
-        grant["approval"] = await ask(
-            conn, grant, requester, what=what, ticket_id=ticket_id, resume=resume
-        )
-    if grant["rule"] == PENDING:
-        await conn.execute(
-            "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
-            "state = 'waiting_human', hold = $4, wait_until = NULL, updated_at = now() "
-            "WHERE id = $1",
-            ticket_id,
-            device.id,
-            dumps(grant),
-            HOLD,
-        )
-    else:
-        await conn.execute(
-            "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
-            "updated_at = now() WHERE id = $1",
-            ticket_id,
-            device.id,
-            dumps(grant),
-        )
-    return grant
 
 
 async def cancel_pending(conn: Conn, ticket_id: str, *, by: str) -> None:

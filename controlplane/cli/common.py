@@ -16,7 +16,6 @@ from typing import Any, NoReturn
 
 import asyncpg
 import click
-import sqlalchemy.exc
 from pydantic import ValidationError
 
 from controlplane import logs
@@ -42,9 +41,9 @@ def clear_errors() -> Iterator[None]:
             for err in exc.errors()
         )
         fail(f"invalid configuration: {problems}")
-    except (OSError, asyncpg.PostgresError, sqlalchemy.exc.DBAPIError) as exc:
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         # Unreachable or refusing database: say which kind of failure, not a stack trace.
-        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        detail = next(iter(str(exc).splitlines()), "")
         fail(f"database unavailable ({type(exc).__name__}: {detail}); check DATABASE_URL")
 
 

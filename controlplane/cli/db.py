@@ -6,12 +6,13 @@ import asyncio
 import json
 from pathlib import Path
 
+import asyncpg
 import click
 
 from controlplane.cli.common import clear_errors, fail, load_settings, setup_logging
 from controlplane.db import migrate as migrations
 from controlplane.db.database import open_database
-from controlplane.db.engine import create_engine
+from controlplane.db.urls import asyncpg_dsn
 
 
 @click.command()
@@ -28,13 +29,13 @@ def migrate(state_dir: Path | None, check: bool, as_json: bool) -> None:
     setup_logging("WARNING")
 
     async def run(url: str) -> tuple[str | None, str | None]:
-        engine = create_engine(url, pool_size=1)
+        if not check:
+            return await migrations.upgrade(url)
+        conn = await asyncpg.connect(asyncpg_dsn(url))
         try:
-            if check:
-                return await migrations.current_revision(engine), None
-            return await migrations.upgrade(engine)
+            return await migrations.current_revision(conn), None
         finally:
-            await engine.dispose()
+            await conn.close()
 
     with clear_errors(), open_database(settings) as database:
         before, after = asyncio.run(run(database.url))

@@ -14,11 +14,10 @@ from typing import Any, TypeVar
 
 import asyncpg
 import click
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.authorization import devices as access
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
-from controlplane.cli.dbsession import run_in_session, run_with_pool
+from controlplane.cli.dbsession import run_with_pool
 from controlplane.console.devices import pair_command
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing
@@ -59,16 +58,16 @@ def pair(name: str, owner: str | None, shared_with: str | None, as_json: bool) -
     """
     settings = load_settings()
 
-    async def work(session: AsyncSession) -> pairing.IssuedCode:
+    async def work(pool: asyncpg.Pool) -> pairing.IssuedCode:
         return await pairing.create_code(
-            session,
+            pool,
             device_name=name,
             owner=owner,
             created_by="cli",
             shared_with=shared_with,
         )
 
-    issued = run_in_session(settings, work)
+    issued = run_with_pool(settings, work)
     with clear_errors():
         command, url, fingerprint = pair_command(settings, issued.display)
     if as_json:
@@ -109,13 +108,10 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
     """
     settings = load_settings()
 
-    async def work(session: AsyncSession) -> list[device_registry.DeviceView]:
-        return await device_registry.list_devices(
-            session,
-            include_revoked=include_revoked,
-        )
+    async def work(pool: asyncpg.Pool) -> list[device_registry.DeviceView]:
+        return await device_registry.list_devices(pool, include_revoked=include_revoked)
 
-    views = run_in_session(settings, work)
+    views = run_with_pool(settings, work)
     if as_json:
         click.echo(json.dumps([asdict(v) for v in views], default=str, indent=2))
         return
@@ -222,8 +218,8 @@ def revoke(device: str) -> None:
     """Revoke DEVICE (name or id): its connection closes now and it cannot reconnect."""
     settings = load_settings()
 
-    async def work(session: AsyncSession) -> str:
-        revoked = await device_registry.revoke(session, device)
+    async def work(pool: asyncpg.Pool) -> str:
+        revoked = await device_registry.revoke(pool, device)
         return f"{revoked.name} ({revoked.id})"
 
-    click.echo(f"revoked {run_in_session(settings, work)}")
+    click.echo(f"revoked {run_with_pool(settings, work)}")

@@ -9,7 +9,7 @@ import click
 
 from controlplane import status as status_of
 from controlplane.cli.common import load_settings, setup_logging
-from controlplane.cli.dbsession import run_in_session
+from controlplane.cli.dbsession import run_with_pool
 from controlplane.status import ago
 
 
@@ -25,7 +25,7 @@ def status(as_json: bool) -> None:
     setup_logging("WARNING")
     settings = load_settings()
     model = settings.llm.router_model if settings.model_configured else "none (rules-only mode)"
-    result = run_in_session(settings, lambda session: status_of.read(session, model))
+    result = run_with_pool(settings, lambda pool: status_of.read(pool, model))
     if as_json:
         click.echo(json.dumps(asdict(result), default=str, indent=2))
         return

@@ -11,8 +11,8 @@ import click
 
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
-from controlplane.domain import Notify
 from controlplane.errors import InvalidInput, NotFound
+from controlplane.ingest import routing
 from superagent_shared.ids import id_prefix
 
 _COLUMNS = (
@@ -167,12 +167,7 @@ def retry(trigger: str) -> None:
                 raise NotFound(f"no trigger {trigger}")
             if row["undecidable_at"] is None:
                 raise InvalidInput(f"{trigger} is not undecidable; only those are retried")
-            await conn.execute(
-                "UPDATE triggers SET routed_at = NULL, undecidable_at = NULL, "
-                "route_attempts = 0, route_error = NULL WHERE id = $1",
-                trigger,
-            )
-            await conn.execute("SELECT pg_notify($1, $2)", Notify.ROUTER, trigger)
+            await routing.put_back(conn, trigger)
 
     run_with_pool(load_settings(), work)
     click.echo(f"{trigger} is back in the router's inbox; the next turn decides it")

@@ -21,12 +21,10 @@ from typing import Any
 
 import asyncpg
 import click
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane import handles, prompts, versions
 from controlplane.cli.common import fail, load_settings, setup_logging
-from controlplane.cli.dbsession import run_in_session, run_with_pool
-from controlplane.db.models import PolicyVersion, PromptVersion
+from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput
 from controlplane.ingest import policy as ingest_policy
 from controlplane.settings import Settings
@@ -107,7 +105,7 @@ def policy() -> None:
 @click.option("--version", "version_id", help="A version's id (default: the latest).")
 def policy_show(version_id: str | None) -> None:
     """Print the policy as JSON (its version goes to stderr)."""
-    shown = _show(PolicyVersion, ingest_policy.POLICY_NAME, version_id, _policy_default)
+    shown = _show(versions.POLICY, ingest_policy.POLICY_NAME, version_id, _policy_default)
     _print(shown, "policy")
 
 
@@ -130,7 +128,7 @@ def _policy_default() -> str:
 def policy_edit(path: str | None, base_id: str | None, author: str) -> None:
     """Edit the policy in $EDITOR (or save a file) as a new version."""
     _edit(
-        PolicyVersion,
+        versions.POLICY,
         ingest_policy.POLICY_NAME,
         path=path,
         base_id=base_id,
@@ -161,7 +159,7 @@ _PROMPT_NAME = click.Choice(sorted(prompts.DEFAULTS))
 @click.option("--version", "version_id", help="A version's id (default: the latest).")
 def prompts_show(name: str, version_id: str | None) -> None:
     """Print a prompt (its version goes to stderr)."""
-    shown = _show(PromptVersion, name, version_id, lambda: prompts.DEFAULTS[name] + "\n")
+    shown = _show(versions.PROMPT, name, version_id, lambda: prompts.DEFAULTS[name] + "\n")
     _print(shown, f"{name} prompt")
 
 
@@ -179,7 +177,7 @@ def prompts_edit(name: str, path: str | None, base_id: str | None, author: str) 
         return text.rstrip("\n")
 
     _edit(
-        PromptVersion,
+        versions.PROMPT,
         name,
         path=path,
         base_id=base_id,
@@ -191,29 +189,29 @@ def prompts_edit(name: str, path: str | None, base_id: str | None, author: str) 
     )
 
 
-def _text_of(row: PolicyVersion | PromptVersion) -> str:
-    return _policy_text(row.body) if isinstance(row, PolicyVersion) else row.body + "\n"
+def _text_of(kind: versions.Kind, row: versions.Version) -> str:
+    return _policy_text(row.body) if kind is versions.POLICY else row.body + "\n"
 
 
 def _show(
-    model: type[versions.Version],
+    kind: versions.Kind,
     name: str,
     version_id: str | None,
     default: Callable[[], str],
 ) -> Shown:
-    async def work(session: AsyncSession) -> Shown:
+    async def work(pool: asyncpg.Pool) -> Shown:
         row: versions.Version | None
         if version_id is not None:
-            row = await versions.get(session, model, version_id)
+            row = await versions.get(pool, kind, version_id)
             if row.name != name:
                 raise InvalidInput(f"{version_id} is a version of {row.name}, not of {name}")
         else:
-            row = await versions.latest(session, model, name)
+            row = await versions.latest(pool, kind, name)
         if row is None:
             return Shown(None, None, None, None, default())
-        return Shown(row.id, row.version, row.author, ago(row.created_at), _text_of(row))
+        return Shown(row.id, row.version, row.author, ago(row.created_at), _text_of(kind, row))
 
-    return run_in_session(load_settings(), work)
+    return run_with_pool(load_settings(), work)
 
 
 def _print(shown: Shown, what: str) -> None:
@@ -228,7 +226,7 @@ def _print(shown: Shown, what: str) -> None:
 
 
 def _edit(
-    model: type[versions.Version],
+    kind: versions.Kind,
     name: str,
     *,
     path: str | None,
@@ -244,7 +242,7 @@ def _edit(
     if path is None:
         if base_id is not None:
             fail("--base goes with --file; in $EDITOR you edit the latest version")
-        current = _show(model, name, None, default)
+        current = _show(kind, name, None, default)
         base_id = current.id
         edited = click.edit(current.text, extension=suffix, require_save=True)
         if edited is None or edited == current.text:
@@ -266,13 +264,11 @@ def _edit(
             click.echo(f"nothing saved; your text is in {kept}", err=True)
             raise
 
-    async def work(session: AsyncSession) -> versions.Version:
-        return await versions.save(
-            session, model, name=name, body=body, base_id=base_id, author=author
-        )
+    async def work(pool: asyncpg.Pool) -> versions.Version:
+        return await versions.save(pool, kind, name=name, body=body, base_id=base_id, author=author)
 
     try:
-        saved = run_in_session(settings, work)
+        saved = run_with_pool(settings, work)
     except SystemExit:
         if path is None:
             kept = _keep(to_text(body), suffix)

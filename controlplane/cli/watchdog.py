@@ -21,7 +21,6 @@ from controlplane.cli.common import (
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.db import migrate
 from controlplane.db.database import open_database
-from controlplane.db.engine import create_engine
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.services import LOOPS_SHARE
@@ -65,13 +64,9 @@ def watchdog(ctx: click.Context, once: bool, parent_pid: int | None) -> None:
 
     async def main(stop: asyncio.Event) -> None:
         with clear_errors(), open_database(settings) as database:
-            engine = create_engine(database.url, pool_size=1)
-            try:
-                await migrate.check_migrated(engine)
-            finally:
-                await engine.dispose()
             pool = await create_pool(asyncpg_dsn(database.url), size=3)
             try:
+                await migrate.check_migrated(pool)
                 dog = Watchdog(pool, settings, client)
                 if once:
                     await dog.check_once()

@@ -11,9 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.db.engine import session_factory, transaction
 from controlplane.gateway import devices as registry
 from controlplane.gateway import pairing
 from controlplane.gateway.server import default_public_url
@@ -23,9 +21,8 @@ from controlplane.settings import Settings
 CREATED_BY = "console"
 
 
-async def listing(engine: AsyncEngine, pool: asyncpg.Pool) -> dict[str, Any]:
-    async with transaction(session_factory(engine)) as session:
-        views = await registry.list_devices(session, include_revoked=True)
+async def listing(pool: asyncpg.Pool) -> dict[str, Any]:
+    views = await registry.list_devices(pool, include_revoked=True)
     oldest = await pool.fetch(
         "SELECT device_id, min(created_at) AS oldest FROM commands "
         "WHERE state IN ('queued', 'delivered', 'running') GROUP BY device_id"
@@ -52,7 +49,7 @@ def pair_command(settings: Settings, code: str) -> tuple[str, str, str | None]:
 
 async def pair(
     settings: Settings,
-    engine: AsyncEngine,
+    pool: asyncpg.Pool,
     *,
     name: str,
     owner: str | None,
@@ -60,14 +57,13 @@ async def pair(
 ) -> dict[str, Any]:
     """A one-time pairing code for a new device (PairingRefused says why not). Owned by
     ``owner``, else by the admin (web:admin); ``shared``: a team device's group."""
-    async with transaction(session_factory(engine)) as session:
-        issued = await pairing.create_code(
-            session,
-            device_name=name,
-            owner=owner or None,
-            created_by=CREATED_BY,
-            shared_with=shared or None,
-        )
+    issued = await pairing.create_code(
+        pool,
+        device_name=name,
+        owner=owner or None,
+        created_by=CREATED_BY,
+        shared_with=shared or None,
+    )
     # Reads (or on first use writes) the TLS material, and may resolve this host's name.
     command, url, fingerprint = await asyncio.to_thread(pair_command, settings, issued.display)
     return {
@@ -82,7 +78,6 @@ async def pair(
     }
 
 
-async def revoke(engine: AsyncEngine, device: str) -> dict[str, Any]:
-    async with transaction(session_factory(engine)) as session:
-        revoked = await registry.revoke(session, device)
-        return {"id": revoked.id, "name": revoked.name, "revoked_at": revoked.revoked_at}
+async def revoke(pool: asyncpg.Pool, device: str) -> dict[str, Any]:
+    revoked = await registry.revoke(pool, device)
+    return {"id": revoked.id, "name": revoked.name, "revoked_at": revoked.revoked_at}

@@ -10,7 +10,7 @@ import asyncpg
 from controlplane.db.models import TRIGGER_ROUTES
 from controlplane.errors import InvalidInput
 from controlplane.ingest.policy import VerdictKind
-from controlplane.tickets.reports import REPORT_VERDICT
+from controlplane.ingest.routing import REPORT_VERDICT
 
 LIMIT = 100
 TEXT_CHARS = 500

@@ -14,7 +14,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from controlplane import __version__
 from controlplane.console import commands
@@ -79,14 +78,11 @@ def _status(status: Status) -> dict[str, Any]:
     }
 
 
-async def overview(
-    settings: Settings, engine: AsyncEngine, pool: asyncpg.Pool, channels: list[str]
-) -> dict[str, Any]:
+async def overview(settings: Settings, pool: asyncpg.Pool, channels: list[str]) -> dict[str, Any]:
     model = settings.llm.router_model if settings.model_configured else "rules-only"
-    async with AsyncSession(engine) as session:
-        current = await read_status(session, model)
     # One connection, one query after another: the pool also serves the hot paths.
     async with pool.acquire() as conn:
+        current = await read_status(conn, model)
         waiting = await conn.fetch(_WAITING)
         approvals = await commands.awaiting_approval(conn, limit=LIMIT)
         dead = await conn.fetch(

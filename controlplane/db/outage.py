@@ -26,7 +26,6 @@ import logging
 import time
 
 import asyncpg
-import sqlalchemy.exc
 
 from controlplane.errors import SuperagentError
 
@@ -35,7 +34,8 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT = 3.0
 _PROBE_EVERY = 1.0
 
-# What a connection that cannot be made, or was cut, raises (asyncpg, or through SQLAlchemy).
+# What a connection that cannot be made, or was cut, raises (asyncpg, the only driver
+# runtime code queries through).
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     OSError,  # refused, no such socket file, reset; TimeoutError too
     asyncpg.PostgresConnectionError,
@@ -46,8 +46,6 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     # A pool connection left mid-operation when the server went away (asyncpg's own
     # "another operation is in progress"): the pools are renewed when the outage ends.
     asyncpg.exceptions.InternalClientError,
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
 )
 
 
@@ -65,8 +63,6 @@ class DatabaseGoneError(SuperagentError):
 
 
 def is_connection_error(exc: BaseException) -> bool:
-    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
-        return True
     return isinstance(exc, CONNECTION_ERRORS)
 
 

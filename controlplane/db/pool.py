@@ -1,4 +1,5 @@
-"""Raw asyncpg pools for the hot paths (the outbox, the device gateway).
+"""asyncpg pools: the one way runtime code reaches Postgres (SQLAlchemy models are only the
+schema Alembic migrates; see ``db/migrate.py``).
 
 Connections come back to the pool without asyncpg's default reset query (``UNLISTEN *;
 RESET ALL; ...``, one extra round trip per release): our code never leaves session state
@@ -8,6 +9,8 @@ behind, and asyncpg still rolls back any open transaction and drops listeners fi
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -31,6 +34,13 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     return None
 
 
+async def connect(dsn: str) -> asyncpg.Connection:
+    """One connection of its own, set up as the pools' connections are."""
+    conn = await asyncpg.connect(dsn, server_settings=SERVER_SETTINGS)
+    await _init_connection(conn)
+    return conn
+
+
 async def create_pool(
     dsn: str, *, size: int = 4, server_settings: dict[str, str] | None = None
 ) -> asyncpg.Pool:
@@ -45,3 +55,18 @@ async def create_pool(
     assert pool is not None
     outage.track(pool)
     return pool
+
+
+@asynccontextmanager
+async def transaction(db: Db) -> AsyncIterator[Conn]:
+    """One transaction: committed on success, rolled back on any error.
+
+    On a connection taken from ``db`` if it is a pool; on ``db`` itself if it is a
+    connection (a savepoint there when it is in a transaction already).
+    """
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():
+            yield db

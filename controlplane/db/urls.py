@@ -35,7 +35,3 @@ def redacted(url: str) -> str:
         return parse(url).render_as_string(hide_password=True)
     except ConfigError:
         return "<invalid DATABASE_URL>"
-
-
-def with_database(url: str, database: str) -> str:
-    return parse(url).set(database=database).render_as_string(hide_password=False)

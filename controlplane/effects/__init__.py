@@ -9,7 +9,6 @@ from controlplane.effects.handlers import ClaimedEffect, Handler, Handlers, Post
 from controlplane.effects.outbox import (
     EffectRef,
     enqueue,
-    enqueue_in,
     enqueue_many,
 )
 
@@ -20,6 +19,5 @@ __all__ = [
     "Handlers",
     "Postpone",
     "enqueue",
-    "enqueue_in",
     "enqueue_many",
 ]

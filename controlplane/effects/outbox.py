@@ -9,14 +9,10 @@ execution finishes, never beside it.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from controlplane.db.pool import Conn
 from controlplane.domain import Notify
@@ -42,8 +38,6 @@ WITH up AS (
 ), wake AS (SELECT pg_notify('{Notify.EFFECTS}', '') AS n)
 SELECT up.id, up.generation FROM up, wake
 """
-# The same statement for SQLAlchemy, whose text() binds by name.
-_ENQUEUE_NAMED = text(re.sub(r"\$(\d)", r":p\1", _ENQUEUE))
 
 # Many effects in one statement: the same upsert over unnest(), and one wake-up.
 _ENQUEUE_MANY = f"""
@@ -117,26 +111,3 @@ async def enqueue_many(
     )
     refs = {(row["kind"], row["key"]): EffectRef(row["id"], row["generation"]) for row in rows}
     return [refs[pair] for pair in order]
-
-
-async def enqueue_in(
-    session: AsyncSession,
-    kind: str,
-    key: str,
-    payload: dict[str, Any],
-    *,
-    delay: float = 0.0,
-) -> EffectRef:
-    """Upsert an effect in a SQLAlchemy session's transaction (the usual domain-code path)."""
-    result = await session.execute(
-        _ENQUEUE_NAMED,
-        {
-            "p1": new_id("eff"),
-            "p2": kind,
-            "p3": key,
-            "p4": json.dumps(payload),
-            "p5": timedelta(seconds=delay),
-        },
-    )
-    row = result.one()
-    return EffectRef(row.id, row.generation)

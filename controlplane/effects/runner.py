@@ -13,7 +13,8 @@ Protocol (all on raw asyncpg, the hot path of every external action):
   was replaced meanwhile has a newer generation; it is released to run again instead.
 * **Fail** with exponential backoff and jitter, parking the effect as dead after
   ``max_attempts``. :class:`Postpone` reschedules without counting a failure.
-* **Wake** on LISTEN/NOTIFY, on a dedicated connection, with a polling fallback.
+* **Wake** on LISTEN/NOTIFY (``db/listen.py``: a dedicated connection, kept up), with a
+  polling fallback.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import asyncpg
 
 from controlplane import failures
 from controlplane.db import pool as db_pool
+from controlplane.db.listen import listen
 from controlplane.domain import Notify
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
 from controlplane.services import Service, critical_loop, sleep_unless
@@ -148,8 +150,9 @@ class EffectRunner(Service):
         self.owner = owner or runner_id()
         self._pool = pool
         self._own_pool = pool is None
-        self._listener: asyncpg.Connection | None = None
-        self._wake = asyncio.Event()
+        self._listener = listen(dsn, Notify.EFFECTS, name=self.name)
+        # Also set when a slot frees up, and on stop.
+        self._wake = self._listener.wake
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._done: list[_Done] = []
         self._flush_wanted = asyncio.Event()
@@ -161,6 +164,8 @@ class EffectRunner(Service):
     async def run(self) -> None:
         if self._pool is None:
             self._pool = await create_pool(self.dsn, size=4)
+        # Anything enqueued while not listening is found by the claim its connect wakes.
+        await self._listener.start()
         helpers = [
             asyncio.create_task(critical_loop("effects.flush", self._flush_step, self.stopping)),
             asyncio.create_task(critical_loop("effects.renew", self._renew_step, self.stopping)),
@@ -175,7 +180,7 @@ class EffectRunner(Service):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await helper
             await self._flush()
-            await self._close_listener()
+            await self._listener.close()
             if self._own_pool and self._pool is not None:
                 await self._pool.close()
                 self._pool = None
@@ -197,37 +202,15 @@ class EffectRunner(Service):
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
-    # -- waking --------------------------------------------------------------------------
-
-    def _on_notify(self, *_: Any) -> None:
-        self._wake.set()
-
-    async def _ensure_listener(self) -> None:
-        if self._listener is not None and not self._listener.is_closed():
-            return
-        await self._close_listener()
-        self._listener = await asyncpg.connect(self.dsn)
-        await self._listener.add_listener(Notify.EFFECTS, self._on_notify)
-        # Anything enqueued while we were not listening is found by the next claim.
-        self._wake.set()
-
-    async def _close_listener(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None and not listener.is_closed():
-            with contextlib.suppress(Exception):
-                await listener.close(timeout=2)
-
     # -- claiming ------------------------------------------------------------------------
 
     async def _claim_step(self) -> None:
-        await self._ensure_listener()
         assert self._pool is not None
         if self.stopping.is_set():
             return
         free = self.settings.concurrency - len(self._inflight)
         if free <= 0:
-            await sleep_unless(self._wake, self.settings.poll_interval)
-            self._wake.clear()
+            await self._listener.wait(self.settings.poll_interval)
             return
         limit = min(free, self.settings.batch_size)
         # Clear before claiming: a notification that arrives during the claim must still
@@ -247,7 +230,7 @@ class EffectRunner(Service):
             task = asyncio.create_task(self._execute(effect), name=f"effect:{effect.id}")
             self._inflight[effect.id] = task
         if len(rows) < limit:
-            await sleep_unless(self._wake, self.settings.poll_interval)
+            await self._listener.wait(self.settings.poll_interval)
 
     # -- executing -----------------------------------------------------------------------
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, or_, select, text
-from sqlalchemy.ext.asyncio import AsyncSession
-
-from controlplane.db.models import Command, Device, DeviceShare
+from controlplane.db.pool import Db, transaction
 from controlplane.domain import LIVE_COMMAND_STATES, Notify
 from controlplane.errors import NotFound
 
@@ -73,71 +70,76 @@ def sandbox_shown(view: DeviceView) -> str:
     return SANDBOX_UNKNOWN if view.last_seen_at is not None else "-"
 
 
-async def list_devices(session: AsyncSession, *, include_revoked: bool = False) -> list[DeviceView]:
-    depth = (
-        select(Command.device_id, func.count().label("depth"))
-        .where(Command.state.in_(LIVE_COMMAND_STATES))
-        .group_by(Command.device_id)
-        .subquery()
-    )
-    query = (
-        select(Device, func.coalesce(depth.c.depth, 0))
-        .outerjoin(depth, depth.c.device_id == Device.id)
-        .order_by(Device.name)
-    )
-    if not include_revoked:
-        query = query.where(Device.revoked_at.is_(None))
+@dataclass(frozen=True)
+class Revoked:
+    id: str
+    name: str
+    revoked_at: datetime
+
+
+_LIST = """
+SELECT d.id, d.name, d.owner, d.last_seen_at, d.policy_hash, d.sandbox, d.version,
+       d.revoked_at, d.connected_replica, coalesce(q.depth, 0) AS depth
+FROM devices d LEFT JOIN (
+    SELECT device_id, count(*) AS depth FROM commands WHERE state = ANY($1::text[])
+    GROUP BY device_id
+) q ON q.device_id = d.id
+"""
+
+
+async def list_devices(db: Db, *, include_revoked: bool = False) -> list[DeviceView]:
+    query = _LIST + ("" if include_revoked else "WHERE d.revoked_at IS NULL ") + "ORDER BY d.name"
     now = datetime.now(UTC)
     shares: dict[str, list[str]] = {}
-    for share in await session.scalars(select(DeviceShare).order_by(DeviceShare.grantee)):
-        shares.setdefault(share.device_id, []).append(share.grantee)
+    for share in await db.fetch("SELECT device_id, grantee FROM device_shares ORDER BY grantee"):
+        shares.setdefault(share["device_id"], []).append(share["grantee"])
     views = []
-    for device, queue_depth in (await session.execute(query)).all():
+    for device in await db.fetch(query, list(LIVE_COMMAND_STATES)):
+        last_seen_at = device["last_seen_at"]
         online = (
-            device.revoked_at is None
-            and device.connected_replica is not None
-            and device.last_seen_at is not None
-            and now - device.last_seen_at < ONLINE_WINDOW
+            device["revoked_at"] is None
+            and device["connected_replica"] is not None
+            and last_seen_at is not None
+            and now - last_seen_at < ONLINE_WINDOW
         )
         views.append(
             DeviceView(
-                id=device.id,
-                name=device.name,
-                owner=device.owner,
+                id=device["id"],
+                name=device["name"],
+                owner=device["owner"],
                 online=online,
-                last_seen_at=device.last_seen_at,
-                queue_depth=int(queue_depth),
-                policy_hash=device.policy_hash,
-                sandbox=device.sandbox,
-                sandbox_warning=sandbox_warning(device.sandbox),
-                version=device.version,
-                revoked=device.revoked_at is not None,
-                shares=tuple(shares.get(device.id, ())),
+                last_seen_at=last_seen_at,
+                queue_depth=int(device["depth"]),
+                policy_hash=device["policy_hash"],
+                sandbox=device["sandbox"],
+                sandbox_warning=sandbox_warning(device["sandbox"]),
+                version=device["version"],
+                revoked=device["revoked_at"] is not None,
+                shares=tuple(shares.get(device["id"], ())),
             )
         )
     return views
 
 
-async def find(session: AsyncSession, name_or_id: str) -> Device:
-    device = await session.scalar(
-        select(Device)
-        .where(or_(Device.id == name_or_id, Device.name == name_or_id))
-        .order_by(Device.revoked_at.is_(None).desc(), Device.created_at.desc())
-        .limit(1)
-    )
-    if device is None:
-        raise NotFound(f"no device named or with id {name_or_id!r}")
-    return device
-
-
-async def revoke(session: AsyncSession, name_or_id: str) -> Device:
+async def revoke(db: Db, name_or_id: str) -> Revoked:
     """Revoke a device: its open stream closes within a second and it cannot reconnect."""
-    device = await find(session, name_or_id)
-    if device.revoked_at is None:
-        device.revoked_at = datetime.now(UTC)
-        device.connected_replica = None
-        await session.execute(
-            text(f"SELECT pg_notify('{Notify.DEVICES}', :payload)"),
-            {"payload": f"revoked:{device.id}"},
+    async with transaction(db) as conn:
+        device = await conn.fetchrow(
+            "SELECT id, name, revoked_at FROM devices WHERE id = $1 OR name = $1 "
+            "ORDER BY (revoked_at IS NULL) DESC, created_at DESC LIMIT 1",
+            name_or_id,
         )
-    return device
+        if device is None:
+            raise NotFound(f"no device named or with id {name_or_id!r}")
+        revoked_at = device["revoked_at"]
+        if revoked_at is None:
+            revoked_at = datetime.now(UTC)
+            await conn.execute(
+                "UPDATE devices SET revoked_at = $2, connected_replica = NULL WHERE id = $1",
+                device["id"],
+                revoked_at,
+            )
+            await conn.execute(
+                f"SELECT pg_notify('{Notify.DEVICES}', $1)", f"revoked:{device['id']}"
+            )
+    return Revoked(device["id"], device["name"], revoked_at)

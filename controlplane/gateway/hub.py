@@ -16,11 +16,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
-import asyncpg
 import grpc
 
+from controlplane.db.listen import Listener, listen
 from controlplane.domain import Notify
 from controlplane.gateway.queue import CommandQueue, announced_command
 from controlplane.gateway.stream import DeviceStream
@@ -44,7 +43,7 @@ class DeviceHub(Service):
         self.replica_id = replica_id
         self.streams: dict[str, DeviceStream] = {}
         self._touched: set[str] = set()
-        self._listener: asyncpg.Connection | None = None
+        self._listener: Listener | None = None  # once run() listens
         self._sweeper: asyncio.TimerHandle | None = None
         self._write_slot: asyncio.Future[None] | None = None
 
@@ -85,9 +84,9 @@ class DeviceHub(Service):
 
     # -- notifications -------------------------------------------------------------------
 
-    def _on_commands(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+    def _on_commands(self, payload: str) -> None:
         try:
-            device_id, command = announced_command(str(payload))
+            device_id, command = announced_command(payload)
         except (ValueError, KeyError, TypeError):
             log.warning("unreadable command notification: %.200r", payload)
             return  # the once-a-second poll finds the command anyway
@@ -99,8 +98,8 @@ class DeviceHub(Service):
         else:
             stream.wake()
 
-    def _on_devices(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
-        event, _, rest = str(payload).partition(":")
+    def _on_devices(self, payload: str) -> None:
+        event, _, rest = payload.partition(":")
         device_id, _, stream_id = rest.partition(":")
         stream = self.streams.get(device_id)
         if stream is None:
@@ -110,19 +109,9 @@ class DeviceHub(Service):
         elif event == "connected" and stream_id != stream.stream_id:
             stream.close(grpc.StatusCode.ABORTED, "replaced by a newer connection")
 
-    async def _ensure_listener(self) -> None:
-        if self._listener is not None and not self._listener.is_closed():
-            return
-        listener = await asyncpg.connect(self.dsn)
-        try:
-            await listener.add_listener(Notify.COMMANDS, self._on_commands)
-            await listener.add_listener(Notify.DEVICES, self._on_devices)
-        except BaseException:
-            listener.terminate()
-            raise
-        # Published only once it listens: a half-set-up connection is nobody's to use.
-        self._listener = listener
-        for stream in self.streams.values():  # anything missed while reconnecting
+    def _wake_streams(self) -> None:
+        """Listening (again): every stream looks for what it missed meanwhile."""
+        for stream in self.streams.values():
             stream.wake()
 
     def write_slot(self) -> asyncio.Future[None]:
@@ -160,10 +149,16 @@ class DeviceHub(Service):
     async def run(self) -> None:
         last_touch_flush = asyncio.get_running_loop().time()
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
+        listener = listen(
+            self.dsn,
+            on_notify={Notify.COMMANDS: self._on_commands, Notify.DEVICES: self._on_devices},
+            on_connect=self._wake_streams,
+            name=self.name,
+        )
+        self._listener = await listener.start()
 
         async def step() -> None:
             nonlocal last_touch_flush
-            await self._ensure_listener()
             await sleep_unless(self.stopping, POLL_SECONDS)
             if self.streams:
                 for device_id, revoked in await self.queue.held_needing_attention(self.replica_id):
@@ -208,6 +203,4 @@ class DeviceHub(Service):
                 self._sweeper.cancel()
             for stream in list(self.streams.values()):
                 stream.close(grpc.StatusCode.UNAVAILABLE, "gateway replica stopping; reconnect")
-            if self._listener is not None:
-                with contextlib.suppress(Exception):
-                    await self._listener.close(timeout=2)
+            await listener.close()

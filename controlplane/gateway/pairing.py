@@ -12,18 +12,17 @@ one client cannot sweep codes, and many cannot either.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from controlplane.authorization import devices as access
-from controlplane.db.models import Device, DeviceShare, PairingCode
+from controlplane.db.pool import Conn, Db, transaction
 from controlplane.errors import SuperagentError
 from controlplane.peers import peer_group
+from superagent_shared.ids import new_id
 
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTVWXYZ23456789"  # no 0/O, 1/I/L, U
 CODE_LENGTH = 8
@@ -62,6 +61,14 @@ class IssuedCode:
         return f"{self.code[:LOOKUP_LENGTH]}-{self.code[LOOKUP_LENGTH:]}"
 
 
+@dataclass(frozen=True)
+class Paired:
+    """The device a pairing code was traded for."""
+
+    id: str
+    name: str
+
+
 def normalize(code: str) -> str:
     return "".join(ch for ch in code.upper() if ch not in "- \t")
 
@@ -79,8 +86,11 @@ def validate_device_name(name: str) -> str:
     return name
 
 
+_TAKEN = "SELECT id FROM devices WHERE name = $1 AND revoked_at IS NULL"
+
+
 async def create_code(
-    session: AsyncSession,
+    db: Db,
     *,
     device_name: str,
     owner: str | None,
@@ -94,28 +104,29 @@ async def create_code(
     device_name = validate_device_name(device_name)
     owner = access.parse(owner, groups=False) if owner and owner.strip() else access.ADMIN
     team = access.parse_group(shared_with) if shared_with and shared_with.strip() else None
-    taken = await session.scalar(
-        select(Device.id).where(Device.name == device_name, Device.revoked_at.is_(None))
-    )
-    if taken is not None:
-        raise PairingRefused(
-            "name_taken",
-            f"a device named {device_name!r} is already paired ({taken}); revoke it first "
-            "or choose another name",
-        )
     code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
     expires_at = datetime.now(UTC) + CODE_TTL
-    session.add(
-        PairingCode(
-            lookup=code[:LOOKUP_LENGTH],
-            code_sha256=_digest(code),
-            device_name=device_name,
-            owner=owner,
-            shared_with=team,
-            created_by=created_by,
-            expires_at=expires_at,
+    async with transaction(db) as conn:
+        taken = await conn.fetchval(_TAKEN, device_name)
+        if taken is not None:
+            raise PairingRefused(
+                "name_taken",
+                f"a device named {device_name!r} is already paired ({taken}); revoke it first "
+                "or choose another name",
+            )
+        await conn.execute(
+            "INSERT INTO pairing_codes (id, lookup, code_sha256, device_name, owner, "
+            "shared_with, created_by, expires_at, failed_attempts) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0)",
+            new_id("pcd"),
+            code[:LOOKUP_LENGTH],
+            _digest(code),
+            device_name,
+            owner,
+            team,
+            created_by,
+            expires_at,
         )
-    )
     return IssuedCode(
         code=code,
         device_name=device_name,
@@ -149,43 +160,40 @@ class Attempt:
 
 # One statement per count, so that concurrent attempts each see the others: a burst cannot
 # all read "under the limit" before any of them is written.
-_COUNT = text(
-    """
+_COUNT = """
     INSERT INTO pairing_throttle AS t (source, window_start, failures)
-    VALUES (:source, now(), 1)
+    VALUES ($1, now(), 1)
     ON CONFLICT (source) DO UPDATE SET
-        failures = CASE WHEN t.window_start < now() - CAST(:window AS interval)
+        failures = CASE WHEN t.window_start < now() - CAST($2 AS interval)
                         THEN 1 ELSE t.failures + 1 END,
-        window_start = CASE WHEN t.window_start < now() - CAST(:window AS interval)
+        window_start = CASE WHEN t.window_start < now() - CAST($2 AS interval)
                             THEN now() ELSE t.window_start END
     RETURNING failures, window_start
-    """
-)
+"""
 # A guess counts against every unpaired code that shares its lookup half but not its
 # secret, and the one that reaches MAX_WRONG_PER_CODE burns the code; all in the same
 # statement, so no guess is compared against a code already burnt.
-_GUESS = text(
-    """
+_GUESS = """
     UPDATE pairing_codes SET
         failed_attempts = failed_attempts + 1,
-        used_at = CASE WHEN used_at IS NULL AND failed_attempts + 1 >= :max_wrong
+        used_at = CASE WHEN used_at IS NULL AND failed_attempts + 1 >= $3
                        THEN now() ELSE used_at END
-    WHERE lookup = :lookup AND code_sha256 <> :digest AND device_id IS NULL
-    """
-)
-_UNCOUNT = text(
+    WHERE lookup = $1 AND code_sha256 <> $2 AND device_id IS NULL
+"""
+_UNCOUNT = (
     "UPDATE pairing_throttle SET failures = failures - 1 "
-    "WHERE source = :source AND window_start = :window_start AND failures > 0"
+    "WHERE source = $1 AND window_start = $2 AND failures > 0"
 )
 
 
-async def _count(session: AsyncSession, source: str) -> tuple[int, datetime]:
-    row = (await session.execute(_COUNT, {"source": source, "window": WINDOW})).one()
-    return int(row.failures), row.window_start
+async def _count(conn: Conn, source: str) -> tuple[int, datetime]:
+    row = await conn.fetchrow(_COUNT, source, WINDOW)
+    assert row is not None
+    return int(row["failures"]), row["window_start"]
 
 
 async def count_attempt(
-    session: AsyncSession, *, code: str, public_key: bytes, source: str, limits: Limits
+    conn: Conn, *, code: str, public_key: bytes, source: str, limits: Limits
 ) -> Attempt:
     """Count a pairing attempt as a failure, before its code is compared; say if it may be.
 
@@ -199,11 +207,11 @@ async def count_attempt(
             "invalid_key", "public_key must be a raw 32-byte Ed25519 key", counts=False
         )
     peer = peer_group(source)
-    failures, window = await _count(session, peer)
+    failures, window = await _count(conn, peer)
     counted: tuple[tuple[str, datetime], ...] = ((peer, window),)
     if failures > limits.per_peer:
         return Attempt(code, counted, _throttled("from this address"))
-    failures, window = await _count(session, EVERYONE)
+    failures, window = await _count(conn, EVERYONE)
     counted += ((EVERYONE, window),)
     if failures > limits.everyone:
         if failures == limits.everyone + 1:  # said once per window, not once per attempt
@@ -219,14 +227,7 @@ async def count_attempt(
             "invalid_code", "that is not a pairing code (expected 8 characters like ABCD-EFGH)"
         )
         return Attempt(code, counted, refusal)
-    await session.execute(
-        _GUESS,
-        {
-            "lookup": normalized[:LOOKUP_LENGTH],
-            "digest": _digest(normalized),
-            "max_wrong": MAX_WRONG_PER_CODE,
-        },
-    )
+    await conn.execute(_GUESS, normalized[:LOOKUP_LENGTH], _digest(normalized), MAX_WRONG_PER_CODE)
     return Attempt(normalized, counted)
 
 
@@ -234,70 +235,78 @@ def _throttled(where: str) -> PairingRefused:
     return PairingRefused("throttled", f"too many failed pairing attempts {where}; wait 10 minutes")
 
 
-async def uncount(session: AsyncSession, attempt: Attempt) -> None:
+async def uncount(conn: Conn, attempt: Attempt) -> None:
     """Take back the counts of an attempt that turned out not to be a failure."""
     for source, window_start in attempt.counted:
-        await session.execute(_UNCOUNT, {"source": source, "window_start": window_start})
+        await conn.execute(_UNCOUNT, source, window_start)
 
 
 async def redeem(
-    session: AsyncSession,
+    conn: Conn,
     attempt: Attempt,
     *,
     public_key: bytes,
     version: str,
     labels: dict[str, str],
     requested_name: str = "",
-) -> Device:
+) -> Paired:
     """Trade a counted attempt's code for a new device; raise :class:`PairingRefused` saying
-    why not. On success the attempt's counts are taken back, in the same transaction."""
+    why not. On success the attempt's counts are taken back, in the same transaction (the
+    caller's, around this call)."""
     if attempt.refusal is not None:
         raise attempt.refusal
-    row = await session.scalar(
-        select(PairingCode)
-        .where(
-            PairingCode.lookup == attempt.code[:LOOKUP_LENGTH],
-            PairingCode.code_sha256 == _digest(attempt.code),
-        )
-        .with_for_update()
+    row = await conn.fetchrow(
+        "SELECT id, device_name, owner, shared_with, created_by, expires_at, used_at, "
+        "device_id FROM pairing_codes WHERE lookup = $1 AND code_sha256 = $2 FOR UPDATE",
+        attempt.code[:LOOKUP_LENGTH],
+        _digest(attempt.code),
     )
     now = datetime.now(UTC)
     if row is None:
         raise PairingRefused("wrong_code", "wrong or unknown pairing code")
-    if row.used_at is not None:
-        if row.device_id is None:
+    if row["used_at"] is not None:
+        if row["device_id"] is None:
             raise PairingRefused(
                 "code_locked", "this pairing code was locked after too many wrong attempts"
             )
         raise PairingRefused(
             "code_used", "this pairing code was already used; codes are single-use"
         )
-    if row.expires_at <= now:
+    if row["expires_at"] <= now:
         raise PairingRefused(
             "expired", "this pairing code has expired; ask for a new one (codes last 10 minutes)"
         )
-    taken = await session.scalar(
-        select(Device.id).where(Device.name == row.device_name, Device.revoked_at.is_(None))
-    )
-    if taken is not None:
+    name = row["device_name"]
+    if await conn.fetchval(_TAKEN, name) is not None:
         raise PairingRefused(
-            "name_taken", f"a device named {row.device_name!r} was paired meanwhile", counts=False
+            "name_taken", f"a device named {name!r} was paired meanwhile", counts=False
         )
-    device = Device(
-        name=row.device_name,
-        owner=row.owner or access.ADMIN,
-        public_key=public_key,
-        version=version,
-        labels={k: v for k, v in labels.items() if v}
-        | ({"requested_name": requested_name} if requested_name else {}),
+    device = Paired(new_id("dev"), name)
+    await conn.execute(
+        "INSERT INTO devices (id, name, owner, public_key, version, labels, next_seq) "
+        "VALUES ($1, $2, $3, $4, $5, CAST($6 AS text)::jsonb, 1)",
+        device.id,
+        name,
+        row["owner"] or access.ADMIN,
+        public_key,
+        version,
+        json.dumps(
+            {k: v for k, v in labels.items() if v}
+            | ({"requested_name": requested_name} if requested_name else {})
+        ),
     )
-    session.add(device)
-    await session.flush()
-    if row.shared_with:
-        session.add(
-            DeviceShare(device_id=device.id, grantee=row.shared_with, created_by=row.created_by)
+    if row["shared_with"]:
+        await conn.execute(
+            "INSERT INTO device_shares (device_id, grantee, created_by) VALUES ($1, $2, $3)",
+            device.id,
+            row["shared_with"],
+            row["created_by"],
         )
-    row.used_at = now
-    row.device_id = device.id
-    await uncount(session, attempt)  # a success: not a failure after all
+    await conn.execute(
+        "UPDATE pairing_codes SET used_at = $2, device_id = $3 WHERE id = $1",
+        row["id"],
+        now,
+        device.id,
+    )
+    await uncount(conn, attempt)  # a success: not a failure after all
     return device

@@ -27,7 +27,8 @@ from typing import Any
 import asyncpg
 
 from controlplane.authorization.devices import covered_sql, refusal
-from controlplane.db import outage
+from controlplane.db.listen import Listener, listen
+from controlplane.db.pool import Conn, Db
 from controlplane.domain import (
     LIVE_COMMAND_SQL,
     TERMINAL_COMMAND_SQL,
@@ -257,7 +258,7 @@ class CommandQueue:
         self.ttl = ttl
         self.inline = inline
         self._waiters: dict[str, set[_Waiter]] = {}
-        self._listener: Any = None  # a pool connection held for LISTEN
+        self._listener: Listener | None = None  # on a pool connection, while waited on
         self._listener_lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         # Commands submitted here while the LISTEN connection was up: their done
@@ -267,7 +268,7 @@ class CommandQueue:
         self._watched: OrderedDict[str, CommandResult | str | None] = OrderedDict()
         self._last_used = 0.0
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._listener_generation = 0  # bumped whenever the LISTEN connection changes
+        self._listener_generation = 0  # bumped whenever the LISTEN connection comes or goes
 
     # -- the worker's API ----------------------------------------------------------------
 
@@ -363,8 +364,7 @@ class CommandQueue:
                 # closing the pool never waits on it for long.
                 self._release_when_idle()
 
-    def _on_done(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
-        text = str(payload)
+    def _on_done(self, text: str) -> None:
         result: CommandResult | None = None
         if text.startswith("{"):
             try:
@@ -382,41 +382,25 @@ class CommandQueue:
             waiter.event.set()
 
     async def _ensure_listener(self) -> None:
-        """One LISTEN connection per queue for every waiter, held from the pool on first use."""
+        """One LISTEN connection per queue for every waiter, held from the pool on first use
+        (kept up by db/listen.py; while it is down, waiters poll)."""
         async with self._listener_lock:
-            listener = self._listener
-            if self._listening():
-                return
-            if listener is not None:
-                self._forget_listener()  # it died: notifications may have been lost
-                with contextlib.suppress(Exception):
-                    await self.pool.release(listener)
-            try:
-                listener = await self.pool.acquire()
-                await listener.add_listener(Notify.COMMAND_DONE, self._on_done)
-                listener.add_termination_listener(self._on_listener_lost)
-            except outage.DATABASE_ERRORS:
-                return  # waiters fall back to polling until the next attempt
-            self._listener = listener
-            self._listener_generation += 1
+            if self._listener is None:
+                self._listener = await listen(
+                    self.pool,
+                    on_notify={Notify.COMMAND_DONE: self._on_done},
+                    on_connect=self._listener_changed,
+                    on_lost=self._listener_changed,
+                    name="command waiters",
+                ).start()
 
-    def _forget_listener(self) -> None:
-        self._listener = None
+    def _listener_changed(self) -> None:
+        """The LISTEN connection came or went: notifications may have been lost."""
         self._listener_generation += 1
         self._watched.clear()
 
     def _listening(self) -> bool:
-        listener = self._listener
-        if listener is None:
-            return False
-        try:
-            return not listener.is_closed()
-        except asyncpg.InterfaceError:  # the pool took it back when it died
-            return False
-
-    def _on_listener_lost(self, _conn: object) -> None:
-        self._listener_generation += 1
-        self._watched.clear()
+        return self._listener is not None and self._listener.listening
 
     def _release_when_idle(self) -> None:
         """Give the LISTEN connection back once unused for _LISTENER_IDLE (one timer)."""
@@ -440,14 +424,10 @@ class CommandQueue:
     async def close(self) -> None:
         """Give back the LISTEN connection (also done by itself after a second idle)."""
         async with self._listener_lock:
-            listener = self._listener
+            listener, self._listener = self._listener, None
             if listener is not None:
-                self._forget_listener()
-                with contextlib.suppress(Exception):
-                    await listener.remove_listener(Notify.COMMAND_DONE, self._on_done)
-                    listener.remove_termination_listener(self._on_listener_lost)
-                with contextlib.suppress(Exception):
-                    await self.pool.release(listener)
+                self._listener_changed()
+                await listener.close()
 
     async def output(self, command_id: str, offset: int = 0, limit: int = 65536) -> bytes:
         """Bytes ``[offset, offset + limit)`` of the command's stored output."""
@@ -734,3 +714,35 @@ class CommandQueue:
             replica_id,
         )
         return [(row["id"], row["revoked"]) for row in rows]
+
+
+# -- commands ended from outside the queue's own flow (the watchdog, a reroute) ----------
+
+
+async def expire_undelivered(db: Db, device_id: str) -> list[str]:
+    """Commands queued for ``device_id`` past their ``not_after``, the device still away:
+    expired, and their waiters told. Their ids."""
+    rows = await db.fetch(
+        "UPDATE commands SET state = 'expired', finished_at = now(), "
+        "error = 'not delivered before not_after (the device stayed away)' "
+        "WHERE device_id = $1 AND state = 'queued' AND not_after < now() "
+        "RETURNING id, pg_notify($2, id)",
+        device_id,
+        Notify.COMMAND_DONE,
+    )
+    return [row["id"] for row in rows]
+
+
+async def cancel_queued_elsewhere(conn: Conn, ticket_id: str, device_id: str) -> list[str]:
+    """The ticket moved to ``device_id``: what it still had queued for another device is
+    cancelled before delivery, and its waiters told. Their ids."""
+    rows = await conn.fetch(
+        "UPDATE commands SET state = 'cancelled', cancel_requested_at = now(), "
+        "finished_at = now(), error = 'the ticket moved to another device' "
+        "WHERE ticket_id = $1 AND device_id <> $2 AND state = 'queued' "
+        "RETURNING id, pg_notify($3, id)",
+        ticket_id,
+        device_id,
+        Notify.COMMAND_DONE,
+    )
+    return [row["id"] for row in rows]

@@ -13,8 +13,8 @@ import socket
 import urllib.parse
 from collections.abc import Coroutine
 
+import asyncpg
 import grpc
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.errors import SuperagentError
 from controlplane.gateway import pairing, wire
@@ -70,14 +70,14 @@ def peer_address(context: grpc.aio.ServicerContext) -> str:
 class EndpointGateway(wire.Servicer):
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        pool: asyncpg.Pool,
         queue: CommandQueue,
         hub: DeviceHub,
         settings: GrpcSettings,
         tls: ServerTls | None,
         server_name: str,
     ) -> None:
-        self.sessions = sessions
+        self.pool = pool
         self.queue = queue
         self.hub = hub
         self.settings = settings
@@ -94,21 +94,21 @@ class EndpointGateway(wire.Servicer):
                 f"protocol version {request.protocol_version} is not supported; upgrade endpointd",
             )
         try:
-            async with self.sessions() as session:
+            async with self.pool.acquire() as conn:
                 # Counted (and committed) first: a refusal below rolls back only its own
                 # transaction, and a burst cannot all be compared before any is counted.
-                async with session.begin():
+                async with conn.transaction():
                     attempt = await pairing.count_attempt(
-                        session,
+                        conn,
                         code=request.pairing_code,
                         public_key=request.public_key,
                         source=peer_address(context),
                         limits=self.pairing_limits,
                     )
                 try:
-                    async with session.begin():
+                    async with conn.transaction():
                         device = await pairing.redeem(
-                            session,
+                            conn,
                             attempt,
                             public_key=request.public_key,
                             version=request.daemon_version,
@@ -117,8 +117,8 @@ class EndpointGateway(wire.Servicer):
                         )
                 except pairing.PairingRefused as refused:
                     if not refused.counts:  # not a failed guess: take its count back
-                        async with session.begin():
-                            await pairing.uncount(session, attempt)
+                        async with conn.transaction():
+                            await pairing.uncount(conn, attempt)
                     raise
         except SuperagentError as exc:
             log.info("pairing refused from %s: %s", peer_address(context), exc.message)

@@ -36,6 +36,7 @@ from controlplane.llm.errors import (
 )
 from controlplane.llm.transcript import canonical_arguments
 from controlplane.settings import LlmPrices, LlmSettings
+from controlplane.tickets import store
 from superagent_shared import backoff
 from superagent_shared.ids import new_id
 
@@ -281,9 +282,8 @@ class LlmClient:
                     dollars,
                 )
             if accounting.ticket_id is not None:
-                await conn.execute(
-                    "UPDATE tickets SET tokens_used = tokens_used + $2, "
-                    "cost_usd = cost_usd + $3, updated_at = now() WHERE id = $1",
+                await store.add_usage(
+                    conn,
                     accounting.ticket_id,
                     usage.prompt_tokens + usage.completion_tokens,
                     dollars,

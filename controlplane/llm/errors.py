@@ -47,6 +47,11 @@ class LlmError(SuperagentError):
     def __str__(self) -> str:
         return f"{self.outcome}: {self.message}"
 
+    @property
+    def failure_class(self) -> str | None:
+        """How ``controlplane.failures`` counts it: the outcome, unless that is "ok"."""
+        return None if self.outcome == "ok" else self.outcome
+
 
 class Transient(LlmError):
     """May succeed later: the provider is overloaded, down, slow, or behind a broken proxy."""

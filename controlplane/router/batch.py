@@ -21,6 +21,7 @@ from datetime import datetime
 import asyncpg
 
 from controlplane.domain import CLOSED_TICKET_SQL
+from controlplane.ingest import routing
 
 SNIPPET = 200  # characters of an event's text shown inline
 NEIGHBOURS = 2  # earlier messages of the same thread shown as context
@@ -191,12 +192,5 @@ def render(batch: Batch) -> str:
 async def mark_routed(pool: asyncpg.Pool, batch: Batch) -> None:
     """The turn is done with these: out of the router's inbox, digest delivered."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "UPDATE triggers SET routed_at = now() WHERE id = ANY($1::text[]) "
-            "AND routed_at IS NULL",
-            batch.trigger_ids,
-        )
-        await conn.execute(
-            "UPDATE triggers SET digested_at = now() WHERE id = ANY($1::text[])",
-            [event.id for event in batch.digest],
-        )
+        await routing.mark_routed(conn, batch.trigger_ids)
+        await routing.mark_digested(conn, [event.id for event in batch.digest])

@@ -31,6 +31,7 @@ import openai
 from controlplane import failures
 from controlplane.alerts import alert_admin
 from controlplane.db import outage
+from controlplane.ingest import routing
 from controlplane.llm import LlmError
 from controlplane.llm.errors import Permanent, Transient
 from controlplane.replies import enqueue_reply
@@ -103,20 +104,10 @@ class Containment:
         ids = failed.trigger_ids
         item_id = _item_id(ids)
         async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                "UPDATE triggers SET route_attempts = route_attempts + 1, route_error = $2 "
-                "WHERE id = ANY($1::text[]) AND routed_at IS NULL "
-                "RETURNING id, thread_id, route_attempts",
-                ids,
-                error,
-            )
+            rows = await routing.count_failed_turn(conn, ids, error)
             if failed.digest:
                 # Listed for information only: a digest never fails a second turn.
-                await conn.execute(
-                    "UPDATE triggers SET digested_at = now() WHERE id = ANY($1::text[]) "
-                    "AND digested_at IS NULL",
-                    failed.digest,
-                )
+                await routing.mark_digested(conn, failed.digest)
             quarantined = (
                 len(ids) == 1
                 and len(rows) == 1
@@ -124,10 +115,7 @@ class Containment:
             )
             if quarantined:
                 trigger_id, attempts = rows[0]["id"], rows[0]["route_attempts"]
-                await conn.execute(
-                    "UPDATE triggers SET routed_at = now(), undecidable_at = now() WHERE id = $1",
-                    trigger_id,
-                )
+                await routing.set_aside(conn, trigger_id)
                 thread = await conn.fetchrow(
                     "SELECT id, source, external_id FROM threads WHERE id = $1",
                     rows[0]["thread_id"],
@@ -186,11 +174,7 @@ class Containment:
                     stable_id("msg", f"model-unreachable:{row['first']}"),
                 )
             if rows:
-                await conn.execute(
-                    "UPDATE triggers SET model_notice_at = now() WHERE routed_at IS NULL "
-                    "AND model_notice_at IS NULL AND thread_id = ANY($1::text[])",
-                    [row["thread_id"] for row in rows],
-                )
+                await routing.note_model_notice(conn, [row["thread_id"] for row in rows])
             if not self._unreachable_alerted:
                 # Keyed by the oldest waiting event: a new leader in the same outage
                 # raises the same alert, which is one message.

@@ -24,7 +24,6 @@ compaction went is persisted with each turn, so a new leader replaying the sessi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ import openai
 
 from controlplane import pause, prompts
 from controlplane.db import outage
+from controlplane.db.listen import listen
 from controlplane.domain import Notify
 from controlplane.ingest.intake import PolicySource
 from controlplane.leadership import Leadership
@@ -44,13 +44,8 @@ from controlplane.llm.errors import ContextExceeded
 from controlplane.router import batch as batches
 from controlplane.router.containment import Containment
 from controlplane.router.context import Conversation, TurnRecord
-from controlplane.router.tools import (
-    SUBAGENT_SPEC,
-    TOOL_SPECS,
-    SubagentRunner,
-    Toolbox,
-    Turn,
-)
+from controlplane.router.tools.core import Turn
+from controlplane.router.tools.toolbox import SUBAGENT_SPEC, TOOL_SPECS, SubagentRunner, Toolbox
 from controlplane.services import Service, sleep_unless
 from controlplane.settings import LlmSettings, RouterSettings, Settings
 from superagent_shared.ids import new_id, new_ids
@@ -355,10 +350,10 @@ class RouterService(Service):
         self.retry_base = retry_base
         # Between failed turns: doubling from retry_base, at most this.
         self.max_backoff = max_backoff or self.failures.settings.retry_cap_seconds
-        self._wake = asyncio.Event()
+        # Started once this replica first leads; then kept.
+        self._listener = listen(dsn, Notify.ROUTER, name=self.name)
 
     async def run(self) -> None:
-        listener: asyncpg.Connection | None = None
         backoff = self.retry_base
         try:
             while not self.stopping.is_set():
@@ -374,9 +369,8 @@ class RouterService(Service):
                 if paused is not None:
                     await sleep_unless(self.stopping, POLL_SECONDS)  # events wait in the inbox
                     continue
-                if listener is None or listener.is_closed():
-                    listener = await self._listen()
-                self._wake.clear()
+                await self._listener.start()
+                self._listener.wake.clear()  # what comes during the turn wakes the next
                 try:
                     consumed = await self.router.turn(lambda: self.leadership.is_leader)
                 except LostLeadership:
@@ -404,23 +398,6 @@ class RouterService(Service):
                 if consumed:
                     self.failures.reachable()
                     continue  # more may have arrived during the model call
-                stop = asyncio.ensure_future(self.stopping.wait())
-                wake = asyncio.ensure_future(self._wake.wait())
-                await asyncio.wait(
-                    {stop, wake}, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
-                )
-                for waiter in (stop, wake):
-                    waiter.cancel()
+                await self._listener.wait(POLL_SECONDS, unless=self.stopping)
         finally:
-            if listener is not None:
-                await listener.close()
-
-    async def _listen(self) -> asyncpg.Connection | None:
-        try:
-            conn = await asyncpg.connect(self.dsn)
-            await conn.add_listener(Notify.ROUTER, lambda *_: self._wake.set())
-        except outage.DATABASE_ERRORS as exc:
-            if not await outage.absorbed(exc, "router"):
-                log.warning("router: no LISTEN connection (%s); polling", exc)
-            return None
-        return conn
+            await self._listener.close()

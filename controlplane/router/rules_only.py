@@ -43,7 +43,8 @@ from controlplane.pause import hold_while_paused
 from controlplane.replies import IM_MAX_WORDS, Style, clip_words, enqueue_reply, style_of
 from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
-from controlplane.router.tools import Toolbox, Turn
+from controlplane.router.tools.core import Turn
+from controlplane.router.tools.toolbox import Toolbox
 from controlplane.tickets import control, explain
 from superagent_shared.ids import id_prefix, new_id, stable_id
 

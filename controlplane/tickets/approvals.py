@@ -40,7 +40,7 @@ from controlplane.identities import SOURCES
 from controlplane.replies import enqueue_reply
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.tickets import control, reports
+from controlplane.tickets import control, reports, store
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
@@ -277,24 +277,17 @@ class ApprovalService(Service):
                 "at": datetime.now(UTC).isoformat(),
             }
             resume = approval["resume"] or TicketState.OPEN
-            moved = await conn.fetchval(
-                "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
-                "state = $4::text, "
-                "hold = CASE WHEN $4::text = 'waiting_device' THEN 'device' END, "
-                "wait_until = CASE WHEN $4::text = 'waiting_device' "
-                "THEN now() + $5::interval END, "
-                "updated_at = now() "
-                "WHERE id = $1 AND state = 'waiting_human' AND hold = $6 "
-                "AND device_grant->>'approval' = $7 RETURNING id",
+            moved = await store.device_approved(
+                conn,
                 approval["ticket_id"],
                 approval["device_id"],
                 devices.dumps(grant),
-                resume,
-                self.device_wait,
-                devices.HOLD,
-                approval["id"],
+                resume=resume,
+                device_wait=self.device_wait,
+                hold=devices.HOLD,
+                approval_id=approval["id"],
             )
-            if moved is None:
+            if not moved:
                 return  # the ticket moved on meanwhile (stopped, rerouted): nothing to run
             await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, approval["ticket_id"])
             said = f"{name} approved: {approval['what']} runs on {approval['device']}."
@@ -324,9 +317,7 @@ class ApprovalService(Service):
             if not waiting:
                 return  # the ticket moved on meanwhile: this approval no longer concerns it
             await control.stop(conn, approval["ticket_id"], by=hold)
-            await conn.execute(
-                "UPDATE tickets SET hold = $2 WHERE id = $1", approval["ticket_id"], hold
-            )
+            await store.set_hold(conn, approval["ticket_id"], hold)
         await self._say(conn, approval, said)
 
     async def _say(self, conn: Conn, approval: asyncpg.Record, text: str) -> None:

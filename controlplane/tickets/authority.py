@@ -37,7 +37,7 @@ from typing import Any, Literal
 from controlplane.db.pool import Conn, Db
 from controlplane.ingest.inbox import InboxEvent
 from controlplane.replies import enqueue_reply
-from controlplane.tickets import reports, slots
+from controlplane.tickets import reports, slots, store
 from superagent_shared.ids import stable_id
 
 HoldMode = Literal["public", "always", "off"]
@@ -128,13 +128,12 @@ async def note(conn: Conn, ticket_id: str, heard: list[Heard]) -> None:
     if not after and last < 0:
         return  # notices and job results only: nothing changes
     public = any(h.public is not False for h in after)  # unknown counts as public
-    await conn.execute(
-        "UPDATE tickets SET untrusted_trigger_id = $2, "
-        "untrusted_public = ($4::boolean AND untrusted_public) OR $3::boolean WHERE id = $1",
+    await store.note_untrusted(
+        conn,
         ticket_id,
         after[-1].trigger_id if after else None,
-        public,
-        last < 0,  # nothing with authority in between: earlier input still counts
+        public=public,
+        start_over=last >= 0,  # something with authority in between: earlier input is moot
     )
 
 
@@ -203,14 +202,9 @@ async def wait_for_confirmation(
 ) -> bool:
     """End the round and wait in ``waiting_human`` for people to confirm; ask the requester
     once per input that caused it. False if the ticket was no longer running."""
-    moved = await conn.fetchval(
-        "UPDATE tickets SET state = 'waiting_human', hold = $2, updated_at = now() "
-        "WHERE id = $1 AND state = 'running' RETURNING id",
-        ticket_id,
-        HOLD,
-    )
+    moved = await store.wait_for_people(conn, ticket_id, HOLD)
     await slots.end(conn, assignment_id, HOLD)
-    if moved is None:
+    if not moved:
         return False
     asked_by = await requester(conn, ticket_id)
     who = asked_by.name if asked_by.name and _PLAIN.match(asked_by.name) else None

@@ -20,8 +20,9 @@ from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES, LIVE_COMMAND_SQL, Notify, TicketState
 from controlplane.errors import InvalidInput, NotFound
+from controlplane.gateway import queue as commands
 from controlplane.gateway.queue import CommandQueue
-from controlplane.tickets import events, slots
+from controlplane.tickets import device_grant, events, slots, store
 from controlplane.tickets.retries import HOLD as RETRYING
 
 
@@ -38,11 +39,7 @@ async def stop(conn: Conn, ticket_id: str, *, by: str) -> str:
     state = await _state(conn, ticket_id)
     if state in CLOSED_TICKET_STATES:
         return state
-    await conn.execute(
-        "UPDATE tickets SET state = 'stopped', hold = $2, updated_at = now() WHERE id = $1",
-        ticket_id,
-        f"stopped by {by}"[:50],
-    )
+    await store.stop(conn, ticket_id, f"stopped by {by}")
     await conn.execute(
         "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
         ticket_id,
@@ -62,11 +59,7 @@ async def retry(pool: asyncpg.Pool, ticket_id: str, *, by: str, note: str = "") 
     a failed round now instead of after its backoff."""
     async with pool.acquire() as conn, conn.transaction():
         state = await _state(conn, ticket_id)
-        if state == TicketState.OPEN and await conn.fetchval(
-            "UPDATE tickets SET retry_at = now() WHERE id = $1 AND hold = $2 RETURNING id",
-            ticket_id,
-            RETRYING,
-        ):
+        if state == TicketState.OPEN and await store.retry_now(conn, ticket_id, RETRYING):
             return  # its failed round is retried now rather than after the backoff
         if state != TicketState.WAITING_HUMAN:
             raise InvalidInput(f"{ticket_id} is {state}; only a ticket waiting for people retries")
@@ -124,7 +117,7 @@ async def reroute(
         if active is not None:
             await slots.end(conn, active, "rerouted")
         await access.cancel_pending(conn, ticket_id, by=f"rerouted by {by}")
-        grant = await access.grant_ticket(
+        grant = await device_grant.grant_ticket(
             conn,
             ticket_id,
             found,
@@ -136,12 +129,7 @@ async def reroute(
         )
         waits = not access.covers(grant)
         if not waits:
-            await conn.execute(
-                "UPDATE tickets SET state = 'waiting_device', hold = 'device', "
-                "wait_until = now() + $2::interval, updated_at = now() WHERE id = $1",
-                ticket_id,
-                wait,
-            )
+            await store.wait_for_device(conn, ticket_id, wait)
         await events.add(
             conn,
             ticket_id,
@@ -150,13 +138,7 @@ async def reroute(
             "device was cancelled: check what exists on this one before going on.",
         )
         # What was queued for the old device must not run there later.
-        await conn.execute(
-            "UPDATE commands SET state = 'cancelled', cancel_requested_at = now(), "
-            "finished_at = now(), error = 'the ticket moved to another device' "
-            "WHERE ticket_id = $1 AND device_id <> $2 AND state = 'queued'",
-            ticket_id,
-            found.id,
-        )
+        await commands.cancel_queued_elsewhere(conn, ticket_id, found.id)
     return Rerouted(ticket_id, found.name, found.owner, grant["approval"] if waits else None)
 
 

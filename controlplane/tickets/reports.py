@@ -20,12 +20,10 @@ from typing import Any
 import asyncpg
 
 from controlplane.db.pool import Conn, Db
-from controlplane.domain import Notify, TicketState
-from controlplane.tickets import slots
+from controlplane.domain import TicketState
+from controlplane.ingest import routing
+from controlplane.tickets import slots, store
 from superagent_shared.ids import new_id
-
-REPORT_SOURCE = "agent"  # the source of the router-inbox events reports become
-REPORT_VERDICT = "report"
 
 
 @dataclass(frozen=True)
@@ -75,9 +73,7 @@ async def confirm_speculative(pool: asyncpg.Pool, ticket_id: str, summary: str) 
     """A speculative ticket proved its case: from now on it is ordinary, and delivers."""
     async with pool.acquire() as conn, conn.transaction():
         used = await spent(conn, ticket_id)
-        await conn.execute(
-            "UPDATE tickets SET speculative = false, updated_at = now() WHERE id = $1", ticket_id
-        )
+        await store.confirm_speculative(conn, ticket_id)
         await conn.execute(
             "INSERT INTO reports (id, ticket_id, status, summary, tokens, cost_usd) "
             "VALUES ($1, $2, 'progress', $3, $4, $5)",
@@ -140,11 +136,7 @@ async def finish_in(
         await slots.end(conn, assignment_id, status)
     if ticket["speculative"]:
         # Nothing confirmed: discarded without a word to anyone.
-        await conn.execute(
-            "UPDATE tickets SET state = 'stopped', hold = 'discarded', updated_at = now() "
-            "WHERE id = $1",
-            ticket_id,
-        )
+        await store.stop(conn, ticket_id, "discarded")
         await conn.execute(
             "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
             ticket_id,
@@ -155,14 +147,7 @@ async def finish_in(
         state, hold = (TicketState.READY, None) if pr_url else (TicketState.COMPLETED, "ready")
     else:
         state, hold = TicketState.WAITING_HUMAN, status
-    await conn.execute(
-        "UPDATE tickets SET state = $2, hold = $3, pr_url = coalesce(pr_url, $4), "
-        "updated_at = now() WHERE id = $1",
-        ticket_id,
-        state,
-        hold,
-        report.get("pr_url"),
-    )
+    await store.finish(conn, ticket_id, state, hold, report.get("pr_url"))
     trigger_id = None
     if to_router:
         trigger_id = await _to_router(
@@ -208,23 +193,9 @@ async def _to_router(
     thread_id = await home_thread(conn, ticket_id)
     if thread_id is None:
         return None
-    trigger_id = new_id("trg")
-    await conn.execute(
-        "INSERT INTO triggers (id, source, external_id, thread_id, actor_id, actor_name, "
-        "actor_is_bot, kind, text, verdict, verdict_reason, route) "
-        "VALUES ($1, $2, $3, $4, $5, $6, true, $7, $8, $9, 'a worker reported', 'router')",
-        trigger_id,
-        REPORT_SOURCE,
-        f"report:{report_id}",
-        thread_id,
-        ticket_id,
-        f"worker of {ticket_id}",
-        kind,
-        text,
-        REPORT_VERDICT,
+    return await routing.worker_report(
+        conn, report_id=report_id, ticket_id=ticket_id, thread_id=thread_id, kind=kind, text=text
     )
-    await conn.execute("SELECT pg_notify($1, $2)", Notify.ROUTER, trigger_id)
-    return trigger_id
 
 
 async def notice(pool: asyncpg.Pool, ticket_id: str, kind: str, text: str) -> str | None:

@@ -27,7 +27,7 @@ from controlplane import failures
 from controlplane.alerts import alert_admin
 from controlplane.replies import enqueue_reply
 from controlplane.settings import Settings
-from controlplane.tickets import reports, slots
+from controlplane.tickets import reports, slots, store
 from superagent_shared import backoff
 from superagent_shared.ids import stable_id
 
@@ -49,13 +49,7 @@ async def round_failed(
     ticket_id = assignment.ticket_id
     reason = failures.describe(exc)
     async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(
-            "UPDATE tickets SET failed_rounds = failed_rounds + 1, last_error = $2, "
-            "updated_at = now() WHERE id = $1 AND state = 'running' "
-            "RETURNING failed_rounds, title",
-            ticket_id,
-            reason,
-        )
+        row = await store.count_failed_round(conn, ticket_id, reason)
         if row is None:  # stopped or moved on meanwhile: only the round ends
             await slots.end(conn, assignment.id, "failed")
             await failures.record(conn, LOOP, ticket_id, exc)
@@ -65,13 +59,7 @@ async def round_failed(
         if count < limits.failed_rounds_limit:
             wait = backoff.delay(count, base=limits.retry_base_seconds, cap=MAX_WAIT_SECONDS)
             await slots.end(conn, assignment.id, "failed")
-            await conn.execute(
-                "UPDATE tickets SET state = 'open', hold = $2, "
-                "retry_at = now() + $3::interval WHERE id = $1",
-                ticket_id,
-                HOLD,
-                timedelta(seconds=wait),
-            )
+            await store.retry_later(conn, ticket_id, HOLD, timedelta(seconds=wait))
             await failures.record(conn, LOOP, ticket_id, exc)
             failures.logged(
                 log,
@@ -91,9 +79,7 @@ async def round_failed(
             to_router=False,  # said here: the router may depend on the same failing model
         )
         # A person's message or a retry gives it a fresh series of tries.
-        await conn.execute(
-            "UPDATE tickets SET failed_rounds = 0, retry_at = NULL WHERE id = $1", ticket_id
-        )
+        await store.fresh_tries(conn, ticket_id)
         thread = await reports.home_thread(conn, ticket_id)
         if thread is not None:
             await enqueue_reply(

@@ -21,6 +21,7 @@ from datetime import timedelta
 import asyncpg
 
 from controlplane.db.pool import Db
+from controlplane.tickets import store
 from superagent_shared.ids import new_id
 
 _SLOT_LOCK = 0x5A_0007  # pg_advisory_xact_lock key: counting and taking slots is serial
@@ -82,15 +83,7 @@ async def start(
             slot = "human"
         else:
             return None
-        moved = await conn.fetchval(
-            "UPDATE tickets SET state = 'running', hold = NULL, wait_until = NULL, "
-            "retry_at = NULL, updated_at = now() WHERE id = $1 AND state = ANY($2::text[]) "
-            "AND NOT EXISTS (SELECT 1 FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL) "
-            "RETURNING id",
-            ticket_id,
-            list(states),
-        )
-        if moved is None:
+        if not await store.start_round(conn, ticket_id, states):
             return None
         session_id = await conn.fetchval(
             "SELECT session_id FROM assignments WHERE ticket_id = $1 AND session_id IS NOT NULL "

@@ -30,8 +30,8 @@ import asyncpg
 import openai
 
 from controlplane import failures, findings
-from controlplane.domain import Notify
 from controlplane.findings import Open, Seen
+from controlplane.gateway import queue as commands
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
 from controlplane.status import WATCHDOG_MARK
@@ -211,18 +211,9 @@ class Watchdog(Service):
             )
 
     async def _expire(self, finding: Open) -> None:
-        rows = await self.pool.fetch(
-            "UPDATE commands SET state = 'expired', finished_at = now(), "
-            "error = 'not delivered before not_after (the device stayed away)' "
-            "WHERE device_id = $1 AND state = 'queued' AND not_after < now() "
-            "RETURNING id, pg_notify($2, id)",
-            finding.subject,
-            Notify.COMMAND_DONE,
-        )
-        if rows:
-            await findings.acted(
-                self.pool, finding.id, "expire", ", ".join(row["id"] for row in rows)
-            )
+        expired = await commands.expire_undelivered(self.pool, finding.subject)
+        if expired:
+            await findings.acted(self.pool, finding.id, "expire", ", ".join(expired))
 
     async def _postgres_was_down(self) -> None:
         since = self.down_since

@@ -7,7 +7,6 @@ from typing import Protocol
 
 import asyncpg
 from fastapi import Request
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.ingest.intake import Intake
 from controlplane.settings import Settings
@@ -38,10 +37,9 @@ class NoAdapters:
 @dataclass
 class AppState:
     settings: Settings
-    engine: AsyncEngine
+    pool: asyncpg.Pool  # the replica's pool: every route's way to the database
     replica_id: str
     intake: Intake | None = None  # None: no channel can deliver events (tests of probes)
-    pool: asyncpg.Pool | None = None
     channels: Adapters = field(default_factory=NoAdapters)
 
 

@@ -29,6 +29,7 @@ import openai
 
 from controlplane.authorization import devices as access
 from controlplane.db import outage
+from controlplane.db.listen import listen
 from controlplane.domain import CLOSED_TICKET_SQL, Notify, sql_list
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -37,7 +38,7 @@ from controlplane.ingest.inbox import IS_STOP
 from controlplane.replies import enqueue_reply
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.tickets import control, reports, retries, slots
+from controlplane.tickets import control, reports, retries, slots, store
 from controlplane.tickets.authority import CI_KINDS, HOLD
 from controlplane.workers.worker import RoundOver, Worker
 from superagent_shared.ids import stable_id
@@ -68,7 +69,7 @@ LEFT JOIN LATERAL (
     JOIN threads th ON th.id = g.thread_id
     WHERE i.ticket_id = t.id AND i.read_at IS NULL AND i.handed_back_at IS NULL
       AND NOT {IS_STOP}
-      -- the merge or close of the ticket's own PR completes it (_PR_CLOSED), no worker
+      -- the merge or close of the ticket's own PR completes it (tickets.store), no worker
       AND NOT (g.kind = 'pull_request.closed' AND th.url IS NOT DISTINCT FROM t.pr_url)
 ) h ON true
 WHERE (t.state = 'ready' AND h.n > 0)
@@ -80,32 +81,6 @@ WHERE (t.state = 'ready' AND h.n > 0)
             OR EXISTS (SELECT 1 FROM worker_events w
                        WHERE w.ticket_id = t.id AND w.read_at IS NULL AND w.kind = 'retry')))
 LIMIT 100
-"""
-
-# A merged or closed pull request completes its ticket (the events are its last).
-_PR_CLOSED = """
-WITH closed AS (
-    SELECT DISTINCT t.id FROM tickets t
-    JOIN ticket_inbox i ON i.ticket_id = t.id
-    JOIN triggers g ON g.id = i.trigger_id
-    JOIN threads th ON th.id = g.thread_id
-    WHERE t.state IN ('ready', 'waiting_human') AND t.pr_url IS NOT NULL
-      AND th.url = t.pr_url AND g.kind = 'pull_request.closed'
-), done AS (
-    UPDATE tickets SET state = 'completed', hold = 'pull request closed', updated_at = now()
-    FROM closed WHERE tickets.id = closed.id RETURNING tickets.id
-), read AS (
-    UPDATE ticket_inbox SET read_at = now()
-    WHERE ticket_id IN (SELECT id FROM done) AND read_at IS NULL
-)
-SELECT id FROM done
-"""
-
-_EXPIRED = """
-UPDATE tickets t SET state = 'waiting_human', hold = 'device_expired', updated_at = now()
-FROM devices d
-WHERE t.state = 'waiting_device' AND t.wait_until < now() AND d.id = t.device_id
-RETURNING t.id, d.name AS device, t.wait_until
 """
 
 # Answers on tickets whose device wait expired, from the requester or an explicit request.
@@ -154,16 +129,15 @@ class WorkerService(Service):
         self.dsn = dsn
         self.lease = timedelta(seconds=self.limits.lease_seconds)
         self.rounds: dict[str, asyncio.Task[None]] = {}
-        self._wake = asyncio.Event()
+        self._listener = listen(dsn, Notify.WORKERS, Notify.INBOX, name=self.name)
+        self._wake = self._listener.wake  # also set when a round ends
         self._renewed_at = 0.0
 
     async def run(self) -> None:
-        listener: asyncpg.Connection | None = None
         loop = asyncio.get_running_loop()
+        await self._listener.start()
         try:
             while not self.stopping.is_set():
-                if listener is None or listener.is_closed():
-                    listener = await self._listen()
                 self._wake.clear()
                 try:
                     if loop.time() - self._renewed_at >= self.limits.renew_seconds:
@@ -177,28 +151,10 @@ class WorkerService(Service):
                     log.warning("workers: pass failed (%s); retrying", exc)
                     await sleep_unless(self.stopping, POLL_SECONDS)
                     continue
-                stop = asyncio.ensure_future(self.stopping.wait())
-                wake = asyncio.ensure_future(self._wake.wait())
-                await asyncio.wait(
-                    {stop, wake}, timeout=POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED
-                )
-                for waiter in (stop, wake):
-                    waiter.cancel()
+                await self._listener.wait(POLL_SECONDS, unless=self.stopping)
         finally:
             await self._shutdown()
-            if listener is not None:
-                await listener.close()
-
-    async def _listen(self) -> asyncpg.Connection | None:
-        try:
-            conn = await asyncpg.connect(self.dsn)
-            for channel in (Notify.WORKERS, Notify.INBOX):
-                await conn.add_listener(channel, lambda *_: self._wake.set())
-        except outage.DATABASE_ERRORS as exc:
-            if not await outage.absorbed(exc, "workers"):  # an outage is logged once
-                log.warning("workers: no LISTEN connection (%s); polling", exc)
-            return None
-        return conn
+            await self._listener.close()
 
     async def _shutdown(self) -> None:
         tasks = list(self.rounds.values())
@@ -291,10 +247,10 @@ class WorkerService(Service):
 
     async def _housekeeping(self) -> None:
         await control.cancel_stopped(self.pool, self.queue)
-        for row in await self.pool.fetch(_PR_CLOSED):
-            log.info("workers: %s completed (its pull request was closed)", row["id"])
+        for ticket_id in await store.complete_closed_pull_requests(self.pool):
+            log.info("workers: %s completed (its pull request was closed)", ticket_id)
         async with self.pool.acquire() as conn, conn.transaction():
-            for row in await conn.fetch(_EXPIRED):
+            for row in await store.expire_device_waits(conn):
                 thread = await reports.home_thread(conn, row["id"])
                 if thread is None:
                     continue

@@ -23,9 +23,9 @@ import openai
 
 from controlplane.domain import TicketState
 from controlplane.gateway.queue import CommandQueue
-from controlplane.router.tools import SUBAGENT
 from controlplane.settings import Settings
 from controlplane.tickets import reports, slots
+from controlplane.tools.names import SUBAGENT
 from controlplane.workers.worker import RoundOver, Worker
 
 log = logging.getLogger(__name__)

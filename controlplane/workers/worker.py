@@ -52,10 +52,11 @@ from controlplane.llm.client import ToolCall, screen_calls
 from controlplane.llm.tokens import prompt_chars
 from controlplane.replies import WhileWaiting, enqueue_reply
 from controlplane.settings import Settings
-from controlplane.tickets import authority, events, reports, slots
+from controlplane.tickets import authority, events, reports, slots, store
 from controlplane.workers import compaction, session
 from controlplane.workers.devices import device_gone, device_online
-from controlplane.workers.tools import TOOL_SPECS, Outcome, Ticket, WorkerToolbox
+from controlplane.workers.tools.core import Outcome, Ticket
+from controlplane.workers.tools.toolbox import TOOL_SPECS, WorkerToolbox
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
@@ -145,9 +146,7 @@ async def prepare_ticket(pool: asyncpg.Pool, ticket: Ticket) -> Ticket:
     )
     repo = ticket.repo or (_repo_of(thread["source"], thread["external_id"]) if thread else None)
     branch = ticket.branch or f"superagent/{ticket.id}"
-    await pool.execute(
-        "UPDATE tickets SET repo = $2, branch = $3 WHERE id = $1", ticket.id, repo, branch
-    )
+    await store.set_repo_branch(pool, ticket.id, repo, branch)
     return replace(ticket, repo=repo, branch=branch)
 
 
@@ -319,10 +318,7 @@ class Worker:
             if not self._answered:
                 # The model answered: the failures in a row that block a ticket start over
                 # (once a round: a round that got this far is not failing in a row).
-                await conn.execute(
-                    "UPDATE tickets SET failed_rounds = 0 WHERE id = $1 AND failed_rounds > 0",
-                    ticket.id,
-                )
+                await store.fresh_tries(conn, ticket.id)
         self._answered = True
         return answer.tool_calls
 
@@ -420,13 +416,7 @@ class Worker:
         once, if it is still away after ``workers.device_notice_seconds``."""
         wait = timedelta(seconds=self.limits.device_wait_seconds)
         async with self.pool.acquire() as conn, conn.transaction():
-            until = await conn.fetchval(
-                "UPDATE tickets SET state = 'waiting_device', hold = 'device', "
-                "wait_until = now() + $2::interval, updated_at = now() "
-                "WHERE id = $1 AND state = 'running' RETURNING wait_until",
-                ticket.id,
-                wait,
-            )
+            until = await store.wait_for_device(conn, ticket.id, wait, if_running=True)
             await slots.end(conn, self.assignment.id, "waiting_device")
             thread = await reports.home_thread(conn, ticket.id)
             if until is not None and thread is not None:

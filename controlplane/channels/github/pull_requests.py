@@ -18,7 +18,7 @@ from controlplane.channels.github.webhooks import SOURCE
 from controlplane.channels.outbound import WAIT_FOR_ADAPTER_SECONDS
 from controlplane.effects.handlers import ClaimedEffect, Handler, Permanent, Postpone
 from controlplane.pause import hold_while_paused
-from controlplane.tickets import events
+from controlplane.tickets import events, store
 from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,7 @@ async def _record(pool: asyncpg.Pool, ticket_id: str, repo: str, url: str, title
     reach the ticket's worker (the merge or close completes the ticket)."""
     number = url.rstrip("/").rsplit("/", 1)[-1]
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "UPDATE tickets SET pr_url = $2, updated_at = now() WHERE id = $1", ticket_id, url
-        )
+        await store.record_pull_request(conn, ticket_id, url)
         thread_id = await conn.fetchval(
             "INSERT INTO threads (id, source, external_id, title, url) "
             "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (source, external_id) "

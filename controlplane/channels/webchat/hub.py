@@ -28,10 +28,11 @@ import asyncpg
 
 from controlplane.channels.webchat import history
 from controlplane.channels.webchat.history import ChatMessage
+from controlplane.db.listen import listen
 from controlplane.domain import Notify
 from controlplane.errors import InvalidInput
 from controlplane.ingest.policy import Actor
-from controlplane.services import Service, critical_loop, is_transient, sleep_unless
+from controlplane.services import Service, is_transient
 from superagent_shared import backoff
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 SLACK = timedelta(seconds=60)
 MAX_QUEUED = 1000  # frames waiting for a slow socket before it is closed (the page reloads)
 MAX_WATCHED = 50  # conversations one socket may watch
-LISTENER_CHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -103,7 +103,9 @@ class ChatHub(Service):
         self._watchers: dict[str, set[ChatClient]] = {}
         self._dirty: set[str] = set()
         self._refreshing: dict[str, asyncio.Task[None]] = {}
-        self._listener: asyncpg.Connection | None = None
+        self._listener = listen(
+            dsn, on_notify={Notify.WEBCHAT: self.changed}, on_connect=self._reread, name=self.name
+        )
 
     # -- sockets -------------------------------------------------------------------------
 
@@ -175,40 +177,21 @@ class ChatHub(Service):
         finally:
             self._refreshing.pop(thread, None)
 
-    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
-        self.changed(str(payload))
+    def _reread(self) -> None:
+        """Listening (again): anything missed while not listening is read."""
+        for thread in list(self._watchers):
+            self.changed(thread)
 
     # -- the loop ------------------------------------------------------------------------
 
     @property
     def listening(self) -> bool:
         """Whether other replicas' changes reach this one now."""
-        return self._listener is not None and not self._listener.is_closed()
-
-    async def _ensure_listener(self) -> None:
-        if self._listener is not None and not self._listener.is_closed():
-            return
-        listener = await asyncpg.connect(self.dsn)
-        try:
-            await listener.add_listener(Notify.WEBCHAT, self._on_notify)
-        except BaseException:
-            await listener.close(timeout=2)
-            raise
-        self._listener = listener
-        for thread in list(self._watchers):  # anything missed while not listening
-            self.changed(thread)
+        return self._listener.listening
 
     async def run(self) -> None:
-        async def step() -> None:
-            await self._ensure_listener()
-            await sleep_unless(self.stopping, LISTENER_CHECK_SECONDS)
-
-        try:
-            await critical_loop(self.name, step, self.stopping)
-        finally:
-            if self._listener is not None:
-                with contextlib.suppress(Exception):
-                    await self._listener.close(timeout=2)
+        async with self._listener:
+            await self.stopping.wait()
 
     async def close(self) -> None:
         tasks = list(self._refreshing.values())

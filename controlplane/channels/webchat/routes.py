@@ -62,7 +62,7 @@ class SignIn(BaseModel):
 async def chat_session(request: Request, body: SignIn, state: State) -> JSONResponse:
     _adapter(state)
     auth.check_origin(request)
-    secret = await signin.with_token(state.settings, state.engine, request, body.token)
+    secret = await signin.with_token(state.settings, state.pool, request, body.token)
     if secret is None:
         raise Unauthorized("that is not the admin token (SUPERAGENT_ADMIN_TOKEN)")
     response = JSONResponse({"signed_in": True})

@@ -1,0 +1,67 @@
+"""The router's judgements of triggers: ``ignore`` one that needs nothing, and ``assess``
+an inferred candidate against every enabled rule of its source
+(:mod:`controlplane.ingest.policy`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from controlplane.ingest import policy as policies
+from controlplane.router.tools.core import Call, Done, RouterTools, trigger
+from controlplane.tools.fields import NON_BLANK, Arguments, TriggerId
+from controlplane.tools.registry import Refused
+
+tools = RouterTools()
+
+
+class Ignore(Arguments):
+    trigger: TriggerId
+    reason: Annotated[str, Field(max_length=2000), NON_BLANK]
+
+
+@tools.tool("ignore", "Decide that a trigger needs nothing.")
+async def ignore(call: Call, args: Ignore) -> Done:
+    await trigger(call.conn, args.trigger)
+    return Done({"ignored": args.trigger}, f"ignored: {args.reason}", [args.trigger])
+
+
+class Verdict(Arguments):
+    rule: str
+    matches: bool
+    why: str
+
+
+class Assess(Arguments):
+    trigger: TriggerId
+    verdicts: list[Verdict]
+    intent: Annotated[str, Field(description="What would be done.")]
+    target: Annotated[str, Field(description="Where (repository, service...).")]
+
+
+@tools.tool("assess", "Judge an inferred candidate against every enabled rule of its source.")
+async def assess(call: Call, args: Assess) -> Done:
+    candidate = await trigger(call.conn, args.trigger)
+    if candidate["verdict"] != "candidate":
+        raise Refused(f"{args.trigger} is not an inferred candidate ({candidate['verdict']})")
+    assessment = policies.Assessment(
+        verdicts=tuple(policies.RuleVerdict(v.rule, v.matches, v.why) for v in args.verdicts),
+        intent=args.intent,
+        target=args.target,
+    )
+    _, current = await call.policy.current()
+    source = current.for_source(candidate["source"])
+    accepts, why = policies.assessment_accepts(source, assessment)
+    content: dict[str, Any]
+    if source.inferred == "auto":
+        outcome = "accepted" if accepts else "rejected"
+        content = {"accepted": accepts, "why": why}
+    else:
+        # observe (or since turned off): on record, and nothing may come of it.
+        outcome = "would accept" if accepts else "would not accept"
+        content = {
+            "accepted": False,
+            "why": f"{why}; this source only observes inferred candidates",
+        }
+    return Done(content, outcome, [args.trigger])

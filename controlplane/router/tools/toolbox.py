@@ -1,0 +1,92 @@
+"""The router's toolbox: its tools (:data:`TOOLS`, :data:`TOOL_SPECS`), each call run in a
+transaction and recorded in ``router_decisions``, allowed or refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+import asyncpg
+
+from controlplane.ingest.intake import PolicySource
+from controlplane.router.tools import judgement, threads, tickets
+from controlplane.router.tools.core import Call, Done, Replies, ToolResult, Turn
+from controlplane.tools.names import SUBAGENT
+from controlplane.tools.registry import Refusal, Registry
+from controlplane.tools.schema import function_spec
+from superagent_shared.ids import new_id
+
+__all__ = ["SUBAGENT_SPEC", "TOOLS", "TOOL_SPECS", "SubagentRunner", "Toolbox"]
+
+TOOLS = Registry[Call, Done](tickets.tools, threads.tools, judgement.tools)
+TOOL_SPECS: list[Any] = TOOLS.specs()
+# Only in the single-session baseline (workers.design = single_session): the work runs
+# inside the call, and the session waits for its report.
+SUBAGENT_SPEC: Any = function_spec(
+    SUBAGENT,
+    "Do the work now: a subagent executes it on the device and returns its report; you "
+    "wait until it is done. Arguments as for create_ticket.",
+    tickets.CreateTicket,
+)
+
+
+class SubagentRunner(Protocol):
+    async def run(self, ticket_id: str) -> dict[str, Any]: ...
+
+
+class Toolbox:
+    def __init__(
+        self, pool: asyncpg.Pool, policy: PolicySource, subagent: SubagentRunner | None = None
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.subagent = subagent
+        self.replies = Replies()
+
+    async def call(self, name: str, arguments: str | dict[str, Any], turn: Turn) -> ToolResult:
+        """Run one tool call and record it; never raises for the model's mistakes."""
+        if name == SUBAGENT and self.subagent is not None:
+            return await self._run_subagent(self.subagent, arguments, turn)
+        async with self.pool.acquire() as conn, conn.transaction():
+            bound = TOOLS.bind(name, arguments)
+            call = Call(self.pool, self.policy, conn, turn, self.replies)
+            done = bound if isinstance(bound, Refusal) else await bound.run(call)
+            ok = not isinstance(done, Refusal)
+            if isinstance(done, Refusal):
+                done = Done({"error": done.error}, f"refused: {done.error}", [])
+            decision_id = new_id("dec")
+            await conn.execute(
+                "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
+                "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8)",
+                decision_id,
+                turn.session_id,
+                turn.llm_call_id,
+                name[:50],
+                json.dumps(bound.arguments, default=str),  # as the model sent them
+                done.triggers,
+                done.outcome,
+                ok,
+            )
+        return ToolResult(ok, done.content, decision_id)
+
+    async def _run_subagent(
+        self, subagent: SubagentRunner, arguments: str | dict[str, Any], turn: Turn
+    ) -> ToolResult:
+        """create_ticket, then the work itself, outside any transaction (it takes minutes)."""
+        created = await self.call("create_ticket", arguments, turn)
+        if not created.ok or "waits_for_approval" in created.content:
+            return created  # nothing runs before the device's owner approves
+        ticket_id = str(created.content["ticket"])
+        report = await subagent.run(ticket_id)
+        decision_id = new_id("dec")
+        await self.pool.execute(
+            "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
+            "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, '{}', $6, true)",
+            decision_id,
+            turn.session_id,
+            turn.llm_call_id,
+            SUBAGENT,
+            json.dumps({"ticket": ticket_id}),
+            f"{ticket_id}: {report.get('status') or report.get('outcome')}",
+        )
+        return ToolResult(True, report, decision_id)

@@ -1,0 +1,304 @@
+"""The only module that writes the ``tickets`` table: every change of a ticket, by name.
+
+Callers hold the transaction; each function is one statement in it. A function that
+changes state only from given states says so, and returns whether it did (None or False:
+the ticket had moved on, which the caller handles). Reading a ticket is anyone's business;
+writing one goes through here, so "where does a ticket change state" has one answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import asyncpg
+
+from controlplane.db.pool import Conn, Db
+from controlplane.domain import TicketState
+
+# -- made, and what it works on -----------------------------------------------------------
+
+
+async def create(
+    conn: Conn,
+    ticket_id: str,
+    *,
+    title: str,
+    device_id: str | None,
+    repo: str | None,
+    workdir: str | None,
+    speculative: bool,
+) -> None:
+    """A new ticket, ``open``: a worker picks it up."""
+    await conn.execute(
+        "INSERT INTO tickets (id, title, device_id, repo, workdir, speculative) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        ticket_id,
+        title,
+        device_id,
+        repo,
+        workdir,
+        speculative,
+    )
+
+
+async def set_repo_branch(conn: Db, ticket_id: str, repo: str | None, branch: str) -> None:
+    await conn.execute(
+        "UPDATE tickets SET repo = $2, branch = $3 WHERE id = $1", ticket_id, repo, branch
+    )
+
+
+async def record_pull_request(conn: Conn, ticket_id: str, url: str) -> None:
+    await conn.execute(
+        "UPDATE tickets SET pr_url = $2, updated_at = now() WHERE id = $1", ticket_id, url
+    )
+
+
+async def add_usage(conn: Conn, ticket_id: str, tokens: int, dollars: Decimal) -> None:
+    """One model call's tokens and cost on the ticket's totals."""
+    await conn.execute(
+        "UPDATE tickets SET tokens_used = tokens_used + $2, "
+        "cost_usd = cost_usd + $3, updated_at = now() WHERE id = $1",
+        ticket_id,
+        tokens,
+        dollars,
+    )
+
+
+async def confirm_speculative(conn: Conn, ticket_id: str) -> None:
+    """A speculative ticket proved its case: from now on it is ordinary."""
+    await conn.execute(
+        "UPDATE tickets SET speculative = false, updated_at = now() WHERE id = $1", ticket_id
+    )
+
+
+# -- its device ---------------------------------------------------------------------------
+
+
+async def assign_device(
+    conn: Conn, ticket_id: str, device_id: str, grant: str, *, waiting_for: str | None = None
+) -> None:
+    """The ticket's device and the grant that allows it (JSON text). ``waiting_for``: the
+    grant is pending, and the ticket waits in ``waiting_human`` with that hold."""
+    if waiting_for is None:
+        await conn.execute(
+            "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
+            "updated_at = now() WHERE id = $1",
+            ticket_id,
+            device_id,
+            grant,
+        )
+        return
+    await conn.execute(
+        "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
+        "state = 'waiting_human', hold = $4, wait_until = NULL, updated_at = now() "
+        "WHERE id = $1",
+        ticket_id,
+        device_id,
+        grant,
+        waiting_for,
+    )
+
+
+async def device_approved(
+    conn: Conn,
+    ticket_id: str,
+    device_id: str,
+    grant: str,
+    *,
+    resume: str,
+    device_wait: timedelta,
+    hold: str,
+    approval_id: str,
+) -> bool:
+    """The owner approved the device the ticket waits for (``hold``, under approval
+    ``approval_id``): it resumes in ``resume``. False if it no longer waits for that."""
+    moved = await conn.fetchval(
+        "UPDATE tickets SET device_id = $2, device_grant = $3::text::jsonb, "
+        "state = $4::text, "
+        "hold = CASE WHEN $4::text = 'waiting_device' THEN 'device' END, "
+        "wait_until = CASE WHEN $4::text = 'waiting_device' "
+        "THEN now() + $5::interval END, "
+        "updated_at = now() "
+        "WHERE id = $1 AND state = 'waiting_human' AND hold = $6 "
+        "AND device_grant->>'approval' = $7 RETURNING id",
+        ticket_id,
+        device_id,
+        grant,
+        resume,
+        device_wait,
+        hold,
+        approval_id,
+    )
+    return moved is not None
+
+
+async def wait_for_device(
+    conn: Conn, ticket_id: str, wait: timedelta, *, if_running: bool = False
+) -> datetime | None:
+    """Wait up to ``wait`` in ``waiting_device``; returns the wait's end, or None when
+    ``if_running`` and the ticket was not running."""
+    until = await conn.fetchval(
+        "UPDATE tickets SET state = 'waiting_device', hold = 'device', "
+        "wait_until = now() + $2::interval, updated_at = now() "
+        "WHERE id = $1 AND (NOT $3::boolean OR state = 'running') RETURNING wait_until",
+        ticket_id,
+        wait,
+        if_running,
+    )
+    assert until is None or isinstance(until, datetime)
+    return until
+
+
+async def expire_device_waits(conn: Conn) -> list[asyncpg.Record]:
+    """Tickets whose device stayed away past their wait: they wait for people now
+    (hold ``device_expired``). Rows: id, device (its name), wait_until."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "UPDATE tickets t SET state = 'waiting_human', hold = 'device_expired', "
+        "updated_at = now() FROM devices d "
+        "WHERE t.state = 'waiting_device' AND t.wait_until < now() AND d.id = t.device_id "
+        "RETURNING t.id, d.name AS device, t.wait_until"
+    )
+    return rows
+
+
+# -- rounds -------------------------------------------------------------------------------
+
+
+async def start_round(conn: Conn, ticket_id: str, states: Iterable[str]) -> bool:
+    """``running``, if it is in one of ``states`` and no round holds it."""
+    moved = await conn.fetchval(
+        "UPDATE tickets SET state = 'running', hold = NULL, wait_until = NULL, "
+        "retry_at = NULL, updated_at = now() WHERE id = $1 AND state = ANY($2::text[]) "
+        "AND NOT EXISTS (SELECT 1 FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL) "
+        "RETURNING id",
+        ticket_id,
+        list(states),
+    )
+    return moved is not None
+
+
+async def fresh_tries(conn: Conn, ticket_id: str) -> None:
+    """The failures in a row start over: the model answered, or people stepped in."""
+    await conn.execute(
+        "UPDATE tickets SET failed_rounds = 0, retry_at = NULL "
+        "WHERE id = $1 AND (failed_rounds > 0 OR retry_at IS NOT NULL)",
+        ticket_id,
+    )
+
+
+async def count_failed_round(conn: Conn, ticket_id: str, reason: str) -> asyncpg.Record | None:
+    """One more failed round of a running ticket; (failed_rounds, title), or None if it
+    was not running."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        "UPDATE tickets SET failed_rounds = failed_rounds + 1, last_error = $2, "
+        "updated_at = now() WHERE id = $1 AND state = 'running' "
+        "RETURNING failed_rounds, title",
+        ticket_id,
+        reason,
+    )
+    return row
+
+
+async def retry_later(conn: Conn, ticket_id: str, hold: str, wait: timedelta) -> None:
+    """Back to ``open`` with ``hold``; no worker takes it before ``wait`` has passed."""
+    await conn.execute(
+        "UPDATE tickets SET state = 'open', hold = $2, retry_at = now() + $3::interval "
+        "WHERE id = $1",
+        ticket_id,
+        hold,
+        wait,
+    )
+
+
+async def retry_now(conn: Conn, ticket_id: str, hold: str) -> bool:
+    """A ticket waiting out a retry backoff (``hold``) is retried now; False if it was not."""
+    moved = await conn.fetchval(
+        "UPDATE tickets SET retry_at = now() WHERE id = $1 AND hold = $2 RETURNING id",
+        ticket_id,
+        hold,
+    )
+    return moved is not None
+
+
+# -- waiting for people, and ends ---------------------------------------------------------
+
+
+async def wait_for_people(conn: Conn, ticket_id: str, hold: str) -> bool:
+    """A running ticket waits in ``waiting_human`` (``hold``); False if it was not running."""
+    moved = await conn.fetchval(
+        "UPDATE tickets SET state = 'waiting_human', hold = $2, updated_at = now() "
+        "WHERE id = $1 AND state = 'running' RETURNING id",
+        ticket_id,
+        hold,
+    )
+    return moved is not None
+
+
+async def set_hold(conn: Conn, ticket_id: str, hold: str) -> None:
+    await conn.execute("UPDATE tickets SET hold = $2 WHERE id = $1", ticket_id, hold)
+
+
+async def note_untrusted(
+    conn: Conn, ticket_id: str, trigger_id: str | None, *, public: bool, start_over: bool
+) -> None:
+    """The latest input without authority (None: none since the last with authority);
+    ``untrusted_public`` accumulates unless ``start_over``."""
+    await conn.execute(
+        "UPDATE tickets SET untrusted_trigger_id = $2, "
+        "untrusted_public = ($4::boolean AND untrusted_public) OR $3::boolean WHERE id = $1",
+        ticket_id,
+        trigger_id,
+        public,
+        not start_over,
+    )
+
+
+async def finish(
+    conn: Conn, ticket_id: str, state: TicketState, hold: str | None, pr_url: str | None
+) -> None:
+    """The worker's final report decided ``state``; a pull request it opened is kept."""
+    await conn.execute(
+        "UPDATE tickets SET state = $2, hold = $3, pr_url = coalesce(pr_url, $4), "
+        "updated_at = now() WHERE id = $1",
+        ticket_id,
+        state,
+        hold,
+        pr_url,
+    )
+
+
+async def stop(conn: Conn, ticket_id: str, hold: str) -> None:
+    """``stopped`` for good, with why in ``hold`` (cut to the column's 50 characters)."""
+    await conn.execute(
+        "UPDATE tickets SET state = 'stopped', hold = $2, updated_at = now() WHERE id = $1",
+        ticket_id,
+        hold[:50],
+    )
+
+
+# A merged or closed pull request completes its ticket (the events are its last); what its
+# inbox still holds is read.
+_CLOSED_PULL_REQUESTS = """
+WITH closed AS (
+    SELECT DISTINCT t.id FROM tickets t
+    JOIN ticket_inbox i ON i.ticket_id = t.id
+    JOIN triggers g ON g.id = i.trigger_id
+    JOIN threads th ON th.id = g.thread_id
+    WHERE t.state IN ('ready', 'waiting_human') AND t.pr_url IS NOT NULL
+      AND th.url = t.pr_url AND g.kind = 'pull_request.closed'
+), done AS (
+    UPDATE tickets SET state = 'completed', hold = 'pull request closed', updated_at = now()
+    FROM closed WHERE tickets.id = closed.id RETURNING tickets.id
+), read AS (
+    UPDATE ticket_inbox SET read_at = now()
+    WHERE ticket_id IN (SELECT id FROM done) AND read_at IS NULL
+)
+SELECT id FROM done
+"""
+
+
+async def complete_closed_pull_requests(conn: Db) -> list[str]:
+    """Complete the tickets whose pull request was closed or merged; their ids."""
+    return [row["id"] for row in await conn.fetch(_CLOSED_PULL_REQUESTS)]
