@@ -66,6 +66,7 @@ from bench.simdevice import (
 )
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
@@ -310,7 +311,7 @@ async def _run(
     client = llm.async_openai_client(max_retries=0, timeout=600)
     intake = Intake(pool, pass_through=design == "two_tier")
     tmp = Path(tempfile.mkdtemp(prefix="bench-ablation-"))
-    device = LocalDevice(pool, queue, tmp, name="bench-device", poll=0.01)
+    device = LocalDevice(pool, CommandDelivery(pool), tmp, name="bench-device", poll=0.01)
     await device.pair()
     await device.online()
     subagent = Subagent(pool, queue, client, settings, owner="bench") if single else None

@@ -51,7 +51,7 @@ from bench.simdevice import (
     postmaster_pid,
     tree_cpu_seconds,
 )
-from controlplane.channels.github.webhooks import sign
+from controlplane.channels.github.events import sign
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import Notify
 from superagent_shared.ids import new_id

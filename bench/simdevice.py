@@ -755,12 +755,10 @@ async def _serve_baseline(args: argparse.Namespace, stop: asyncio.Event) -> None
 
 
 async def _serve_gateway(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    from datetime import timedelta
-
     from controlplane.db.urls import asyncpg_dsn
     from controlplane.effects.runner import create_pool
+    from controlplane.gateway.delivery import CommandDelivery
     from controlplane.gateway.hub import DeviceHub
-    from controlplane.gateway.queue import CommandQueue
     from controlplane.gateway.server import EndpointGateway, GatewayService
     from controlplane.gateway.tls import ensure_server_tls
 
@@ -768,13 +766,9 @@ async def _serve_gateway(args: argparse.Namespace, stop: asyncio.Event) -> None:
     tls = None if args.plaintext else ensure_server_tls(Path(args.tls_dir))
     dsn = asyncpg_dsn(args.database_url)
     pool = await create_pool(dsn, size=10)  # the gateway bench's pool (bench/RESULTS.md)
-    queue = CommandQueue(
-        pool,
-        ttl=timedelta(seconds=settings.command_ttl_seconds),
-        inline=settings.output_inline_bytes,
-    )
-    hub = DeviceHub(dsn, queue, REPLICA_ID)
-    gateway = EndpointGateway(pool, queue, hub, settings, tls, "bench")
+    delivery = CommandDelivery(pool, inline=settings.output_inline_bytes)
+    hub = DeviceHub(dsn, delivery, REPLICA_ID)
+    gateway = EndpointGateway(pool, delivery, hub, settings, tls, "bench")
     service = GatewayService(settings, gateway)
     await hub.start()
     await service.start()

@@ -41,8 +41,8 @@ from controlplane.settings import Settings
 
 if TYPE_CHECKING:
     from controlplane.channels.github.client import GithubClient
-    from controlplane.channels.lark.api import LarkApi
-    from controlplane.channels.slack.web_api import WebApi
+    from controlplane.channels.lark.client import LarkApi
+    from controlplane.channels.slack.client import WebApi
 
 __all__ = ["Resolved", "Resolver"]
 
@@ -237,7 +237,7 @@ class Resolver:
     def _slack_api(self) -> WebApi | None:
         token = self.settings.slack.bot_token
         if self._slack is None and token is not None:
-            from controlplane.channels.slack.web_api import WebApi
+            from controlplane.channels.slack.client import WebApi
 
             api_url = self.settings.slack.api_url
             self._slack = WebApi(api_url, token, "SUPERAGENT_SLACK__BOT_TOKEN", self._client())
@@ -246,7 +246,7 @@ class Resolver:
     def _lark_api(self) -> LarkApi | None:
         settings = self.settings.lark
         if self._lark is None and settings.app_id and settings.app_secret is not None:
-            from controlplane.channels.lark.api import LarkApi
+            from controlplane.channels.lark.client import LarkApi
 
             secret = settings.app_secret.get_secret_value()
             self._lark = LarkApi(settings.domain, settings.app_id, secret, timeout=settings.timeout)

@@ -28,6 +28,7 @@ from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import Handlers
 from controlplane.effects.runner import EffectRunner, runner_id
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
@@ -133,15 +134,16 @@ async def replica(
     try:
         if not apply_migrations:
             await migrate.check_migrated(pool)
+        # The command queue's two halves: the workers' and the router's, and the gateway's.
+        inline = settings.grpc.output_inline_bytes
         queue = CommandQueue(
-            pool,
-            ttl=timedelta(seconds=settings.grpc.command_ttl_seconds),
-            inline=settings.grpc.output_inline_bytes,
+            pool, ttl=timedelta(seconds=settings.grpc.command_ttl_seconds), inline=inline
         )
-        hub = DeviceHub(dsn, queue, replica_id)
+        delivery = CommandDelivery(pool, inline=inline)
+        hub = DeviceHub(dsn, delivery, replica_id)
         gateway = EndpointGateway(
             pool,
-            queue,
+            delivery,
             hub,
             settings.grpc,
             gateway_tls(settings),

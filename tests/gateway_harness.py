@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import pairing
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
@@ -36,10 +37,11 @@ from tests.support.database import asyncpg_transaction
 @dataclass
 class Gateway:
     port: int
-    queue: CommandQueue
+    queue: CommandQueue  # the workers' side of the gateway's queue
     tls: ServerTls
     pool: asyncpg.Pool  # the gateway's own
     hub: DeviceHub
+    delivery: CommandDelivery  # the side the gateway's streams use
 
     @property
     def target(self) -> str:
@@ -85,16 +87,17 @@ async def running_gateway(
     )
     tls = ensure_server_tls(state_dir / "tls")
     queue = CommandQueue(pool, ttl=timedelta(hours=1), inline=64)
-    hub = DeviceHub(dsn, queue, "test-replica")
+    delivery = CommandDelivery(pool, inline=64)
+    hub = DeviceHub(dsn, delivery, "test-replica")
     service = GatewayService(
-        settings, EndpointGateway(pool, queue, hub, settings, tls, "test deployment")
+        settings, EndpointGateway(pool, delivery, hub, settings, tls, "test deployment")
     )
     await hub.start()
     await service.start()
     try:
         while service.port is None:  # noqa: ASYNC110 - the port appears once, right after bind
             await asyncio.sleep(0.01)
-        yield Gateway(service.port, queue, tls, pool, hub)
+        yield Gateway(service.port, queue, tls, pool, hub, delivery)
     finally:
         await service.stop(5)
         await hub.stop(5)

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.github.webhooks import sign
+from controlplane.channels.github.events import sign
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Policy, SourcePolicy
 from tests.fakes.github_server import FakeGitHub
 from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, TEAM_ID, FakeSlack

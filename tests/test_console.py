@@ -37,6 +37,7 @@ from controlplane.api.app import create_app
 from controlplane.authorization import devices as access
 from controlplane.console.hub import TOPICS, ConsoleHub, Watcher
 from controlplane.findings import Seen, record
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.specs import Exec
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
@@ -229,7 +230,7 @@ async def seed(pool: asyncpg.Pool) -> Seeded:
     command = await queue.submit(
         build_box, Exec.shell("pytest -q tests/test_login.py"), ticket_id=running
     )
-    await queue.store_output(build_box, command, 0, b"collected 12 items\n")
+    await CommandDelivery(pool).store_output(build_box, command, 0, b"collected 12 items\n")
 
     asking = await _ticket(pool, "Upgrade the database driver", "waiting_human", None)
     await pool.execute("UPDATE tickets SET hold = 'question' WHERE id = $1", asking)
@@ -376,7 +377,7 @@ async def test_every_page_in_a_real_browser(replica: Replica, pool: asyncpg.Pool
         output = page.locator(f"[data-command='{seeded.command}'] pre.output")
         await expect(output).to_have_text("collected 12 items\n")
         await _mark(page)
-        await CommandQueue(pool).store_output(
+        await CommandDelivery(pool).store_output(
             seeded.build_box, seeded.command, 19, b"............ 12 passed in 0.42s\n"
         )
         await expect(output).to_contain_text("12 passed in 0.42s", timeout=10_000)
@@ -625,7 +626,9 @@ async def test_the_hub_tells_each_watcher_only_about_its_topics(pool: asyncpg.Po
         hub.join(watcher)
     try:
         await hub.poll()  # every topic's fingerprint is valid SQL, and now known
-        await CommandQueue(pool).store_output(seeded.build_box, seeded.command, 19, b"1 passed\n")
+        await CommandDelivery(pool).store_output(
+            seeded.build_box, seeded.command, 19, b"1 passed\n"
+        )
         frame = await asyncio.wait_for(commands.frames.get(), timeout=10)
         assert frame == {"type": "changed", "topics": ["commands"]}
         await pool.execute(

@@ -28,7 +28,7 @@ import asyncpg
 import httpx
 import pytest
 
-from controlplane.channels.github.webhooks import sign
+from controlplane.channels.github.events import sign
 from controlplane.db import migrate
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.policy import Policy, SourcePolicy

@@ -33,6 +33,7 @@ from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
@@ -126,9 +127,10 @@ async def world(
     await _link(pool, "bob", "slack", BOB.id)
     (tmp_path / "alice").mkdir()
     (tmp_path / "bob").mkdir()
-    laptop = LocalDevice(pool, queue, tmp_path / "alice", name="alice-laptop")
+    delivery = CommandDelivery(pool)
+    laptop = LocalDevice(pool, delivery, tmp_path / "alice", name="alice-laptop")
     await laptop.pair(owner="alice")  # superagent devices pair --name alice-laptop --owner alice
-    desktop = LocalDevice(pool, queue, tmp_path / "bob", name="bob-desktop")
+    desktop = LocalDevice(pool, delivery, tmp_path / "bob", name="bob-desktop")
     await desktop.pair(owner="bob")
     return World(pool, queue, laptop, desktop)
 

@@ -27,8 +27,9 @@ from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import devices, specs
 from controlplane.gateway import hub as hub_module
+from controlplane.gateway.delivery import PendingCommand
 from controlplane.gateway.pairing import MAX_WRONG_PER_CODE
-from controlplane.gateway.queue import CommandQueue, CommandResult, PendingCommand
+from controlplane.gateway.queue import CommandQueue, CommandResult
 from controlplane.settings import GrpcSettings, Settings
 from controlplane.web.state import AppState
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -437,13 +438,13 @@ async def test_a_new_command_goes_out_from_its_notification_and_in_seq_order(
         await assert_eventually(lambda: not stream._delivering)  # no query under way
         # From here on the query hangs: only a notification can deliver a command.
         released = asyncio.Event()
-        real_pending = queue.pending
+        real_pending = gateway.delivery.pending
 
         async def hanging_pending(device_id: str) -> list[PendingCommand]:
             await released.wait()
             return await real_pending(device_id)
 
-        monkeypatch.setattr(queue, "pending", hanging_pending)
+        monkeypatch.setattr(gateway.delivery, "pending", hanging_pending)
         second = await queue.submit("laptop", specs.Exec(["two"]))
         third = await queue.submit("laptop", specs.Exec(["three"]))
         got = [(await device.next("command")).command for _ in range(2)]
@@ -502,7 +503,7 @@ async def test_an_announced_command_is_marked_delivered_only_if_not_accepted_at_
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch, database_url: str
 ) -> None:
     queue = gateway.queue
-    real_mark = queue.mark_delivered
+    real_mark = gateway.delivery.mark_delivered
     marked: list[str] = []
 
     async def spy(command_ids: Sequence[str]) -> None:
@@ -513,7 +514,7 @@ async def test_an_announced_command_is_marked_delivered_only_if_not_accepted_at_
         await assert_eventually(lambda: device.device_id in gateway.hub.streams)
         stream = gateway.hub.streams[device.device_id]
         await assert_eventually(lambda: not stream._delivering)
-        monkeypatch.setattr(queue, "mark_delivered", spy)
+        monkeypatch.setattr(gateway.delivery, "mark_delivered", spy)
         quiet = await queue.submit("laptop", specs.Exec(["x"]))
         await device.next("command")  # and no Accepted
         prompt = await queue.submit("laptop", specs.Exec(["y"]))

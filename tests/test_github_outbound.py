@@ -24,8 +24,8 @@ from controlplane.channels.base import (
 from controlplane.channels.github.adapter import GithubAdapter, marker
 from controlplane.channels.github.auth import TokenAuth
 from controlplane.channels.github.client import GithubClient
+from controlplane.channels.github.events import sign
 from controlplane.channels.github.pull_requests import open_pull_request_handler
-from controlplane.channels.github.webhooks import sign
 from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind

@@ -15,8 +15,8 @@ from controlplane.channels import github as github_channel
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.github.auth import TokenAuth
 from controlplane.channels.github.client import GithubClient
-from controlplane.channels.github.polling import GithubPoller, triggers_for
-from controlplane.channels.github.webhooks import to_triggers
+from controlplane.channels.github.events import to_triggers
+from controlplane.channels.github.receiver import GithubPoller, triggers_for
 from controlplane.errors import TransientError
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
 from controlplane.settings import GithubSettings, Settings
@@ -298,11 +298,11 @@ async def test_the_adapter_polls_only_when_repositories_are_listed(
     def ctx(settings: GithubSettings) -> ChannelContext:
         return ChannelContext(Settings(github=settings), pool, Intake(pool), "", "replica")
 
-    assert github_channel.adapter(ctx(GithubSettings())) is None
-    plain = github_channel.adapter(ctx(GithubSettings(token=SecretStr(github.pat))))
+    assert github_channel.build_adapter(ctx(GithubSettings())) is None
+    plain = github_channel.build_adapter(ctx(GithubSettings(token=SecretStr(github.pat))))
     assert plain is not None
     assert plain.leader_services() == []
-    polling = github_channel.adapter(
+    polling = github_channel.build_adapter(
         ctx(GithubSettings(token=SecretStr(github.pat), api_url=github.url, poll_repos=REPO))
     )
     assert polling is not None

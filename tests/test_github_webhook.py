@@ -16,8 +16,9 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.api.app import create_app
-from controlplane.channels.github import endpoint, webhooks
-from controlplane.channels.github.webhooks import sign
+from controlplane.channels.github import events
+from controlplane.channels.github import routes as github_routes
+from controlplane.channels.github.events import sign
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, Settings
@@ -175,7 +176,7 @@ async def test_bad_deliveries_get_clear_errors_and_store_nothing(pool: asyncpg.P
 
 
 async def test_oversized_bodies_are_refused_with_413_and_store_nothing(pool: asyncpg.Pool) -> None:
-    big = b'{"pad": "' + b"x" * webhooks.MAX_BODY + b'"}'
+    big = b'{"pad": "' + b"x" * events.MAX_BODY + b'"}'
 
     async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
         for start in range(0, len(big), 1 << 20):
@@ -209,7 +210,7 @@ class StuckIntake(Intake):
 async def test_an_ingest_too_slow_for_github_answers_503_in_time(
     pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(endpoint, "INGEST_BUDGET", 0.2)
+    monkeypatch.setattr(github_routes, "INGEST_BUDGET", 0.2)
     async with _client(pool, intake=StuckIntake(pool)) as client:
         response = await _deliver(client, "issue_comment", _comment(), delivery="d-slow")
     assert response.status_code == 503

@@ -34,13 +34,13 @@ from starlette.routing import Route
 
 from controlplane.channels.base import Ignored
 from controlplane.channels.lark import events as lark_events
-from controlplane.channels.lark.api import BotInfo as LarkBot
+from controlplane.channels.lark.adapter import LarkAdapter
 from controlplane.channels.lark.callback import open_callback
-from controlplane.channels.lark.channel import LarkAdapter
+from controlplane.channels.lark.client import BotInfo as LarkBot
 from controlplane.channels.matrix import events as matrix_events
 from controlplane.channels.matrix.client import MatrixAccount
 from controlplane.channels.matrix.events import BotIdentity
-from controlplane.channels.matrix.sync import MatrixSync
+from controlplane.channels.matrix.receiver import MatrixSync
 from controlplane.channels.slack import SlackAdapter
 from controlplane.channels.slack import events as slack_events
 from controlplane.channels.slack.events import Identity as SlackIdentity

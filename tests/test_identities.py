@@ -35,8 +35,8 @@ from websockets.asyncio.client import connect
 from controlplane import handles, people
 from controlplane.api.app import create_app
 from controlplane.channels.base import Channels
-from controlplane.channels.github.webhooks import sign as github_sign
-from controlplane.channels.lark.channel import LarkAdapter
+from controlplane.channels.github.events import sign as github_sign
+from controlplane.channels.lark.adapter import LarkAdapter
 from controlplane.channels.slack import SlackAdapter
 from controlplane.channels.slack.signing import sign as slack_sign
 from controlplane.db import migrate

@@ -67,9 +67,9 @@ def test_the_contracts_hold(tmp_path: Path) -> None:
         ),
         # ...and the channels reaching back into the API.
         (
-            "controlplane/channels/github/endpoint.py",
+            "controlplane/channels/github/routes.py",
             "import controlplane.api.app",
-            "controlplane.channels.github.endpoint -> controlplane.api.app",
+            "controlplane.channels.github.routes -> controlplane.api.app",
         ),
     ],
 )

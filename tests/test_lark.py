@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.api.app import create_app
 from controlplane.channels.base import Channels, OutboundMessage
 from controlplane.channels.lark import events
-from controlplane.channels.lark.channel import LarkAdapter
-from controlplane.channels.lark.long_connection import LongConnection
+from controlplane.channels.lark.adapter import LarkAdapter
+from controlplane.channels.lark.receiver import LongConnection
 from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone

@@ -246,7 +246,7 @@ async def test_a_replica_logs_json_with_the_trace_id_of_each_request(
         lines = await assert_eventually(logged, timeout=10)
         ignored = next(line for line in lines if line["message"].startswith("github delivery"))
         assert ignored["trace_id"] == "req-ping-1"
-        assert ignored["logger"] == "controlplane.channels.github.endpoint"
+        assert ignored["logger"] == "controlplane.channels.github.routes"
         assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
         assert secret not in stderr.read_text()
     finally:

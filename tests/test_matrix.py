@@ -25,7 +25,7 @@ from controlplane.channels.base import (
     RateLimited,
 )
 from controlplane.channels.context import ChannelContext
-from controlplane.channels.matrix import adapter as build_adapter
+from controlplane.channels.matrix import build_adapter
 from controlplane.channels.matrix.adapter import REPLY_ID_KEY, SEEN, MatrixAdapter
 from controlplane.channels.matrix.client import error_for
 from controlplane.channels.matrix.events import (
@@ -35,7 +35,7 @@ from controlplane.channels.matrix.events import (
     since_invited,
     thread_external_id,
 )
-from controlplane.channels.matrix.sync import MatrixSync
+from controlplane.channels.matrix.receiver import MatrixSync
 from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import TransientError

@@ -35,7 +35,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.github.webhooks import sign
+from controlplane.channels.github.events import sign
 from controlplane.gateway.tls import gateway_tls
 from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import Settings

@@ -14,6 +14,7 @@ from controlplane.authorization import devices as access
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor, Policy, SourcePolicy
@@ -141,7 +142,8 @@ async def test_run_queues_once_and_reports_the_result(
     assert command is not None
     assert await pool.fetchval("SELECT count(*) FROM commands") == 1
     # The device's policy holds it for a human: the thread is told once, whatever the retries.
-    await queue.mark_awaiting_approval(
+    delivery = CommandDelivery(pool)
+    await delivery.mark_awaiting_approval(
         command["device_id"],
         command["id"],
         rule='ask-first "*echo*"',
@@ -157,7 +159,7 @@ async def test_run_queues_once_and_reports_the_result(
     )
     assert len(notices) == 1
     assert 'rule: ask-first "*echo*"' in notices[0]["text"]
-    await queue.finish(
+    await delivery.finish(
         command["device_id"],
         command["id"],
         state="finished",

@@ -20,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from controlplane.channels.github.webhooks import sign
+from controlplane.channels.github.events import sign
 from controlplane.db import migrate
 from controlplane.ingest.policy import Policy, SourcePolicy
 from tests.helpers import assert_eventually, free_port, save_policy

@@ -3,8 +3,10 @@
 
 A newcomer asking "where does a ticket change state" gets one answer
 (``controlplane/tickets/store.py``), and CI stops a write that sneaks in elsewhere. The
-check reads the source for SQL that writes each table (INSERT, UPDATE, DELETE, with or
-without an alias); migrations are the schema's history and are left out.
+command queue owns ``commands`` in its two halves: ``gateway/queue.py``, the workers' API,
+and ``gateway/delivery.py``, what the gateway's streams read and record. The check reads
+the source for SQL that writes each table (INSERT, UPDATE, DELETE, with or without an
+alias); migrations are the schema's history and are left out.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ OWNERS = {
         "controlplane/ingest/inbox.py",
         "controlplane/ingest/routing.py",
     },
-    "commands": {"controlplane/gateway/queue.py"},
+    "commands": {"controlplane/gateway/queue.py", "controlplane/gateway/delivery.py"},
 }
 
 

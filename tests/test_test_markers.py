@@ -46,8 +46,15 @@ KNOWN = {
 }
 
 
+def _located(test: str) -> str:
+    """``file::name`` with the file found under tests/ (test file names are unique)."""
+    file, _, name = test.partition("::")
+    (found,) = TESTS.rglob(file)
+    return f"{found}::{name}"
+
+
 def test_known_tests_get_exactly_their_marks(pytester: pytest.Pytester) -> None:
-    items, _ = pytester.inline_genitems(*(str(TESTS / test) for test in KNOWN))
+    items, _ = pytester.inline_genitems(*(_located(test) for test in KNOWN))
     marks: dict[str, set[str]] = {}
     for item in items:
         test = item.nodeid.split("/")[-1].split("[")[0]  # all parameters alike

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import asyncpg
 
-from controlplane.gateway.queue import CommandQueue
 from controlplane.tickets import reports
 from tests.cli_output import one_line_error
 from tests.worker_harness import local_device, ticket
@@ -30,9 +29,8 @@ def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_tickets_are_listed_shown_retried_rerouted_and_stopped(
     pool: asyncpg.Pool, database_url: str, tmp_path: Path
 ) -> None:
-    queue = CommandQueue(pool)
-    device = await local_device(pool, queue, tmp_path)
-    other = await local_device(pool, queue, tmp_path)
+    device = await local_device(pool, tmp_path)
+    other = await local_device(pool, tmp_path)
     ticket_id, _ = await ticket(pool, device, title="fix the parser")
     await reports.finish(
         pool, ticket_id, None, {"status": "question", "summary": "stuck", "question": "which?"}
@@ -88,4 +86,3 @@ async def test_tickets_are_listed_shown_retried_rerouted_and_stopped(
     assert "no ticket tkt_000000000000" in one_line_error(await cli("show", "tkt_000000000000"))
     assert ticket_id not in (await cli("list")).stdout
     assert ticket_id in (await cli("list", "--all")).stdout
-    await queue.close()

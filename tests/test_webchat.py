@@ -28,7 +28,7 @@ from controlplane.channels import webchat
 from controlplane.channels.base import Channels, OutboundMessage
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.outbound import reply_handler
-from controlplane.channels.webchat import inbound
+from controlplane.channels.webchat import events
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect
@@ -76,7 +76,7 @@ async def serving(
     )
     intake = Intake(pool)
     ctx = ChannelContext(settings, pool, intake, asyncpg_dsn(database_url), replica)
-    adapter = webchat.adapter(ctx)
+    adapter = webchat.build_adapter(ctx)
     assert adapter is None or isinstance(adapter, webchat.WebChatAdapter)
     channels = Channels([adapter] if adapter else [])
     state = AppState(
@@ -330,8 +330,8 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
         (json.dumps({"type": "dance"}), "unknown frame type"),
         (frame(text=""), "text is empty"),
         (frame(text=" \n\t "), "text is empty"),
-        (frame(text="x" * (inbound.MAX_TEXT_CHARS + 1)), "characters"),
-        (frame(text="x" * (inbound.MAX_FRAME_CHARS + 1)), "KiB"),
+        (frame(text="x" * (events.MAX_TEXT_CHARS + 1)), "characters"),
+        (frame(text="x" * (events.MAX_FRAME_CHARS + 1)), "KiB"),
         (frame(text="a\x00b"), "NUL"),
         (frame(text=["list"]), "text is empty"),
         (frame(client_id=None), "client_id"),

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import doctor
 from controlplane.authorization import devices as access
-from controlplane.channels.github import webhooks
+from controlplane.channels.github import events
 from controlplane.domain import EffectKind
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import Ingested, Intake
@@ -83,7 +83,7 @@ def _repository(private: bool) -> dict[str, Any]:
 
 async def _deliver(pool: asyncpg.Pool, event: str, payload: dict[str, Any]) -> Ingested:
     delivery = str(uuid.uuid4())  # X-GitHub-Delivery
-    made = webhooks.to_triggers(event, delivery, payload, json.dumps(payload).encode())
+    made = events.to_triggers(event, delivery, payload, json.dumps(payload).encode())
     assert isinstance(made, list), made
     assert len(made) == 1, made
     return await Intake(pool).ingest(made[0])

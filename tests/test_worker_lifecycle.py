@@ -31,6 +31,7 @@ from controlplane.channels.base import ChannelAdapter, Channels, OutboundMessage
 from controlplane.channels.outbound import reply_handler
 from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import InvalidInput
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
@@ -98,16 +99,14 @@ async def _handle_pr_thread(pool: asyncpg.Pool, ticket_id: str, pr_url: str, num
 
 
 @pytest.fixture
-async def make_device(
-    pool: asyncpg.Pool, queue: CommandQueue, tmp_path: Path
-) -> AsyncIterator[MakeDevice]:
+async def make_device(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[MakeDevice]:
     """Paired devices, offline until the test brings them online."""
     made: list[LocalDevice] = []
 
     async def make(name: str) -> LocalDevice:
         root = tmp_path / name
         root.mkdir()
-        device = LocalDevice(pool, queue, root, name=f"{name}-{new_id('dev')[-6:]}")
+        device = LocalDevice(pool, CommandDelivery(pool), root, name=f"{name}-{new_id('dev')[-6:]}")
         await device.pair()
         made.append(device)
         return device

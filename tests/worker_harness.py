@@ -1,9 +1,10 @@
 """Pieces for worker tests: a device that runs commands for real, tickets, a worker pass.
 
 ``LocalDevice`` stands in for the gateway and endpointd together: it marks its row
-connected, takes its commands from the real queue (``CommandQueue.pending``), runs exec
+connected, takes its commands from the real queue (``CommandDelivery.pending``), runs exec
 commands as real subprocesses (``sh -c`` in a temporary directory), does file operations
-on the real filesystem, and records results through the gateway's own queue API. The
+on the real filesystem, and records results through the gateway's own side of the queue
+(``CommandDelivery``). The
 end-to-end test (``test_workers_e2e``) uses the real endpointd instead.
 
 Below it: tickets filed as the router files them, the service running, and the readers
@@ -30,6 +31,7 @@ import pytest
 from controlplane.authorization import devices as access
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import specs
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.ingest.policy import Actor
@@ -50,7 +52,7 @@ from tests.helpers import assert_eventually
 @dataclass
 class LocalDevice:
     pool: asyncpg.Pool
-    queue: CommandQueue
+    delivery: CommandDelivery
     root: Path
     name: str = field(default_factory=lambda: f"dev-{new_id('dev')[-6:]}")
     id: str = field(default_factory=lambda: new_id("dev"))
@@ -102,11 +104,11 @@ class LocalDevice:
             await self.pool.execute(
                 "UPDATE devices SET last_seen_at = now() WHERE id = $1", self.id
             )
-            for command in await self.queue.pending(self.id):
+            for command in await self.delivery.pending(self.id):
                 if command.id in self._busy:
                     continue
                 self._busy.add(command.id)
-                await self.queue.mark_accepted(self.id, command.id)
+                await self.delivery.mark_accepted(self.id, command.id)
                 task = asyncio.create_task(self._run(command.id, command.spec))
                 self._running[command.id] = [task]
             await asyncio.sleep(self.poll)
@@ -142,12 +144,12 @@ class LocalDevice:
             for task in self._running.pop(spec.target_command_id, ()):
                 task.cancel()
             with contextlib.suppress(Exception):
-                await self.queue.finish(
+                await self.delivery.finish(
                     self.id, spec.target_command_id, state="cancelled", total_output_bytes=0
                 )
         if out:
-            await self.queue.store_output(self.id, command_id, 0, out)
-        await self.queue.finish(
+            await self.delivery.store_output(self.id, command_id, 0, out)
+        await self.delivery.finish(
             self.id,
             command_id,
             state="finished" if error is None else "failed",
@@ -171,11 +173,9 @@ async def queue_fixture(pool: asyncpg.Pool) -> AsyncIterator[CommandQueue]:
 
 
 @pytest.fixture(name="device")
-async def device_fixture(
-    pool: asyncpg.Pool, queue: CommandQueue, tmp_path: Path
-) -> AsyncIterator[LocalDevice]:
+async def device_fixture(pool: asyncpg.Pool, tmp_path: Path) -> AsyncIterator[LocalDevice]:
     """A paired ``LocalDevice``, online for the test."""
-    device = await local_device(pool, queue, tmp_path)
+    device = await local_device(pool, tmp_path)
     await device.online()
     yield device
     await device.offline()
@@ -186,8 +186,8 @@ def dsn_fixture(database_url: str) -> str:
     return asyncpg_dsn(database_url)
 
 
-async def local_device(pool: asyncpg.Pool, queue: CommandQueue, root: Path) -> LocalDevice:
-    device = LocalDevice(pool, queue, root)
+async def local_device(pool: asyncpg.Pool, root: Path) -> LocalDevice:
+    device = LocalDevice(pool, CommandDelivery(pool), root)
     await device.pair()
     return device
 

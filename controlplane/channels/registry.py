@@ -14,11 +14,11 @@ from controlplane.channels.context import ChannelContext
 log = logging.getLogger(__name__)
 
 _FACTORIES: tuple[Callable[[ChannelContext], ChannelAdapter | None], ...] = (
-    github.adapter,
-    slack.adapter,
-    matrix.adapter,
-    lark.adapter,
-    webchat.adapter,
+    github.build_adapter,
+    slack.build_adapter,
+    matrix.build_adapter,
+    lark.build_adapter,
+    webchat.build_adapter,
 )
 
 # Mounted whether or not the channel is configured: an unconfigured channel's endpoint

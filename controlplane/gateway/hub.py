@@ -21,7 +21,7 @@ import grpc
 
 from controlplane.db.listen import Listener, listen
 from controlplane.domain import Notify
-from controlplane.gateway.queue import CommandQueue, announced_command
+from controlplane.gateway.delivery import CommandDelivery, announced_command
 from controlplane.gateway.stream import DeviceStream
 from controlplane.services import Service, critical_loop, sleep_unless
 
@@ -36,10 +36,10 @@ TOUCH_FLUSH_SECONDS = 5.0
 class DeviceHub(Service):
     name = "device-hub"
 
-    def __init__(self, dsn: str, queue: CommandQueue, replica_id: str) -> None:
+    def __init__(self, dsn: str, delivery: CommandDelivery, replica_id: str) -> None:
         super().__init__()
         self.dsn = dsn
-        self.queue = queue
+        self.delivery = delivery
         self.replica_id = replica_id
         self.streams: dict[str, DeviceStream] = {}
         self._touched: set[str] = set()
@@ -65,7 +65,7 @@ class DeviceHub(Service):
         if current is stream:
             del self.streams[stream.device_id]
         with contextlib.suppress(Exception):
-            await self.queue.pool.execute(
+            await self.delivery.pool.execute(
                 "UPDATE devices SET connected_replica = NULL, last_seen_at = now() "
                 "WHERE id = $1 AND connected_replica = $2",
                 stream.device_id,
@@ -78,7 +78,9 @@ class DeviceHub(Service):
     def _notify(self, payload: str) -> None:
         async def send() -> None:
             with contextlib.suppress(Exception):
-                await self.queue.pool.execute("SELECT pg_notify($1, $2)", Notify.DEVICES, payload)
+                await self.delivery.pool.execute(
+                    "SELECT pg_notify($1, $2)", Notify.DEVICES, payload
+                )
 
         asyncio.get_running_loop().create_task(send())
 
@@ -161,7 +163,8 @@ class DeviceHub(Service):
             nonlocal last_touch_flush
             await sleep_unless(self.stopping, POLL_SECONDS)
             if self.streams:
-                for device_id, revoked in await self.queue.held_needing_attention(self.replica_id):
+                held = await self.delivery.held_needing_attention(self.replica_id)
+                for device_id, revoked in held:
                     # .get: the stream may have ended meanwhile (e.g. the revocation's own
                     # NOTIFY closed it).
                     stream = self.streams.get(device_id)
@@ -179,7 +182,7 @@ class DeviceHub(Service):
                 touched = [d for d in self._touched if d in self.streams]
                 self._touched = set()
                 last_touch_flush = now
-                await self.queue.pool.execute(
+                await self.delivery.pool.execute(
                     "UPDATE devices SET last_seen_at = now(), connected_replica = $2 "
                     "WHERE id = ANY($1::text[])",
                     touched,
@@ -189,7 +192,7 @@ class DeviceHub(Service):
                 # (another pool connection): clear it again, or it stays listed as held here.
                 gone = [d for d in touched if d not in self.streams]
                 if gone:
-                    await self.queue.pool.execute(
+                    await self.delivery.pool.execute(
                         "UPDATE devices SET connected_replica = NULL "
                         "WHERE id = ANY($1::text[]) AND connected_replica = $2",
                         gone,

@@ -18,9 +18,9 @@ import grpc
 
 from controlplane.errors import SuperagentError
 from controlplane.gateway import pairing, wire
+from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.messages import PairRequest, PairResponse
-from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.stream import DeviceStream
 from controlplane.gateway.tls import ServerTls
 from controlplane.services import Service
@@ -71,14 +71,14 @@ class EndpointGateway(wire.Servicer):
     def __init__(
         self,
         pool: asyncpg.Pool,
-        queue: CommandQueue,
+        delivery: CommandDelivery,
         hub: DeviceHub,
         settings: GrpcSettings,
         tls: ServerTls | None,
         server_name: str,
     ) -> None:
         self.pool = pool
-        self.queue = queue
+        self.delivery = delivery
         self.hub = hub
         self.settings = settings
         self.tls = tls
@@ -137,7 +137,7 @@ class EndpointGateway(wire.Servicer):
 
     def connect(self, context: grpc.aio.ServicerContext) -> Coroutine[object, object, None]:
         stream = DeviceStream(
-            self.hub, self.queue, context, heartbeat_seconds=self.settings.heartbeat_seconds
+            self.hub, self.delivery, context, heartbeat_seconds=self.settings.heartbeat_seconds
         )
         return stream.run()  # not awaited here: a frame less per stream (wire.Servicer)
 

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from controlplane.domain import CommandState
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import messages, wire
-from controlplane.gateway.queue import CommandQueue, PendingCommand
+from controlplane.gateway.delivery import CommandDelivery, PendingCommand
 from superagent_shared.protocol import (
     MAX_OUTPUT_CHUNK_BYTES,
     PROTOCOL_VERSION_NUMBER,
@@ -134,25 +134,25 @@ class DeviceStream:
         "_writing",
         "close_reason",
         "context",
+        "delivery",
         "device_id",
         "heartbeat_seconds",
         "hub",
         "last_received",
         "last_sent",
-        "queue",
         "stream_id",
     )
 
     def __init__(
         self,
         hub: DeviceHub,
-        queue: CommandQueue,
+        delivery: CommandDelivery,
         context: grpc.aio.ServicerContext,
         *,
         heartbeat_seconds: float,
     ) -> None:
         self.hub = hub
-        self.queue = queue
+        self.delivery = delivery
         self.context = context
         self.heartbeat_seconds = heartbeat_seconds
         self.device_id = ""
@@ -391,7 +391,7 @@ class DeviceStream:
                 f"protocol version {hello.protocol_version} is not supported; "
                 f"this gateway speaks {PROTOCOL_VERSION_NUMBER}",
             )
-        device = await self.queue.pool.fetchrow(
+        device = await self.delivery.pool.fetchrow(
             "SELECT id, public_key, revoked_at, next_seq FROM devices WHERE id = $1",
             hello.device_id,
         )
@@ -419,7 +419,7 @@ class DeviceStream:
         # Shielded, and awaited again before any undo (run()): a cancelled RPC abandons the
         # await, not the statement, which could otherwise land after the undo.
         self._marked = asyncio.ensure_future(
-            self.queue.pool.execute(
+            self.delivery.pool.execute(
                 "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
                 "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1",
                 self.device_id,
@@ -437,11 +437,11 @@ class DeviceStream:
         held = [item.command_id for item in hello.in_flight if _valid_id(item.command_id)]
         if held:
             self._device_holds = set(held)
-        progress = await self.queue.progress(self.device_id, held)
+        progress = await self.delivery.progress(self.device_id, held)
         running = [i.command_id for i in hello.in_flight if i.state == "running"]
         awaiting = [i.command_id for i in hello.in_flight if i.state == "awaiting_approval"]
         if running or awaiting:
-            await self.queue.resume_approvals(self.device_id, running=running, awaiting=awaiting)
+            await self.delivery.resume_approvals(self.device_id, running=running, awaiting=awaiting)
         for item in hello.in_flight:
             if not _valid_id(item.command_id):
                 continue  # no such command; nothing to acknowledge
@@ -486,7 +486,7 @@ class DeviceStream:
             # that is still queued or delivered to running).
             command_id = message.command_id
             self._spawn(
-                self.queue.mark_accepted(self.device_id, command_id), f"accepted:{command_id}"
+                self.delivery.mark_accepted(self.device_id, command_id), f"accepted:{command_id}"
             )
         elif isinstance(message, messages.Finished):
             await self._on_finished(message)
@@ -571,7 +571,7 @@ class DeviceStream:
             return
         self._unaccepted.discard(command_id)
         if self._reading:  # else it is still queued, and delivered again on the next stream
-            self._spawn(self.queue.mark_delivered([command_id]), "delivered")
+            self._spawn(self.delivery.mark_delivered([command_id]), "delivered")
 
     def _send_command(self, command: PendingCommand) -> None:
         self._send(
@@ -598,7 +598,7 @@ class DeviceStream:
                 self._wake_again = False
                 fresh = []
                 unsent = []
-                for command in await self.queue.pending(self.device_id):
+                for command in await self.delivery.pending(self.device_id):
                     self._next_seq = max(self._next_seq or 0, command.seq + 1)
                     if command.id in self._sent or command.id in self._device_holds:
                         continue  # the device has it (a requested cancel reaches it too)
@@ -608,9 +608,9 @@ class DeviceStream:
                     self._send_command(command)
                     fresh.append(command.id)
                 if unsent:
-                    await self.queue.cancel_unsent(self.device_id, unsent)
+                    await self.delivery.cancel_unsent(self.device_id, unsent)
                 if fresh:
-                    await self.queue.mark_delivered(fresh)
+                    await self.delivery.mark_delivered(fresh)
         finally:
             self._delivering = False
 
@@ -660,7 +660,7 @@ class DeviceStream:
                 data = bytes(buffer.data)
                 size = buffer.start
                 for start in range(0, len(data), _FLUSH_BYTES):
-                    size = await self.queue.store_output(
+                    size = await self.delivery.store_output(
                         self.device_id,
                         command_id,
                         buffer.start + start,
@@ -683,7 +683,7 @@ class DeviceStream:
         earlier = [task for task in self._helpers if task.get_name() == accepted]
         if earlier:
             await asyncio.wait(earlier)
-        await self.queue.mark_awaiting_approval(
+        await self.delivery.mark_awaiting_approval(
             self.device_id,
             waiting.command_id,
             rule=_text(waiting.rule)[:MAX_APPROVAL_RULE] or None,
@@ -711,7 +711,7 @@ class DeviceStream:
             await self._complete(finished.command_id, result)
 
     async def _complete(self, command_id: str, result: _Result) -> None:
-        final = await self.queue.finish(
+        final = await self.delivery.finish(
             self.device_id,
             command_id,
             state=result.state,
@@ -734,7 +734,7 @@ class DeviceStream:
             if self._pending_results is None:
                 self._pending_results = {}
             self._pending_results[command_id] = result
-            progress = await self.queue.progress(self.device_id, [command_id])
+            progress = await self.delivery.progress(self.device_id, [command_id])
             self._ack(command_id, progress.get(command_id, (0, False))[0], finished=False)
 
     def _ack(self, command_id: str, offset: int, *, finished: bool) -> None:

@@ -24,8 +24,8 @@ from controlplane.channels.base import (
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.github.auth import AppAuth, Auth, Clock, TokenAuth, load_private_key
 from controlplane.channels.github.client import GithubClient
-from controlplane.channels.github.polling import GithubPoller
-from controlplane.channels.github.webhooks import SOURCE
+from controlplane.channels.github.events import SOURCE
+from controlplane.channels.github.receiver import GithubPoller
 from controlplane.errors import ConfigError
 from controlplane.ingest.intake import Intake
 from controlplane.services import Service

@@ -14,7 +14,7 @@ import asyncpg
 
 from controlplane.channels.base import ChannelError, Channels, RateLimited
 from controlplane.channels.github.adapter import GithubAdapter
-from controlplane.channels.github.webhooks import SOURCE
+from controlplane.channels.github.events import SOURCE
 from controlplane.channels.outbound import WAIT_FOR_ADAPTER_SECONDS
 from controlplane.effects.handlers import ClaimedEffect, Handler, Permanent, Postpone
 from controlplane.pause import hold_while_paused

@@ -41,7 +41,7 @@ from controlplane.errors import InvalidInput, NotFound, Unauthorized
 from controlplane.web.state import app_state
 
 if TYPE_CHECKING:
-    from controlplane.channels.lark.channel import LarkAdapter
+    from controlplane.channels.lark.adapter import LarkAdapter
 
 log = logging.getLogger(__name__)
 

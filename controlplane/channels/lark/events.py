@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.channels.base import Ignored
-from controlplane.channels.lark.api import BotInfo
+from controlplane.channels.lark.client import BotInfo
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
 from controlplane.ingest.policy import Actor

@@ -1,7 +1,7 @@
 """The Matrix channel: a bot account (matrix-nio) in rooms, replying in ``m.thread`` threads.
 
 * :mod:`.events`: room events to Triggers (threads, mentions, direct chats), pure.
-* :mod:`.sync`: the sync loop (a leader service): invitations joined, messages ingested.
+* :mod:`.receiver`: the sync loop (a leader service): invitations joined, messages ingested.
 * :mod:`.adapter`: replies and 👀 reactions.
 * :mod:`.client`: login and the one place nio's results become this project's errors.
 
@@ -20,7 +20,7 @@ from controlplane.channels.matrix.adapter import MatrixAdapter
 routes = APIRouter()
 
 
-def adapter(ctx: ChannelContext) -> ChannelAdapter | None:
+def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:
     """The adapter for these settings, or None when the channel is not configured."""
     settings = ctx.settings.matrix
     if settings.homeserver is None:

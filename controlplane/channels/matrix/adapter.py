@@ -25,7 +25,7 @@ from controlplane.channels.base import (
 )
 from controlplane.channels.matrix import events
 from controlplane.channels.matrix.client import MatrixAccount
-from controlplane.channels.matrix.sync import MatrixSync
+from controlplane.channels.matrix.receiver import MatrixSync
 from controlplane.ingest.intake import Intake
 from controlplane.services import Service
 from controlplane.settings import MatrixSettings

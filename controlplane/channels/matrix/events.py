@@ -1,7 +1,7 @@
 """Matrix room events as the control plane sees them: threads, mentions, Triggers.
 
 Pure functions over the client-server API's event JSON; no I/O here. The sync loop
-(:mod:`controlplane.channels.matrix.sync`) feeds them and sends what they return to ingest.
+(:mod:`controlplane.channels.matrix.receiver`) feeds them and sends what they return to ingest.
 
 * A thread is a room plus the event id of its root: an event related with ``rel_type``
   ``m.thread`` belongs to the thread of the related event; any other message roots its own.

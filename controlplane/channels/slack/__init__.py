@@ -1,6 +1,6 @@
 """The Slack channel: app mentions and DMs in (Events API or Socket Mode), threaded replies
-and 👀 out. Modules: :mod:`.events` (which events count), :mod:`.signing`, :mod:`.webhook`
-(POST /webhooks/slack), :mod:`.socket_mode`, :mod:`.web_api`, :mod:`.directory` (who wrote
+and 👀 out. Modules: :mod:`.events` (which events count), :mod:`.signing`, :mod:`.routes`
+(POST /webhooks/slack), :mod:`.receiver`, :mod:`.client`, :mod:`.directory` (who wrote
 it), :mod:`.adapter` (the adapter itself)."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import logging
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.slack.adapter import SOURCE, SlackAdapter
-from controlplane.channels.slack.webhook import routes
+from controlplane.channels.slack.routes import routes
 
-__all__ = ["SOURCE", "SlackAdapter", "adapter", "routes"]
+__all__ = ["SOURCE", "SlackAdapter", "build_adapter", "routes"]
 
 log = logging.getLogger(__name__)
 
 
-def adapter(ctx: ChannelContext) -> ChannelAdapter | None:
+def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:
     """The adapter for these settings, or None when the channel is not configured."""
     settings = ctx.settings.slack
     if settings.bot_token is None:

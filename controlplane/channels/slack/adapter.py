@@ -29,10 +29,10 @@ from controlplane.channels.base import (
     RateLimited,
 )
 from controlplane.channels.slack import events
+from controlplane.channels.slack.client import SlackError, WebApi
 from controlplane.channels.slack.directory import Directory
 from controlplane.channels.slack.events import Identity
-from controlplane.channels.slack.socket_mode import SocketModeService
-from controlplane.channels.slack.web_api import SlackError, WebApi
+from controlplane.channels.slack.receiver import SocketModeService
 from controlplane.errors import InvalidInput, NotFound, TransientError
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.services import Service

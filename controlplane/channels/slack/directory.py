@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from controlplane import identities
 from controlplane.channels.base import RateLimited
+from controlplane.channels.slack.client import SlackError, WebApi
 from controlplane.channels.slack.events import SlackMessage
-from controlplane.channels.slack.web_api import SlackError, WebApi
 from controlplane.errors import InvalidInput, TransientError
 from controlplane.ingest.policy import Actor
 

@@ -9,7 +9,7 @@ looked up once, on save, and the saved document keeps the id:
   members only (a Slack Connect partner's member may carry the same handle; display names
   are not unique at all, so they are never matched).
 
-Not found is ``None``; Slack's own failures are raised as :mod:`.web_api` raises them.
+Not found is ``None``; Slack's own failures are raised as :mod:`.client` raises them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane import identities
-from controlplane.channels.slack.web_api import SlackError, WebApi
+from controlplane.channels.slack.client import SlackError, WebApi
 
 USER_ID = re.compile(r"^[UW][A-Z0-9]{2,30}$")
 EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")

@@ -11,9 +11,9 @@ from controlplane.channels.context import ChannelContext
 from controlplane.channels.webchat.adapter import WebChatAdapter
 from controlplane.channels.webchat.routes import routes
 
-__all__ = ["WebChatAdapter", "adapter", "routes"]
+__all__ = ["WebChatAdapter", "build_adapter", "routes"]
 
 
-def adapter(ctx: ChannelContext) -> ChannelAdapter | None:
+def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:
     """The adapter for these settings, or None when the chat is turned off."""
     return WebChatAdapter(ctx) if ctx.settings.webchat.enabled else None

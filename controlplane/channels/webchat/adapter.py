@@ -14,8 +14,8 @@ import asyncpg
 
 from controlplane.channels.base import ChannelAdapter, ChannelError, OutboundMessage
 from controlplane.channels.context import ChannelContext
+from controlplane.channels.webchat.events import SOURCE
 from controlplane.channels.webchat.hub import ChatHub
-from controlplane.channels.webchat.inbound import SOURCE
 from controlplane.domain import Notify
 from controlplane.ingest.intake import Intake
 from controlplane.services import Service

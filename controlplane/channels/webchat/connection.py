@@ -26,7 +26,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from controlplane.channels.webchat import history, inbound
+from controlplane.channels.webchat import events, history
 from controlplane.channels.webchat.adapter import WebChatAdapter
 from controlplane.channels.webchat.hub import ChatClient
 from controlplane.errors import NotFound, SuperagentError
@@ -80,7 +80,7 @@ async def _read(websocket: WebSocket, adapter: WebChatAdapter, client: ChatClien
             return
         raw = received.get("text")
         try:
-            await _handle(adapter, client, inbound.parse(raw))
+            await _handle(adapter, client, events.parse(raw))
         except Exception as exc:
             client.push(_error_frame(exc, raw))
 
@@ -94,15 +94,15 @@ def _error_frame(exc: Exception, raw: str | None) -> dict[str, Any]:
         log.exception("webchat: frame failed", exc_info=exc)
         message = "internal error; see the control plane's log"
     frame: dict[str, Any] = {"type": "error", "message": message}
-    if raw is not None and len(raw) <= inbound.MAX_FRAME_CHARS:
-        frame["client_id"] = inbound.client_id_in(raw)
+    if raw is not None and len(raw) <= events.MAX_FRAME_CHARS:
+        frame["client_id"] = events.client_id_in(raw)
     return frame
 
 
-async def _handle(adapter: WebChatAdapter, client: ChatClient, frame: inbound.Frame) -> None:
-    if isinstance(frame, inbound.Say):
+async def _handle(adapter: WebChatAdapter, client: ChatClient, frame: events.Frame) -> None:
+    if isinstance(frame, events.Say):
         await _say(adapter, client, frame)
-    elif isinstance(frame, inbound.Watch):
+    elif isinstance(frame, events.Watch):
         if not await history.exists(adapter.pool, frame.thread):
             raise NotFound(f"no conversation {frame.thread}")
         adapter.hub.watch(client, frame.thread)
@@ -110,12 +110,12 @@ async def _handle(adapter: WebChatAdapter, client: ChatClient, frame: inbound.Fr
         adapter.hub.unwatch(client, frame.thread)
 
 
-async def _say(adapter: WebChatAdapter, client: ChatClient, say: inbound.Say) -> None:
+async def _say(adapter: WebChatAdapter, client: ChatClient, say: events.Say) -> None:
     who = client.actor
-    thread = say.thread or inbound.new_conversation(who.id, say.client_id)
+    thread = say.thread or events.new_conversation(who.id, say.client_id)
     if say.thread is not None and not await history.exists(adapter.pool, thread):
         raise NotFound(f"no conversation {thread}; leave thread empty to start one")
-    ingested = await adapter.intake.ingest(inbound.trigger(who, say, thread))
+    ingested = await adapter.intake.ingest(events.trigger(who, say, thread))
     if ingested.duplicate:  # a resent frame: answer as the first time
         thread = await history.conversation_of(adapter.pool, ingested.thread_id)
     client.push(

@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.channels.webchat.inbound import SOURCE
+from controlplane.channels.webchat.events import SOURCE
 
 HISTORY_LIMIT = 500  # most recent messages a conversation shows
 THREADS_LIMIT = 100  # most recent conversations listed

@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from controlplane.access import guard, headers, sessions, signin, static_files
-from controlplane.channels.webchat import auth, connection, history, inbound
+from controlplane.channels.webchat import auth, connection, events, history
 from controlplane.channels.webchat.adapter import WebChatAdapter
 from controlplane.channels.webchat.hub import ChatClient
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
@@ -32,7 +32,7 @@ State = Annotated[AppState, Depends(app_state)]
 
 
 def _adapter(state: AppState) -> WebChatAdapter:
-    adapter = state.channels.get(inbound.SOURCE)
+    adapter = state.channels.get(events.SOURCE)
     if not isinstance(adapter, WebChatAdapter):
         raise NotFound("the web chat is off here: set SUPERAGENT_WEBCHAT__ENABLED=true")
     return adapter
@@ -74,7 +74,7 @@ async def chat_session(request: Request, body: SignIn, state: State) -> JSONResp
 async def chat_threads(request: Request, state: State, name: str | None = None) -> Any:
     adapter = _adapter(state)
     auth.check(request, state.settings)
-    who = inbound.actor(auth.display_name(name))
+    who = events.actor(auth.display_name(name))
     return {"actor": who.id, "threads": await history.conversations(adapter.pool, who.id)}
 
 
@@ -107,4 +107,4 @@ async def chat_socket(websocket: WebSocket) -> None:
     except InvalidInput as exc:
         await connection.refuse(websocket, connection.CLOSE_BAD_REQUEST, exc.message)
         return
-    await connection.converse(websocket, adapter, ChatClient(inbound.actor(name)))
+    await connection.converse(websocket, adapter, ChatClient(events.actor(name)))

@@ -37,7 +37,7 @@ from urllib.parse import urlencode
 import asyncpg
 
 from controlplane.channels.base import ChannelError, Ignored, RateLimited
-from controlplane.channels.github import webhooks
+from controlplane.channels.github import events
 from controlplane.channels.github.client import GithubClient
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, Intake
@@ -131,7 +131,7 @@ def triggers_for(
             "repository": repository,
             "sender": item.get("user"),
         }
-        made = webhooks.to_triggers(
+        made = events.to_triggers(
             event, f"{event}:{item['id']}", payload, body, agent_login=agent_login
         )
     else:
@@ -146,10 +146,10 @@ def triggers_for(
             "sender": item["user"],
         }
         # Opened already assigned to the agent addresses it, as an assignment would.
-        mine = [a for a in item.get("assignees") or [] if webhooks.by_agent(a, agent_login)]
+        mine = [a for a in item.get("assignees") or [] if events.by_agent(a, agent_login)]
         if mine:
             payload["assignee"] = mine[0]
-        made = webhooks.to_triggers(
+        made = events.to_triggers(
             event, f"opened:{repo}#{item['number']}", payload, body, agent_login=agent_login
         )
     return [] if isinstance(made, Ignored) else made
@@ -168,7 +168,7 @@ class CursorStore:
     async def load(self, key: str) -> Cursor | None:
         value = await self.pool.fetchval(
             "SELECT value FROM channel_state WHERE source = $1 AND key = $2",
-            webhooks.SOURCE,
+            events.SOURCE,
             key,
         )
         return None if value is None else Cursor.from_json(value)
@@ -177,7 +177,7 @@ class CursorStore:
         await self.pool.execute(
             "INSERT INTO channel_state (source, key, value) VALUES ($1, $2, $3) "
             "ON CONFLICT (source, key) DO UPDATE SET value = excluded.value, updated_at = now()",
-            webhooks.SOURCE,
+            events.SOURCE,
             key,
             cursor.to_json(),
         )

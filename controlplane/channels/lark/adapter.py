@@ -1,7 +1,7 @@
 """The Feishu/Lark adapter: events from either transport become Triggers; replies go back.
 
 Events arrive by the HTTP callback (:mod:`.callback`) or the long connection
-(:mod:`.long_connection`); both end in :meth:`LarkAdapter.handle`. Replies are posted in
+(:mod:`.receiver`); both end in :meth:`LarkAdapter.handle`. Replies are posted in
 the thread of the message that started it, with the reply id as Lark's ``uuid``, so a
 retried send posts once; the seen mark is a reaction on the request's message.
 """
@@ -23,8 +23,8 @@ from controlplane.channels.base import (
     RateLimited,
 )
 from controlplane.channels.lark import events
-from controlplane.channels.lark.api import BotInfo, LarkApi, LarkError
-from controlplane.channels.lark.long_connection import LongConnection
+from controlplane.channels.lark.client import BotInfo, LarkApi, LarkError
+from controlplane.channels.lark.receiver import LongConnection
 from controlplane.errors import TransientError
 from controlplane.ingest.intake import Ingested, Intake
 from controlplane.services import Service

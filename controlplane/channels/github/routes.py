@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from controlplane.channels.base import Ignored
-from controlplane.channels.github import webhooks
+from controlplane.channels.github import events
 from controlplane.channels.webhook_body import parse_json, read_body, recorded
 from controlplane.errors import (
     InvalidInput,
@@ -48,7 +48,7 @@ async def receive_github(request: Request) -> JSONResponse:
     limit = state.settings.http.github_webhook_max_body_bytes
     body = await read_body(request, limit, "the limit for webhook payloads")
     signature = request.headers.get("x-hub-signature-256")
-    if not webhooks.signature_valid(secret.get_secret_value().encode(), body, signature):
+    if not events.signature_valid(secret.get_secret_value().encode(), body, signature):
         raise Unauthorized("X-Hub-Signature-256 does not match this body and the webhook secret")
     event = request.headers.get("x-github-event")
     delivery = request.headers.get("x-github-delivery")
@@ -56,9 +56,7 @@ async def receive_github(request: Request) -> JSONResponse:
         raise InvalidInput("X-GitHub-Event and X-GitHub-Delivery are required")
     payload = parse_json(body)
     try:
-        made = webhooks.to_triggers(
-            event, delivery, payload, body, agent_login=settings.agent_login
-        )
+        made = events.to_triggers(event, delivery, payload, body, agent_login=settings.agent_login)
     except (KeyError, TypeError, AttributeError) as exc:
         raise InvalidInput(f"malformed {event} payload (missing or wrong {exc})") from None
     if isinstance(made, Ignored):

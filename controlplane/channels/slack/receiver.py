@@ -27,7 +27,7 @@ from websockets.exceptions import WebSocketException
 
 from controlplane import failures
 from controlplane.channels.base import ChannelError, Ignored, RateLimited
-from controlplane.channels.slack.web_api import WebApi
+from controlplane.channels.slack.client import WebApi
 from controlplane.errors import InvalidInput, TransientError
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless
 

@@ -4,7 +4,7 @@
   secret) is checked in constant time before anything is parsed.
 * Dedupe: a comment, a review comment and an issue's or PR's opening have a stable
   external id of their own (``issue_comment:<id>``, ``pull_request_review_comment:<id>``,
-  ``opened:owner/repo#7``), shared with polling (:mod:`.polling`), so a redelivery, or the
+  ``opened:owner/repo#7``), shared with polling (:mod:`.receiver`), so a redelivery, or the
   same comment seen by both webhook and poller, is one trigger. Other events dedupe on
   ``X-GitHub-Delivery``.
 * ``ack_ref`` names what gets the 👀 when the event is an explicit request: the comment,
