@@ -84,7 +84,7 @@ from tests.fakes.openai_server import (
     ToolCall,
 )
 from tests.fakes.openai_server import Reply as ModelReply
-from tests.worker_harness import LocalDevice
+from tests.support.worker_harness import LocalDevice
 
 DESIGNS = ("two_tier", "no_pass_through", "single_session")
 PEOPLE = ("alice", "bob", "carol", "dave")

@@ -78,7 +78,17 @@ def pattern(kind: str, size: int = PATTERN_BYTES) -> bytes:
         return raw[:size]
     words = [
         *("compiling", "linking", "test", "passed", "failed", "warning", "src/app/module.py"),
-        *("tests/test_api.py", "GET", "POST", "200", "404", "ms", "bytes", "worker", "queue"),
+        *(
+            "tests/controlplane/api/test_api.py",
+            "GET",
+            "POST",
+            "200",
+            "404",
+            "ms",
+            "bytes",
+            "worker",
+            "queue",
+        ),
         *("retry", "cache", "hit", "miss"),
     ]
     out = bytearray()

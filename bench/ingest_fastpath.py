@@ -55,7 +55,7 @@ from controlplane.channels.github.events import sign
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import Notify
 from superagent_shared.ids import new_id
-from tests.helpers import free_port
+from tests.support.helpers import free_port
 
 SECRET = b"bench-webhook-secret-91"
 

@@ -36,7 +36,8 @@ endpointd/secrets/redact.py), to measure what they are for.
 **Daemon path** (``--mode daemon``): the same stream is written once with the exec
 supervisor's :class:`endpointd.spool.SpoolWriter` (stdout records of ``--chunk-kib``, as the
 supervisor appends what each pipe read returns) into a temporary state directory. Two real
-:class:`endpointd.commands.daemon.Daemon` instances are built as tests/test_endpointd_supervise.py's
+:class:`endpointd.commands.daemon.Daemon` instances are built as
+tests/endpointd/process/test_endpointd_supervise.py's
 ``_daemon()`` does (no zygote): **plain**, with no credentials store (the pass-through: the
 plain copy of the stream through the device's path), and **redact**, with a store whose
 ``values()`` returns the ``--credentials`` values. In alternating rounds each gets an
@@ -85,7 +86,17 @@ GOAL_MB_PER_SECOND = 100.0
 GOAL_RATIO = 2.0
 WORDS = (
     *("compiling", "linking", "test", "passed", "failed", "warning", "src/app/module.py"),
-    *("tests/test_api.py", "GET", "POST", "200", "404", "ms", "bytes", "worker", "queue"),
+    *(
+        "tests/controlplane/api/test_api.py",
+        "GET",
+        "POST",
+        "200",
+        "404",
+        "ms",
+        "bytes",
+        "worker",
+        "queue",
+    ),
     *("retry", "cache", "hit", "miss", "token", "auth", "user", "Authorization:", "Bearer"),
 )
 
@@ -389,7 +400,7 @@ class BenchCredentials:
 
 
 def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon:
-    """A Daemon as tests/test_endpointd_supervise.py's ``_daemon()`` builds one, no zygote."""
+    """A Daemon as test_endpointd_supervise.py's ``_daemon()`` builds one, no zygote."""
     from endpointd.commands.daemon import Daemon
     from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
     from endpointd.guard.policy import Policy

@@ -115,9 +115,9 @@ from tests.fakes.openai_server import (
     ToolCall,
 )
 from tests.fakes.tcp_proxy import TcpProxy
-from tests.gateway_harness import pairing_code
-from tests.helpers import free_port, save_policy
-from tests.replica_process import ReplicaProcess
+from tests.support.gateway_harness import pairing_code
+from tests.support.helpers import free_port, save_policy
+from tests.support.replica_process import ReplicaProcess
 
 ALICE = Actor("alice", "alice", groups=("console",))
 OWNER = "web:alice"

@@ -25,9 +25,9 @@ from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from endpointd.process.executor import Zygote
 from tests.fakes.openai_server import fake_llm  # noqa: F401 - fixture
-from tests.helpers import assert_eventually
 from tests.support import markers
 from tests.support.database import create_engine, session_factory, with_database
+from tests.support.helpers import assert_eventually
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -24,10 +24,10 @@ _FACTORIES: tuple[Callable[[ChannelContext], ChannelAdapter | None], ...] = (
 # Mounted whether or not the channel is configured: an unconfigured channel's endpoint
 # answers 404 with the setting to set, rather than not existing.
 ROUTES: tuple[APIRouter, ...] = (
-    github.routes,
-    slack.routes,
-    lark.routes,
-    webchat.routes,
+    github.router,
+    slack.router,
+    lark.router,
+    webchat.router,
 )
 
 

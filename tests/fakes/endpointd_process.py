@@ -174,7 +174,7 @@ def endpointd_in(tmp_path: Path) -> Iterator[Endpointd]:
 async def start_paired(gateway: object, daemon: Endpointd, *run_args: str) -> str:
     """Pair ``daemon`` with ``gateway``, start `endpointd run`, wait until it is connected."""
     from tests.fakes.gateway_server import FakeGateway
-    from tests.helpers import assert_eventually
+    from tests.support.helpers import assert_eventually
 
     assert isinstance(gateway, FakeGateway)
     device_id = daemon.pair_with(gateway)

@@ -1,5 +1,5 @@
 """Where protobuf is touched, read from the source: the walks behind the protobuf boundary
-tests (tests/test_protobuf_boundary.py). import-linter checks the imports too
+tests (tests/repo/test_protobuf_boundary.py). import-linter checks the imports too
 ([tool.importlinter]); only these walks also see message methods called past a wire module.
 """
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.github.adapter import build
-from controlplane.channels.github.routes import routes
+from controlplane.channels.github.routes import router
 
-__all__ = ["build_adapter", "routes"]
+__all__ = ["build_adapter", "router"]
 
 
 def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:

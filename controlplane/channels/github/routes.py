@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 
 INGEST_BUDGET = 8.0  # seconds; GitHub gives up on a delivery after 10
 
-routes = APIRouter()
+router = APIRouter()
 
 
-@routes.post(
+@router.post(
     "/webhooks/github",
     summary="GitHub webhook deliveries (signed with the webhook secret)",
     status_code=202,

@@ -17,9 +17,9 @@ import logging
 
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
-from controlplane.channels.lark.routes import routes
+from controlplane.channels.lark.routes import router
 
-__all__ = ["build_adapter", "routes"]
+__all__ = ["build_adapter", "router"]
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ NOT_CONFIGURED = (
     "SUPERAGENT_LARK__APP_SECRET, and SUPERAGENT_LARK__VERIFICATION_TOKEN for event callbacks"
 )
 
-routes = APIRouter()  # HTTP endpoints of this channel, mounted by the app
+router = APIRouter()  # HTTP endpoints of this channel, mounted by the app
 
 
-@routes.post(
+@router.post(
     "/webhooks/lark",
     summary="Feishu/Lark event callbacks (token-checked; signed and encrypted with an encrypt key)",
 )

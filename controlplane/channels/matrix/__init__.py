@@ -10,14 +10,11 @@ Setup for users: docs/channels/matrix.md.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.matrix.adapter import MatrixAdapter
 
-# Matrix needs no inbound HTTP endpoint: the bot syncs from its homeserver.
-routes = APIRouter()
+# No routes: Matrix needs no inbound HTTP endpoint, the bot syncs from its homeserver.
 
 
 def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:

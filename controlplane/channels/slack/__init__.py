@@ -10,9 +10,9 @@ import logging
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.slack.adapter import SOURCE, SlackAdapter
-from controlplane.channels.slack.routes import routes
+from controlplane.channels.slack.routes import router
 
-__all__ = ["SOURCE", "SlackAdapter", "build_adapter", "routes"]
+__all__ = ["SOURCE", "SlackAdapter", "build_adapter", "router"]
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from controlplane.web.state import AppState, app_state
 
 log = logging.getLogger(__name__)
 
-routes = APIRouter()
+router = APIRouter()
 
 
-@routes.post(
+@router.post(
     "/webhooks/slack",
     summary="Slack Events API requests (signed with the app's signing secret)",
 )

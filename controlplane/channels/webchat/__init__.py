@@ -9,9 +9,9 @@ from __future__ import annotations
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.webchat.adapter import WebChatAdapter
-from controlplane.channels.webchat.routes import routes
+from controlplane.channels.webchat.routes import router
 
-__all__ = ["WebChatAdapter", "build_adapter", "routes"]
+__all__ = ["WebChatAdapter", "build_adapter", "router"]
 
 
 def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:

@@ -26,7 +26,7 @@ from controlplane.channels.webchat.hub import ChatClient
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
 from controlplane.web.state import AppState, app_state
 
-routes = APIRouter()
+router = APIRouter()
 
 State = Annotated[AppState, Depends(app_state)]
 
@@ -41,7 +41,7 @@ def _adapter(state: AppState) -> WebChatAdapter:
 _STATIC = frozenset({"chat.js", "chat.css"})
 
 
-@routes.get("/chat", include_in_schema=False)
+@router.get("/chat", include_in_schema=False)
 async def chat_page(request: Request, state: State) -> Response:
     _adapter(state)
     auth.check(request, state.settings)
@@ -49,7 +49,7 @@ async def chat_page(request: Request, state: State) -> Response:
     return HTMLResponse(page, headers=headers.PAGE_HEADERS)
 
 
-@routes.get("/chat/static/{name}", include_in_schema=False)
+@router.get("/chat/static/{name}", include_in_schema=False)
 async def chat_static(name: str) -> Response:
     return static_files.serve(__package__, name, _STATIC, "chat")
 
@@ -58,7 +58,7 @@ class SignIn(BaseModel):
     token: str = Field(max_length=1000, description="The admin token.")
 
 
-@routes.post("/chat/session", summary="Sign the chat page in with the admin token")
+@router.post("/chat/session", summary="Sign the chat page in with the admin token")
 async def chat_session(request: Request, body: SignIn, state: State) -> JSONResponse:
     _adapter(state)
     auth.check_origin(request)
@@ -70,7 +70,7 @@ async def chat_session(request: Request, body: SignIn, state: State) -> JSONResp
     return response
 
 
-@routes.get("/chat/api/threads", summary="The caller's chat conversations")
+@router.get("/chat/api/threads", summary="The caller's chat conversations")
 async def chat_threads(request: Request, state: State, name: str | None = None) -> Any:
     adapter = _adapter(state)
     auth.check(request, state.settings)
@@ -78,7 +78,7 @@ async def chat_threads(request: Request, state: State, name: str | None = None) 
     return {"actor": who.id, "threads": await history.conversations(adapter.pool, who.id)}
 
 
-@routes.get("/chat/api/threads/{thread}/messages", summary="One chat conversation's messages")
+@router.get("/chat/api/threads/{thread}/messages", summary="One chat conversation's messages")
 async def chat_messages(request: Request, thread: str, state: State) -> Any:
     adapter = _adapter(state)
     auth.check(request, state.settings)
@@ -88,7 +88,7 @@ async def chat_messages(request: Request, thread: str, state: State) -> Any:
     return {"thread": thread, "messages": [message.frame() for message in found]}
 
 
-@routes.websocket("/chat/ws")
+@router.websocket("/chat/ws")
 async def chat_socket(websocket: WebSocket) -> None:
     state = websocket.app.state.superagent
     assert isinstance(state, AppState)
