@@ -402,3 +402,46 @@ def test_triggers_retry_of_an_unknown_id_is_a_clean_error(bad: str, database_url
     shown = run_cli(database_url, "triggers", "show", bad)
     assert shown.returncode == 1
     assert "Traceback" not in shown.stderr
+
+
+class _RestartingDatabase:
+    """A turn taker whose database restarts under it: asyncpg's errors of a cut connection,
+    which are not ``PostgresError``s, then a turn that works."""
+
+    def __init__(self) -> None:
+        self.errors: list[Exception] = [
+            asyncpg.InterfaceError("connection is closed"),
+            asyncpg.exceptions.InternalClientError("another operation is in progress"),
+        ]
+        self.turns = 0
+
+    async def turn(self, leading: Any = None) -> int:
+        self.turns += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return 0
+
+
+async def test_a_database_restart_during_a_turn_is_an_outage_not_a_bug(
+    pool: asyncpg.Pool, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The errors a Postgres restart raises mid-turn are retried as the database's trouble;
+    none is logged as "a bug" with a traceback, and the loop goes on to the next turn."""
+    from controlplane.leadership import Leadership
+    from controlplane.router.router import RouterService
+
+    caplog.set_level(logging.WARNING)
+    leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)
+    restarting = _RestartingDatabase()
+    service = RouterService(
+        restarting, leadership, asyncpg_dsn(database_url), pool, retry_base=0.05, max_backoff=0.1
+    )
+    await leadership.start()
+    await service.start()
+    try:
+        await assert_eventually(lambda: restarting.turns >= 3, timeout=15, message="turns")
+    finally:
+        await service.stop()
+        await leadership.stop()
+    bugs = [r.getMessage() for r in caplog.records if "(a bug)" in r.getMessage()]
+    assert not bugs, bugs
