@@ -136,6 +136,24 @@ class AwaitingApproval:
 
 
 @dataclass(slots=True, frozen=True)
+class Repository:
+    path: str
+    remote: str  # normalised host/owner/name; empty when the clone has no remote
+    default_branch: str
+
+
+@dataclass(slots=True, frozen=True)
+class RepositoryReport:
+    """The git repositories a device found under its allowed roots (replaces the last)."""
+
+    KIND: ClassVar[str] = "repositories"
+
+    repositories: tuple[Repository, ...]
+    truncated: bool
+    scanned_at: datetime | None
+
+
+@dataclass(slots=True, frozen=True)
 class Unknown:
     """An empty envelope, or one of a kind this gateway predates."""
 
@@ -145,5 +163,13 @@ class Unknown:
 UNKNOWN = Unknown()
 
 DeviceMessage = (
-    Hello | Heartbeat | Accepted | OutputChunk | Finished | Refused | AwaitingApproval | Unknown
+    Hello
+    | Heartbeat
+    | Accepted
+    | OutputChunk
+    | Finished
+    | Refused
+    | AwaitingApproval
+    | RepositoryReport
+    | Unknown
 )

@@ -82,7 +82,71 @@ class Cancel:
     kind = "cancel"
 
 
-Spec = Exec | ReadFile | WriteFile | ListDir | Cancel
+# Where a ticket's workspace starts: the freshly fetched default branch, an existing pull
+# request's head (``ref``), or a snapshot of the user's uncommitted changes.
+WorkspaceBase = Literal["default_branch", "pull_request", "local_changes"]
+WORKSPACE_BASES: tuple[WorkspaceBase, ...] = ("default_branch", "pull_request", "local_changes")
+
+
+@dataclass(frozen=True)
+class PrepareWorkspace:
+    """The ticket's own git worktree on the device (its JSON answer: see the proto)."""
+
+    ticket_id: str
+    repo: str = ""  # normalised host/owner/name
+    base: WorkspaceBase = "default_branch"
+    ref: str = ""  # the pull request's head branch, for base "pull_request"
+    path: str = ""  # the clone (or plain directory) to use; empty: the device's clone of repo
+    setup: bool = True
+
+    kind = "prepare_workspace"
+
+
+@dataclass(frozen=True)
+class ReleaseWorkspace:
+    """The ticket ended: the device removes its workspace after the local retention."""
+
+    ticket_id: str
+
+    kind = "release_workspace"
+
+
+@dataclass(frozen=True)
+class Search:
+    """File contents matching ``pattern`` under ``path``: JSON Lines of path, line, text."""
+
+    pattern: str
+    path: str
+    glob: str = ""
+    literal: bool = False
+    ignore_case: bool = False
+    max_matches: int = 0
+
+    kind = "search"
+
+
+@dataclass(frozen=True)
+class Glob:
+    """Paths under ``path`` matching ``pattern``, one per line, newest first."""
+
+    pattern: str
+    path: str
+    max_entries: int = 0
+
+    kind = "glob"
+
+
+Spec = (
+    Exec
+    | ReadFile
+    | WriteFile
+    | ListDir
+    | Cancel
+    | PrepareWorkspace
+    | ReleaseWorkspace
+    | Search
+    | Glob
+)
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -107,6 +171,17 @@ def validate(spec: Spec) -> None:
             raise InvalidInput(f"{spec.kind} needs a path")
     elif isinstance(spec, Cancel) and not spec.target_command_id:
         raise InvalidInput("cancel needs a target command id")
+    elif isinstance(spec, PrepareWorkspace):
+        if not spec.ticket_id or not (spec.repo or spec.path):
+            raise InvalidInput("prepare_workspace needs a ticket and a repository or path")
+        if spec.base not in WORKSPACE_BASES:
+            raise InvalidInput(f"prepare_workspace: unknown base {spec.base!r}")
+        if spec.base == "pull_request" and not spec.ref:
+            raise InvalidInput("prepare_workspace on a pull request needs its head branch (ref)")
+    elif isinstance(spec, ReleaseWorkspace) and not spec.ticket_id:
+        raise InvalidInput("release_workspace needs a ticket")
+    elif isinstance(spec, Search | Glob) and not (spec.pattern and spec.path):
+        raise InvalidInput(f"{spec.kind} needs a pattern and a path")
 
 
 def to_json(spec: Spec) -> dict[str, Any]:
@@ -134,6 +209,9 @@ def to_json(spec: Spec) -> dict[str, Any]:
         }
     if isinstance(spec, ListDir):
         return {"path": spec.path, "depth": spec.depth}
+    if isinstance(spec, PrepareWorkspace | ReleaseWorkspace | Search | Glob):
+        # Plain fields only (no bytes): the dataclass is its JSON.
+        return dict(vars(spec))
     return {"target_command_id": spec.target_command_id, "grace_seconds": spec.grace_seconds}
 
 
@@ -163,4 +241,12 @@ def from_json(kind: str, data: dict[str, Any]) -> Spec:
         return ListDir(data["path"], data.get("depth", 1))
     if kind == "cancel":
         return Cancel(data["target_command_id"], data.get("grace_seconds", 0))
+    plain: dict[str, type[PrepareWorkspace | ReleaseWorkspace | Search | Glob]] = {
+        PrepareWorkspace.kind: PrepareWorkspace,
+        ReleaseWorkspace.kind: ReleaseWorkspace,
+        Search.kind: Search,
+        Glob.kind: Glob,
+    }
+    if kind in plain:
+        return plain[kind](**data)
     raise InvalidInput(f"unknown command kind {kind!r}")

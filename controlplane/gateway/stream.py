@@ -475,6 +475,9 @@ class DeviceStream:
             raise StreamClosed(
                 grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {message.KIND} after the handshake"
             )
+        if isinstance(message, messages.RepositoryReport):
+            await self._on_repositories(message)
+            return
         _check(message)
         if isinstance(message, messages.OutputChunk):
             await self._buffer_output(message)
@@ -510,6 +513,11 @@ class DeviceStream:
                     error=_text(refused.message) or None,
                 ),
             )
+
+    async def _on_repositories(self, report: messages.RepositoryReport) -> None:
+        """The repositories the device found under its roots (stored for routing)."""
+        # Filled by the device-repositories work: validated and stored per device.
+        del report
 
     async def _hold_for_write_slot(self) -> None:
         """Until the hub's next batch of writes, or until a command is sent (see _send_command:

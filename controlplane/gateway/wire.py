@@ -39,6 +39,8 @@ from controlplane.gateway.messages import (
     PairRequest,
     PairResponse,
     Refused,
+    Repository,
+    RepositoryReport,
 )
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
@@ -69,6 +71,12 @@ _DELIVERY = {
     # The value never reaches the command: the device's proxy adds it to HTTPS requests for
     # the credential's hosts (its local policy); env_var is unused.
     "http": pb.CredentialRef.DELIVERY_HTTP,
+}
+
+_WORKSPACE_BASE = {
+    "default_branch": pb.PrepareWorkspace.BASE_DEFAULT_BRANCH,
+    "pull_request": pb.PrepareWorkspace.BASE_PULL_REQUEST,
+    "local_changes": pb.PrepareWorkspace.BASE_LOCAL_CHANGES,
 }
 
 REFUSAL_REASONS = {
@@ -141,6 +149,16 @@ def device_message(message: pb.DeviceMessage) -> DeviceMessage:
         )
     if kind == "hello":
         return _hello(message.hello)
+    if kind == "repositories":
+        report = message.repositories
+        return RepositoryReport(
+            repositories=tuple(
+                Repository(path=r.path, remote=r.remote, default_branch=r.default_branch)
+                for r in report.repositories
+            ),
+            truncated=report.truncated,
+            scanned_at=_time(report.scanned_at) if report.HasField("scanned_at") else None,
+        )
     return UNKNOWN
 
 
@@ -165,10 +183,17 @@ def _hello(hello: pb.Hello) -> Hello:
 
 def _deadline(waiting: pb.AwaitingApproval) -> datetime | None:
     """The device's deadline, or None if unset or not a representable time."""
-    if not waiting.HasField("deadline") or waiting.deadline.seconds <= 0:
+    if not waiting.HasField("deadline"):
+        return None
+    return _time(waiting.deadline)
+
+
+def _time(stamp: Timestamp) -> datetime | None:
+    """A device's point in time, or None if not a representable (positive) one."""
+    if stamp.seconds <= 0:
         return None
     try:
-        return waiting.deadline.ToDatetime(tzinfo=UTC)
+        return stamp.ToDatetime(tzinfo=UTC)
     except (ValueError, OverflowError, OSError):
         return None
 
@@ -250,6 +275,34 @@ def command_message(
             command.write_file.expected_sha256 = spec.expected_sha256
     elif isinstance(spec, specs.ListDir):
         command.list_dir.CopyFrom(pb.ListDir(path=spec.path, depth=spec.depth))
+    elif isinstance(spec, specs.PrepareWorkspace):
+        command.prepare_workspace.CopyFrom(
+            pb.PrepareWorkspace(
+                ticket_id=spec.ticket_id,
+                repo=spec.repo,
+                base=_WORKSPACE_BASE[spec.base],
+                ref=spec.ref,
+                path=spec.path,
+                setup=spec.setup,
+            )
+        )
+    elif isinstance(spec, specs.ReleaseWorkspace):
+        command.release_workspace.CopyFrom(pb.ReleaseWorkspace(ticket_id=spec.ticket_id))
+    elif isinstance(spec, specs.Search):
+        command.search.CopyFrom(
+            pb.Search(
+                pattern=spec.pattern,
+                path=spec.path,
+                glob=spec.glob,
+                literal=spec.literal,
+                ignore_case=spec.ignore_case,
+                max_matches=spec.max_matches,
+            )
+        )
+    elif isinstance(spec, specs.Glob):
+        command.glob.CopyFrom(
+            pb.Glob(pattern=spec.pattern, path=spec.path, max_entries=spec.max_entries)
+        )
     else:
         command.cancel.CopyFrom(
             pb.CancelCommand(

@@ -118,7 +118,76 @@ class Cancel:
     grace_seconds: int = 0
 
 
-Op = Exec | ReadFile | WriteFile | ListDir | Cancel
+class WorkspaceBase(enum.IntEnum):
+    """PrepareWorkspace.Base: where a ticket's worktree starts."""
+
+    UNSPECIFIED = 0
+    DEFAULT_BRANCH = 1
+    PULL_REQUEST = 2
+    LOCAL_CHANGES = 3
+
+
+@dataclass(slots=True, frozen=True)
+class PrepareWorkspace:
+    KIND: ClassVar[str] = "prepare_workspace"
+
+    ticket_id: str
+    repo: str = ""  # normalised host/owner/name
+    # A number this daemon does not know stays a plain int, refused by validation.
+    base: WorkspaceBase | int = WorkspaceBase.DEFAULT_BRANCH
+    ref: str = ""
+    path: str = ""
+    setup: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class ReleaseWorkspace:
+    KIND: ClassVar[str] = "release_workspace"
+
+    ticket_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class Search:
+    KIND: ClassVar[str] = "search"
+
+    pattern: str
+    path: str
+    glob: str = ""
+    literal: bool = False
+    ignore_case: bool = False
+    max_matches: int = 0  # 0: the policy's limit
+
+
+@dataclass(slots=True, frozen=True)
+class Glob:
+    KIND: ClassVar[str] = "glob"
+
+    pattern: str
+    path: str
+    max_entries: int = 0  # 0: the policy's limit
+
+
+Op = (
+    Exec
+    | ReadFile
+    | WriteFile
+    | ListDir
+    | Cancel
+    | PrepareWorkspace
+    | ReleaseWorkspace
+    | Search
+    | Glob
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Repository:
+    """A git clone found under the allowed roots, as the device reports it."""
+
+    path: str
+    remote: str  # normalised host/owner/name; empty without a remote
+    default_branch: str
 
 
 @dataclass(slots=True, frozen=True)

@@ -35,7 +35,7 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     from endpointd import wire
-    from endpointd.model import Cancel, Exec, ListDir, ReadFile, WriteFile
+    from endpointd.model import Cancel, Exec, Glob, ListDir, ReadFile, Search, WriteFile
 
     try:
         journal = Journal(path, readonly=True)
@@ -58,6 +58,8 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
                     summary = " ".join(op.argv)
                 elif isinstance(op, ReadFile | WriteFile | ListDir):
                     summary = op.path
+                elif isinstance(op, Search | Glob):
+                    summary = f"{op.pattern!r} in {op.path}"
                 elif isinstance(op, Cancel):
                     summary = op.target_command_id
             out.append(

@@ -34,16 +34,22 @@ from endpointd.model import (
     Delivery,
     Exec,
     Finished,
+    Glob,
     Heartbeat,
     InFlight,
     InFlightState,
     ListDir,
     Op,
     PairResponse,
+    PrepareWorkspace,
     ReadFile,
     Reason,
     Refused,
+    ReleaseWorkspace,
+    Repository,
     Result,
+    Search,
+    WorkspaceBase,
     WriteFile,
 )
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -68,6 +74,7 @@ __all__ = [
     "open_stream",
     "output",
     "pair",
+    "repositories",
     "result",
     "server_message",
     "time_text",
@@ -113,6 +120,13 @@ def _delivery(value: int) -> Delivery | int:
         return value
 
 
+def _workspace_base(value: int) -> WorkspaceBase | int:
+    try:
+        return WorkspaceBase(value)
+    except ValueError:
+        return value
+
+
 def _op(message: pb.Command) -> Op | None:
     kind = message.WhichOneof("kind")
     if kind == "exec":
@@ -145,6 +159,31 @@ def _op(message: pb.Command) -> Op | None:
             target_command_id=message.cancel.target_command_id,
             grace_seconds=message.cancel.grace_seconds,
         )
+    if kind == "prepare_workspace":
+        pw = message.prepare_workspace
+        return PrepareWorkspace(
+            ticket_id=pw.ticket_id,
+            repo=pw.repo,
+            base=_workspace_base(pw.base),
+            ref=pw.ref,
+            path=pw.path,
+            setup=pw.setup,
+        )
+    if kind == "release_workspace":
+        return ReleaseWorkspace(ticket_id=message.release_workspace.ticket_id)
+    if kind == "search":
+        se = message.search
+        return Search(
+            pattern=se.pattern,
+            path=se.path,
+            glob=se.glob,
+            literal=se.literal,
+            ignore_case=se.ignore_case,
+            max_matches=se.max_matches,
+        )
+    if kind == "glob":
+        gl = message.glob
+        return Glob(pattern=gl.pattern, path=gl.path, max_entries=gl.max_entries)
     return None  # a kind newer than this daemon: validation refuses it as unknown
 
 
@@ -256,6 +295,20 @@ def hello(
 def heartbeat(seq: int, ack_seq: int) -> Outgoing:
     """Heartbeat ``seq``, sent now, acknowledging the peer's ``ack_seq``."""
     return pb.DeviceMessage(heartbeat=pb.Heartbeat(seq=seq, sent_at=_timestamp(), ack_seq=ack_seq))
+
+
+def repositories(found: Sequence[Repository], *, truncated: bool, scanned_at: float) -> Outgoing:
+    """The repositories found under the allowed roots (each report replaces the last)."""
+    return pb.DeviceMessage(
+        repositories=pb.RepositoryReport(
+            repositories=[
+                pb.Repository(path=r.path, remote=r.remote, default_branch=r.default_branch)
+                for r in found
+            ],
+            truncated=truncated,
+            scanned_at=_timestamp(scanned_at),
+        )
+    )
 
 
 def accepted(command_id: str) -> Outgoing:

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 
 from endpointd import wire
+from endpointd.commands import search
 from endpointd.commands.exits import Exits
 from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.commands.state import Active, finished, refused
@@ -25,7 +26,18 @@ from endpointd.guard import sandbox
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
 from endpointd.guard.policy import Decision, Refusal
-from endpointd.model import Cancel, Command, Delivery, Exec, ListDir, ReadFile, Reason, WriteFile
+from endpointd.model import (
+    Cancel,
+    Command,
+    Delivery,
+    Exec,
+    Glob,
+    ListDir,
+    ReadFile,
+    Reason,
+    Search,
+    WriteFile,
+)
 from endpointd.process.executor import (
     ExecLimits,
     ZygoteError,
@@ -402,9 +414,10 @@ class Starter(Exits):
         )
 
     async def _run_file_op(self, active: Active, command: Command) -> None:
-        """Run a read_file, write_file or list_dir confined to the allowed root holding its
-        path (:mod:`endpointd.commands.fileops`): no denied directory is walked through, and what
-        the open really reached is judged again before a byte moves (``judge``)."""
+        """Run a read_file, write_file, list_dir, search or glob confined to the allowed root
+        holding its path (:mod:`endpointd.commands.fileops`): no denied directory is walked
+        through, and what the open really reached is judged again before a byte moves
+        (``judge``)."""
         from endpointd.guard.files import root_of
         from endpointd.guard.policy import FileOp
 
@@ -413,9 +426,11 @@ class Starter(Exits):
         active.local_task = True
         policy = self.policy
         request = command.op
-        assert isinstance(request, ReadFile | WriteFile | ListDir)
+        assert isinstance(request, ReadFile | WriteFile | ListDir | Search | Glob)
         kind, path = request.KIND, request.path
-        op: FileOp = "read" if kind == "read_file" else "list" if kind == "list_dir" else "write"
+        op: FileOp = (
+            "write" if kind == "write_file" else "list" if kind in ("list_dir", "glob") else "read"
+        )
 
         def verdict(decision: Decision) -> str | None:
             if decision.action == "allow":
@@ -451,6 +466,19 @@ class Starter(Exits):
                     root=root,
                     denied=policy.denied_rule,
                     judge=judge,
+                )
+            elif isinstance(request, Search | Glob):
+                # Each file a search reads, and each one a glob names, is judged like a
+                # read_file or a listing entry of its own.
+                result = await asyncio.to_thread(
+                    search.run,
+                    request,
+                    writer,
+                    root=root,
+                    denied=policy.denied_rule,
+                    judge=judge,
+                    entries=entry_judge,
+                    max_output=active.max_output,
                 )
             elif isinstance(request, ListDir):
                 result = await asyncio.to_thread(

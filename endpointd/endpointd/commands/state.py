@@ -114,7 +114,7 @@ class Active:
 
     @property
     def has_output(self) -> bool:
-        return self.kind in ("exec", "read_file", "list_dir")
+        return self.kind in ("exec", "read_file", "list_dir", "search", "glob", "prepare_workspace")
 
 
 def refused(command_id: str, refusal: Refusal) -> Refused:

@@ -80,7 +80,17 @@ from typing import Any, Literal
 
 from endpointd.errors import EndpointdError
 from endpointd.fsutil import atomic_write, exclusive_lock
-from endpointd.model import Command, CredentialRef, Delivery, Exec, ListDir, ReadFile, WriteFile
+from endpointd.model import (
+    Command,
+    CredentialRef,
+    Delivery,
+    Exec,
+    Glob,
+    ListDir,
+    ReadFile,
+    Search,
+    WriteFile,
+)
 from endpointd.paths import ensure_private_dir
 
 APPROVALS_DIR = "approvals"
@@ -192,6 +202,8 @@ def summarize(command: Command) -> str:
         return " ".join(parts)
     if isinstance(op, ReadFile | WriteFile | ListDir):
         return f"{op.KIND} {op.path}"
+    if isinstance(op, Search | Glob):
+        return f"{op.KIND} {op.pattern!r} in {op.path}"
     return command.kind or "unknown command"
 
 
@@ -262,6 +274,9 @@ def describe(command: Command, redact: Callable[[str], str] = _same) -> dict[str
     elif isinstance(op, ListDir):
         out["path"] = redact(op.path)
         out["depth"] = op.depth
+    elif isinstance(op, Search | Glob):
+        out["path"] = redact(op.path)
+        out["pattern"] = redact(op.pattern)
     return out
 
 

@@ -49,7 +49,7 @@ from endpointd.guard import environment, sandbox
 from endpointd.guard.files import fold as _fold
 from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
-from endpointd.model import Command, Exec, ListDir, ReadFile, Reason, WriteFile
+from endpointd.model import Command, Exec, Glob, ListDir, ReadFile, Reason, Search, WriteFile
 from endpointd.paths import ensure_private_dir, state_dir
 from endpointd.secrets.store import NAME_RULE, valid_name
 
@@ -895,6 +895,11 @@ class Policy:
             )
         if isinstance(op, ReadFile | WriteFile | ListDir):
             return self._file_decision(loaded, op.path, self._file_op(op.KIND), None)
+        # A search reads the files beneath its path; a glob lists them.
+        if isinstance(op, Search):
+            return self._file_decision(loaded, op.path, "read", None)
+        if isinstance(op, Glob):
+            return self._file_decision(loaded, op.path, "list", None)
         return Decision("deny", "policy", f"the policy does not know command kind {kind!r}")
 
     def check_path(self, path: str, op: FileOp = "read") -> Decision:

@@ -10,7 +10,17 @@ from __future__ import annotations
 import os
 
 from endpointd.guard.policy import Refusal
-from endpointd.model import Cancel, Command, Exec, ListDir, ReadFile, Reason, WriteFile
+from endpointd.model import (
+    Cancel,
+    Command,
+    Exec,
+    Glob,
+    ListDir,
+    ReadFile,
+    Reason,
+    Search,
+    WriteFile,
+)
 
 
 def _invalid(message: str) -> Refusal:
@@ -62,6 +72,12 @@ def validate(command: Command) -> Refusal | None:
         return None
     if isinstance(op, ListDir):
         return _absolute(op.path, "list_dir.path")
+    if isinstance(op, Search | Glob):
+        if not op.pattern:
+            return _invalid(f"{op.KIND}.pattern is required")
+        if "\x00" in op.pattern or (isinstance(op, Search) and "\x00" in op.glob):
+            return _invalid(f"{op.KIND} contains a NUL byte")
+        return _absolute(op.path, f"{op.KIND}.path")
     if isinstance(op, Cancel):
         if not op.target_command_id:
             return _invalid("cancel.target_command_id is required")

@@ -372,6 +372,10 @@ class Command(_message.Message):
     WRITE_FILE_FIELD_NUMBER: _builtins.int
     LIST_DIR_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    PREPARE_WORKSPACE_FIELD_NUMBER: _builtins.int
+    RELEASE_WORKSPACE_FIELD_NUMBER: _builtins.int
+    SEARCH_FIELD_NUMBER: _builtins.int
+    GLOB_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     """Globally unique, server-assigned ("cmd_8f3k2q"); the idempotency key."""
     seq: _builtins.int
@@ -404,6 +408,14 @@ class Command(_message.Message):
     def list_dir(self) -> Global___ListDir: ...
     @_builtins.property
     def cancel(self) -> Global___CancelCommand: ...
+    @_builtins.property
+    def prepare_workspace(self) -> Global___PrepareWorkspace: ...
+    @_builtins.property
+    def release_workspace(self) -> Global___ReleaseWorkspace: ...
+    @_builtins.property
+    def search(self) -> Global___Search: ...
+    @_builtins.property
+    def glob(self) -> Global___Glob: ...
     def __init__(
         self,
         *,
@@ -417,12 +429,16 @@ class Command(_message.Message):
         write_file: Global___WriteFile | None = ...,
         list_dir: Global___ListDir | None = ...,
         cancel: Global___CancelCommand | None = ...,
+        prepare_workspace: Global___PrepareWorkspace | None = ...,
+        release_workspace: Global___ReleaseWorkspace | None = ...,
+        search: Global___Search | None = ...,
+        glob: Global___Glob | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "exec", b"exec", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "read_file", b"read_file", "write_file", b"write_file"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "search", b"search", "write_file", b"write_file"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "command_id", b"command_id", "credentials", b"credentials", "exec", b"exec", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "origin", b"origin", "read_file", b"read_file", "seq", b"seq", "write_file", b"write_file"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "command_id", b"command_id", "credentials", b"credentials", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "origin", b"origin", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "search", b"search", "seq", b"seq", "write_file", b"write_file"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "read_file", "write_file", "list_dir", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "read_file", "write_file", "list_dir", "cancel", "prepare_workspace", "release_workspace", "search", "glob"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -736,6 +752,193 @@ class CancelCommand(_message.Message):
 Global___CancelCommand: _TypeAlias = CancelCommand  # noqa: Y015
 
 @_typing.final
+class PrepareWorkspace(_message.Message):
+    """Make, or find again, a ticket's own working tree: a `git worktree` of the device's clone,
+    under endpointd's data dir (never inside the user's checkout), on branch
+    `superagent/<ticket_id>`. The user's checkout, index, stashes and uncommitted changes are
+    never touched. Judged by the local policy like any other operation. Idempotent: preparing
+    a ticket's workspace again returns the existing one (the base is not moved). A `path` that
+    is not a git repository is used in place (`in_place` in the answer).
+
+    The answer is one UTF-8 JSON object on the DATA stream, then Finished:
+    {"path": <the workspace>, "branch": <its branch>, "base": <commit it started from>,
+     "clone": <the clone it belongs to>, "created": <bool>, "in_place": <bool>,
+     "setup": {"ran": <bool>, "exit_code": <int>, "output_tail": <text>} | null}
+    A failure (no clone of `repo`, fetch failed, disk budget exceeded) is Finished.error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    class _Base:
+        ValueType = _typing.NewType("ValueType", _builtins.int)
+        V: _TypeAlias = ValueType  # noqa: Y015
+
+    class _BaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[PrepareWorkspace._Base.ValueType], _builtins.type):
+        DESCRIPTOR: _descriptor.EnumDescriptor
+        BASE_UNSPECIFIED: PrepareWorkspace._Base.ValueType  # 0
+        BASE_DEFAULT_BRANCH: PrepareWorkspace._Base.ValueType  # 1
+        """The clone's default branch, freshly fetched from its remote."""
+        BASE_PULL_REQUEST: PrepareWorkspace._Base.ValueType  # 2
+        """An existing pull request's head: `ref` names its branch, fetched from the remote."""
+        BASE_LOCAL_CHANGES: PrepareWorkspace._Base.ValueType  # 3
+        """The user's uncommitted changes on top of their checkout's HEAD, as a snapshot
+        (`git stash create`); their tree, index and stash list stay as they were.
+        """
+
+    class Base(_Base, metaclass=_BaseEnumTypeWrapper): ...
+    BASE_UNSPECIFIED: PrepareWorkspace.Base.ValueType  # 0
+    BASE_DEFAULT_BRANCH: PrepareWorkspace.Base.ValueType  # 1
+    """The clone's default branch, freshly fetched from its remote."""
+    BASE_PULL_REQUEST: PrepareWorkspace.Base.ValueType  # 2
+    """An existing pull request's head: `ref` names its branch, fetched from the remote."""
+    BASE_LOCAL_CHANGES: PrepareWorkspace.Base.ValueType  # 3
+    """The user's uncommitted changes on top of their checkout's HEAD, as a snapshot
+    (`git stash create`); their tree, index and stash list stay as they were.
+    """
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    REPO_FIELD_NUMBER: _builtins.int
+    BASE_FIELD_NUMBER: _builtins.int
+    REF_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SETUP_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    """The ticket this workspace belongs to ("tkt_8f3k2q"); names its directory and branch."""
+    repo: _builtins.str
+    """The repository as the device reported it, normalised "host/owner/name"; empty when
+    `path` names the directory.
+    """
+    base: Global___PrepareWorkspace.Base.ValueType
+    ref: _builtins.str
+    """For BASE_PULL_REQUEST: the PR's head branch on the remote."""
+    path: _builtins.str
+    """The clone (or a plain directory) to work from, when the control plane knows it; empty
+    means the device's clone of `repo` (the first it reported).
+    """
+    setup: _builtins.bool
+    """Run the repository's setup step once for this workspace (`.superagent/setup`, or the
+    local policy's command for this repository).
+    """
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+        repo: _builtins.str = ...,
+        base: Global___PrepareWorkspace.Base.ValueType = ...,
+        ref: _builtins.str = ...,
+        path: _builtins.str = ...,
+        setup: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base", b"base", "path", b"path", "ref", b"ref", "repo", b"repo", "setup", b"setup", "ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareWorkspace: _TypeAlias = PrepareWorkspace  # noqa: Y015
+
+@_typing.final
+class ReleaseWorkspace(_message.Message):
+    """The ticket ended: its workspace may go. The device removes it once the local policy's
+    retention has passed (0: now), and never removes a workspace it was not asked to release
+    unless the policy's disk budget requires it. Finished reports the outcome; releasing an
+    unknown or already released workspace succeeds.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TICKET_ID_FIELD_NUMBER: _builtins.int
+    ticket_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        ticket_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ticket_id", b"ticket_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseWorkspace: _TypeAlias = ReleaseWorkspace  # noqa: Y015
+
+@_typing.final
+class Search(_message.Message):
+    """Search file contents under `path` (ripgrep when the device has it, a built-in search
+    otherwise; the same answer either way). Matches arrive on the DATA stream as UTF-8 JSON
+    Lines: {"path": <relative to `path`>, "line": <1-based>, "text": <the line, capped>}.
+    Files ignored by git (.gitignore) and binary files are skipped. Judged as a read of `path`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATTERN_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    GLOB_FIELD_NUMBER: _builtins.int
+    LITERAL_FIELD_NUMBER: _builtins.int
+    IGNORE_CASE_FIELD_NUMBER: _builtins.int
+    MAX_MATCHES_FIELD_NUMBER: _builtins.int
+    pattern: _builtins.str
+    """A regular expression (Rust regex / Python re common subset), or a literal when
+    `literal` is set.
+    """
+    path: _builtins.str
+    glob: _builtins.str
+    """Only files whose path relative to `path` matches this glob ("*.py", "src/**/*.ts")."""
+    literal: _builtins.bool
+    ignore_case: _builtins.bool
+    max_matches: _builtins.int
+    """Stop after this many matches (0: the policy's limit); Finished.output_truncated says so."""
+    def __init__(
+        self,
+        *,
+        pattern: _builtins.str = ...,
+        path: _builtins.str = ...,
+        glob: _builtins.str = ...,
+        literal: _builtins.bool = ...,
+        ignore_case: _builtins.bool = ...,
+        max_matches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["glob", b"glob", "ignore_case", b"ignore_case", "literal", b"literal", "max_matches", b"max_matches", "path", b"path", "pattern", b"pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Search: _TypeAlias = Search  # noqa: Y015
+
+@_typing.final
+class Glob(_message.Message):
+    """Find files by name under `path`: their paths relative to it, one per line (UTF-8 text),
+    newest first. Files ignored by git are skipped. Judged as a listing of `path`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATTERN_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    MAX_ENTRIES_FIELD_NUMBER: _builtins.int
+    pattern: _builtins.str
+    """"**/*.py", "src/*.ts", "README*"."""
+    path: _builtins.str
+    max_entries: _builtins.int
+    """Stop after this many paths (0: the policy's limit); Finished.output_truncated says so."""
+    def __init__(
+        self,
+        *,
+        pattern: _builtins.str = ...,
+        path: _builtins.str = ...,
+        max_entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_entries", b"max_entries", "path", b"path", "pattern", b"pattern"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Glob: _TypeAlias = Glob  # noqa: Y015
+
+@_typing.final
 class Ack(_message.Message):
     """Server acknowledgement of device results, so the device can discard what is durable and
     knows where to resume after a reconnect.
@@ -1032,6 +1235,70 @@ class AwaitingApproval(_message.Message):
 Global___AwaitingApproval: _TypeAlias = AwaitingApproval  # noqa: Y015
 
 @_typing.final
+class RepositoryReport(_message.Message):
+    """The git repositories the device found under its allowed roots. Sent after Hello and
+    again whenever they change (the roots changed, a rescan found others); each report
+    replaces the last. Informational, for routing: a daemon older than this message never
+    sends it, and the server treats that device as reporting no repositories.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPOSITORIES_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    SCANNED_AT_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """The scan stopped at its bounds (depth or count): there may be more."""
+    @_builtins.property
+    def repositories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Repository]: ...
+    @_builtins.property
+    def scanned_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        repositories: _abc.Iterable[Global___Repository] | None = ...,
+        truncated: _builtins.bool = ...,
+        scanned_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scanned_at", b"scanned_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["repositories", b"repositories", "scanned_at", b"scanned_at", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RepositoryReport: _TypeAlias = RepositoryReport  # noqa: Y015
+
+@_typing.final
+class Repository(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    REMOTE_FIELD_NUMBER: _builtins.int
+    DEFAULT_BRANCH_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """The clone's top-level directory (real path)."""
+    remote: _builtins.str
+    """Its `origin` remote (else its first remote), normalised: "github.com/owner/name",
+    lower-case host, no scheme, user, port or ".git". Empty when it has no remote.
+    """
+    default_branch: _builtins.str
+    """The remote's default branch as the clone knows it (origin/HEAD), else its current one."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        remote: _builtins.str = ...,
+        default_branch: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_branch", b"default_branch", "path", b"path", "remote", b"remote"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Repository: _TypeAlias = Repository  # noqa: Y015
+
+@_typing.final
 class DeviceMessage(_message.Message):
     """---------------------------------------------------------------------------------------
     Stream envelopes
@@ -1050,6 +1317,7 @@ class DeviceMessage(_message.Message):
     FINISHED_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
     AWAITING_APPROVAL_FIELD_NUMBER: _builtins.int
+    REPOSITORIES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -1064,6 +1332,8 @@ class DeviceMessage(_message.Message):
     def refused(self) -> Global___Refused: ...
     @_builtins.property
     def awaiting_approval(self) -> Global___AwaitingApproval: ...
+    @_builtins.property
+    def repositories(self) -> Global___RepositoryReport: ...
     def __init__(
         self,
         *,
@@ -1074,12 +1344,13 @@ class DeviceMessage(_message.Message):
         finished: Global___Finished | None = ...,
         refused: Global___Refused | None = ...,
         awaiting_approval: Global___AwaitingApproval | None = ...,
+        repositories: Global___RepositoryReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "awaiting_approval", b"awaiting_approval", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "awaiting_approval", b"awaiting_approval", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused", "repositories", b"repositories"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "awaiting_approval", b"awaiting_approval", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "awaiting_approval", b"awaiting_approval", "finished", b"finished", "heartbeat", b"heartbeat", "hello", b"hello", "msg", b"msg", "output", b"output", "refused", b"refused", "repositories", b"repositories"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "heartbeat", "accepted", "output", "finished", "refused", "awaiting_approval"]  # noqa: Y015
+    _WhichOneofReturnType_msg: _TypeAlias = _typing.Literal["hello", "heartbeat", "accepted", "output", "finished", "refused", "awaiting_approval", "repositories"]  # noqa: Y015
     _WhichOneofArgType_msg: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_msg) -> _WhichOneofReturnType_msg | None: ...
 
