@@ -78,10 +78,12 @@ async def enqueue_reply(
     clip: bool = True,
     delay: float = 0.0,
     only_while: WhileWaiting | None = None,
+    reply_to: str | None = None,
 ) -> bool:
     """Queue a reply written by the program rather than the router's model (a command's
     result, a notice that a device is away), cut to the channel's limit when ``clip``;
-    sent after ``delay`` seconds, and then only if ``only_while`` still holds.
+    sent after ``delay`` seconds, and then only if ``only_while`` still holds. ``reply_to``:
+    the channel's id of the message it answers in place (a GitHub review comment).
 
     Keyed by ``reply_id``: queued again, or after it was sent, it is still one message.
     Returns False when there is no such thread or the reply was already sent.
@@ -104,6 +106,7 @@ async def enqueue_reply(
             "thread_external_id": row["external_id"],
             "text": text,
             **({"only_while": only_while.as_json()} if only_while is not None else {}),
+            **({"reply_to": reply_to} if reply_to is not None else {}),
         },
         delay=delay,
     )

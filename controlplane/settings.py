@@ -525,6 +525,22 @@ class WorkerSettings(BaseModel):
         "where it is not known to be private (a private GitHub repository is known); "
         "`always`; `off`.",
     )
+    ci_fix_rounds_limit: int = Field(
+        3,
+        ge=0,
+        description="Rounds a failed CI result on a ticket's open pull request (a check run, "
+        "check suite or workflow run that failed, timed out or was cancelled) may start by "
+        "itself while no person speaks; the next failure ends the ticket blocked, naming the "
+        "check. A result that passed starts no round; a person's event starts the count over.",
+    )
+    bot_rounds_limit: int = Field(
+        3,
+        ge=0,
+        description="Rounds bot events (not CI) may start in a row on a ticket whose pull "
+        "request is open, with no person's event in between; past it, bot events are kept "
+        "for the worker but wake it no more (hold `bot loop`, said once on the thread) until "
+        "a person writes.",
+    )
 
     @model_validator(mode="after")
     def _renew_well_within_the_lease(self) -> WorkerSettings:

@@ -6,7 +6,7 @@
   ``/console/login``.
 * ``GET/POST /console/login``, ``POST /console/logout``: the admin-token form and its cookie.
 * ``/console/api/…``: the data, as JSON (the actions too: pair and revoke a device; stop,
-  retry and reroute a ticket).
+  retry and reroute a ticket); a ticket's worker timeline, and each of its messages whole.
 * ``/console/ws?topics=…``: "something changed" frames (:mod:`controlplane.console.hub`).
 * ``/console/static/…``: the script and the style sheet.
 
@@ -78,6 +78,15 @@ async def _read(call: Awaitable[T]) -> T:
         if is_transient(exc):
             raise TransientError("the database is not answering just now; see /readyz") from exc
         raise
+
+
+def _plain(content: str | bytes) -> Response:
+    # text/plain and nosniff: a recorded text that looks like HTML is shown, never run.
+    return Response(
+        content,
+        media_type="text/plain; charset=utf-8",
+        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
+    )
 
 
 def _html(content: str, status_code: int = 200) -> HTMLResponse:
@@ -239,6 +248,24 @@ async def ticket_data(state: Admin, ticket_id: str) -> dict[str, Any]:
     return await _read(tickets.detail(state.pool, ticket_id))
 
 
+@routes.get(
+    "/console/api/tickets/{ticket_id}/timeline",
+    tags=["console"],
+    summary="One ticket's worker, round by round: messages, tool calls and results, capped",
+)
+async def ticket_timeline(state: Admin, ticket_id: str) -> dict[str, Any]:
+    return await _read(tickets.timeline(state.pool, ticket_id))
+
+
+@routes.get(
+    "/console/api/tickets/{ticket_id}/messages/{message_id}",
+    tags=["console"],
+    summary="One message of a ticket's worker, whole (a timeline entry's recall id)",
+)
+async def ticket_message(state: Admin, ticket_id: str, message_id: str) -> Response:
+    return _plain(await _read(tickets.message(state.pool, ticket_id, message_id)))
+
+
 class RetryRequest(BaseModel):
     note: str = Field("", max_length=4000, description="What changed, for the worker to read.")
 
@@ -287,13 +314,7 @@ async def command_output(
     offset: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=OUTPUT_LIMIT)] = OUTPUT_LIMIT,
 ) -> Response:
-    data = await _read(CommandQueue(state.pool).output(command_id, offset, limit))
-    # text/plain and nosniff: output that looks like HTML is shown, never run.
-    return Response(
-        data,
-        media_type="text/plain; charset=utf-8",
-        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
-    )
+    return _plain(await _read(CommandQueue(state.pool).output(command_id, offset, limit)))
 
 
 @routes.get("/console/api/devices", tags=["console"], summary="Devices, revoked ones last")

@@ -36,6 +36,9 @@ class OutboundMessage:
     text: str
     # False: an earlier try may have posted it already (the outbox's ClaimedEffect.first_try)
     first_try: bool = True
+    # The channel's id of the message this answers, where the channel answers in place
+    # (GitHub: ``pull_request_review_comment:<id>``, a reply in that review thread).
+    reply_to: str | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ def reply_handler(pool: asyncpg.Pool, channels: Channels) -> Any:
             thread_external_id=str(payload["thread_external_id"]),
             text=text,
             first_try=effect.first_try,
+            reply_to=str(payload["reply_to"]) if payload.get("reply_to") else None,
         )
         try:
             external_id = await adapter.send(message)

@@ -1,4 +1,5 @@
-"""``superagent devices``: pair, list, share and revoke the machines that run the agent's work.
+"""``superagent devices``: pair, list, show, share and revoke the machines that run the agent's
+work.
 
 Work goes to a device only for its owner, for whom it is shared with, or with its owner's
 approval in chat (controlplane.authorization).
@@ -20,7 +21,7 @@ from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.console.devices import pair_command
 from controlplane.gateway import devices as device_registry
-from controlplane.gateway import pairing
+from controlplane.gateway import pairing, repositories
 from controlplane.status import ago
 
 T = TypeVar("T")
@@ -146,6 +147,59 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
         click.echo("")
         for note in notes:
             click.echo(note)
+
+
+@devices.command()
+@click.argument("device")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show(device: str, as_json: bool) -> None:
+    """One device (name or id): owner, shares, status, sandbox, and the repositories it
+    reports under its allowed roots, which tickets for a repository are routed by."""
+    settings = load_settings()
+
+    async def work(
+        pool: asyncpg.Pool,
+    ) -> tuple[device_registry.DeviceView, list[repositories.StoredRepository]]:
+        view = await device_registry.find(pool, device)
+        return view, await repositories.of_device(pool, view.id)
+
+    view, clones = run_with_pool(settings, work)
+    if as_json:
+        shown = asdict(view) | {"repositories": [asdict(clone) for clone in clones]}
+        click.echo(json.dumps(shown, default=str, indent=2))
+        return
+    status = "revoked" if view.revoked else ("online" if view.online else "offline")
+    for label, value in (
+        ("device", f"{view.name} ({view.id})"),
+        ("owner", view.owner or access.ADMIN),
+        ("shared with", ", ".join(view.shares) or "-"),
+        ("status", f"{status}, last seen {ago(view.last_seen_at)}"),
+        ("queue", str(view.queue_depth)),
+        ("version", view.version or "-"),
+        ("policy", view.policy_hash or "-"),
+        ("sandbox", device_registry.sandbox_shown(view)),
+        ("repositories", _reported(view, len(clones))),
+    ):
+        click.echo(f"{label + ':':<14}{value}")
+    if clones:
+        click.echo("")
+        click.echo(f"{'REPOSITORY':<30} {'DEFAULT BRANCH':<20} {'PATH':<40} REMOTE")
+        for clone in clones:
+            click.echo(
+                f"{clone.owner_name or '-':<30} {clone.default_branch or '-':<20} "
+                f"{clone.path:<40} {clone.remote or '-'}"
+            )
+
+
+def _reported(view: device_registry.DeviceView, count: int) -> str:
+    """What the device said of its repositories, and when."""
+    if view.repositories_reported_at is None:
+        return "none reported (its endpointd predates the report, or has not connected since)"
+    when = f"reported {ago(view.repositories_reported_at)}"
+    more = (
+        "; its scan stopped at its bounds: there may be more" if view.repositories_truncated else ""
+    )
+    return f"{count}, {when}{more}" if count else f"none under its allowed roots, {when}{more}"
 
 
 def _grantees_option(help_text: str) -> Callable[[FC], FC]:

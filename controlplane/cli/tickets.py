@@ -12,7 +12,7 @@ from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.domain import CLOSED_TICKET_STATES, TicketState
 from controlplane.tickets import control
-from controlplane.workers import views
+from controlplane.workers import timeline, views
 
 
 @click.group()
@@ -27,6 +27,8 @@ def tickets() -> None:
     Examples:
       superagent tickets list
       superagent tickets show tkt_8f3k2q4m9x1a
+      superagent tickets show tkt_8f3k2q4m9x1a --transcript
+      superagent tickets recall tkt_8f3k2q4m9x1a msg_3j9w2k7c1d0e
       superagent tickets retry tkt_8f3k2q4m9x1a --note "the flaky test is fixed on main"
       superagent tickets reroute tkt_8f3k2q4m9x1a bob-desktop
       superagent tickets stop tkt_8f3k2q4m9x1a
@@ -65,10 +67,34 @@ def list_(everything: bool, limit: int, as_json: bool) -> None:
 
 @tickets.command()
 @click.argument("ticket")
+@click.option(
+    "--transcript",
+    is_flag=True,
+    help="What the worker did instead, round by round: what it was told, what it said, "
+    "each tool call with its arguments and each result (long ones capped).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show(ticket: str, as_json: bool) -> None:
-    """One TICKET: its scope, threads, reports and rounds."""
+def show(ticket: str, transcript: bool, as_json: bool) -> None:
+    """One TICKET: its scope, threads, reports and rounds.
+
+    With --transcript, its worker's timeline (the console's ticket page shows the same):
+    each round's header, then who spoke and what. A long text is cut, saying how much is
+    left out and under which id; `superagent tickets recall TICKET MSG` prints it whole.
+
+    \b
+    Example (--transcript):
+      round 1  asg_5m2k…  new, regular slot  2 model calls  ready  2026-05-04 10:02 → 10:04 UTC
+        10:02:11  control plane: brief
+                  Fix the flaky login test …
+                  … 14 more lines (recall msg_3j9w2k7c1d0e)
+        10:02:15  worker → shell  {"command":"pytest -q tests/test_login.py"}
+        10:02:21  ← shell
+                  exit_code: 1
+    """
     setup_logging("WARNING")
+    if transcript:
+        _transcript(ticket, as_json)
+        return
     found = run_with_pool(load_settings(), lambda pool: views.detail(pool, ticket))
     if as_json:
         click.echo(json.dumps(found.as_json(), indent=2))
@@ -103,6 +129,74 @@ def show(ticket: str, as_json: bool) -> None:
             f"  round {round_['id']} ({round_['woken_by']}, {round_['slot']} slot): "
             f"{round_['model_calls']} model calls, {round_['outcome']}"
         )
+
+
+def _transcript(ticket: str, as_json: bool) -> None:
+    found = run_with_pool(load_settings(), lambda pool: timeline.timeline(pool, ticket))
+    if as_json:
+        click.echo(json.dumps(found.as_json(), indent=2))
+        return
+    title = _printable(f"{found.ticket_id}: {found.title}")
+    click.echo(click.style(title, bold=True) + f"  ({found.state})")
+    if found.earlier:
+        click.echo(click.style(f"({found.earlier:,} earlier messages are not shown)", dim=True))
+    if not found.rounds:
+        click.echo("No rounds yet.")
+    for round_ in found.rounds:
+        click.echo("")
+        click.echo(_round_header(round_))
+        if not round_.entries:
+            click.echo("  (nothing said)")
+        for entry in round_.entries:
+            for line in _entry_lines(entry):
+                click.echo(line)
+
+
+def _round_header(round_: timeline.Round) -> str:
+    span = f"{round_.started:%Y-%m-%d %H:%M}" + (f" → {round_.ended:%H:%M}" if round_.ended else "")
+    head = click.style(f"round {round_.number}", bold=True)
+    return (
+        f"{head}  {round_.id}  {round_.woken_by}, {round_.slot} slot  "
+        f"{round_.model_calls} model calls  {click.style(round_.status, bold=True)}  {span} UTC"
+    )
+
+
+_INDENT = " " * 12  # under the heading, past its time
+
+# What a worker's session holds came from a model and from a device's commands: control
+# characters in it (an escape sequence in a build's output) are shown, never sent to the
+# terminal to act on. Line breaks and tabs are kept.
+_CONTROLS = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if chr(code) not in "\n\t"
+}
+
+
+def _printable(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
+def _entry_lines(entry: timeline.Entry) -> list[str]:
+    heading = click.style(_printable(entry.heading), fg="red" if entry.error else None, bold=True)
+    if entry.kind == "call":  # compact: the arguments on the heading's line
+        waiting = click.style("  (waiting for its result)", dim=True) if entry.pending else ""
+        lines = [f"  {entry.at:%H:%M:%S}  {heading}  {_printable(entry.text)}{waiting}"]
+    else:
+        lines = [f"  {entry.at:%H:%M:%S}  {heading}"]
+        lines += [_INDENT + line for line in _printable(entry.text).split("\n")]
+    if entry.more:
+        lines.append(_INDENT + click.style(f"… {entry.more} (recall {entry.message_id})", dim=True))
+    return lines
+
+
+@tickets.command()
+@click.argument("ticket")
+@click.argument("message")
+def recall(ticket: str, message: str) -> None:
+    """Print MESSAGE of TICKET's worker whole: the id a capped entry of
+    `superagent tickets show TICKET --transcript` names (msg_…)."""
+    setup_logging("WARNING")
+    text = run_with_pool(load_settings(), lambda pool: timeline.message_text(pool, ticket, message))
+    click.echo(_printable(text))
 
 
 @tickets.command()

@@ -1,7 +1,8 @@
 """The Devices page: paired devices, pairing a new one, revoking one.
 
-The same functions as ``superagent devices pair`` / ``list`` / ``revoke``; the page adds
-what each device is doing (commands not finished, and the oldest one's age).
+The same functions as ``superagent devices pair`` / ``list`` / ``show`` / ``revoke``; the
+page adds what each device is doing (commands not finished, and the oldest one's age), and
+lists the repositories each reports (what tickets for a repository are routed by).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.gateway import devices as registry
-from controlplane.gateway import pairing
+from controlplane.gateway import pairing, repositories
 from controlplane.gateway.server import default_public_url
 from controlplane.gateway.tls import gateway_tls
 from controlplane.settings import Settings
@@ -28,9 +29,14 @@ async def listing(pool: asyncpg.Pool) -> dict[str, Any]:
         "WHERE state IN ('queued', 'delivered', 'running') GROUP BY device_id"
     )
     waiting = {row["device_id"]: row["oldest"] for row in oldest}
+    clones = await repositories.of_devices(pool, [v.id for v in views if not v.revoked])
     return {
         "devices": [
-            {**asdict(view), "oldest_queued": waiting.get(view.id)}
+            {
+                **asdict(view),
+                "oldest_queued": waiting.get(view.id),
+                "repositories": [asdict(clone) for clone in clones.get(view.id, ())],
+            }
             for view in sorted(views, key=lambda v: (v.revoked, v.name))
         ]
     }

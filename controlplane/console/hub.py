@@ -47,6 +47,13 @@ TOPICS: dict[str, str] = {
         "(SELECT count(*) FROM assignments WHERE ended_at IS NULL), "
         "(SELECT max(created_at) FROM reports))"
     ),
+    # The conversation of every running round: its newest message, by the (session_id, seq)
+    # index. A round's end moves it too (the round leaves the set).
+    "transcript": (
+        "(SELECT string_agg(a.id || ':' || coalesce((SELECT max(m.seq) FROM session_messages m "
+        "WHERE m.session_id = a.session_id), 0), ',' ORDER BY a.id) FROM assignments a "
+        "WHERE a.ended_at IS NULL)"
+    ),
     # Unfinished commands (state and output size) and every device's next sequence
     # number, which moves with each new command, even one that ends within a second.
     "commands": (
@@ -57,7 +64,7 @@ TOPICS: dict[str, str] = {
     ),
     "devices": (
         "(SELECT md5(coalesce(string_agg(concat_ws(':', id, name, revoked_at, "
-        "connected_replica, policy_hash, sandbox, version, "
+        "connected_replica, policy_hash, sandbox, version, repositories_reported_at, "
         f"last_seen_at > now() - {_ONLINE}), ',' ORDER BY id), '')) FROM devices)"
     ),
     "triggers": (

@@ -35,7 +35,9 @@ OVERVIEW = Page(
 )
 TICKETS = Page("tickets", "/console/tickets", "Tickets", ("tickets",), "/console/api/tickets")
 # One ticket: under Tickets in the navigation, rendered by its own function.
-TICKET = Page("ticket", "/console/tickets", "Ticket", ("tickets", "commands", "devices"), "")
+TICKET = Page(
+    "ticket", "/console/tickets", "Ticket", ("tickets", "transcript", "commands", "devices"), ""
+)
 DEVICES = Page(
     "devices", "/console/devices", "Devices", ("devices", "commands"), "/console/api/devices"
 )

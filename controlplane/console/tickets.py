@@ -1,8 +1,11 @@
-"""The Tickets pages: the list, and one ticket with its threads, rounds, reports and commands.
+"""The Tickets pages: the list, and one ticket with its threads, rounds, reports, commands
+and its worker's timeline.
 
 Built on :mod:`controlplane.workers.views` (what ``superagent tickets`` shows), plus what a
 page has room for: the threads with their titles and links, who runs the current round,
-the commands with their output, and the paired devices the ticket could move to.
+the commands with their output, and the paired devices the ticket could move to. The
+timeline (what the worker was told, said, called and got back, round by round) is
+:mod:`controlplane.workers.timeline`'s, the same as ``superagent tickets show --transcript``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.console import commands
+from controlplane.workers import timeline as worker_timeline
 from controlplane.workers import views
 
 LIST_LIMIT = 200
@@ -53,3 +57,13 @@ async def detail(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
     )
     data["paired_devices"] = [dict(row) for row in paired]
     return data
+
+
+async def timeline(pool: asyncpg.Pool, ticket_id: str) -> dict[str, Any]:
+    """The ticket's rounds with their entries, capped; NotFound when there is no ticket."""
+    return (await worker_timeline.timeline(pool, ticket_id)).as_json()
+
+
+async def message(pool: asyncpg.Pool, ticket_id: str, message_id: str) -> str:
+    """One message of the ticket's worker, whole (an entry's ``recall`` id)."""
+    return await worker_timeline.message_text(pool, ticket_id, message_id)

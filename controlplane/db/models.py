@@ -44,7 +44,17 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-COMMAND_KINDS = ("exec", "read_file", "write_file", "list_dir", "cancel")
+COMMAND_KINDS = (
+    "exec",
+    "read_file",
+    "write_file",
+    "list_dir",
+    "cancel",
+    "prepare_workspace",
+    "release_workspace",
+    "search",
+    "glob",
+)
 SESSION_KINDS = ("router", "worker", "watchdog")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 MANDATE_KINDS = ("explicit", "inferred")
@@ -256,6 +266,32 @@ class Device(Base):
     # last_seen_at too, since a replica killed with SIGKILL cannot clear it.
     connected_replica: Mapped[str | None] = mapped_column(String(200))
     connected_at: Mapped[datetime | None]
+    # When its last RepositoryReport arrived (NULL: never, e.g. a daemon older than the
+    # report), and whether its scan stopped at its bounds (there may be more).
+    repositories_reported_at: Mapped[datetime | None]
+    repositories_truncated: Mapped[bool | None]
+
+
+class DeviceRepository(Base):
+    """A git clone a device reported under its allowed roots; the device's next report
+    replaces all of its rows (written only by ``gateway/repositories.py``). ``owner_name``:
+    the remote's ``owner/name``, lower case, which tickets are routed by."""
+
+    __tablename__ = "device_repositories"
+    __table_args__ = (
+        PrimaryKeyConstraint("device_id", "path"),
+        Index(
+            "ix_device_repositories_owner_name",
+            "owner_name",
+            postgresql_where=text("owner_name IS NOT NULL"),
+        ),
+    )
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(Text)
+    remote: Mapped[str | None] = mapped_column(Text)
+    owner_name: Mapped[str | None] = mapped_column(Text)
+    default_branch: Mapped[str | None] = mapped_column(Text)
+    reported_at: Mapped[datetime] = _created()
 
 
 class PairingCode(Base):
@@ -426,6 +462,12 @@ class Ticket(Base):
     repo: Mapped[str | None] = mapped_column(String(300))
     workdir: Mapped[str | None] = mapped_column(Text)
     branch: Mapped[str | None] = mapped_column(String(300))
+    # The ticket's own working tree on its device (a git worktree endpointd made, or a plain
+    # directory used in place); where it was asked to start; when the device was told the
+    # ticket ended (it removes the workspace after its retention).
+    workspace: Mapped[str | None] = mapped_column(Text)
+    workspace_base: Mapped[str | None] = mapped_column(String(30))
+    workspace_released_at: Mapped[datetime | None]
     # The last event without authority (not allowlisted, a bot, CI) the worker read since
     # its last input with authority; NULL once an allowlisted person spoke after it. While
     # set, actions with effects outside the device wait for people (workers.hold_untrusted).
@@ -443,6 +485,12 @@ class Ticket(Base):
     failed_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     retry_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
+    # Rounds its pull request started without a person: by a failed CI result (capped by
+    # workers.ci_fix_rounds_limit) and by bot events (workers.bot_rounds_limit), counted
+    # since loop_since, the last event from a person (controlplane.tickets.pr_rounds).
+    ci_fix_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    bot_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    loop_since: Mapped[datetime | None]
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
 

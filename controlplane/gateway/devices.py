@@ -1,9 +1,13 @@
-"""Paired devices as admins see them: list with liveness, queue depth and sandbox, revoke."""
+"""Paired devices as admins see them: list with liveness, queue depth, sandbox and the
+repositories they report; revoke."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+import asyncpg
 
 from controlplane.db.pool import Db, transaction
 from controlplane.domain import LIVE_COMMAND_STATES, Notify
@@ -32,6 +36,10 @@ class DeviceView:
     revoked: bool
     # Whom the owner shares it with: people, accounts (SOURCE:ID), groups (group:SOURCE:ID).
     shares: tuple[str, ...] = ()
+    # When it last reported its repositories (None: never, e.g. a daemon older than the
+    # report), and whether its scan stopped at its bounds (there may be more).
+    repositories_reported_at: datetime | None = None
+    repositories_truncated: bool | None = None
 
 
 # What is shown for a device that connected without saying how it confines commands.
@@ -79,7 +87,8 @@ class Revoked:
 
 _LIST = """
 SELECT d.id, d.name, d.owner, d.last_seen_at, d.policy_hash, d.sandbox, d.version,
-       d.revoked_at, d.connected_replica, coalesce(q.depth, 0) AS depth
+       d.revoked_at, d.connected_replica, d.repositories_reported_at,
+       d.repositories_truncated, coalesce(q.depth, 0) AS depth
 FROM devices d LEFT JOIN (
     SELECT device_id, count(*) AS depth FROM commands WHERE state = ANY($1::text[])
     GROUP BY device_id
@@ -89,36 +98,64 @@ FROM devices d LEFT JOIN (
 
 async def list_devices(db: Db, *, include_revoked: bool = False) -> list[DeviceView]:
     query = _LIST + ("" if include_revoked else "WHERE d.revoked_at IS NULL ") + "ORDER BY d.name"
-    now = datetime.now(UTC)
     shares: dict[str, list[str]] = {}
     for share in await db.fetch("SELECT device_id, grantee FROM device_shares ORDER BY grantee"):
         shares.setdefault(share["device_id"], []).append(share["grantee"])
-    views = []
-    for device in await db.fetch(query, list(LIVE_COMMAND_STATES)):
-        last_seen_at = device["last_seen_at"]
-        online = (
-            device["revoked_at"] is None
-            and device["connected_replica"] is not None
-            and last_seen_at is not None
-            and now - last_seen_at < ONLINE_WINDOW
-        )
-        views.append(
-            DeviceView(
-                id=device["id"],
-                name=device["name"],
-                owner=device["owner"],
-                online=online,
-                last_seen_at=last_seen_at,
-                queue_depth=int(device["depth"]),
-                policy_hash=device["policy_hash"],
-                sandbox=device["sandbox"],
-                sandbox_warning=sandbox_warning(device["sandbox"]),
-                version=device["version"],
-                revoked=device["revoked_at"] is not None,
-                shares=tuple(shares.get(device["id"], ())),
-            )
-        )
-    return views
+    rows = await db.fetch(query, list(LIVE_COMMAND_STATES))
+    return [_view(row, tuple(shares.get(row["id"], ()))) for row in rows]
+
+
+async def find(db: Db, name_or_id: str) -> DeviceView:
+    """One device by name or id (an active one before a revoked one of the same name)."""
+    row = await db.fetchrow(
+        _LIST + "WHERE d.id = $2 OR d.name = $2 "
+        "ORDER BY (d.revoked_at IS NULL) DESC, d.created_at DESC LIMIT 1",
+        list(LIVE_COMMAND_STATES),
+        name_or_id,
+    )
+    if row is None:
+        raise NotFound(f"no device named or with id {name_or_id!r}")
+    shares = await db.fetch(
+        "SELECT grantee FROM device_shares WHERE device_id = $1 ORDER BY grantee", row["id"]
+    )
+    return _view(row, tuple(share["grantee"] for share in shares))
+
+
+def _view(device: asyncpg.Record, shares: tuple[str, ...]) -> DeviceView:
+    last_seen_at = device["last_seen_at"]
+    online = (
+        device["revoked_at"] is None
+        and device["connected_replica"] is not None
+        and last_seen_at is not None
+        and datetime.now(UTC) - last_seen_at < ONLINE_WINDOW
+    )
+    return DeviceView(
+        id=device["id"],
+        name=device["name"],
+        owner=device["owner"],
+        online=online,
+        last_seen_at=last_seen_at,
+        queue_depth=int(device["depth"]),
+        policy_hash=device["policy_hash"],
+        sandbox=device["sandbox"],
+        sandbox_warning=sandbox_warning(device["sandbox"]),
+        version=device["version"],
+        revoked=device["revoked_at"] is not None,
+        shares=shares,
+        repositories_reported_at=device["repositories_reported_at"],
+        repositories_truncated=device["repositories_truncated"],
+    )
+
+
+async def online(db: Db, device_ids: Sequence[str]) -> set[str]:
+    """Which of ``device_ids`` are online now, judged as :func:`list_devices` judges it."""
+    rows = await db.fetch(
+        "SELECT id FROM devices WHERE id = ANY($1::text[]) AND revoked_at IS NULL "
+        "AND connected_replica IS NOT NULL AND last_seen_at > now() - $2::interval",
+        list(device_ids),
+        ONLINE_WINDOW,
+    )
+    return {row["id"] for row in rows}
 
 
 async def revoke(db: Db, name_or_id: str) -> Revoked:

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from controlplane.domain import CommandState
 from controlplane.errors import InvalidInput, NotFound
-from controlplane.gateway import messages, wire
+from controlplane.gateway import messages, repositories, wire
 from controlplane.gateway.delivery import CommandDelivery, PendingCommand
 from superagent_shared.protocol import (
     MAX_OUTPUT_CHUNK_BYTES,
@@ -515,9 +515,10 @@ class DeviceStream:
             )
 
     async def _on_repositories(self, report: messages.RepositoryReport) -> None:
-        """The repositories the device found under its roots (stored for routing)."""
-        # Filled by the device-repositories work: validated and stored per device.
-        del report
+        """The repositories the device found under its roots, stored for routing as this
+        stream's device's (the report names no device). Awaited here: reports are rare,
+        and a device sending them back to back waits for each to be stored."""
+        await repositories.replace(self.delivery.pool, self.device_id, report)
 
     async def _hold_for_write_slot(self) -> None:
         """Until the hub's next batch of writes, or until a command is sent (see _send_command:

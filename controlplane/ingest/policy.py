@@ -78,6 +78,22 @@ class SourcePolicy(BaseModel):
         return rules
 
 
+# Where create_ticket sends work for a repository when the requester's own device that has
+# it is offline (controlplane.tickets.placement): to an online device shared with them that
+# has it, to asking them, or to waiting for their own device.
+OfflineOwnerDevice = Literal["shared", "ask", "wait"]
+
+
+class RoutingPolicy(BaseModel):
+    """How tickets find a device when the request names a repository and no device."""
+
+    model_config = ConfigDict(extra="forbid")
+    # "shared" by default: someone who asks for work expects it to start, and a device
+    # shared with them was shared for that; the answer names the device, so they can move
+    # it. "ask" puts the choice to them; "wait" keeps it for their own device.
+    offline_owner_device: OfflineOwnerDevice = "shared"
+
+
 class Policy(BaseModel):
     """The whole policy as stored (one JSON document per version)."""
 
@@ -94,6 +110,7 @@ class Policy(BaseModel):
     # For people reading the document: the handle each id was resolved from on save
     # (``"583231": "github:octocat"``). Display only: never matched.
     labels: dict[str, str] = Field(default_factory=dict)
+    routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
     # Entries a migration could not turn into ids, with where they were: inert, kept on
     # record until someone resolves them (``superagent policy edit``).
     unresolved: list[str] = Field(default_factory=list)

@@ -18,11 +18,12 @@ worker notices and job results carry none. Only these three may change the plan.
 **Holds.** What the worker read since its last input with authority is kept on the ticket
 (``tickets.untrusted_trigger_id``, ``untrusted_public``), updated in the transaction that
 shows the events to the model. While input without authority is the latest, an action
-with effects outside the device (:func:`external`: a pull request, a command given
-credentials, a push) is not run: the worker is told it is held, the round ends, the
-ticket waits in ``waiting_human`` (hold ``confirmation``), and the requester is asked once
-on the ticket's thread. Only input with authority wakes it; reading it clears the mark, and
-the worker's repeated call runs. ``workers.hold_untrusted`` says where this applies.
+with effects outside the device (:func:`external`: a pull request, a reply on GitHub, a
+command given credentials, a push) is not run: the worker is told it is held, the round
+ends, the ticket waits in ``waiting_human`` (hold ``confirmation``), and the requester is
+asked once on the ticket's thread. Only input with authority wakes it; reading it clears
+the mark, and the worker's repeated call runs. ``workers.hold_untrusted`` says where this
+applies.
 
 This module must not decide anything from an event's text.
 """
@@ -141,6 +142,8 @@ def external(name: str, args: dict[str, Any]) -> str | None:
     """What the call would do outside the device, or None if it stays on the device."""
     if name == "open_pull_request":
         return "open a pull request"
+    if name == "reply_to_comment":
+        return "reply on GitHub"
     if name != "shell":
         return None
     credentials = args.get("credentials")

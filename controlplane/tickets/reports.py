@@ -4,8 +4,10 @@
 round (its slot is freed) and enter the router's inbox as an event on the ticket's home
 thread (the thread of the request that started it), so the router, the one voice of the
 agent, tells people. A ticket with a pull request waits in ``ready`` until the PR is merged
-or closed; one without completes on ready. question/blocked/failed wait for a human in
-``waiting_human``.
+(completed) or closed without a merge (stopped), woken meanwhile by what happens on it
+(:mod:`controlplane.tickets.pr_rounds`, which also ends it ``blocked`` through
+:func:`finish_in` when CI keeps failing); one without completes on ready.
+question/blocked/failed wait for a human in ``waiting_human``.
 
 A speculative ticket says nothing unless it confirms a reproduction and a fix: then it
 becomes an ordinary ticket and delivers; any other final report discards it silently.

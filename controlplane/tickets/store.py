@@ -4,6 +4,10 @@ Callers hold the transaction; each function is one statement in it. A function t
 changes state only from given states says so, and returns whether it did (None or False:
 the ticket had moved on, which the caller handles). Reading a ticket is anyone's business;
 writing one goes through here, so "where does a ticket change state" has one answer.
+
+However a ticket ends (completed, stopped, failed), the workers' housekeeping tells its
+device to release its workspace (:func:`controlplane.workers.workspace.release_ended`),
+from the closed state itself, so no way of ending can forget it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from decimal import Decimal
 import asyncpg
 
 from controlplane.db.pool import Conn, Db
-from controlplane.domain import TicketState
+from controlplane.domain import TicketState, sql_list
+from controlplane.tickets import pr_events
 
 # -- made, and what it works on -----------------------------------------------------------
 
@@ -47,6 +52,26 @@ async def set_repo_branch(conn: Db, ticket_id: str, repo: str | None, branch: st
     await conn.execute(
         "UPDATE tickets SET repo = $2, branch = $3 WHERE id = $1", ticket_id, repo, branch
     )
+
+
+async def set_workspace(
+    conn: Db, ticket_id: str, path: str, branch: str, *, in_place: bool
+) -> None:
+    """The ticket's workspace as its device prepared it (its branch, when it has one)."""
+    await conn.execute(
+        "UPDATE tickets SET workspace = $2, branch = coalesce(nullif($3, ''), branch), "
+        "workspace_base = CASE WHEN $4 THEN 'in_place' ELSE workspace_base END, "
+        "updated_at = now() WHERE id = $1",
+        ticket_id,
+        path,
+        branch,
+        in_place,
+    )
+
+
+async def workspace_released(conn: Db, ticket_id: str) -> None:
+    """The ticket's device was told it ended (it removes the workspace after retention)."""
+    await conn.execute("UPDATE tickets SET workspace_released_at = now() WHERE id = $1", ticket_id)
 
 
 async def record_pull_request(conn: Conn, ticket_id: str, url: str) -> None:
@@ -278,27 +303,80 @@ async def stop(conn: Conn, ticket_id: str, hold: str) -> None:
     )
 
 
-# A merged or closed pull request completes its ticket (the events are its last); what its
-# inbox still holds is read.
-_CLOSED_PULL_REQUESTS = """
+# A closed pull request ends its ticket (its events are its last), unless a round runs (the
+# next pass ends it): merged, the ticket is completed; closed without a merge, stopped, as
+# people turned the work down. A close recorded before the adapter said which (no verdict
+# in its text, pr_events) completes, as it always did. The latest close decides; what the
+# inbox still holds is read. The state is checked again in the update itself, so a round
+# that started meanwhile is not overwritten.
+_ENDS = sql_list(("ready", "waiting_human", "waiting_device", "open"))
+_CLOSED_PULL_REQUESTS = f"""
 WITH closed AS (
-    SELECT DISTINCT t.id FROM tickets t
+    SELECT DISTINCT ON (t.id) t.id,
+           CASE WHEN starts_with(g.text, $1) THEN 'stopped' ELSE 'completed' END AS state,
+           CASE WHEN starts_with(g.text, $1) THEN 'pull request closed without merge'
+                WHEN starts_with(g.text, $2) THEN 'pull request merged'
+                ELSE 'pull request closed' END AS hold
+    FROM tickets t
     JOIN ticket_inbox i ON i.ticket_id = t.id
     JOIN triggers g ON g.id = i.trigger_id
     JOIN threads th ON th.id = g.thread_id
-    WHERE t.state IN ('ready', 'waiting_human') AND t.pr_url IS NOT NULL
+    WHERE t.state IN ({_ENDS}) AND t.pr_url IS NOT NULL
       AND th.url = t.pr_url AND g.kind = 'pull_request.closed'
+    ORDER BY t.id, g.created_at DESC, g.id DESC
 ), done AS (
-    UPDATE tickets SET state = 'completed', hold = 'pull request closed', updated_at = now()
-    FROM closed WHERE tickets.id = closed.id RETURNING tickets.id
+    UPDATE tickets SET state = closed.state, hold = closed.hold, updated_at = now()
+    FROM closed WHERE tickets.id = closed.id
+      AND tickets.state IN ({_ENDS})
+    RETURNING tickets.id, tickets.state
 ), read AS (
     UPDATE ticket_inbox SET read_at = now()
     WHERE ticket_id IN (SELECT id FROM done) AND read_at IS NULL
 )
-SELECT id FROM done
+SELECT id, state FROM done
 """
 
 
-async def complete_closed_pull_requests(conn: Db) -> list[str]:
-    """Complete the tickets whose pull request was closed or merged; their ids."""
-    return [row["id"] for row in await conn.fetch(_CLOSED_PULL_REQUESTS)]
+async def end_closed_pull_requests(conn: Conn) -> list[asyncpg.Record]:
+    """End the tickets whose pull request was merged (completed) or closed without a merge
+    (stopped). Rows: id, state."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        _CLOSED_PULL_REQUESTS, pr_events.NOT_MERGED, pr_events.MERGED
+    )
+    return rows
+
+
+# -- rounds nobody asked for (controlplane.tickets.pr_rounds) -----------------------------
+
+
+async def count_unasked_round(conn: Conn, ticket_id: str, *, ci: bool, bot: bool) -> None:
+    """One more round started by a failed CI result (``ci``) and/or bot events (``bot``)."""
+    await conn.execute(
+        "UPDATE tickets SET ci_fix_rounds = ci_fix_rounds + $2::int, "
+        "bot_rounds = bot_rounds + $3::int WHERE id = $1",
+        ticket_id,
+        int(ci),
+        int(bot),
+    )
+
+
+async def people_stepped_in(conn: Conn, ticket_id: str, at: datetime | None = None) -> None:
+    """A person spoke (at ``at``; None: now): the counts of unasked rounds start over."""
+    await conn.execute(
+        "UPDATE tickets SET ci_fix_rounds = 0, bot_rounds = 0, "
+        "loop_since = coalesce($2::timestamptz, now()) WHERE id = $1",
+        ticket_id,
+        at,
+    )
+
+
+async def hold_ready(conn: Conn, ticket_id: str, hold: str) -> bool:
+    """A ``ready`` ticket shows why events no longer wake it; False if it was not ready or
+    already showed it."""
+    moved = await conn.fetchval(
+        "UPDATE tickets SET hold = $2, updated_at = now() "
+        "WHERE id = $1 AND state = 'ready' AND hold IS DISTINCT FROM $2 RETURNING id",
+        ticket_id,
+        hold,
+    )
+    return moved is not None

@@ -3,18 +3,30 @@
 Every replica runs one. Each pass (woken by NOTIFY, at least every second):
 
 1. renews the leases of the rounds it runs, and stops any it lost;
-2. housekeeping, idempotent on every replica: tickets whose pull request was merged or
-   closed complete; device waits past their expiry ask people whether to reroute or drop,
-   and their answer (``reroute <device>`` / ``drop``) is carried out;
+2. housekeeping, idempotent on every replica: a ticket whose pull request was merged is
+   completed, one whose pull request was closed without a merge is stopped; device waits
+   past their expiry ask people whether to reroute or drop, and their answer
+   (``reroute <device>`` / ``drop``) is carried out;
 3. takes over rounds whose lease expired (their replica died), then starts rounds for
-   tickets that need one: new tickets, tickets whose device came back, and tickets that
-   wait for people and got an event that wakes them.
+   tickets that need one: new tickets, tickets whose device came back, tickets that wait
+   for people and got an event that wakes them, and tickets in ``ready`` whose pull request
+   called for one.
 
-Which events wake a waiting ticket: in ``ready`` (a pull request open) any event, CI
-included; after a question, blocked or failed only a person (a human message, a retry),
-while CI and bot events are recorded for the worker to read when it wakes; an action held
-for confirmation (:mod:`controlplane.tickets.authority`) only an allowlisted person or a
-retry.
+Which events wake a waiting ticket:
+
+* in ``ready`` (its pull request open; :mod:`controlplane.tickets.pr_rounds`): a person's
+  event (a review, a review comment, a comment); a failed CI result, up to
+  ``workers.ci_fix_rounds_limit`` automatic fix rounds, after which the next failure ends it
+  ``blocked`` naming the check; bot events, up to ``workers.bot_rounds_limit`` rounds in a
+  row, after which they wait (hold ``bot loop``). A person's event starts both counts over.
+  A CI result that passed and a push notice wake nothing. The woken round is the same
+  ticket, session and branch: it pushes to the same pull request and answers review
+  comments in their threads;
+* after a question, blocked or failed: only a person (a human message, a retry), while CI
+  and bot events are recorded for the worker to read when it wakes (a CI result is CI's,
+  whoever sent it); a round started so starts the counts above over;
+* an action held for confirmation (:mod:`controlplane.tickets.authority`): only an
+  allowlisted person or a retry.
 """
 
 from __future__ import annotations
@@ -30,7 +42,7 @@ import openai
 from controlplane.authorization import devices as access
 from controlplane.db import outage
 from controlplane.db.listen import listen
-from controlplane.domain import CLOSED_TICKET_SQL, Notify, sql_list
+from controlplane.domain import CLOSED_TICKET_SQL, Notify, TicketState
 from controlplane.errors import SuperagentError
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
@@ -38,8 +50,9 @@ from controlplane.ingest.inbox import IS_STOP
 from controlplane.replies import enqueue_reply
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.tickets import control, reports, retries, slots, store
-from controlplane.tickets.authority import CI_KINDS, HOLD
+from controlplane.tickets import control, pr_rounds, reports, retries, slots, store
+from controlplane.tickets.authority import HOLD
+from controlplane.workers import workspace
 from controlplane.workers.worker import RoundOver, Worker
 from superagent_shared.ids import stable_id
 
@@ -47,8 +60,8 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
 
-_CI_SQL = sql_list(sorted(CI_KINDS))
-# Tickets that need a round, and why; human-woken ones may use the extra slot.
+# Tickets that need a round, and why; human-woken ones may use the extra slot. Tickets in
+# ready are pr_rounds' (pending).
 _WAKE = f"""
 SELECT t.id, t.state, CASE WHEN t.hold = 'retrying' THEN 'retry' ELSE 'new' END AS why,
        false AS human
@@ -62,24 +75,23 @@ SELECT t.id, t.state, CASE WHEN coalesce(h.human, false) THEN 'human' ELSE 'even
        coalesce(h.human, false)
 FROM tickets t
 LEFT JOIN LATERAL (
-    SELECT bool_or(NOT g.actor_is_bot) AS human, count(*) AS n,
-           bool_or(g.allowlisted AND NOT g.actor_is_bot
-                   AND split_part(g.kind, '.', 1) NOT IN ({_CI_SQL})) AS heard
+    -- a person: not a bot, not CI output (whoever sent it), not a push notice
+    SELECT bool_or({pr_rounds.PERSON}) AS human,
+           bool_or(g.allowlisted AND {pr_rounds.PERSON}) AS heard
     FROM ticket_inbox i JOIN triggers g ON g.id = i.trigger_id
     JOIN threads th ON th.id = g.thread_id
     WHERE i.ticket_id = t.id AND i.read_at IS NULL AND i.handed_back_at IS NULL
       AND NOT {IS_STOP}
-      -- the merge or close of the ticket's own PR completes it (tickets.store), no worker
+      -- the merge or close of the ticket's own PR ends it (tickets.store), no worker
       AND NOT (g.kind = 'pull_request.closed' AND th.url IS NOT DISTINCT FROM t.pr_url)
 ) h ON true
-WHERE (t.state = 'ready' AND h.n > 0)
-   -- a ticket waiting for its device's owner to approve wakes only by their answer
-   OR (t.state = 'waiting_human'
-       AND coalesce(t.hold, '') NOT IN ('device_expired', '{access.HOLD}')
-       -- a held action waits for someone with authority: a stranger cannot wake it
-       AND (coalesce(CASE WHEN t.hold = '{HOLD}' THEN h.heard ELSE h.human END, false)
-            OR EXISTS (SELECT 1 FROM worker_events w
-                       WHERE w.ticket_id = t.id AND w.read_at IS NULL AND w.kind = 'retry')))
+-- a ticket waiting for its device's owner to approve wakes only by their answer
+WHERE t.state = 'waiting_human'
+  AND coalesce(t.hold, '') NOT IN ('device_expired', '{access.HOLD}')
+  -- a held action waits for someone with authority: a stranger cannot wake it
+  AND (coalesce(CASE WHEN t.hold = '{HOLD}' THEN h.heard ELSE h.human END, false)
+       OR EXISTS (SELECT 1 FROM worker_events w
+                  WHERE w.ticket_id = t.id AND w.read_at IS NULL AND w.kind = 'retry'))
 LIMIT 100
 """
 
@@ -229,26 +241,58 @@ class WorkerService(Service):
             log.info("workers: taking over %s of %s", orphan.id, orphan.ticket_id)
             self._launch(orphan)
         for row in await self.pool.fetch(_WAKE, ONLINE_WINDOW):
-            started = await slots.start(
-                self.pool,
-                row["id"],
-                states=(row["state"],),
-                woken_by=row["why"],
-                owner=self.owner,
-                lease=self.lease,
-                max_workers=self.limits.max_workers,
-                human=row["human"],
-            )
+            started = await self._start(row["id"], row["state"], row["why"], human=row["human"])
+            if started is not None and row["state"] == TicketState.WAITING_HUMAN:
+                # People stepped in: the rounds nobody asked for count from zero again.
+                async with self.pool.acquire() as conn:
+                    await pr_rounds.people_woke(conn, started.ticket_id)
+        for decision in await pr_rounds.pending(self.pool, self.limits):
+            await self._pull_request(decision)
+
+    async def _start(
+        self, ticket_id: str, state: str, why: str, *, human: bool
+    ) -> slots.Assignment | None:
+        started = await slots.start(
+            self.pool,
+            ticket_id,
+            states=(state,),
+            woken_by=why,
+            owner=self.owner,
+            lease=self.lease,
+            max_workers=self.limits.max_workers,
+            human=human,
+        )
+        if started is not None:
+            log.info("workers: %s for %s (%s)", started.id, started.ticket_id, why)
+            self._launch(started)
+        return started
+
+    async def _pull_request(self, decision: pr_rounds.Decision) -> None:
+        """What a ready ticket's pull request called for: a round, a block, or a hold."""
+        ticket_id = decision.ticket_id
+        if decision.action == "wake":
+            why = "human" if decision.person else "event"
+            started = await self._start(ticket_id, TicketState.READY, why, human=decision.person)
             if started is not None:
-                log.info("workers: %s for %s (%s)", started.id, started.ticket_id, row["why"])
-                self._launch(started)
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await pr_rounds.started(conn, decision)
+        elif decision.action == "block":
+            summary = await pr_rounds.block(self.pool, decision)
+            if summary is not None:
+                log.info("workers: %s blocked: %s", ticket_id, summary)
+        elif await pr_rounds.hold_bots(self.pool, decision):
+            log.info("workers: %s no longer woken by bots (%s)", ticket_id, pr_rounds.BOT_HOLD)
 
     # -- housekeeping --------------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
         await control.cancel_stopped(self.pool, self.queue)
-        for ticket_id in await store.complete_closed_pull_requests(self.pool):
-            log.info("workers: %s completed (its pull request was closed)", ticket_id)
+        async with self.pool.acquire() as conn, conn.transaction():
+            for ended in await pr_rounds.end_closed(conn):
+                log.info("workers: %s %s (its pull request closed)", ended["id"], ended["state"])
+        # However a ticket ended, its device may remove its workspace (after its retention).
+        for released in await workspace.release_ended(self.pool, self.queue):
+            log.info("workers: %s ended; its device releases its workspace", released)
         async with self.pool.acquire() as conn, conn.transaction():
             for row in await store.expire_device_waits(conn):
                 thread = await reports.home_thread(conn, row["id"])

@@ -52,8 +52,8 @@ from controlplane.llm.client import ToolCall, screen_calls
 from controlplane.llm.tokens import prompt_chars
 from controlplane.replies import WhileWaiting, enqueue_reply
 from controlplane.settings import Settings
-from controlplane.tickets import authority, events, reports, slots, store
-from controlplane.workers import compaction, session
+from controlplane.tickets import authority, events, placement, reports, slots, store
+from controlplane.workers import compaction, session, workspace
 from controlplane.workers.devices import device_gone, device_online
 from controlplane.workers.tools.core import Outcome, Ticket
 from controlplane.workers.tools.toolbox import TOOL_SPECS, WorkerToolbox
@@ -79,8 +79,10 @@ class RoundOver(Exception):
 
 async def load_ticket(db: Db, ticket_id: str) -> Ticket:
     row = await db.fetchrow(
-        "SELECT t.id, t.title, t.device_id, d.name AS device_name, t.repo, t.workdir, "
-        "t.branch, t.speculative FROM tickets t LEFT JOIN devices d ON d.id = t.device_id "
+        "SELECT t.id, t.title, t.device_id, d.name AS device_name, t.repo, "
+        # Once the ticket has its workspace, that is where it works.
+        "coalesce(t.workspace, t.workdir) AS workdir, t.branch, t.speculative, t.workspace, "
+        "t.workspace_base FROM tickets t LEFT JOIN devices d ON d.id = t.device_id "
         "WHERE t.id = $1",
         ticket_id,
     )
@@ -89,7 +91,7 @@ async def load_ticket(db: Db, ticket_id: str) -> Ticket:
     return Ticket(**dict(row))
 
 
-async def brief(db: Db, ticket: Ticket) -> str:
+async def brief(db: Db, ticket: Ticket, found: list[tuple[str, str]] | None = None) -> str:
     """The first message of a ticket's session: what to do, where, and on whose word."""
     mandate = await db.fetchrow(
         "SELECT m.kind, m.scope, m.initiator_name, g.id AS trigger_id, g.text, g.thread_id, "
@@ -114,12 +116,9 @@ async def brief(db: Db, ticket: Ticket) -> str:
             )
     lines.append(f"Device: {ticket.device_name or 'none chosen'}")
     lines.append(f"Repository: {ticket.repo or 'unknown'}")
-    lines.append(
-        f"Working directory: {ticket.workdir}"
-        if ticket.workdir
-        else "Working directory: not given; find the repository on the device"
-    )
-    lines.append(f"Branch: {ticket.branch} (commit and push your work there)")
+    if not ticket.in_place:
+        lines.append(f"Branch: {ticket.branch} (commit and push your work there)")
+    lines += workspace.brief_lines(ticket, found or [])
     lines.append("Threads you handle: " + ", ".join(r["thread_id"] for r in threads))
     if ticket.speculative:
         lines.append(
@@ -127,12 +126,6 @@ async def brief(db: Db, ticket: Ticket) -> str:
             "report ready with reproduced=true and fixed=true; anything else discards it."
         )
     return "\n".join(lines)
-
-
-def _repo_of(source: str | None, external_id: str | None) -> str | None:
-    if source == "github" and external_id and "#" in external_id:
-        return external_id.split("#", 1)[0]
-    return None
 
 
 async def prepare_ticket(pool: asyncpg.Pool, ticket: Ticket) -> Ticket:
@@ -144,7 +137,9 @@ async def prepare_ticket(pool: asyncpg.Pool, ticket: Ticket) -> Ticket:
         "JOIN threads th ON th.id = g.thread_id WHERE m.ticket_id = $1 LIMIT 1",
         ticket.id,
     )
-    repo = ticket.repo or (_repo_of(thread["source"], thread["external_id"]) if thread else None)
+    repo = ticket.repo or (
+        placement.thread_repo(thread["source"], thread["external_id"]) if thread else None
+    )
     branch = ticket.branch or f"superagent/{ticket.id}"
     await store.set_repo_branch(pool, ticket.id, repo, branch)
     return replace(ticket, repo=repo, branch=branch)
@@ -180,9 +175,25 @@ class Worker:
         ticket = await prepare_ticket(
             self.pool, await load_ticket(self.pool, self.assignment.ticket_id)
         )
-        convo = await self._open(ticket)
         if ticket.device_id is not None and not await device_online(self.pool, ticket.device_id):
             return await self._await_device(ticket)
+        found: list[tuple[str, str]] = []
+        if workspace.wanted(ticket):
+            try:
+                ticket = await workspace.prepare(self.pool, self.queue, ticket)
+            except workspace.Unsupported as exc:
+                log.warning("ticket %s works in place: %s", ticket.id, exc)
+            except workspace.Unprepared as exc:
+                return await self._final(ticket, {"status": "blocked", "summary": str(exc)})
+            except TimeoutError:
+                assert ticket.device_id is not None  # workspace.wanted
+                if not await device_online(self.pool, ticket.device_id):
+                    return await self._await_device(ticket)
+                raise
+        if self.assignment.session_id is None:
+            # Read for the brief, which a new session starts with.
+            found = await workspace.instructions(self.queue, ticket)
+        convo = await self._open(ticket, found)
         toolbox = WorkerToolbox(self.pool, self.queue, self.limits, ticket)
         if self.assignment.woken_by == "device":
             # Back from waiting: what was queued runs now; its results are the next events.
@@ -252,7 +263,7 @@ class Worker:
 
     # -- the session ---------------------------------------------------------------------
 
-    async def _open(self, ticket: Ticket) -> session.WorkerSession:
+    async def _open(self, ticket: Ticket, found: list[tuple[str, str]]) -> session.WorkerSession:
         async with self.pool.acquire() as conn, conn.transaction():
             convo, new = await session.WorkerSession.open(
                 conn, self.assignment.session_id, ticket_id=ticket.id, model=self.model
@@ -263,7 +274,7 @@ class Worker:
                     self.assignment.id,
                     convo.id,
                 )
-                await convo.add(conn, {"role": "user", "content": await brief(conn, ticket)})
+                await convo.add(conn, {"role": "user", "content": await brief(conn, ticket, found)})
             elif self.assignment.taken_over or convo.unanswered_calls():
                 await convo.close_interrupted(conn)
                 await convo.add(conn, {"role": "user", "content": RECOVERY_NOTE})

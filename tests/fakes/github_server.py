@@ -25,6 +25,9 @@ Scripting the world: :meth:`add_repo`, :meth:`user` (an account: its id stays wi
 :meth:`rename_user` (the old login may then be registered again, with a new id),
 :meth:`open_issue` (``pull=True`` for a PR), :meth:`comment`, :meth:`review_comment`,
 :meth:`edit_comment`; ``GET /users/{login}`` answers with the account holding that login.
+A review comment is answered in its thread (``POST .../pulls/{n}/comments/{id}/replies``,
+top-level comments only, as GitHub), and read back (``GET .../pulls/comments/{id}``,
+``GET .../pulls/{n}/comments``; :meth:`review_comments`).
 Knobs: :attr:`poll_interval` (sent as ``X-Poll-Interval``), :meth:`limit_rate` (403 with
 ``X-RateLimit-Remaining: 0`` or 429 with ``Retry-After``), :meth:`fail` (5xx for the next
 requests). Time comes from ``clock`` (a :class:`FakeClock` shared with the code under test
@@ -389,13 +392,15 @@ class FakeGitHub(LoopbackFake):
         user: dict[str, Any] | None = None,
         path: str = "README.md",
         line: int = 1,
+        in_reply_to: int | None = None,
     ) -> dict[str, Any]:
-        """A new review comment on PR ``number``; returns it."""
+        """A new review comment on PR ``number`` (``in_reply_to``: a reply in the review
+        thread of that comment); returns it."""
         with self._lock:
             pr = self._repo(repo).pulls[number]
             ident = next(self._ids)
             now = self._now()
-            comment = {
+            comment: dict[str, Any] = {
                 "id": ident,
                 "node_id": f"PRRC_{ident}",
                 "pull_request_review_id": next(self._ids),
@@ -415,6 +420,8 @@ class FakeGitHub(LoopbackFake):
                 "pull_request_url": pr["url"],
                 "author_association": "MEMBER",
             }
+            if in_reply_to is not None:
+                comment["in_reply_to_id"] = in_reply_to
             self._review_comments[ident] = comment
             self._review_home[ident] = (repo, number)
             pr["updated_at"] = now
@@ -473,6 +480,15 @@ class FakeGitHub(LoopbackFake):
         ``("pull_request_review_comment", id)``."""
         with self._lock:
             return [dict(r) for r in self._reactions.get((kind, ident), [])]
+
+    def review_comments(self, repo: str, number: int) -> list[dict[str, Any]]:
+        """The review comments on PR ``number``, replies included, oldest first."""
+        with self._lock:
+            return [
+                dict(c)
+                for i, c in self._review_comments.items()
+                if self._review_home[i] == (repo, number)
+            ]
 
     def pulls(self, repo: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -825,6 +841,22 @@ class FakeGitHub(LoopbackFake):
             }
             self._reactions.setdefault(key, []).append(reaction)
             return 201, reaction
+        if method == "GET" and (m := re.fullmatch(r"/pulls/comments/(\d+)", rest)):
+            ident = int(m[1])
+            if self._review_home.get(ident, ("", 0))[0] != name:
+                raise _Reject(404, "Not Found")
+            return 200, dict(self._review_comments[ident])
+        if method == "GET" and (m := re.fullmatch(r"/pulls/(\d+)/comments", rest)):
+            if int(m[1]) not in repo.pulls:
+                raise _Reject(404, "Not Found")
+            found = [
+                c
+                for i, c in self._review_comments.items()
+                if self._review_home[i] == (name, int(m[1]))
+            ]
+            return 200, self._listing(found, query, default_sort="created", default_dir="asc")
+        if method == "POST" and (m := re.fullmatch(r"/pulls/(\d+)/comments/(\d+)/replies", rest)):
+            return self._reply_in_review(name, int(m[1]), int(m[2]), payload, actor)
         if method == "GET" and (m := re.fullmatch(r"/(issues|pulls)/(\d+)", rest)):
             table = repo.issues if m[1] == "issues" else repo.pulls
             item = table.get(int(m[2]))
@@ -832,6 +864,29 @@ class FakeGitHub(LoopbackFake):
                 raise _Reject(404, "Not Found")
             return 200, item
         raise _Reject(404, "Not Found")
+
+    def _reply_in_review(
+        self, repo: str, number: int, ident: int, payload: Any, actor: dict[str, Any]
+    ) -> tuple[int, Any]:
+        """``POST /pulls/{number}/comments/{id}/replies``: as GitHub, only to a top-level
+        review comment of that pull request."""
+        if self._review_home.get(ident) != (repo, number):
+            raise _Reject(404, "Not Found")
+        text = payload.get("body") if isinstance(payload, dict) else None
+        if not isinstance(text, str) or not text:
+            raise _Reject(422, 'Invalid request.\n\n"body" wasn\'t supplied.')
+        parent = self._review_comments[ident]
+        if parent.get("in_reply_to_id") is not None:
+            raise _Reject(422, "Validation Failed: in_reply_to is a reply, not a thread")
+        return 201, self.review_comment(
+            repo,
+            number,
+            text,
+            user=actor,
+            path=str(parent["path"]),
+            line=int(parent["line"]),
+            in_reply_to=ident,
+        )
 
     def _listing(
         self,

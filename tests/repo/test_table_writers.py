@@ -27,6 +27,8 @@ OWNERS = {
         "controlplane/ingest/routing.py",
     },
     "commands": {"controlplane/gateway/queue.py", "controlplane/gateway/delivery.py"},
+    # What devices report (RepositoryReport), replaced as a whole per device.
+    "device_repositories": {"controlplane/gateway/repositories.py"},
 }
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import asyncpg
 import grpc
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -103,6 +104,15 @@ async def running_gateway(
         await hub.stop(5)
         await queue.close()
         await pool.close()
+
+
+@pytest.fixture(name="gateway")
+async def gateway_fixture(
+    db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
+) -> AsyncIterator[Gateway]:
+    """A running gateway over the emptied test database (import the fixture to use it)."""
+    async with running_gateway(database_url, db, tmp_path) as gw:
+        yield gw
 
 
 @dataclass

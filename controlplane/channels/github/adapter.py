@@ -3,6 +3,10 @@
 A thread is one issue or PR, ``owner/repo#number``: everything a reply needs. Each reply
 carries a hidden marker, ``<!-- superagent:{reply_id} -->``; any but the first try first
 looks for a comment with its marker and returns that one instead of posting twice.
+
+A reply to a review comment (``reply_to`` ``pull_request_review_comment:<id>``) goes into
+that comment's review thread, answering its top-level comment (GitHub takes no reply to a
+reply); if the comment is gone, the reply becomes a comment on the pull request instead.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from controlplane.settings import GithubSettings
 log = logging.getLogger(__name__)
 
 _THREAD = re.compile(r"(?P<repo>[^/#\s]+/[^/#\s]+)#(?P<number>\d+)")
+REVIEW_COMMENT = "pull_request_review_comment"  # a message reference's kind (events.py)
 
 
 def parse_thread(external_id: str) -> tuple[str, int]:
@@ -62,6 +67,14 @@ class GithubAdapter(ChannelAdapter):
 
     async def send(self, message: OutboundMessage) -> str:
         repo, number = parse_thread(message.thread_external_id)
+        kind, _, ident = (message.reply_to or "").partition(":")
+        if kind == REVIEW_COMMENT and ident.isdigit():
+            answered = await self._reply_in_review(repo, number, int(ident), message)
+            if answered is not None:
+                return answered
+        return await self._comment(repo, number, message)
+
+    async def _comment(self, repo: str, number: int, message: OutboundMessage) -> str:
         mark = marker(message.reply_id)
         if not message.first_try:
             earlier = await self.client.find_comment(repo, number, mark)
@@ -69,6 +82,24 @@ class GithubAdapter(ChannelAdapter):
                 return f"issue_comment:{earlier['id']}"
         posted = await self.client.create_comment(repo, number, f"{message.text}\n\n{mark}")
         return f"issue_comment:{posted['id']}"
+
+    async def _reply_in_review(
+        self, repo: str, number: int, comment_id: int, message: OutboundMessage
+    ) -> str | None:
+        """The reply in the review thread; None if the comment is gone (say it on the PR)."""
+        mark = marker(message.reply_id)
+        if not message.first_try:
+            earlier = await self.client.find_review_comment(repo, number, mark)
+            if earlier is not None:
+                return f"{REVIEW_COMMENT}:{earlier['id']}"
+        comment = await self.client.review_comment(repo, comment_id)
+        if comment is None:
+            return None
+        root = comment.get("in_reply_to_id") or comment_id
+        posted = await self.client.reply_to_review_comment(
+            repo, number, int(root), f"{message.text}\n\n{mark}"
+        )
+        return f"{REVIEW_COMMENT}:{posted['id']}"
 
     async def acknowledge(self, ack: Acknowledgement) -> None:
         repo, _number = parse_thread(ack.thread_external_id)

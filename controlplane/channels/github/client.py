@@ -187,6 +187,33 @@ class GithubClient:
                 return comment
         return None
 
+    # ------------------------------------------------------------------ review comments
+
+    async def review_comment(self, repo: str, comment_id: int) -> dict[str, Any] | None:
+        """Review comment ``comment_id`` (``GET /repos/{repo}/pulls/comments/{id}``), or
+        None when it is gone."""
+        path = f"/repos/{repo}/pulls/comments/{comment_id}"
+        response = await self.request("GET", repo, path, allow=frozenset({404}))
+        if response.status_code == 404:
+            return None
+        return self._object(response, f"GET {path}")
+
+    async def reply_to_review_comment(
+        self, repo: str, number: int, comment_id: int, body: str
+    ) -> dict[str, Any]:
+        """A reply in the review thread of top-level review comment ``comment_id`` on pull
+        request ``number`` (GitHub takes no reply to a reply)."""
+        path = f"/repos/{repo}/pulls/{number}/comments/{comment_id}/replies"
+        response = await self.request("POST", repo, path, json={"body": body})
+        return self._object(response, f"POST {path}")
+
+    async def find_review_comment(self, repo: str, number: int, text: str) -> dict[str, Any] | None:
+        """The first review comment on pull request ``number`` whose body contains ``text``."""
+        async for comment in self.pages(repo, f"/repos/{repo}/pulls/{number}/comments"):
+            if text in str(comment.get("body") or ""):
+                return comment
+        return None
+
     async def react(self, repo: str, kind: str, ident: str, content: str = "eyes") -> None:
         """Add ``content`` (👀 by default) to an issue, a comment or a review comment.
         GitHub answers 200 instead of 201 when the reaction is there already."""

@@ -15,6 +15,9 @@
 * One issue or PR is one thread (``owner/repo#number``). Review comments and reviews land
   on their PR's thread; CI results (``check_run``, ``check_suite``, ``workflow_run``) land
   on the thread of each PR they ran for.
+* GitHub's verdict comes first in the text, in a fixed form (``CI failure: tests (url)``,
+  ``pull_request.closed (merged): title``; :mod:`controlplane.tickets.pr_events`), before
+  any name people chose: whether CI failed and whether a PR was merged are read there.
 * Everything else (pushes, installations, pings...) is ignored deliberately, with the reason
   in the answer and a log line.
 """
@@ -31,6 +34,7 @@ from controlplane.channels.base import Ignored
 from controlplane.errors import InvalidInput
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
 from controlplane.ingest.policy import Actor
+from controlplane.tickets import pr_events
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +155,9 @@ def to_triggers(
         thread = _thread(repo, number, item.get("title"), item.get("html_url"))
         if action in ("opened", "reopened"):
             text = f"{item.get('title') or ''}\n\n{item.get('body') or ''}".strip()
+        elif event == "pull_request" and action == "closed":
+            # Merged or not decides how the ticket ends: GitHub's field, written first.
+            text = pr_events.closed_text(item.get("merged") is True, str(item.get("title") or ""))
         else:
             text = f"{name}: {item.get('title') or ''}"
         requests = ("opened", "reopened", "assigned", "review_requested")
@@ -187,9 +194,9 @@ def to_triggers(
         if not prs:
             return Ignored(f"{name} ran for no pull request")
         label = run.get("name") or (run.get("app") or {}).get("name") or event
-        text = f"{label}: {run.get('conclusion') or run.get('status')}"
-        if run.get("html_url"):
-            text += f" ({run['html_url']})"
+        # GitHub's verdict first (pr_events): whether it failed is read from there.
+        verdict = str(run.get("conclusion") or run.get("status") or "unknown")
+        text = pr_events.ci_text(verdict, str(label), run.get("html_url") or None)
         return [
             IncomingTrigger(
                 source=SOURCE,

@@ -253,23 +253,46 @@
         {h: "Thread", f: (t) => link(t.url, t.title || t.external_id)},
         {h: "Since", f: (t) => when(t.created_at)},
       ], d.threads, "No threads.")),
-      ...section("Assignments", table([
-        {h: "Round", f: (r) => r.id},
-        {h: "Woken by", f: (r) => r.woken_by},
-        {h: "Slot", f: (r) => r.slot},
-        {h: "Model calls", f: (r) => num(r.model_calls), num: true},
-        {h: "Outcome", f: (r) => badge(r.outcome || "–")},
-        {h: "Started", f: (r) => when(r.started)},
-      ], d.rounds, "No rounds yet.")),
       ...section("Reports", table([
         {h: "Status", f: (r) => badge(r.status)},
         {h: "Summary", f: (r) => r.summary},
         {h: "Question", f: (r) => r.question || ""},
         {h: "When", f: (r) => when(r.at)},
       ], d.reports, "No reports yet.")),
+      ...section("Rounds", timeline(d.timeline, api)),
       ...section("Commands", d.commands.length ? d.commands.map(command) : el("p", {class: "quiet"}, "No commands yet.")),
     ];
   };
+
+  // -- the ticket's timeline: what its worker was told, said, called and got back -------
+
+  function entry(e, base) {
+    const whole = `${base}/messages/${encodeURIComponent(e.recall)}`;
+    const text = e.kind === "call" ? el("code", {class: "args"}, e.text) : el("pre", {class: "text"}, e.text);
+    return el("li", {class: `entry ${e.kind}${e.error ? " failed" : ""}`, "data-kind": e.kind, "data-recall": e.recall},
+      el("div", {class: "heading"}, el("b", {}, e.heading), " ", when(e.at),
+        e.pending ? [" ", badge("waiting for its result", "warn")] : null),
+      e.text ? text : null,
+      e.more ? el("div", {class: "more"}, `… ${e.more} `,
+        el("a", {href: whole, target: "_blank", title: "the whole text"}, `(recall ${e.recall})`)) : null);
+  }
+
+  function round(r, base, last) {
+    const what = [`Round ${r.number}`, " · ", badge(r.outcome || "–"), ` · woken by ${r.woken_by}, ${r.slot} slot · `,
+      `${num(r.model_calls)} model calls · `, when(r.started), " ", el("code", {class: "quiet"}, r.id)];
+    // Open by default: a running round and the latest one (what was opened or closed stays so).
+    return el("details", {class: "card round", "data-key": `round:${r.id}`, "data-round": r.id, open: r.running || last},
+      el("summary", {}, what),
+      r.entries.length ? el("ol", {class: "entries"}, r.entries.map((e) => entry(e, base)))
+        : el("p", {class: "quiet"}, r.running ? "Nothing said yet." : "Nothing was said in this round."));
+  }
+
+  function timeline(t, base) {
+    if (!t || !t.rounds.length) return el("p", {class: "quiet"}, "No rounds yet.");
+    const rounds = t.rounds.map((r, i) => round(r, base, i === t.rounds.length - 1));
+    if (!t.earlier) return rounds;
+    return [el("p", {class: "quiet"}, `${num(t.earlier)} earlier messages are not shown.`), ...rounds];
+  }
 
   async function revoke(device) {
     if (!window.confirm(`Revoke ${device.name}? Its connection closes now and it cannot reconnect.`)) return;
@@ -299,8 +322,28 @@
         el("code", {}, "sandbox = \"required\""), " in policy.toml)."));
     }
     out.push(devicesTable(d));
+    out.push(repositoriesSection(d));
     return out;
   };
+
+  // The clones each device reported under its allowed roots (what tickets are routed by).
+  function repositoriesSection(d) {
+    const live = d.devices.filter((v) => !v.revoked);
+    const rows = live.flatMap((v) => (v.repositories || []).map((r) => ({...r, device: v.name})));
+    const silent = live.filter((v) => !v.repositories_reported_at).map((v) => v.name);
+    const cut = live.filter((v) => v.repositories_truncated).map((v) => v.name);
+    return el("section", {id: "repositories"}, section("Repositories",
+      table([
+        {h: "Device", f: (r) => r.device},
+        {h: "Repository", f: (r) => r.owner_name || "–"},
+        {h: "Default branch", f: (r) => r.default_branch || "–"},
+        {h: "Path", f: (r) => el("code", {}, r.path)},
+        {h: "Remote", f: (r) => r.remote || "–"},
+        {h: "Reported", f: (r) => when(r.reported_at)},
+      ], rows, "No device has reported a repository."),
+      silent.length ? el("p", {class: "quiet"}, `Not reported by ${silent.join(", ")} (endpointd there predates the report, or has not connected since).`) : null,
+      cut.length ? el("p", {class: "quiet"}, `The scan of ${cut.join(", ")} stopped at its bounds: there may be more.`) : null));
+  }
 
   const devicesTable = (d) => table([
     {h: "Name", f: (v) => v.name},
@@ -399,13 +442,37 @@
 
   function show(data) {
     const view = $("view");
-    const open = new Set([...view.querySelectorAll("details[open]")].map((d) => d.dataset.key));
+    // Whatever a person opened or closed stays so; anything new comes as rendered.
+    const was = new Map([...view.querySelectorAll("details[data-key]")].map((d) => [d.dataset.key, d.open]));
     view.replaceChildren(...render[page](data));
     for (const details of view.querySelectorAll("details[data-key]")) {
-      if (open.has(details.dataset.key)) details.open = true;
+      if (was.has(details.dataset.key)) details.open = was.get(details.dataset.key);
     }
     // Running commands' output follows its end, as a terminal would.
     for (const pre of view.querySelectorAll("pre.output[data-live]")) pre.scrollTop = pre.scrollHeight;
+  }
+
+  const get = async (path) => answer(await fetch(path, {credentials: "same-origin", headers: {Accept: "application/json"}}));
+
+  // The page's JSON. A ticket's timeline comes from an address of its own, fetched again
+  // only when one of its topics moved: it can be long, and a command's output growing
+  // (the "commands" topic, every second while one runs) does not change it.
+  const TIMELINE_TOPICS = ["tickets", "transcript"];
+  let timelineShown = null;
+  let timelineStale = true;
+
+  async function load() {
+    if (page !== "ticket") return get(api);
+    const fetchTimeline = timelineStale || !timelineShown;
+    timelineStale = false;
+    try {
+      const [data, timeline] = await Promise.all([get(api), fetchTimeline ? get(`${api}/timeline`) : timelineShown]);
+      timelineShown = timeline;
+      return {...data, timeline};
+    } catch (error) {
+      timelineStale = true;
+      throw error;
+    }
   }
 
   let busy = false;
@@ -418,7 +485,7 @@
     try {
       do {
         again = false;
-        show(await answer(await fetch(api, {credentials: "same-origin", headers: {Accept: "application/json"}})));
+        show(await load());
       } while (again);
       showError(null);
     } catch (error) {
@@ -446,8 +513,10 @@
       if (frame.type === "ready") {
         retry = 0;
         live(true, "live");
+        timelineStale = true;
         refresh(); // whatever changed while connecting
       } else if (frame.type === "changed") {
+        if (frame.topics.some((t) => TIMELINE_TOPICS.includes(t))) timelineStale = true;
         refresh();
       } else if (frame.type === "error") {
         showError(frame.message);

@@ -1,6 +1,8 @@
 """Which device a request names: one by name or id, or "my laptop": one its requester owns
 (owned by their person, ``superagent users link``, or by their account, never matched by
-a display name or a handle)."""
+a display name or a handle). Of several that fit, the one with a clone of the request's
+repository, when exactly one has it. A request naming no device is placed in code
+(:mod:`controlplane.tickets.placement`)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,13 @@ import asyncpg
 
 from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn
+from controlplane.gateway import repositories
 from controlplane.tools.registry import Refused
 
 
-async def named(conn: Conn, device: str | None, requested: asyncpg.Record) -> str | None:
+async def named(
+    conn: Conn, device: str | None, requested: asyncpg.Record, *, repo: str | None = None
+) -> str | None:
     """A device by name or id; "my laptop" (any "my …") is one the initiator owns."""
     if device is None:
         return None
@@ -39,5 +44,10 @@ async def named(conn: Conn, device: str | None, requested: asyncpg.Record) -> st
         return fitting[0][0]
     if len(owned) == 1:
         return owned[0][0]
+    if repo is not None:
+        clones = await repositories.clones_of(conn, repo)
+        having = [d for d in (fitting or owned) if d[0] in clones]
+        if len(having) == 1:
+            return having[0][0]
     names = ", ".join(name for _, name in owned)
     raise Refused(f"{who} owns several devices ({names}); name one of them")

@@ -4,7 +4,10 @@ an event to, and stop one.
 ``create_ticket`` rests on one trigger: an explicit request, or a candidate that its
 source's ``auto`` mode accepted through ``assess``. The device must be the requester's own
 or shared with them; any other waits, with nothing run, for its owner's approval in chat
-(:mod:`controlplane.authorization`).
+(:mod:`controlplane.authorization`). With no device named and the repository known (``repo``,
+or the GitHub thread's own), the device is chosen in code (:mod:`controlplane.tickets.placement`)
+and the ticket's ``workdir`` is its clone; when the choice is the requester's, the call is
+refused with the candidates, for the router to ask them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from pydantic import AfterValidator, Field
 
 from controlplane.authorization import devices as access
 from controlplane.domain import Notify
+from controlplane.gateway import repositories
 from controlplane.router.tools import devices
 from controlplane.router.tools.core import Call, Done, RouterTools, live_ticket, thread_ids, trigger
-from controlplane.tickets import control, device_grant, explain, store
+from controlplane.tickets import control, device_grant, explain, placement, store
 from controlplane.tools.fields import NON_BLANK, Arguments, ThreadId, TicketId, TriggerId
 from controlplane.tools.problems import field_problem
 from controlplane.tools.registry import Refused
@@ -56,7 +60,11 @@ class CreateTicket(Arguments):
     threads: list[ThreadId]
     device: Annotated[
         str | None,
-        Field(description="Device name or id, or 'my laptop' for one the requester owns."),
+        Field(
+            description="Device name or id, or 'my laptop' for one the requester owns. Null "
+            "when the repository is known (repo, or the GitHub thread's own): a device that "
+            "has it and that the requester may use is chosen for you."
+        ),
         AfterValidator(_device_named),
     ]
     mandate_from: TriggerId
@@ -69,7 +77,11 @@ class CreateTicket(Arguments):
     ] = None
     workdir: Annotated[
         str | None,
-        Field(max_length=4096, description="The repository's directory on the device, when known."),
+        Field(
+            max_length=4096,
+            description="The repository's directory on the device; null: the device's own "
+            "clone of the repository, as it reported it.",
+        ),
         AfterValidator(_text_or_none),
     ] = None
     speculative: Annotated[
@@ -112,7 +124,8 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
     threads = await thread_ids(conn, args.threads)
     if requested["thread_id"] not in threads:
         threads.insert(0, requested["thread_id"])  # the requester's thread hears back
-    device_id = await devices.named(conn, args.device, requested)
+    repo = args.repo or await _thread_repo(call, requested["thread_id"])
+    device_id = await devices.named(conn, args.device, requested, repo=repo)
     speculative = args.speculative is True or (
         kind == "inferred"
         and (await call.policy.current())[1].for_source(requested["source"]).speculative
@@ -126,13 +139,21 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
             f"{ticket_id} already exists (a repeated turn)",
             [source_id],
         )
+    placed: placement.Placed | placement.Unplaced | None = None
+    workdir = args.workdir
+    if repo is not None and device_id is None:
+        placed = await _place(call, repo, source_id)
+        if isinstance(placed, placement.Placed):
+            device_id, workdir = placed.device_id, workdir or placed.workdir
+    elif repo is not None and device_id is not None and workdir is None:
+        workdir = await _clone_on(call, repo, device_id)
     await store.create(
         conn,
         ticket_id,
         title=args.title,
         device_id=device_id,
-        repo=args.repo,
-        workdir=args.workdir,
+        repo=repo,
+        workdir=workdir,
         speculative=speculative,
     )
     await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, ticket_id)
@@ -159,6 +180,12 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
     if speculative:
         content["speculative"] = True
     outcome = f"created {ticket_id} ({kind}, for {requested['actor_name']})"
+    if isinstance(placed, placement.Placed):
+        content["placed"] = {"device": placed.why, "workdir": placed.workdir}
+        outcome += f"; placed on {placed.why}"
+    elif isinstance(placed, placement.Unplaced):
+        content["no_device"] = placed.why
+        outcome += f"; no device: {placed.why}"
     if device_id is not None:
         # Checked here in code, whatever the model chose: the requester's own device, one
         # shared with them, or else nothing runs until the device's owner approves.
@@ -180,6 +207,35 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
             }
             outcome += f"; waits for {grant['owner']}'s approval ({grant['approval']})"
     return Done(content, outcome, [source_id])
+
+
+async def _thread_repo(call: Call, thread_id: str) -> str | None:
+    thread = await call.conn.fetchrow(
+        "SELECT source, external_id FROM threads WHERE id = $1", thread_id
+    )
+    return placement.thread_repo(thread["source"], thread["external_id"]) if thread else None
+
+
+async def _clone_on(call: Call, repo: str, device_id: str) -> str | None:
+    """The named device's own clone of ``repo``, if it reported one."""
+    clones = (await repositories.clones_of(call.conn, repo)).get(device_id)
+    return clones[0] if clones else None
+
+
+async def _place(call: Call, repo: str, trigger_id: str) -> placement.Placed | placement.Unplaced:
+    """The device for the request's repository, chosen in code; Refused, naming the
+    candidates, when the requester must choose."""
+    policy = (await call.policy.current())[1]
+    requester = await access.requester_of_trigger(call.conn, trigger_id)
+    try:
+        return await placement.place(
+            call.conn,
+            repo,
+            requester,
+            offline_owner_device=policy.routing.offline_owner_device,
+        )
+    except placement.AskWhich as ask:
+        raise Refused(str(ask)) from None
 
 
 class OfTicket(Arguments):

@@ -38,6 +38,16 @@ class Ticket:
     workdir: str | None
     branch: str | None
     speculative: bool
+    # The ticket's own workspace on the device, once prepared (workers.workspace); while
+    # set, ``workdir`` is the same path. ``workspace_base`` is "in_place" for a plain
+    # directory used as it is.
+    workspace: str | None = None
+    workspace_base: str | None = None
+    setup: str | None = None  # the setup step's outcome, for the brief
+
+    @property
+    def in_place(self) -> bool:
+        return self.workspace_base == "in_place"
 
 
 @dataclass

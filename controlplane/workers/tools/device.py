@@ -1,6 +1,8 @@
 """The worker's tools on its ticket's device, through the gateway: ``shell``, its jobs
-(``job_output``, ``stop``), and files (``read_file``, ``write_file``, ``list_dir``,
-``apply_patch``).
+(``job_output``, ``stop``), the file tools (``view``, ``edit``, ``create_file``:
+:mod:`~controlplane.workers.tools.files`), the finding tools (``search``, ``glob``:
+:mod:`~controlplane.workers.tools.search`), and whole files (``read_file``, ``write_file``,
+``list_dir``, ``apply_patch``).
 
 Asynchronous ReAct: ``shell`` waits at most ``foreground_seconds``; a command still running
 then becomes a background job, and its completion reaches the worker later as an event, so
@@ -14,18 +16,19 @@ from typing import Annotated, Any, Self
 from pydantic import Field, model_validator
 
 from controlplane.gateway import specs
-from controlplane.gateway.queue import CommandResult
 from controlplane.tickets import output
 from controlplane.tools.fields import ID_CHARS, NON_BLANK, Arguments, id_of
 from controlplane.tools.problems import rule_problem
 from controlplane.tools.registry import Refused
+from controlplane.workers.tools import files, search
 from controlplane.workers.tools.core import Call, Limit, Offset, WorkerTools
+from controlplane.workers.tools.fileops import FILE_WAIT_SECONDS, failed, file_op
 from controlplane.workers.tools.shell_syntax import program_argv
 
-FILE_WAIT_SECONDS = 30.0  # file operations are quick on a connected device
 MAX_WRITE_BYTES = 5_000_000
 
-tools = WorkerTools()
+_jobs = WorkerTools()  # shell and its jobs
+_whole = WorkerTools()  # whole files: read, write, list, patch
 
 Path = Annotated[str, Field(max_length=4096), NON_BLANK]
 Cwd = Annotated[str | None, Field(max_length=200_000)]
@@ -66,7 +69,7 @@ class Shell(Arguments):
     ] = None
 
 
-@tools.tool(
+@_jobs.tool(
     "shell",
     "Run a shell command on the device (sh -c, in the ticket's directory). Waits a few "
     "seconds; a longer command becomes a background job whose completion arrives later "
@@ -112,7 +115,7 @@ class JobOutput(Arguments):
     limit: Limit = None
 
 
-@tools.tool("job_output", "Read a job's state and a slice of its output.")
+@_jobs.tool("job_output", "Read a job's state and a slice of its output.")
 async def job_output(call: Call, args: JobOutput) -> dict[str, Any]:
     return await read_job(call, args.job, args.offset, args.limit)
 
@@ -141,19 +144,11 @@ class Job(Arguments):
     job: JobId
 
 
-@tools.tool("stop", "Stop a running job.")
+@_jobs.tool("stop", "Stop a running job.")
 async def stop(call: Call, args: Job) -> dict[str, Any]:
     job = await _owned_job(call, args.job)
     result = await call.bench.queue.cancel(job, grace_seconds=5)
     return {"job": job, "state": result.state, "note": "stopping" if not result.done else ""}
-
-
-async def _file_op(call: Call, spec: specs.Spec) -> CommandResult:
-    return await call.bench.run(spec, FILE_WAIT_SECONDS, call_id=call.id, script=spec.kind)
-
-
-def _failed(path: str, result: CommandResult) -> dict[str, Any]:
-    return {"path": path, "error": result.error or result.refusal_reason or result.state}
 
 
 class ReadFile(Arguments):
@@ -162,15 +157,15 @@ class ReadFile(Arguments):
     limit: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
 
 
-@tools.tool("read_file", "Read a file on the device (relative paths: from the working directory).")
+@_whole.tool("read_file", "Read a file on the device (relative paths: from the working directory).")
 async def read_file(call: Call, args: ReadFile) -> dict[str, Any]:
     path, offset = call.bench.path(args.path), args.offset or 0
     limit = 64_000 if args.limit is None else args.limit
-    result = await _file_op(call, specs.ReadFile(path, offset, limit))
+    result = await file_op(call, specs.ReadFile(path, offset, limit))
     if not result.done:
         return call.bench.pending(result)
     if not result.ok:
-        return _failed(path, result)
+        return failed(path, result)
     described = output.inline(result.output_head, result.output_tail, result.output_size, result.id)
     return {"path": path, "offset": offset, **described}
 
@@ -180,14 +175,14 @@ class WriteFile(Arguments):
     content: Annotated[str, Field(max_length=MAX_WRITE_BYTES)]
 
 
-@tools.tool("write_file", "Write a whole file on the device (parents are created).")
+@_whole.tool("write_file", "Write a whole file on the device (parents are created).")
 async def write_file(call: Call, args: WriteFile) -> dict[str, Any]:
     path, content = call.bench.path(args.path), args.content.encode()
-    result = await _file_op(call, specs.WriteFile(path, content, create_parents=True))
+    result = await file_op(call, specs.WriteFile(path, content, create_parents=True))
     if not result.done:
         return call.bench.pending(result)
     if not result.ok:
-        return _failed(path, result)
+        return failed(path, result)
     return {"path": path, "written_bytes": len(content)}
 
 
@@ -196,14 +191,14 @@ class ListDir(Arguments):
     depth: Annotated[int | None, Field(ge=1, le=5)] = None
 
 
-@tools.tool("list_dir", "List a directory on the device.")
+@_whole.tool("list_dir", "List a directory on the device.")
 async def list_dir(call: Call, args: ListDir) -> dict[str, Any]:
     path = call.bench.path(args.path)
-    result = await _file_op(call, specs.ListDir(path, args.depth or 1))
+    result = await file_op(call, specs.ListDir(path, args.depth or 1))
     if not result.done:
         return call.bench.pending(result)
     if not result.ok:
-        return _failed(path, result)
+        return failed(path, result)
     return {
         "path": path,
         **output.inline(result.output_head, result.output_tail, result.output_size, result.id),
@@ -215,7 +210,7 @@ class ApplyPatch(Arguments):
     cwd: Cwd = None
 
 
-@tools.tool(
+@_whole.tool(
     "apply_patch",
     "Apply a unified diff in the working directory. All or nothing: on a conflict "
     "nothing changes and the error says where.",
@@ -240,3 +235,7 @@ async def apply_patch(call: Call, args: ApplyPatch) -> dict[str, Any]:
         "error": "the patch does not apply; nothing was changed",
         **{k: v for k, v in described.items() if k not in ("state",)},
     }
+
+
+# The order the model sees them in: the file and finding tools before the whole-file ones.
+tools = WorkerTools(_jobs, files.tools, search.tools, _whole)

@@ -1,19 +1,34 @@
-"""``superagent tickets``: list, show, retry, reroute and stop, as a person runs them."""
+"""``superagent tickets``: list, show (and its worker's transcript), retry, reroute and stop,
+as a person runs them."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import asyncpg
 
+from controlplane.gateway.queue import CommandQueue
 from controlplane.tickets import reports
+from tests.fakes.openai_server import FakeOpenAIServer, Reply, ToolCall
 from tests.support.cli_output import one_line_error
-from tests.support.worker_harness import local_device, ticket
+from tests.support.helpers import assert_eventually
+from tests.support.worker_harness import (  # noqa: F401 - fixtures
+    LocalDevice,
+    device_fixture,
+    dsn_fixture,
+    local_device,
+    queue_fixture,
+    report_reply,
+    state_is,
+    ticket,
+    workers_running,
+)
 
 
 def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -86,3 +101,91 @@ async def test_tickets_are_listed_shown_retried_rerouted_and_stopped(
     assert "no ticket tkt_000000000000" in one_line_error(await cli("show", "tkt_000000000000"))
     assert ticket_id not in (await cli("list")).stdout
     assert ticket_id in (await cli("list", "--all")).stdout
+
+
+async def test_the_transcript_prints_each_round_capped_and_recall_prints_it_whole(
+    pool: asyncpg.Pool,
+    queue: CommandQueue,
+    device: LocalDevice,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    ticket_id, _ = await ticket(pool, device, title="count to forty", workdir=str(tmp_path))
+    # The output ends with an escape sequence that would clear the reader's terminal.
+    command = r"seq 1 40; printf '\033[2Jcleared'"
+    fake_llm.script(
+        Reply(content="Counting first.", tool_calls=[ToolCall("shell", {"command": command})]),
+        report_reply("ready", "counted to forty"),
+    )
+    async with workers_running(pool, queue, fake_llm, dsn):
+        await assert_eventually(lambda: state_is(pool, ticket_id, "completed"), timeout=30)
+    other_id, _ = await ticket(pool, None, title="nothing yet")  # no worker ran it
+
+    async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(_cli, database_url, *args)
+
+    helped = await cli("show", "--help")
+    assert "--transcript" in helped.stdout
+    assert "superagent tickets recall TICKET MSG" in " ".join(helped.stdout.split())
+
+    shown = await cli("show", ticket_id, "--transcript")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"{ticket_id}: count to forty  (completed)"
+    assert re.fullmatch(
+        r"round 1  asg_\w+  new, regular slot  2 model calls  ready  [-\d]+ [:\d]+ → [:\d]+ UTC",
+        lines[2],
+    ), lines[2]
+    at = r"  \d\d:\d\d:\d\d  "
+    body = " " * 12
+    headings = [line for line in lines if re.match(at, line)]
+    assert [re.sub(at, "", line, count=1) for line in headings] == [
+        "control plane: brief",
+        "worker",
+        "worker → shell  " + json.dumps({"command": command}, separators=(",", ":")),
+        "← shell",
+        'worker → report  {"status":"ready","summary":"counted to forty"}',
+        "← report",
+    ]
+    assert f"{body}Counting first." in lines
+    result = lines[lines.index(headings[3]) + 1 : lines.index(headings[4])]
+    assert result[2:] == [
+        f"{body}exit_code: 0",
+        f"{body}output:",
+        *(f"{body}{n}" for n in range(1, 9)),
+        result[-1],
+    ]
+    recall = re.fullmatch(rf"{body}… 33 more lines \(recall (msg_\w+)\)", result[-1])
+    assert recall, result[-1]
+    assert "\x1b" not in shown.stdout
+
+    whole = await cli("recall", ticket_id, recall[1])
+    assert whole.returncode == 0, whole.stderr
+    output = whole.stdout.split("output:\n", 1)[1]
+    # Shown, never acted on: the escape arrives as text.
+    assert output == "\n".join(map(str, range(1, 41))) + "\n\\x1b[2Jcleared\n"
+
+    as_json = json.loads((await cli("show", ticket_id, "--transcript", "--json")).stdout)
+    (round_,) = as_json["rounds"]
+    assert [entry["kind"] for entry in round_["entries"]] == [
+        "brief",
+        "said",
+        "call",
+        "result",
+        "call",
+        "result",
+    ]
+    assert round_["entries"][3]["more"] == "33 more lines"
+    assert round_["entries"][3]["recall"] == recall[1]
+
+    nothing = await cli("show", other_id, "--transcript")
+    assert nothing.stdout.splitlines()[-1] == "No rounds yet."
+    assert "not a message id" in one_line_error(await cli("recall", ticket_id, "trg_nope"))
+    assert f"no message {recall[1]} in the worker sessions of {other_id}" in one_line_error(
+        await cli("recall", other_id, recall[1])
+    )
+    assert "no ticket tkt_000000000000" in one_line_error(
+        await cli("show", "tkt_000000000000", "--transcript")
+    )

@@ -13,19 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import asyncpg
-import httpx
 import pytest
 import websockets
 from playwright.async_api import Dialog, Page, expect
@@ -33,7 +25,6 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import versions
-from controlplane.api.app import create_app
 from controlplane.authorization import devices as access
 from controlplane.console.hub import TOPICS, ConsoleHub, Watcher
 from controlplane.findings import Seen, record
@@ -42,70 +33,20 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.specs import Exec
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor
-from controlplane.settings import Settings
 from controlplane.tickets import device_grant
-from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
 from tests.support.console_browser import ARTIFACTS, chromium, screenshot
+from tests.support.console_replica import (  # noqa: F401 - the replica fixture
+    TOKEN,
+    Replica,
+    in_process,
+    replica_fixture,
+    sign_in,
+    up,
+)
 from tests.support.database import transaction
-from tests.support.helpers import assert_eventually, free_port
 
-TOKEN = "console-test-token-5b1f0c"
 PAGES = ("overview", "tickets", "ticket", "devices", "triggers", "costs", "versions", "chat")
-
-
-@dataclass(frozen=True)
-class Replica:
-    url: str
-    log: Path
-
-
-@pytest.fixture
-def replica(pool: asyncpg.Pool, database_url: str, tmp_path: Path) -> Iterator[Replica]:
-    """`superagent serve` with an admin token, on this worker's database (``pool`` empties
-    it first)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "SUPERAGENT_STATE_DIR": str(tmp_path),
-        "SUPERAGENT_HTTP__PORT": str(port),
-        "SUPERAGENT_GRPC__PORT": "0",
-        "SUPERAGENT_ADMIN_TOKEN": TOKEN,
-    }
-    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
-        env.pop(name, None)
-    log = tmp_path / "replica.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.cli", "serve"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield Replica(f"http://127.0.0.1:{port}", log)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        assert TOKEN not in log.read_text(errors="replace"), "the admin token reached the log"
-
-
-async def _ready(url: str) -> bool:
-    try:
-        async with httpx.AsyncClient() as client:
-            return (await client.get(f"{url}/readyz")).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-async def up(replica: Replica) -> str:
-    await assert_eventually(lambda: _ready(replica.url), timeout=60, interval=0.1)
-    return replica.url
 
 
 # -- what the pages show: real rows --------------------------------------------------------
@@ -480,10 +421,7 @@ async def test_retry_reroute_and_stop_from_the_ticket_page(
         page.on("dialog", _accept)
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
-        await page.goto(f"{url}/console/login?next=/console/tickets/{seeded.asking}")
-        await page.fill("input[name=token]", TOKEN)
-        await page.click("button[type=submit]")
-        await expect(page).to_have_url(f"{url}/console/tickets/{seeded.asking}")
+        await sign_in(page, url, f"/console/tickets/{seeded.asking}")
         result = page.locator("#action-result")
 
         # Retry, with a note: the waiting worker gets an event saying so.
@@ -530,7 +468,7 @@ async def test_ticket_actions_refuse_clearly(pool: asyncpg.Pool) -> None:
     seeded = await seed(pool)
     done = await _ticket(pool, "Already merged", "completed", seeded.build_box)
     bearer = {"Authorization": f"Bearer {TOKEN}"}
-    async with _client(pool, admin_token=TOKEN) as client:
+    async with in_process(pool, admin_token=TOKEN) as client:
         api = "/console/api/tickets"
         for action, body in (("stop", {}), ("retry", {}), ("reroute", {"device": "old-laptop"})):
             anonymous = await client.post(f"{api}/{seeded.asking}/{action}", json=body)
@@ -647,29 +585,8 @@ async def test_the_hub_tells_each_watcher_only_about_its_topics(pool: asyncpg.Po
 # -- the HTTP rules, in process ------------------------------------------------------------
 
 
-@asynccontextmanager
-async def _client(
-    pool: asyncpg.Pool,
-    host: str = "127.0.0.1",
-    bearer: bool = False,
-    **settings: object,
-) -> AsyncIterator[httpx.AsyncClient]:
-    settings.setdefault("admin_token", TOKEN)
-    state = AppState(
-        settings=Settings(**settings),  # type: ignore[arg-type]
-        replica_id="test-replica",
-        pool=pool,
-    )
-    transport = httpx.ASGITransport(app=create_app(state))
-    headers = {"Authorization": f"Bearer {TOKEN}"} if bearer else None
-    async with httpx.AsyncClient(
-        transport=transport, base_url=f"http://{host}", headers=headers
-    ) as client:
-        yield client
-
-
 async def test_signing_in_takes_the_admin_token_and_nothing_else(pool: asyncpg.Pool) -> None:
-    async with _client(pool, admin_token=TOKEN) as client:
+    async with in_process(pool, admin_token=TOKEN) as client:
         assert (await client.get("/")).headers["location"] == "/console"
         # A browser is shown the sign-in form in place; it leads back to the page.
         page = await client.get("/console/devices", headers={"Accept": "text/html"})
@@ -714,7 +631,7 @@ async def test_signing_in_takes_the_admin_token_and_nothing_else(pool: asyncpg.P
 
 async def test_without_a_token_the_console_answers_nobody(pool: asyncpg.Pool) -> None:
     for host in ("127.0.0.1", "localhost", "console.example"):
-        async with _client(pool, host=host, admin_token=None) as client:
+        async with in_process(pool, host=host, admin_token=None) as client:
             page = await client.get("/console", headers={"Accept": "text/html"})
             assert page.status_code == 401
             data = await client.get("/console/api/tickets")
@@ -747,7 +664,7 @@ async def test_the_overview_lists_what_was_set_aside_with_how_to_put_it_back(
         "INSERT INTO tickets (id, title, state, hold, last_error) VALUES ('tkt_blocked0000x', "
         "'flaky', 'waiting_human', 'blocked', 'transient: cannot reach the model')"
     )
-    async with _client(pool, bearer=True) as client:
+    async with in_process(pool, bearer=True) as client:
         shown = (await client.get("/console/api/overview")).json()
     assert shown["quiet"] is False
     assert {
@@ -771,7 +688,7 @@ async def test_the_overview_lists_what_was_set_aside_with_how_to_put_it_back(
 async def test_the_overview_is_quiet_when_all_is_well(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    async with _client(pool, bearer=True) as client:
+    async with in_process(pool, bearer=True) as client:
         calm = (await client.get("/console/api/overview")).json()
     assert calm["quiet"] is True
     assert calm["model"]["text"].startswith("No model is set")
@@ -789,7 +706,7 @@ async def test_the_overview_is_quiet_when_all_is_well(
             text("INSERT INTO pause (id, paused_by, reason) VALUES (1, 'ops', 'deploying')")
         )
     model = "https://user:pw-canary@llm.example/v1"
-    async with _client(pool, bearer=True, openai_base_url=model) as client:
+    async with in_process(pool, bearer=True, openai_base_url=model) as client:
         response = await client.get("/console/api/overview")
     busy = response.json()
     assert busy["quiet"] is False

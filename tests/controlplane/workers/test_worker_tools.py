@@ -586,7 +586,8 @@ async def test_a_credentialed_shell_call_runs_its_program_directly_not_through_s
     assert execs[1]["credentials"] == []
     # Stored and sent to the device as the http delivery.
     stored = await pool.fetchval(
-        "SELECT spec FROM commands WHERE ticket_id = $1 ORDER BY seq LIMIT 1", ticket_id
+        "SELECT spec FROM commands WHERE ticket_id = $1 AND kind = 'exec' ORDER BY seq LIMIT 1",
+        ticket_id,
     )
     spec = specs.from_json("exec", json.loads(stored) if isinstance(stored, str) else stored)
     assert isinstance(spec, specs.Exec)
@@ -639,7 +640,8 @@ async def test_a_credentialed_pipeline_is_refused_with_what_to_do_instead(
         assert "cwd" in refused["error"]
     assert "env delivery needs env_var" in no_env_var["error"]
     assert [ran for ran in device.ran if ran["kind"] == "exec"] == []  # nothing ran
-    assert await pool.fetchval("SELECT count(*) FROM commands WHERE ticket_id = $1", ticket_id) == 0
+    nothing = "SELECT count(*) FROM commands WHERE ticket_id = $1 AND kind = 'exec'"
+    assert await pool.fetchval(nothing, ticket_id) == 0
 
 
 @pytest.mark.parametrize(
