@@ -34,17 +34,20 @@ async def create(
     repo: str | None,
     workdir: str | None,
     speculative: bool,
+    workspace_base: str | None = None,
 ) -> None:
-    """A new ticket, ``open``: a worker picks it up."""
+    """A new ticket, ``open``: a worker picks it up. ``workspace_base``: where its
+    workspace starts when not from the default branch (``local_changes``)."""
     await conn.execute(
-        "INSERT INTO tickets (id, title, device_id, repo, workdir, speculative) "
-        "VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO tickets (id, title, device_id, repo, workdir, speculative, "
+        "workspace_base) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         ticket_id,
         title,
         device_id,
         repo,
         workdir,
         speculative,
+        workspace_base,
     )
 
 

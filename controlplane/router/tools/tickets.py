@@ -12,7 +12,7 @@ refused with the candidates, for the router to ask them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
@@ -91,6 +91,15 @@ class CreateTicket(Arguments):
             "the worker confirms both."
         ),
     ] = None
+    start_from: Annotated[
+        Literal["default_branch", "local_changes"] | None,
+        Field(
+            description="Where the ticket's own worktree starts: the freshly fetched default "
+            "branch (the default; a pull request's head for work on an existing PR), or "
+            "local_changes when the requester asks to build on their uncommitted work (a "
+            "snapshot: their checkout stays as it is)."
+        ),
+    ] = None
 
 
 @tools.tool(
@@ -155,6 +164,7 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
         repo=repo,
         workdir=workdir,
         speculative=speculative,
+        workspace_base=args.start_from,
     )
     await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, ticket_id)
     await conn.execute(

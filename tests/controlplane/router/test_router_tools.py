@@ -328,3 +328,31 @@ async def test_malformed_calls_are_refused_with_a_reason(tools: Toolbox) -> None
         result = await tools.call(name, arguments, TURN)
         assert not result.ok
         assert message in result.content["error"], (name, result.content)
+
+
+async def test_a_request_to_build_on_local_changes_starts_the_workspace_from_them(
+    tools: Toolbox, intake: Intake, pool: asyncpg.Pool
+) -> None:
+    asked = await _event(intake, "local-1", ALICE, "@superagent finish my change on top of it")
+    built = await tools.call(
+        "create_ticket",
+        {**_ticket(asked.thread_id, asked.trigger_id), "start_from": "local_changes"},
+        TURN,
+    )
+    plain = await tools.call(
+        "create_ticket", {**_ticket(asked.thread_id, asked.trigger_id), "title": "Other"}, TURN
+    )
+    bases = await pool.fetch(
+        "SELECT id, workspace_base FROM tickets WHERE id = ANY($1::text[])",
+        [built.content["ticket"], plain.content["ticket"]],
+    )
+    assert {r["id"]: r["workspace_base"] for r in bases} == {
+        built.content["ticket"]: "local_changes",
+        plain.content["ticket"]: None,
+    }
+    refused = await tools.call(
+        "create_ticket",
+        {**_ticket(asked.thread_id, asked.trigger_id), "title": "X", "start_from": "main"},
+        TURN,
+    )
+    assert "start_from" in json.dumps(refused.content)
