@@ -33,6 +33,16 @@ Everything runs on this machine, side by side in one run:
   stream (no protobuf, identity serializers, plaintext) served by a separate process on
   loopback; one round trip is ``write(16 bytes)`` then ``read()`` on an open stream.
 
+**prepare_workspace** (``--workspaces N``, default 10; ``--workspaces-only`` runs just
+this): a repository of ``--workspace-files`` files (default 10,000) in the real endpointd's
+allowed root, its origin a local bare repository behind an https URL (``insteadOf``); one
+round trip is ``CommandQueue.submit(device, PrepareWorkspace(ticket, repo, path))`` then
+``wait()`` (a fetch of the default branch, ``git worktree add`` of all the files, the
+record), against ``git worktree add`` of the same commit run by hand (a subprocess timed
+from this process), the two back to back, alternating which goes first. Each workspace is
+removed again between rounds (untimed: a ReleaseWorkspace with ``retention_hours = 0``, and
+``git worktree remove`` for the hand-made one).
+
 Each system gets ``--warmup`` untimed round trips, then (a) ``--n`` sequential round trips
 (p50/p99 of each) and (b) ``--n`` round trips by ``--concurrency`` concurrent submitters
 (separate ssh processes / separate streams for the baselines); ops/s = n / wall time of (b).
@@ -373,6 +383,7 @@ class Endpointd:
             **os.environ,
             "ENDPOINTD_CONFIG_DIR": str(self.home / "config"),
             "ENDPOINTD_STATE_DIR": str(self.home / "state"),
+            "ENDPOINTD_DATA_DIR": str(self.home / "data"),
             "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
         }
 
@@ -416,6 +427,12 @@ class Endpointd:
         device_id = config["device_id"]
         assert isinstance(device_id, str)
         return device_id
+
+    def add_policy(self, text: str) -> None:
+        """Append ``text`` (whole tables) to the paired device's policy."""
+        policy = self.home / "config" / "policy.toml"
+        policy.write_text(policy.read_text() + "\n" + text)
+        policy.chmod(0o600)
 
     def set_sandbox(self, mode: str) -> None:
         """Put ``sandbox = MODE`` at the top of the paired device's policy (where top-level
@@ -1170,6 +1187,9 @@ async def measure_all(
     resources.push_async_callback(daemon.stop)
     await wait_connected(pool, daemon_id)
     assert daemon.process is not None
+    if args.workspaces_only:
+        await measure_workspaces(args, root, daemon, daemon_id, queue)
+        return
 
     # The same daemon with the sandbox off: what confining each command costs.
     unconfined = Endpointd(root / "endpointd-unconfined")
@@ -1354,6 +1374,126 @@ async def measure_all(
             )
             + "\n"
         )
+    await measure_workspaces(args, root, daemon, daemon_id, queue)
+
+
+# -- prepare_workspace against git worktree add ----------------------------------------
+
+WORKSPACE_REMOTE = "https://github.com/bench/app.git"
+WORKSPACE_REPO = "github.com/bench/app"
+WORKSPACE_GOAL_RATIO = 1.2
+
+
+def git_run(*args: str, cwd: Path) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "bench@example.com",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "bench@example.com",
+    }
+    done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def make_repository(root: Path, clone: Path, files: int) -> str:
+    """``clone`` with ``files`` files (100 directories, sizes 0.1-1 KB), pushed to a bare
+    origin under ``root`` that the clone reaches through an https URL; its commit."""
+    origin = root / "origin.git"
+    git_run("init", "-q", "--bare", "-b", "main", str(origin), cwd=root)
+    git_run("init", "-q", "-b", "main", str(clone), cwd=root)
+    git_run("config", f"url.{origin.as_uri()}.insteadOf", WORKSPACE_REMOTE, cwd=clone)
+    git_run("remote", "add", "origin", WORKSPACE_REMOTE, cwd=clone)
+    for i in range(files):
+        path = clone / f"pkg{i % 100:02d}" / f"mod{i % 7}" / f"file{i:05d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# file {i}\n" + "x = 1\n" * (i % 150 + 10))
+    git_run("add", "-A", cwd=clone)
+    git_run("commit", "-qm", f"{files} files", cwd=clone)
+    git_run("push", "-q", "origin", "main", cwd=clone)
+    git_run("remote", "set-head", "origin", "main", cwd=clone)
+    return git_run("rev-parse", "HEAD", cwd=clone)
+
+
+async def measure_workspaces(
+    args: argparse.Namespace, root: Path, daemon: Endpointd, device_id: str, queue: Any
+) -> None:
+    from controlplane.gateway import specs
+
+    if args.workspaces <= 0:
+        return
+    clone = daemon.work / "app"
+    print(f"\nprepare_workspace: a repository of {args.workspace_files} files …", flush=True)
+    commit = await asyncio.to_thread(make_repository, root, clone, args.workspace_files)
+    # Released workspaces go at once, so each round starts from the same disk.
+    daemon.add_policy("[workspaces]\nretention_hours = 0\nmax_disk_mb = 1000000\n")
+    plain_dir = root / "plain-worktrees"
+    plain_dir.mkdir()
+    serial = iter(range(1_000_000))
+
+    async def by_hand() -> float:
+        index = next(serial)
+        target, branch = plain_dir / f"w{index}", f"bench/plain-{index}"
+        started = time.perf_counter()
+        await asyncio.to_thread(
+            git_run, "worktree", "add", "-q", "-b", branch, str(target), commit, cwd=clone
+        )
+        took = time.perf_counter() - started
+        await asyncio.to_thread(git_run, "worktree", "remove", "--force", str(target), cwd=clone)
+        await asyncio.to_thread(git_run, "branch", "-D", branch, cwd=clone)
+        return took
+
+    async def prepared() -> float:
+        ticket = f"tkt_bench{next(serial):06d}"
+        spec = specs.PrepareWorkspace(
+            ticket, repo=WORKSPACE_REPO, path=str(clone), base="default_branch", setup=False
+        )
+        started = time.perf_counter()
+        command_id = await queue.submit(device_id, spec)
+        result = await queue.wait(command_id, timeout=300)
+        took = time.perf_counter() - started
+        if not result.ok:
+            raise RuntimeError(f"prepare_workspace failed: {result}")
+        released = await queue.submit(device_id, specs.ReleaseWorkspace(ticket))
+        if not (await queue.wait(released, timeout=300)).ok:
+            raise RuntimeError("release_workspace failed")
+        return took
+
+    hand: list[float] = []
+    ours: list[float] = []
+    for _ in range(2):  # warm-up: the page cache, the daemon's first scan
+        await prepared()
+        await by_hand()
+    for index in range(args.workspaces):
+        first, second = (prepared, by_hand) if index % 2 == 0 else (by_hand, prepared)
+        for trip in (first, second):
+            took = await trip()
+            (ours if trip is prepared else hand).append(took)
+    rows = []
+    for name, values in (
+        ("prepare_workspace through the gateway (fetch + worktree add + record)", ours),
+        ("`git worktree add` of the same commit, by hand", hand),
+    ):
+        rows.append(
+            [
+                name,
+                len(values),
+                f"{percentile(values, 0.5) * 1000:.0f}",
+                f"{percentile(values, 0.99) * 1000:.0f}",
+                f"{statistics.mean(values) * 1000:.0f}",
+            ]
+        )
+    print(f"- load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    ratio = percentile(ours, 0.5) / percentile(hand, 0.5)
+    verdict = "met" if ratio <= WORKSPACE_GOAL_RATIO else "NOT met"
+    print(
+        f"\nprepare_workspace, {args.workspace_files} files:\n\n"
+        + markdown_table(["", "runs", "p50 ms", "p99 ms", "mean ms"], rows)
+        + f"\n\nGoal p50 ≤ {WORKSPACE_GOAL_RATIO}× git worktree add: {verdict} ({ratio:.2f}×)\n",
+        flush=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -1373,6 +1513,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--what-if-monitor-interval",
         type=float,
         help="experiment: run endpointd with this exit-polling interval (shipped: 0.05 s)",
+    )
+    parser.add_argument(
+        "--workspaces", type=int, default=10, help="prepare_workspace runs (0: skip them)"
+    )
+    parser.add_argument(
+        "--workspace-files", type=int, default=10_000, help="files in its repository"
+    )
+    parser.add_argument(
+        "--workspaces-only", action="store_true", help="measure prepare_workspace alone"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)

@@ -63,6 +63,7 @@ class Prepared:
     branch: str
     in_place: bool
     setup: str | None  # one line on the setup step, when one ran
+    upstream: str | None  # "origin/<ref>": the pull request's branch it tracks, if any
 
 
 def wanted(ticket: Ticket) -> bool:
@@ -145,6 +146,7 @@ async def prepare(pool: asyncpg.Pool, queue: CommandQueue, ticket: Ticket) -> Ti
         branch=prepared.branch or ticket.branch,
         workspace_base="in_place" if prepared.in_place else ticket.workspace_base,
         setup=prepared.setup,
+        upstream=prepared.upstream,
     )
 
 
@@ -182,6 +184,7 @@ def _answer(result: CommandResult, data: bytes) -> Prepared:
         branch=str(answer.get("branch") or ""),
         in_place=answer.get("in_place") is True,
         setup=_setup_line(answer.get("setup")),
+        upstream=answer.get("upstream") if isinstance(answer.get("upstream"), str) else None,
     )
 
 
@@ -245,6 +248,12 @@ def brief_lines(ticket: Ticket, found: list[tuple[str, str]]) -> list[str]:
             "Working directory: the device's default (no repository is known for this "
             "ticket; if the task needs one, report a question asking which)"
         ]
+    if ticket.upstream and "/" in ticket.upstream:
+        remote, ref = ticket.upstream.split("/", 1)
+        lines.append(
+            f"It tracks {ticket.upstream}, the pull request's branch: push your commits there "
+            f"(git push {remote} HEAD:{ref}); the pull request is already open."
+        )
     if ticket.setup:
         lines.append(f"Setup: {ticket.setup}")
     if found:

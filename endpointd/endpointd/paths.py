@@ -9,7 +9,10 @@ Two directories:
   user chose to put there, the future ``policy.toml``): small, precious, backed up;
 * the **state dir** holds what the daemon produces while running (the command journal,
   output spools, ``status.json``, the single-instance lock): disposable between pairings,
-  possibly large, never synced.
+  possibly large, never synced;
+* the **data dir** holds the tickets' workspaces (``workspaces/<ticket>``, git worktrees of
+  the user's clones). Commands work in there, so it is apart from the config and state
+  dirs, which every command is denied.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ APP_NAME = "endpointd"
 # two daemons on one machine (e.g. the control plane's embedded endpointd) need it.
 CONFIG_DIR_ENV = "ENDPOINTD_CONFIG_DIR"
 STATE_DIR_ENV = "ENDPOINTD_STATE_DIR"
+DATA_DIR_ENV = "ENDPOINTD_DATA_DIR"
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,9 @@ class ConfigDir:
     source: str
 
 
-# The state dir has the same shape; the alias keeps call sites readable.
+# The state and data dirs have the same shape; the aliases keep call sites readable.
 StateDir = ConfigDir
+DataDir = ConfigDir
 
 
 def _override(env: Mapping[str, str], name: str) -> ConfigDir | None:
@@ -45,6 +50,85 @@ def _override(env: Mapping[str, str], name: str) -> ConfigDir | None:
         return None
     # Made absolute now so the daemon's files do not move if its cwd changes later.
     return ConfigDir(Path(os.path.abspath(os.path.expanduser(value))), name)
+
+
+@dataclass(frozen=True)
+class _Convention:
+    """Where one of the directories goes on each platform, below the home directory
+    unless a variable says otherwise."""
+
+    override: str  # ENDPOINTD_*_DIR
+    windows_var: str  # %APPDATA% or %LOCALAPPDATA%
+    windows_default: tuple[str, ...]  # that variable's standard value, below home
+    windows_name: str
+    macos: tuple[str, ...]  # below home
+    xdg_var: str
+    xdg_default: tuple[str, ...]  # below home
+
+
+def _resolve(
+    rule: _Convention,
+    env: Mapping[str, str] | None,
+    platform: str | None,
+    home: Path | None,
+) -> ConfigDir:
+    env = os.environ if env is None else env
+    platform = sys.platform if platform is None else platform
+    home = Path.home() if home is None else home
+
+    override = _override(env, rule.override)
+    if override:
+        return override
+
+    if platform == "win32":
+        base = env.get(rule.windows_var)
+        if base:
+            return ConfigDir(Path(base) / rule.windows_name, f"%{rule.windows_var}%")
+        # The variable is missing only in stripped-down service environments; this is its
+        # standard value.
+        return ConfigDir(home.joinpath(*rule.windows_default, rule.windows_name), "Windows default")
+
+    if platform == "darwin":
+        return ConfigDir(home.joinpath(*rule.macos), "macOS default")
+
+    xdg = env.get(rule.xdg_var)
+    # The XDG spec says a relative value is invalid and must be ignored.
+    if xdg and os.path.isabs(xdg):
+        return ConfigDir(Path(xdg) / APP_NAME, f"${rule.xdg_var}")
+    return ConfigDir(home.joinpath(*rule.xdg_default, APP_NAME), "XDG default")
+
+
+_SUPPORT = ("Library", "Application Support")
+_CONFIG = _Convention(
+    CONFIG_DIR_ENV,
+    "APPDATA",
+    ("AppData", "Roaming"),
+    APP_NAME,
+    (*_SUPPORT, APP_NAME),
+    "XDG_CONFIG_HOME",
+    (".config",),
+)
+_STATE = _Convention(
+    STATE_DIR_ENV,
+    "LOCALAPPDATA",
+    ("AppData", "Local"),
+    APP_NAME,
+    # Apple has no separate state location; a subfolder keeps it apart from the config.
+    (*_SUPPORT, APP_NAME, "state"),
+    "XDG_STATE_HOME",
+    (".local", "state"),
+)
+# On macOS and Windows the usual place is beside or inside the config and state dirs,
+# which every command is denied: the data dir, where commands work, is a sibling of its own.
+_DATA = _Convention(
+    DATA_DIR_ENV,
+    "LOCALAPPDATA",
+    ("AppData", "Local"),
+    f"{APP_NAME}-data",
+    (*_SUPPORT, f"{APP_NAME}-data"),
+    "XDG_DATA_HOME",
+    (".local", "share"),
+)
 
 
 def config_dir(
@@ -58,30 +142,7 @@ def config_dir(
     ~/Library/Application Support/endpointd on macOS, and $XDG_CONFIG_HOME/endpointd
     (default ~/.config/endpointd) on Linux and other Unix systems.
     """
-    env = os.environ if env is None else env
-    platform = sys.platform if platform is None else platform
-    home = Path.home() if home is None else home
-
-    override = _override(env, CONFIG_DIR_ENV)
-    if override:
-        return override
-
-    if platform == "win32":
-        appdata = env.get("APPDATA")
-        if appdata:
-            return ConfigDir(Path(appdata) / APP_NAME, "%APPDATA%")
-        # APPDATA is missing only in stripped-down service environments; this is its
-        # standard value.
-        return ConfigDir(home / "AppData" / "Roaming" / APP_NAME, "Windows default")
-
-    if platform == "darwin":
-        return ConfigDir(home / "Library" / "Application Support" / APP_NAME, "macOS default")
-
-    xdg = env.get("XDG_CONFIG_HOME")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    if xdg and os.path.isabs(xdg):
-        return ConfigDir(Path(xdg) / APP_NAME, "$XDG_CONFIG_HOME")
-    return ConfigDir(home / ".config" / APP_NAME, "XDG default")
+    return _resolve(_CONFIG, env, platform, home)
 
 
 def state_dir(
@@ -92,33 +153,25 @@ def state_dir(
     """Return endpointd's state directory (journal, spools, status); nothing is created.
 
     $ENDPOINTD_STATE_DIR if set; else %LOCALAPPDATA%\\endpointd on Windows (machine-local,
-    unlike the roaming config), ~/Library/Application Support/endpointd/state on macOS
-    (Apple has no separate state location; a subfolder keeps it apart from the config), and
-    $XDG_STATE_HOME/endpointd (default ~/.local/state/endpointd) on Linux and other Unix.
+    unlike the roaming config), ~/Library/Application Support/endpointd/state on macOS,
+    and $XDG_STATE_HOME/endpointd (default ~/.local/state/endpointd) on Linux and other Unix.
     """
-    env = os.environ if env is None else env
-    platform = sys.platform if platform is None else platform
-    home = Path.home() if home is None else home
+    return _resolve(_STATE, env, platform, home)
 
-    override = _override(env, STATE_DIR_ENV)
-    if override:
-        return override
 
-    if platform == "win32":
-        local = env.get("LOCALAPPDATA")
-        if local:
-            return StateDir(Path(local) / APP_NAME, "%LOCALAPPDATA%")
-        return StateDir(home / "AppData" / "Local" / APP_NAME, "Windows default")
+def data_dir(
+    env: Mapping[str, str] | None = None,
+    platform: str | None = None,
+    home: Path | None = None,
+) -> DataDir:
+    """Return endpointd's data directory (the tickets' workspaces); nothing is created.
 
-    if platform == "darwin":
-        return StateDir(
-            home / "Library" / "Application Support" / APP_NAME / "state", "macOS default"
-        )
-
-    xdg = env.get("XDG_STATE_HOME")
-    if xdg and os.path.isabs(xdg):
-        return StateDir(Path(xdg) / APP_NAME, "$XDG_STATE_HOME")
-    return StateDir(home / ".local" / "state" / APP_NAME, "XDG default")
+    $ENDPOINTD_DATA_DIR if set; else $XDG_DATA_HOME/endpointd (default
+    ~/.local/share/endpointd) on Linux and other Unix,
+    ~/Library/Application Support/endpointd-data on macOS and
+    %LOCALAPPDATA%\\endpointd-data on Windows.
+    """
+    return _resolve(_DATA, env, platform, home)
 
 
 def ensure_private_dir(path: Path) -> Path:

@@ -35,7 +35,17 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     from endpointd import wire
-    from endpointd.model import Cancel, Exec, Glob, ListDir, ReadFile, Search, WriteFile
+    from endpointd.model import (
+        Cancel,
+        Exec,
+        Glob,
+        ListDir,
+        PrepareWorkspace,
+        ReadFile,
+        ReleaseWorkspace,
+        Search,
+        WriteFile,
+    )
 
     try:
         journal = Journal(path, readonly=True)
@@ -62,6 +72,10 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
                     summary = f"{op.pattern!r} in {op.path}"
                 elif isinstance(op, Cancel):
                     summary = op.target_command_id
+                elif isinstance(op, PrepareWorkspace):
+                    summary = f"{op.ticket_id} {op.repo or op.path}"
+                elif isinstance(op, ReleaseWorkspace):
+                    summary = op.ticket_id
             out.append(
                 {
                     "command_id": entry.command_id,

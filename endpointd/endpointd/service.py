@@ -17,7 +17,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from endpointd.errors import ServiceError
-from endpointd.paths import CONFIG_DIR_ENV, STATE_DIR_ENV
+from endpointd.paths import CONFIG_DIR_ENV, DATA_DIR_ENV, STATE_DIR_ENV
 
 SYSTEMD_UNIT = "endpointd.service"
 LAUNCHD_LABEL = "dev.superagent.endpointd"
@@ -43,7 +43,9 @@ def _quote_systemd(arg: str) -> str:
 def _environment() -> dict[str, str]:
     # Carry explicit directory overrides into the service so it uses the same files as
     # the `endpointd pair` that preceded it.
-    return {k: os.environ[k] for k in (CONFIG_DIR_ENV, STATE_DIR_ENV) if os.environ.get(k)}
+    return {
+        k: os.environ[k] for k in (CONFIG_DIR_ENV, STATE_DIR_ENV, DATA_DIR_ENV) if os.environ.get(k)
+    }
 
 
 def service_file(platform: str | None = None, directory: Path | None = None) -> ServiceFile:

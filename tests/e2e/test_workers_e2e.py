@@ -24,45 +24,31 @@ import asyncio
 import json
 import os
 import re
-import secrets
-import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.channels.github.events import sign
-from controlplane.gateway.tls import gateway_tls
-from controlplane.ingest.policy import Policy, SourcePolicy
-from controlplane.settings import Settings
 from controlplane.workers.worker import RECOVERY_NOTE
-from tests.fakes.endpointd_process import Endpointd, endpointd_in
-from tests.fakes.git_server import GitServer
-from tests.fakes.github_server import FakeGitHub
-from tests.fakes.https_server import TestCA
-from tests.fakes.openai_server import (
-    FAKE_API_KEY,
-    ChatRequest,
-    FakeOpenAIServer,
-    Reply,
-    ToolCall,
+from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.support.e2e_world import (
+    CREDENTIAL,
+    DEVICE,
+    REPO,
+    World,
+    git,
+    pending,
+    running_world,
+    start,
+    webhook,
 )
-from tests.support.gateway_harness import pairing_code
-from tests.support.helpers import assert_eventually, free_port, save_policy
-from tests.support.replica_process import ReplicaProcess
+from tests.support.helpers import assert_eventually
 
-REPO = "acme/widgets"
-DEVICE = "laptop"
-CREDENTIAL = "widgets-push"
-SECRET = "e2e-workers-webhook-secret"
-AGENT = "octo-agent"
 FIXTURES = Path(
     os.environ.get(
         "SUPERAGENT_GITHUB_FIXTURES",
@@ -81,15 +67,6 @@ FIX = (
     "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
     "-    return a - b\n+    return a + b\n"
 )
-
-
-def _git(*args: str, cwd: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env |= {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
-    done = subprocess.run(
-        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=30, check=True
-    )
-    return done.stdout
 
 
 def _comment_payload(comment_id: int, body: str, login: str) -> dict[str, Any]:
@@ -195,7 +172,7 @@ class Script:
                 done += 1 if finished else 0
             else:
                 done += content.count('"type": "job_ended"')
-        if last["role"] == "tool" and '"note"' in str(last.get("content")):
+        if last["role"] == "tool" and pending(str(last.get("content"))):
             return Reply(content="waiting for the job")  # its result arrives as an event
         recovering = last["role"] == "user" and last["content"] == RECOVERY_NOTE
         test = f"{self.python} -m unittest -q test_calc"
@@ -216,13 +193,12 @@ class Script:
             ),
             (
                 # One program and its arguments (no `cd … &&`): the device gives the credential
-                # to the program it really runs, which must be git, in the ticket's directory.
+                # to the program it really runs, which must be git, in the ticket's workspace.
                 "push",
                 ToolCall(
                     "shell",
                     {
                         "command": f"git push -q origin HEAD:refs/heads/{branch[1]}",
-                        "cwd": str(self.workdir),
                         "credentials": [{"name": CREDENTIAL, "delivery": "git_helper"}],
                     },
                 ),
@@ -259,174 +235,20 @@ class Script:
 # ---------------------------------------------------------------------------- the world
 
 
-@dataclass
-class World:
-    github: FakeGitHub
-    git: GitServer
-    llm: FakeOpenAIServer
-    daemon: Endpointd
-    replica: ReplicaProcess
-    script: Script
-    workdir: Path
-    bare: Path
-    password: str
-    grpc_port: int
-
-
 @pytest.fixture
 def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iterator[World]:
-    # The repository: a failing test, cloned from a bare origin served over HTTPS.
-    seed, served = tmp_path / "seed", tmp_path / "served"
-    seed.mkdir()
-    served.mkdir()
-    (seed / "calc.py").write_text(CALC_BROKEN)
-    (seed / "test_calc.py").write_text(TEST_CALC)
-    _git("init", "-q", "-b", "main", cwd=seed)
-    _git("add", "-A", cwd=seed)
-    _git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "calc", cwd=seed)
-    bare = served / "widgets.git"
-    _git("clone", "-q", "--bare", str(seed), str(bare), cwd=tmp_path)
-    password = "canary-push-" + secrets.token_hex(12)
-    workdir = tmp_path / "work" / "widgets"
-    # endpointd's git helper answers only https requests: the origin has a test CA's
-    # certificate, which the device's commands trust through GIT_SSL_CAINFO (passed on to
-    # them by the device's policy, see _pair_and_start).
-    ca = TestCA(tmp_path / "test-ca")
-    with (
-        GitServer(served, password, ca=ca) as git,
-        FakeGitHub() as github,
-        endpointd_in(tmp_path) as daemon,
-    ):
-        workdir.parent.mkdir()
-        _git("clone", "-q", str(bare), str(workdir), cwd=tmp_path)
-        _git("remote", "set-url", "origin", git.url("widgets"), cwd=workdir)
-        github.add_repo(REPO)
-        github.open_issue(REPO, "calc: add() is broken", "test_calc fails")
-        http_port, grpc_port = free_port(), free_port()
-        state = tmp_path / "cp"
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "SUPERAGENT_STATE_DIR": str(state),
-            "SUPERAGENT_HTTP__PORT": str(http_port),
-            "SUPERAGENT_GRPC__PORT": str(grpc_port),
-            "OPENAI_BASE_URL": fake_llm.url,
-            "OPENAI_API_KEY": FAKE_API_KEY,
-            "SUPERAGENT_GITHUB__TOKEN": github.pat,
-            "SUPERAGENT_GITHUB__API_URL": github.url,
-            "SUPERAGENT_GITHUB__WEBHOOK_SECRET": SECRET,
-            "SUPERAGENT_GITHUB__AGENT_LOGIN": AGENT,
-            "SUPERAGENT_ROUTER__LEASE_SECONDS": "3",
-            "SUPERAGENT_ROUTER__RENEW_SECONDS": "1",
-            "SUPERAGENT_WORKERS__LEASE_SECONDS": "4",
-            "SUPERAGENT_WORKERS__RENEW_SECONDS": "1",
-            # The device-away notice after a second rather than a minute.
-            "SUPERAGENT_WORKERS__DEVICE_NOTICE_SECONDS": "1",
-            "SUPERAGENT_WORKERS__PRICES__INPUT_USD_PER_MTOK": "2.5",
-            "SUPERAGENT_WORKERS__PRICES__OUTPUT_USD_PER_MTOK": "10",
-        }
-        env.pop("SUPERAGENT_ADMIN_TOKEN", None)
-        # The gateway's certificate, made now so endpointd can pin its fingerprint.
-        gateway_tls(Settings(state_dir=state))
-        replica = ReplicaProcess(env, tmp_path / "replica.log", http_port)
-        script = Script(workdir)
-        fake_llm.respond_with(script)
-        daemon.env["PYTHON_KEYRING_BACKEND"] = PLAINTEXT_KEYRING
-        daemon.env["XDG_DATA_HOME"] = str(tmp_path / "keyring-data")
-        daemon.env["GIT_SSL_CAINFO"] = str(ca.ca_file)
-        replica.start()
-        try:
-            yield World(
-                github, git, fake_llm, daemon, replica, script, workdir, bare, password, grpc_port
-            )
-        finally:
-            replica.stop()
-            log = replica.log.read_text(errors="replace")
-            assert password not in log, "the push credential reached the replica's log"
-            assert password not in daemon.log(), "the push credential reached endpointd's log"
-            fake_llm.assert_never_saw(password)
-            github.assert_never_saw(password)
-
-
-async def _pair_and_start(world: World, db: async_sessionmaker[AsyncSession]) -> None:
-    daemon = world.daemon
-    daemon.config_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    stored = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "endpointd", "creds", "add", CREDENTIAL],
-        input=(world.password + "\n").encode(),
-        capture_output=True,
-        env=daemon.env,
-        cwd=daemon.root,
-        timeout=60,
-    )
-    assert stored.returncode == 0, stored.stderr.decode()
-    # Alice's laptop: work goes only to a device its requester may use.
-    code = await pairing_code(db, DEVICE, owner=f"github:{_user_id('alice')}")
-    tls = gateway_tls(Settings(state_dir=Path(world.replica.env["SUPERAGENT_STATE_DIR"])))
-    assert tls is not None
-    paired = await asyncio.to_thread(
-        daemon.pair, f"https://127.0.0.1:{world.grpc_port}", code, "--fingerprint", tls.fingerprint
-    )
-    assert paired.returncode == 0, paired.stdout + paired.stderr
-    # The push may use the credential, for the origin's host only; nothing else may. Commands
-    # get a minimal environment: the test CA's bundle is passed on by name.
-    policy = daemon.config_dir / "policy.toml"
-    text = _passing_env(policy.read_text(), "GIT_SSL_CAINFO")
-    policy.write_text(
-        text + f'\n[credentials.{CREDENTIAL}]\nallow = ["git push *"]\n'
-        f"hosts = [{json.dumps(world.git.host)}]\n"
-    )
-    rules = tomllib.loads(policy.read_text())
-    assert "GIT_SSL_CAINFO" in rules["env"]["pass"], rules.get("env")
-    daemon.start()
-
-
-def _passing_env(policy: str, name: str) -> str:
-    """The policy text with ``name`` added to ``[env] pass``: the table that pairing wrote
-    is edited, or one is added."""
-    header = re.search(r"(?m)^\[env\][ \t]*$", policy)
-    if header is None:
-        return policy + f"\n[env]\npass = [{json.dumps(name)}]\n"
-    end = re.search(r"(?m)^\[", policy[header.end() :])
-    stop = header.end() + end.start() if end else len(policy)
-    table = policy[header.end() : stop]
-    existing = tomllib.loads("[env]" + table)["env"]
-    line = f"pass = {json.dumps([*existing.get('pass', []), name])}"
-    if "pass" in existing:
-        table = re.sub(r"(?m)^pass\s*=\s*\[[^\]]*\]", line, table, count=1)
-    else:
-        table = "\n" + line + table
-    return policy[: header.end()] + table + policy[stop:]
-
-
-async def _connected(pool: asyncpg.Pool) -> bool:
-    return bool(
-        await pool.fetchval(
-            "SELECT connected_replica IS NOT NULL FROM devices WHERE name = $1 "
-            "AND revoked_at IS NULL",
-            DEVICE,
-        )
-    )
+    files = {"calc.py": CALC_BROKEN, "test_calc.py": TEST_CALC}
+    with running_world(
+        tmp_path, database_url, fake_llm, files=files, script=lambda w: Script(w.workdir)
+    ) as world:
+        world.github.open_issue(REPO, "calc: add() is broken", "test_calc fails")
+        yield world
 
 
 async def _ask(world: World, comment_id: int) -> None:
     """The signed webhook GitHub sends for a new comment on issue #1."""
-    body = json.dumps(
-        _comment_payload(comment_id, "@superagent test_calc fails, please fix it", "alice")
-    ).encode()
-    async with httpx.AsyncClient() as client:
-        response = await client.post(
-            f"{world.replica.url}/webhooks/github",
-            content=body,
-            headers={
-                "X-GitHub-Event": "issue_comment",
-                "X-GitHub-Delivery": f"delivery-{comment_id}",
-                "X-Hub-Signature-256": sign(SECRET.encode(), body),
-                "Content-Type": "application/json",
-            },
-        )
-    assert response.status_code in (200, 202), response.text
+    payload = _comment_payload(comment_id, "@superagent test_calc fails, please fix it", "alice")
+    await webhook(world, "issue_comment", payload, f"delivery-{comment_id}")
 
 
 def _agent_comments(world: World) -> list[str]:
@@ -466,7 +288,7 @@ async def _finished(world: World, pool: asyncpg.Pool) -> tuple[asyncpg.Record, s
     assert "tokens" in reply
     assert "$" in reply
     # The branch really reached the origin, with the fix, through the brokered credential.
-    pushed = _git("show", f"{ticket['branch']}:calc.py", cwd=world.bare)
+    pushed = git("show", f"{ticket['branch']}:calc.py", cwd=world.bare)
     assert "return a + b" in pushed
     assert world.git.pushes >= 1
     # The credentialed push ran git itself (what the device's scope names), not a shell.
@@ -481,16 +303,17 @@ async def _finished(world: World, pool: asyncpg.Pool) -> tuple[asyncpg.Record, s
         assert spec["argv"][:2] == ["git", "push"], spec["argv"]
     steps = world.script.steps_told
     assert steps[:3] == ["test-fails", "patch", "test-passes"], steps
+    # The work happened in the ticket's own worktree: the owner's checkout is as it was.
+    assert ticket["workspace"]
+    assert ticket["workspace"] != str(world.workdir)
+    assert git("status", "--porcelain", cwd=world.workdir) == ""
+    assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=world.workdir).strip() == "main"
+    assert "return a - b" in (world.workdir / "calc.py").read_text()
     return ticket, reply
 
 
 async def _start(world: World, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> None:
-    # Allowlisted by her numeric user id: a login can be renamed and registered again.
-    alice = str(_user_id("alice"))
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[alice])}))
-    await assert_eventually(world.replica.up, timeout=60, interval=0.2, message="replica up")
-    await _pair_and_start(world, db)
-    await assert_eventually(lambda: _connected(pool), timeout=30, message="endpointd connected")
+    await start(world, pool, db)
 
 
 async def test_a_comment_becomes_a_pull_request(

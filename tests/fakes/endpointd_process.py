@@ -36,6 +36,7 @@ class Endpointd:
         self.private = root.parent / f"{root.name}.{name}"
         self.config_dir = self.private / "config"
         self.state_dir = self.private / "state"
+        self.data_dir = self.private / "data"  # the tickets' workspaces
         self.key_file = self.private / "device.key"
         self.log_path = self.private / "daemon.log"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -44,6 +45,7 @@ class Endpointd:
             **os.environ,
             "ENDPOINTD_CONFIG_DIR": str(self.config_dir),
             "ENDPOINTD_STATE_DIR": str(self.state_dir),
+            "ENDPOINTD_DATA_DIR": str(self.data_dir),
             "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
             "ENDPOINTD_SERVICE_DIR": str(self.private / "service"),
         }

@@ -31,6 +31,7 @@ class Daemon:
             **os.environ,
             "ENDPOINTD_CONFIG_DIR": str(self.home / "config"),
             "ENDPOINTD_STATE_DIR": str(self.home / "state"),
+            "ENDPOINTD_DATA_DIR": str(self.home / "data"),
             "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
         }
 

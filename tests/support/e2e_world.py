@@ -233,6 +233,12 @@ def passing_env(policy: str, name: str) -> str:
     return policy[: header.end()] + table + policy[stop:]
 
 
+def pending(result: str) -> bool:
+    """Whether a tool result is a job still running, or queued for an away device: its
+    result comes later as an event (what a scripted worker waits for)."""
+    return "background job" in result or "stays queued" in result
+
+
 async def connected(pool: asyncpg.Pool) -> bool:
     return bool(
         await pool.fetchval(

@@ -44,6 +44,7 @@ class Ticket:
     workspace: str | None = None
     workspace_base: str | None = None
     setup: str | None = None  # the setup step's outcome, for the brief
+    upstream: str | None = None  # the pull request's branch the workspace tracks, if any
 
     @property
     def in_place(self) -> bool:

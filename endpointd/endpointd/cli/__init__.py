@@ -9,7 +9,15 @@ version` stay instant. One module per command group.
 from __future__ import annotations
 
 # One module per command group; importing them registers their commands with the root.
-from endpointd.cli import approvals, audit, creds, device, policy, service  # noqa: F401
+from endpointd.cli import (  # noqa: F401
+    approvals,
+    audit,
+    creds,
+    device,
+    policy,
+    service,
+    workspaces,
+)
 from endpointd.cli.root import cli
 from endpointd.link.keys import KeyringStatus, keyring_status
 

@@ -16,7 +16,7 @@ from endpointd import __version__
 from endpointd.cli.root import cli
 from endpointd.errors import EndpointdError
 from endpointd.link.keys import keyring_status
-from endpointd.paths import config_dir, state_dir
+from endpointd.paths import config_dir, data_dir, state_dir
 from superagent_shared.protocol import PROTOCOL_VERSION, PROTOCOL_VERSION_NUMBER
 
 
@@ -30,13 +30,15 @@ def version() -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def info(as_json: bool) -> None:
-    """Show the config and state directories and whether the OS keyring is usable.
+    """Show the config, state and data directories and whether the OS keyring is usable.
 
     Pairing stores the device key in the keyring, so check this first. Set
-    ENDPOINTD_CONFIG_DIR or ENDPOINTD_STATE_DIR to use different directories.
+    ENDPOINTD_CONFIG_DIR, ENDPOINTD_STATE_DIR or ENDPOINTD_DATA_DIR (the tickets'
+    workspaces) to use different directories.
     """
     cfg = config_dir()
     state = state_dir()
+    data = data_dir()
     ring = keyring_status()
     report: dict[str, Any] = {
         "version": __version__,
@@ -47,6 +49,8 @@ def info(as_json: bool) -> None:
         "config_dir_exists": cfg.path.is_dir(),
         "state_dir": str(state.path),
         "state_dir_source": state.source,
+        "data_dir": str(data.path),
+        "data_dir_source": data.source,
         "keyring": {
             "backend": ring.backend,
             "class": ring.backend_class,
@@ -62,6 +66,7 @@ def info(as_json: bool) -> None:
     click.echo(f"endpointd {__version__} (protocol {PROTOCOL_VERSION})")
     click.echo(f"config dir: {cfg.path}  [{cfg.source}; {exists}]")
     click.echo(f"state dir:  {state.path}  [{state.source}]")
+    click.echo(f"data dir:   {data.path}  [{data.source}; the tickets' workspaces]")
     usable = "usable" if ring.usable else "NOT usable"
     where = f" ({ring.backend_class})" if ring.backend_class else ""
     click.echo(f"keyring:    {ring.backend}{where}: {usable}, {ring.detail}")

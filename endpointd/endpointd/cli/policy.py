@@ -159,6 +159,15 @@ def policy_show(as_json: bool) -> None:
             "max_output_bytes": policy.limits.max_output_bytes,
             "ask_timeout_seconds": policy.limits.ask_timeout_seconds,
         },
+        "workspaces": {
+            "root": str(policy.workspaces_root),
+            "deny": list(policy.workspace_rules.deny),
+            "ask": list(policy.workspace_rules.ask),
+            "allow": list(policy.workspace_rules.allow),
+            "retention_hours": policy.workspace_rules.retention_hours,
+            "max_disk_mb": policy.workspace_rules.max_disk_mb,
+            "setup": {k: list(v) for k, v in policy.workspace_rules.setup.items()},
+        },
     }
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -202,6 +211,15 @@ def _print_policy(report: dict[str, Any]) -> None:
         f"limits: max_runtime_seconds={limits['max_runtime_seconds']}"
         f" max_output_bytes={limits['max_output_bytes']}"
         f" ask_timeout_seconds={limits['ask_timeout_seconds']}"
+    )
+    ws = report["workspaces"]
+    click.echo(f"workspaces: in {ws['root']}")
+    for action in ("deny", "ask", "allow"):
+        for glob in ws[action]:
+            click.echo(f"  {action:<5}  {glob}")
+    click.echo(
+        f"  retention_hours={ws['retention_hours']} max_disk_mb={ws['max_disk_mb']}"
+        f"; setup commands for: {', '.join(ws['setup']) or '(none)'}"
     )
 
 

@@ -96,6 +96,7 @@ class Exits(Sender):
                 error=result.error,
                 total=total,
                 seconds=self._elapsed(active),
+                truncated=result.truncated,
             ),
             total=total,
         )

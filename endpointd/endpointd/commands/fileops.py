@@ -45,6 +45,7 @@ _TEMP_TRIES = 100
 class OpResult:
     exit_code: int = 0
     error: str = ""
+    truncated: bool = False  # stopped at the operation's own cap (Finished.output_truncated)
 
 
 def _failure(message: str) -> OpResult:

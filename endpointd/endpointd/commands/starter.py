@@ -5,7 +5,9 @@ At its start a command meets the policy again (it may have changed since it arri
 credentials (:meth:`Starter._deliver`) and its sandbox (:meth:`Starter._confinement`), and
 is handed to a supervisor: a zygote's spare, or a fresh interpreter. File operations run in
 a worker thread, confined to the allowed root holding their path; a cancel acts on its
-target. Nothing starts before the journal row recording that it did is durable.
+target. A workspace's preparation or release (:mod:`endpointd.workspaces.operations`) runs
+as a task of its own, so a long fetch or setup step does not hold up the commands behind
+it. Nothing starts before the journal row recording that it did is durable.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import contextlib
 import heapq
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 from endpointd import wire
 from endpointd.commands import search
@@ -29,12 +33,15 @@ from endpointd.guard.policy import Decision, Refusal
 from endpointd.model import (
     Cancel,
     Command,
+    CredentialRef,
     Delivery,
     Exec,
     Glob,
     ListDir,
+    PrepareWorkspace,
     ReadFile,
     Reason,
+    ReleaseWorkspace,
     Search,
     WriteFile,
 )
@@ -50,9 +57,15 @@ from endpointd.process.executor import (
 )
 from endpointd.secrets import delivery
 from endpointd.secrets.ca import device_ca
-from endpointd.secrets.proxy import Egress
+from endpointd.secrets.proxy import Egress, host_matches
 from endpointd.secrets.store import CredentialError
-from endpointd.spool import SpoolWriter
+from endpointd.spool import STREAM_DATA, SpoolWriter
+from endpointd.workspaces import operations, setup
+from endpointd.workspaces.bases import FetchAuth
+from endpointd.workspaces.errors import WorkspaceError
+from endpointd.workspaces.manager import SetupPlan
+from endpointd.workspaces.remotes import https_authority
+from endpointd.workspaces.store import Setup
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +98,15 @@ class Starter(Exits):
         """Start accepted commands one at a time, lowest seq first."""
         if self.zygote is not None:
             self.zygote.ensure_started()
+        upkeep = asyncio.get_running_loop().create_task(
+            operations.upkeep_forever(self.workspaces, self.policy), name="endpointd-workspaces"
+        )
+        try:
+            await self._start_in_order()
+        finally:
+            upkeep.cancel()
+
+    async def _start_in_order(self) -> None:
         while True:
             await self._start_ready.wait()
             self._start_ready.clear()
@@ -154,6 +176,12 @@ class Starter(Exits):
         elif isinstance(op, Cancel):
             result = self._cancel(op)
             self._finish_op(active, result, total=0)
+        elif isinstance(op, PrepareWorkspace | ReleaseWorkspace):
+            task = asyncio.get_running_loop().create_task(
+                self._workspace_op(active, op), name=f"workspace:{active.command_id}"
+            )
+            self._workspace_tasks.add(task)
+            task.add_done_callback(self._workspace_tasks.discard)
         else:
             await self._run_file_op(active, command)
 
@@ -329,28 +357,38 @@ class Starter(Exits):
 
     def _confinement(self, active: Active, ex: Exec) -> Confinement | None:
         """The sandbox of this command (None: refused, and already finished as such)."""
-        rules = self.policy.rules
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
+        proxy = active.delivery.proxy_port if active.delivery is not None else None
+        planned = self._plan_sandbox(cwd, private_tmpdir(active.spool), proxy)
+        if isinstance(planned, tuple):
+            self._refuse_started(active, *planned)
+            return None
+        return planned
+
+    def _plan_sandbox(
+        self, cwd: str, tmpdir: Path, proxy: int | None
+    ) -> Confinement | tuple[Refusal, str]:
+        """The sandbox of a command working in ``cwd``, or why it cannot have one (the
+        refusal and the rule). In a ticket workspace it may also write what a commit
+        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`)."""
+        rules = self.policy.rules
         workspace = self.policy.workspace_for(cwd)
         if rules is None or workspace is None:
-            self._refuse_started(
-                active,
-                Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root"),
-                "allowed_roots",
-            )
-            return None
-        proxy = active.delivery.proxy_port if active.delivery is not None else None
+            refusal = Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root")
+            return refusal, "allowed_roots"
+        dirs, files = self.workspaces.write_grants(workspace)
         try:
             return sandbox.plan(
                 rules,
                 denied=[str(d.path) for d in self.policy.denied_paths],
                 workspace=str(workspace),
-                tmpdir=str(private_tmpdir(active.spool)),
+                tmpdir=str(tmpdir),
                 proxy_port=proxy,
+                extra_write=dirs,
+                extra_write_files=files,
             )
         except sandbox.SandboxUnavailable as exc:
-            self._refuse_started(active, Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox")
-            return None
+            return Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox"
 
     async def _launch_exec(self, active: Active, ex: Exec) -> None:
         if not await self._deliver(active):
@@ -454,7 +492,7 @@ class Starter(Exits):
             decision = policy.check_path(real, "list")
             return None if decision.rule == "default_action" else verdict(decision)
 
-        root = root_of(path, [str(r) for r in policy.allowed_roots])
+        root = root_of(path, policy.operation_roots(path))
         try:
             if root is None:
                 result = OpResult(1, f"{kind} path {path} is outside the allowed roots")
@@ -502,6 +540,121 @@ class Starter(Exits):
             writer.close()
             active.local_task = False
         self._finish_op(active, result, total=writer.total)
+
+    async def _workspace_op(self, active: Active, op: PrepareWorkspace | ReleaseWorkspace) -> None:
+        """Prepare (the answer on the DATA stream) or release a ticket's workspace."""
+        active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        writer = SpoolWriter(active.spool)
+        active.local_task = True
+        result = OpResult()
+        try:
+            if isinstance(op, ReleaseWorkspace):
+                await operations.release(self.workspaces, op, self.policy)
+            else:
+                answer = await operations.prepare(
+                    self.workspaces,
+                    op,
+                    self.policy,
+                    approved=active.approved,
+                    run_setup=lambda plan: self._workspace_setup(active, plan),
+                    stored_credential=lambda url: self._stored_git_credential(active, url),
+                )
+                writer.append(STREAM_DATA, answer)
+        except WorkspaceError as exc:
+            result = OpResult(1, str(exc))
+        except Exception as exc:  # a bug or OS failure is this command's, not the daemon's
+            log.exception("%s failed", op.KIND)
+            result = OpResult(1, f"endpointd could not {op.KIND.replace('_', ' ')}: {exc}")
+        finally:
+            writer.close()
+            active.local_task = False
+        self._finish_op(active, result, total=writer.total)
+
+    @contextlib.asynccontextmanager
+    async def _stored_git_credential(
+        self, active: Active, url: str
+    ) -> AsyncIterator[FetchAuth | None]:
+        """endpointd's git helper, served while a workspace's fetch runs, for the first
+        stored credential whose policy ``hosts`` name ``url``'s host (https); None when
+        there is none. The owner's other credential helpers are switched off for it, so
+        the value never reaches their credential storage."""
+        rules, store = self.policy.rules, self.credentials
+        where = https_authority(url)
+        if rules is None or store is None or where is None:
+            yield None
+            return
+        stored = set(await asyncio.to_thread(store.names))
+        name = next(
+            (
+                n
+                for n, scope in rules.credentials.items()
+                if n in stored and host_matches(scope.hosts, *where, default_port=443)
+            ),
+            None,
+        )
+        value = await asyncio.to_thread(store.get, name) if name is not None else None
+        self._redactor_checked = float("-inf")  # its value masked in what git says
+        if name is None or value is None or not self.redactor().covers([value]):
+            yield None
+            return
+        pid: list[int] = []
+        prepared = delivery.prepare(
+            active.spool,
+            (CredentialRef(name, Delivery.GIT_HELPER),),
+            {name: value},
+            scopes=rules.credentials,
+            root_pid=lambda: pid[-1] if pid else None,
+        )
+        try:
+            await prepared.start()
+            with contextlib.suppress(CredentialError, OSError):
+                store.touch(name)
+            yield FetchAuth(prepared.apply({}), pid.append)
+        finally:
+            prepared.close()
+
+    async def _workspace_setup(self, active: Active, plan: SetupPlan) -> Setup:
+        """Run a new workspace's setup step like a command: judged by the policy, in the
+        workspace's sandbox, under its own supervisor."""
+        spool = active.spool / "setup"
+        check = Command(command_id=active.command_id, op=Exec(argv=plan.argv, cwd=plan.cwd))
+        decision = self.policy.check(check)
+        if decision.action != "allow":
+            return Setup(ran=False, output_tail=f"not run: {decision.message}")
+        rules = self.policy.rules
+        tmp = private_tmpdir(spool)
+        pid: list[int] = []
+        egress: delivery.Prepared | None = None
+        try:
+            if rules is not None and rules.network == "proxy":
+                egress = delivery.prepare(
+                    spool,
+                    (),
+                    {},
+                    egress=Egress(network="proxy", allow_hosts=rules.proxy_hosts),
+                    directory=tmp,
+                    root_pid=lambda: pid[0] if pid else None,
+                )
+                await egress.start()
+            planned = self._plan_sandbox(plan.cwd, tmp, egress.proxy_port if egress else None)
+            if isinstance(planned, tuple):
+                return Setup(ran=False, output_tail=f"not run: {planned[0].message}")
+            return await setup.run(
+                plan.argv,
+                plan.cwd,
+                spool=spool,
+                confinement=planned,
+                limits=self._exec_limits(),
+                passed_env=rules.env.passed if rules is not None else (),
+                redact=self.redact_text,
+                delivery=egress,
+                on_started=pid.append,
+            )
+        except (delivery.DeliveryError, OSError) as exc:
+            return Setup(ran=False, output_tail=f"not run: {exc}")
+        finally:
+            if egress is not None:
+                egress.close()
 
     def _cancel(self, cancel: Cancel) -> OpResult:
         target_id = cancel.target_command_id

@@ -28,12 +28,14 @@ from endpointd.guard.approvals import Approvals
 from endpointd.guard.policy import Policy, Refusal
 from endpointd.journal import Journal, State
 from endpointd.model import Command, Finished, Refused, Result
+from endpointd.paths import data_dir
 from endpointd.process.executor import ExecLimits, Zygote
 from endpointd.secrets import delivery, own_secrets
 from endpointd.secrets.redact import Redactor, StreamRedactor
 from endpointd.secrets.store import CredentialError, CredentialStore
 from endpointd.spool import SpoolReader
 from endpointd.status import StatusReporter
+from endpointd.workspaces.manager import Workspaces
 from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,7 @@ class Core:
         default_cwd: Path | None = None,
         use_zygote: bool | None = None,
         credentials: CredentialStore | None = None,
+        data_directory: Path | None = None,
     ) -> None:
         self.config = config
         self.state_directory = state_directory
@@ -173,6 +176,12 @@ class Core:
         self._redactor_stamp: tuple[int, int] | None = None
         self._redactor_checked = float("-inf")
         self.approvals = Approvals(state_directory)
+        # The tickets' workspaces (PrepareWorkspace, ReleaseWorkspace) and the clones found
+        # under the allowed roots (the RepositoryReport); their operations run as tasks.
+        self.workspaces = Workspaces(
+            state_directory, data_directory if data_directory is not None else data_dir().path
+        )
+        self._workspace_tasks: set[asyncio.Task[None]] = set()
         self.audit = AuditLog(state_directory, redact=self.redact_text)
         self.commands: dict[str, Active] = {}
         self.children: dict[str, subprocess.Popen[bytes]] = {}

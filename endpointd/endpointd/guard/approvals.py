@@ -87,8 +87,11 @@ from endpointd.model import (
     Exec,
     Glob,
     ListDir,
+    PrepareWorkspace,
     ReadFile,
+    ReleaseWorkspace,
     Search,
+    WorkspaceBase,
     WriteFile,
 )
 from endpointd.paths import ensure_private_dir
@@ -204,7 +207,20 @@ def summarize(command: Command) -> str:
         return f"{op.KIND} {op.path}"
     if isinstance(op, Search | Glob):
         return f"{op.KIND} {op.pattern!r} in {op.path}"
+    if isinstance(op, PrepareWorkspace):
+        where = " ".join(w for w in (op.repo, f"at {op.path}" if op.path else "") if w)
+        return f"prepare_workspace for {op.ticket_id}: {where}, {_base(op)}"
+    if isinstance(op, ReleaseWorkspace):
+        return f"release_workspace of {op.ticket_id}"
     return command.kind or "unknown command"
+
+
+def _base(op: PrepareWorkspace) -> str:
+    if op.base == WorkspaceBase.PULL_REQUEST:
+        return f"from the pull request branch {op.ref}"
+    if op.base == WorkspaceBase.LOCAL_CHANGES:
+        return "from your uncommitted changes"
+    return "from the freshly fetched default branch"
 
 
 def delivery_label(ref: CredentialRef) -> str:
@@ -277,6 +293,13 @@ def describe(command: Command, redact: Callable[[str], str] = _same) -> dict[str
     elif isinstance(op, Search | Glob):
         out["path"] = redact(op.path)
         out["pattern"] = redact(op.pattern)
+    elif isinstance(op, PrepareWorkspace):
+        out["ticket_id"] = redact(op.ticket_id)
+        out["repo"] = redact(op.repo)
+        if op.path:
+            out["path"] = redact(op.path)
+        out["base"] = _base(op)
+        out["setup"] = op.setup
     return out
 
 
@@ -413,6 +436,12 @@ def render(request: ApprovalRequest, *, full: bool = False) -> list[str]:
             out.note("read", f"from byte {offset:,}, {upto}")
         elif kind == "list_dir":
             out.note("depth", _as_str(d.get("depth")))
+        elif kind == "prepare_workspace":
+            if d.get("repo"):
+                out.text("repo", _as_str(d.get("repo")))
+            out.note("base", _as_str(d.get("base")))
+            if d.get("setup"):
+                out.note("setup", "runs the repository's setup step in the new workspace")
     if request.origin:
         out.text("origin", request.origin)
     else:

@@ -4,7 +4,8 @@ The policy file, ``<config dir>/policy.toml``, is the machine owner's: no RPC ca
 it. It says where commands may run and files may be touched (``allowed_roots``, minus
 ``denied_paths``), which commands are allowed, denied or held for a local approval
 (``[[commands]]``, first match wins, else ``default_action``), which commands may receive
-each credential (``[credentials.NAME] allow``), and the limits (``[limits]``). The shipped
+each credential (``[credentials.NAME] allow``), which repositories get a ticket workspace
+and how long it is kept (``[workspaces]``), and the limits (``[limits]``). The shipped
 ``policy.example.toml`` documents every key.
 
 How it is enforced:
@@ -49,9 +50,21 @@ from endpointd.guard import environment, sandbox
 from endpointd.guard.files import fold as _fold
 from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
-from endpointd.model import Command, Exec, Glob, ListDir, ReadFile, Reason, Search, WriteFile
-from endpointd.paths import ensure_private_dir, state_dir
+from endpointd.model import (
+    Command,
+    Exec,
+    Glob,
+    ListDir,
+    PrepareWorkspace,
+    ReadFile,
+    Reason,
+    ReleaseWorkspace,
+    Search,
+    WriteFile,
+)
+from endpointd.paths import data_dir, ensure_private_dir, state_dir
 from endpointd.secrets.store import NAME_RULE, valid_name
+from endpointd.workspaces.remotes import remote_of
 
 POLICY_FILE = "policy.toml"
 EXAMPLE_FILE = "policy.example.toml"
@@ -222,6 +235,25 @@ class EnvRules:
 
 
 @dataclass(frozen=True)
+class WorkspaceRules:
+    """``[workspaces]``: which repositories get a ticket workspace (globs over the
+    normalised remote, ``host/owner/name``: ``deny`` beats ``ask`` beats ``allow``, else
+    ``default_action``), how long a released one is kept, the disk all of them may take,
+    and a setup command per repository (``[workspaces.setup]``, argv by remote)."""
+
+    allow: tuple[str, ...] = ()
+    ask: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    retention_hours: int = 72
+    max_disk_mb: int = 20 * 1024
+    setup: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def setup_for(self, repo: str) -> tuple[str, ...] | None:
+        """The owner's setup command for the repository ``repo`` (normalised), if any."""
+        return self.setup.get(repo.lower()) if repo else None
+
+
+@dataclass(frozen=True)
 class DeniedPath:
     label: str  # as shown in rule names: "~/.ssh", "endpointd config dir", or as written
     path: Path  # absolute, normalised
@@ -244,6 +276,7 @@ class Rules:
     writable_paths: tuple[Path, ...] = ()  # beyond the workspace and the private TMPDIR
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
+    workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)
 
 
 class PolicyError(ConfigError):
@@ -271,6 +304,7 @@ _TOP_KEYS = (
     "files",
     "credentials",
     "limits",
+    "workspaces",
 )
 _RULE_KEYS = ("action", "match", "name")
 _FILE_RULE_KEYS = ("action", "match", "ops", "name")
@@ -282,6 +316,9 @@ _HOST = re.compile(
 )
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LIMIT_KEYS = ("max_runtime_seconds", "max_output_bytes", "ask_timeout_seconds")
+_WORKSPACE_KEYS = ("allow", "ask", "deny", "retention_hours", "max_disk_mb", "setup")
+# A repository as the device reports it: host/owner/name (more segments for nested groups).
+_REPOSITORY = re.compile(r"[a-z0-9._~\[\]:-]+(/[A-Za-z0-9._~-]+){2,}\Z")
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
 
 
@@ -383,6 +420,7 @@ class _Parser:
         env_raw = self.table(data, "env", _ENV_KEYS)
         env = EnvRules(passed=self.names(env_raw, "pass"), allow=self.names(env_raw, "allow"))
         files = self.file_rules(data)
+        workspaces = self.workspace_rules(data)
 
         commands_raw = data.get("commands", [])
         if not isinstance(commands_raw, list) or not all(isinstance(c, dict) for c in commands_raw):
@@ -489,6 +527,7 @@ class _Parser:
             writable_paths=writable,
             env=env,
             files=files,
+            workspaces=workspaces,
         )
 
     def choice(
@@ -529,6 +568,79 @@ class _Parser:
         ):
             raise self.fail(f"env.{key} must be a list of variable names", "env", key)
         return tuple(value)
+
+    def workspace_rules(self, data: Mapping[str, Any]) -> WorkspaceRules:
+        raw = self.table(data, "workspaces", _WORKSPACE_KEYS)
+        globs: dict[str, tuple[str, ...]] = {}
+        for key in ("allow", "ask", "deny"):
+            value = raw.get(key, [])
+            if not isinstance(value, list) or not all(
+                isinstance(g, str) and g.strip() and not any(c.isspace() for c in g) for g in value
+            ):
+                raise self.fail(
+                    f"workspaces.{key} must be a list of repository globs, e.g."
+                    ' ["github.com/acme/*"]',
+                    "workspaces",
+                    key,
+                )
+            globs[key] = tuple(g.lower() for g in value)
+        retention = raw.get("retention_hours", WorkspaceRules.retention_hours)
+        if type(retention) is not int or retention < 0:
+            raise self.fail(
+                "workspaces.retention_hours must be a whole number of hours, 0 or more (0:"
+                f" remove a released workspace at once), got {retention!r}",
+                "workspaces",
+                "retention_hours",
+            )
+        budget = raw.get("max_disk_mb", WorkspaceRules.max_disk_mb)
+        if type(budget) is not int or budget <= 0:
+            raise self.fail(
+                f"workspaces.max_disk_mb must be a positive integer, got {budget!r}",
+                "workspaces",
+                "max_disk_mb",
+            )
+        setup_raw = raw.get("setup", {})
+        if not isinstance(setup_raw, dict):
+            raise self.fail(
+                "workspaces.setup must be a [workspaces.setup] table of repository ="
+                ' command, e.g. "github.com/acme/app" = ["make", "bootstrap"]',
+                "workspaces",
+                "setup",
+            )
+        setup: dict[str, tuple[str, ...]] = {}
+        for repo, command in setup_raw.items():
+            if not _REPOSITORY.match(repo.lower()):
+                raise self.fail(
+                    f"[workspaces.setup]: {repo!r} is not a repository as devices report it"
+                    ' (host/owner/name, e.g. "github.com/acme/app")',
+                    "workspaces.setup",
+                    None,
+                )
+            if isinstance(command, str) and command.strip():
+                argv: tuple[str, ...] = ("sh", "-c", command)
+            elif (
+                isinstance(command, list)
+                and command
+                and all(isinstance(a, str) for a in command)
+                and command[0]
+            ):
+                argv = tuple(command)
+            else:
+                raise self.fail(
+                    f"[workspaces.setup] {json.dumps(repo)} must be a command line (run by"
+                    ' sh) or a list of arguments, e.g. ["make", "bootstrap"]',
+                    "workspaces.setup",
+                    repo,
+                )
+            setup[repo.lower()] = argv
+        return WorkspaceRules(
+            allow=globs["allow"],
+            ask=globs["ask"],
+            deny=globs["deny"],
+            retention_hours=retention,
+            max_disk_mb=budget,
+            setup=setup,
+        )
 
     def file_rules(self, data: Mapping[str, Any]) -> tuple[FileRule, ...]:
         raw = data.get("files", [])
@@ -665,14 +777,22 @@ class Policy:
 
     ``state_dir`` and ``home`` default to the daemon's state dir and the user's home; they
     only matter for the built-in denied paths (endpointd's own files, ``~/.ssh``, …).
+    ``data_dir`` (default: the daemon's) holds the tickets' workspaces, which are allowed
+    like an allowed root each (:meth:`workspace_for`).
     """
 
     def __init__(
-        self, path: Path, *, state_dir: Path | None = None, home: Path | None = None
+        self,
+        path: Path,
+        *,
+        state_dir: Path | None = None,
+        home: Path | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.path = path
         self.config_dir = path.parent
         self._state_dir = state_dir
+        self._data_dir = data_dir
         self._home = home
         self._stamp: object = _UNSET
         self._loaded = _Loaded(rules=None, error="not loaded", digest=b"")
@@ -807,9 +927,42 @@ class Policy:
         roots = self._refresh().roots
         return Path(roots[0].real) if roots else self.home
 
+    @property
+    def workspaces_root(self) -> Path:
+        """Where the tickets' workspaces are: ``<data dir>/workspaces``."""
+        base = self._data_dir if self._data_dir is not None else data_dir().path
+        return Path(os.path.abspath(base)) / "workspaces"
+
+    @property
+    def workspace_rules(self) -> WorkspaceRules:
+        rules = self._refresh().rules
+        return rules.workspaces if rules is not None else WorkspaceRules()
+
+    def ticket_workspace(self, path: str) -> Path | None:
+        """The ticket workspace (``<data dir>/workspaces/<ticket>``) holding ``path``
+        (resolved), or None: the root itself is nobody's."""
+        real = os.path.realpath(path)
+        root = os.path.realpath(self.workspaces_root)
+        if real == root or not _within(real, root):
+            return None
+        name = os.path.relpath(real, root).split(os.sep)[0]
+        return Path(root) / name
+
+    def operation_roots(self, path: str) -> list[str]:
+        """The roots a file operation on ``path`` is confined to: the ticket workspace
+        holding it first (so it cannot wander into another ticket's), then the allowed
+        roots."""
+        workspace = self.ticket_workspace(path)
+        roots = [str(r) for r in self.allowed_roots]
+        return [str(workspace), *roots] if workspace is not None else roots
+
     def workspace_for(self, cwd: str) -> Path | None:
-        """The allowed root that holds ``cwd`` (resolved): where its command may write."""
+        """Where a command in ``cwd`` (resolved) may write: the ticket workspace holding
+        it, else the allowed root holding it."""
         real = os.path.realpath(cwd)
+        ticket = self.ticket_workspace(real)
+        if ticket is not None:
+            return ticket
         for root in self._refresh().roots:
             if _within(real, root.real):
                 return Path(root.real)
@@ -881,6 +1034,12 @@ class Policy:
         kind = command.kind
         if kind == "cancel":
             return Decision("allow", "cancel", "cancelling a command is always allowed")
+        if isinstance(op, ReleaseWorkspace):
+            return Decision(
+                "allow",
+                "release_workspace",
+                "releasing a ticket's workspace only lets endpointd remove what it made",
+            )
         loaded = self._refresh()
         if loaded.rules is None:
             return self._broken_decision(loaded)
@@ -900,7 +1059,64 @@ class Policy:
             return self._file_decision(loaded, op.path, "read", None)
         if isinstance(op, Glob):
             return self._file_decision(loaded, op.path, "list", None)
+        if isinstance(op, PrepareWorkspace):
+            if command.credentials:
+                return Decision(
+                    "deny",
+                    "credentials",
+                    "prepare_workspace takes no credentials: endpointd fetches with your own"
+                    " git setup (credential helper, ssh agent)",
+                    Reason.CREDENTIAL_UNAVAILABLE,
+                )
+            return self._workspace_decision(loaded, op.path, op.repo)
         return Decision("deny", "policy", f"the policy does not know command kind {kind!r}")
+
+    def check_workspace(self, path: str, repo: str) -> Decision:
+        """Judge a workspace of the clone (or directory) ``path`` of repository ``repo``:
+        allowed roots and denied paths, then ``[workspaces]`` deny, ask, allow (globs over
+        the repository), then ``default_action``."""
+        loaded = self._refresh()
+        if loaded.rules is None:
+            return self._broken_decision(loaded)
+        return self._workspace_decision(loaded, path, repo)
+
+    def _workspace_decision(self, loaded: _Loaded, path: str, repo: str) -> Decision:
+        assert loaded.rules is not None
+        if path:
+            refused = self._path(loaded, path, "prepare_workspace path", None)
+            if refused is not None:
+                return refused
+            if self.ticket_workspace(path) is not None:
+                return Decision(
+                    "deny",
+                    "workspaces",
+                    f"prepare_workspace path {path} is a ticket's workspace, not a clone",
+                )
+            repo = repo or remote_of(os.path.realpath(path))
+        elif not loaded.roots:
+            return Decision(
+                "deny",
+                "allowed_roots",
+                f"no allowed roots are configured: add a directory to allowed_roots in {self.path}",
+            )
+        rules = loaded.rules.workspaces
+        name = repo.lower()
+        what = f"a workspace of {repo}" if repo else f"a workspace of {path}"
+        for action, globs in (("deny", rules.deny), ("ask", rules.ask), ("allow", rules.allow)):
+            for glob in globs:
+                if name and fnmatch.fnmatchcase(name, glob):
+                    rule = f"workspaces.{action} {json.dumps(glob)}"
+                    return self._workspace_rule_decision(cast(Action, action), rule, what)
+        return self._workspace_rule_decision(loaded.rules.default_action, "default_action", what)
+
+    def _workspace_rule_decision(self, action: Action, rule: str, what: str) -> Decision:
+        if action == "deny":
+            return Decision("deny", rule, f"{what} is denied by {rule} in {self.path}")
+        if action == "ask":
+            return Decision(
+                "ask", rule, f"{what} needs approval on the device ({rule}): `endpointd approvals`"
+            )
+        return Decision("allow", rule, f"{what} is allowed by {rule}")
 
     def check_path(self, path: str, op: FileOp = "read") -> Decision:
         """Judge the file operation ``op`` on ``path`` as :meth:`check` judges a
@@ -983,6 +1199,11 @@ class Policy:
             return Decision(
                 "deny", rule, f"{what} {path} is inside a denied path ({rule} in {self.path})"
             )
+        workspace = self.ticket_workspace(real)
+        if workspace is not None:
+            if steps is not None:
+                steps.append(f"{what} {path}: inside the ticket workspace {workspace}")
+            return None
         if not loaded.roots:
             return Decision(
                 "deny",
@@ -1389,9 +1610,16 @@ def _key_file(config_directory: Path) -> Path | None:
     return None
 
 
-def load_policy(config_directory: Path, *, state_directory: Path | None = None) -> Policy:
+def load_policy(
+    config_directory: Path,
+    *,
+    state_directory: Path | None = None,
+    data_directory: Path | None = None,
+) -> Policy:
     """The policy of ``<config_directory>/policy.toml`` (never raises: a broken file denies)."""
-    return Policy(config_directory / POLICY_FILE, state_dir=state_directory)
+    return Policy(
+        config_directory / POLICY_FILE, state_dir=state_directory, data_dir=data_directory
+    )
 
 
 # --------------------------------------------------------------------------- writing

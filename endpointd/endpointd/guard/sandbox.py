@@ -1,8 +1,10 @@
 """The OS sandbox around every command: which mechanism this machine has, and what one
 command may touch.
 
-The daemon calls :func:`plan` for each exec, with the command's workspace (the allowed
-root holding its working directory) and its private TMPDIR. The result, a
+The daemon calls :func:`plan` for each exec, with the command's workspace (the ticket
+workspace, else the allowed root, holding its working directory) and its private TMPDIR;
+for a ticket workspace also the few places in its clone's git directory a commit writes
+(``extra_write``, ``extra_write_files``: see :mod:`endpointd.workspaces.grants`). The result, a
 :class:`~endpointd.guard.confinement.Confinement`, travels in the supervisor's spec; on
 Linux :func:`landlock_spec` turns it into the explicit Landlock grants the supervisor
 applies between fork and exec (:func:`endpointd.process.supervisor.confine_child`).
@@ -113,9 +115,13 @@ def plan(
     workspace: str,
     tmpdir: str,
     proxy_port: int | None = None,
+    extra_write: Sequence[str] = (),
+    extra_write_files: Sequence[str] = (),
 ) -> Confinement:
     """The confinement of one command; :class:`SandboxUnavailable` when it is required
-    and this machine cannot enforce it."""
+    and this machine cannot enforce it. ``extra_write``: more directories it may write
+    (whole), ``extra_write_files``: single files it may write (not replace); neither ever
+    opens a denied path."""
     if rules.sandbox == "off":
         return Confinement(network="allow", mechanism="")
     here = support()
@@ -132,8 +138,10 @@ def plan(
     denied_real = _real_denied(tuple(denied))
     # The owner's extra writable paths never open a denied one; the private TMPDIR is made
     # inside endpointd's (denied) state dir on purpose, for that very reason.
-    extra = [_real(str(p)) for p in rules.writable_paths]
+    extra = [_real(str(p)) for p in (*rules.writable_paths, *extra_write)]
     extra = [p for p in extra if not any(_within(p, d) for d in denied_real)]
+    files = [_real(p) for p in extra_write_files]
+    files = [p for p in files if not any(_within(p, d) for d in denied_real)]
     return Confinement(
         hidden_dirs=_socket_dirs(),
         hidden_files=_socket_files(),
@@ -141,7 +149,7 @@ def plan(
         protected=_protected(_real(workspace)) if here.mechanism == "seatbelt" else (),
         denied=denied_real,
         write=(_real(workspace), _real(tmpdir), *extra),
-        write_files=DEVICE_FILES,
+        write_files=(*DEVICE_FILES, *files),
         network=rules.network,
         proxy_port=proxy_port,
         mechanism=here.mechanism,

@@ -8,6 +8,7 @@ OS cannot take one. Semantic limits (allowed roots, max runtime) belong to the p
 from __future__ import annotations
 
 import os
+import re
 
 from endpointd.guard.policy import Refusal
 from endpointd.model import (
@@ -16,11 +17,23 @@ from endpointd.model import (
     Exec,
     Glob,
     ListDir,
+    PrepareWorkspace,
     ReadFile,
     Reason,
+    ReleaseWorkspace,
     Search,
+    WorkspaceBase,
     WriteFile,
 )
+
+# A ticket id names a directory and a git branch: the control plane's shape, nothing else.
+TICKET_ID = re.compile(r"tkt_[0-9a-z]{4,40}\Z")
+# A repository as devices report it: host/owner/name, more segments for nested groups.
+REPOSITORY = re.compile(
+    r"[A-Za-z0-9._~\[\]:-]+(/[A-Za-z0-9._~-]+){2,}\Z|[A-Za-z0-9._~-]+/[A-Za-z0-9._~-]+\Z"
+)
+# What git refuses in a branch name (git check-ref-format), and a leading "-" (an option).
+_BAD_BRANCH = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|//|@\{|^[-/.]|[/.]$|\.lock$|/\.")
 
 
 def _invalid(message: str) -> Refusal:
@@ -78,6 +91,8 @@ def validate(command: Command) -> Refusal | None:
         if "\x00" in op.pattern or (isinstance(op, Search) and "\x00" in op.glob):
             return _invalid(f"{op.KIND} contains a NUL byte")
         return _absolute(op.path, f"{op.KIND}.path")
+    if isinstance(op, PrepareWorkspace | ReleaseWorkspace):
+        return _workspace(op)
     if isinstance(op, Cancel):
         if not op.target_command_id:
             return _invalid("cancel.target_command_id is required")
@@ -85,3 +100,36 @@ def validate(command: Command) -> Refusal | None:
             return _invalid("a cancel cannot target itself")
         return None
     return Refusal(Reason.UNKNOWN_KIND, f"unsupported command kind {command.kind!r}")
+
+
+def _workspace(op: PrepareWorkspace | ReleaseWorkspace) -> Refusal | None:
+    kind = op.KIND
+    if not TICKET_ID.match(op.ticket_id):
+        return _invalid(
+            f"{kind}.ticket_id must be a ticket id like tkt_8f3k2q9m4xw7, got {op.ticket_id!r}"
+        )
+    if isinstance(op, ReleaseWorkspace):
+        return None
+    if op.base not in tuple(WorkspaceBase):
+        return Refusal(
+            Reason.UNKNOWN_KIND,
+            f"prepare_workspace.base {int(op.base)} is unknown to this endpointd; upgrade it",
+        )
+    if not op.repo and not op.path:
+        return _invalid("prepare_workspace needs a repository (repo) or a directory (path)")
+    if op.repo and (len(op.repo) > 300 or not REPOSITORY.match(op.repo)):
+        return _invalid(
+            "prepare_workspace.repo must be a repository as the device reports it"
+            f" (host/owner/name), got {op.repo[:100]!r}"
+        )
+    if op.path:
+        bad = _absolute(op.path, "prepare_workspace.path")
+        if bad:
+            return bad
+    if op.base == WorkspaceBase.PULL_REQUEST:
+        ref = op.ref.removeprefix("refs/heads/")
+        if not ref:
+            return _invalid("prepare_workspace on a pull request needs its head branch (ref)")
+        if len(ref) > 255 or _BAD_BRANCH.search(ref) or ref == "@":
+            return _invalid(f"prepare_workspace.ref {op.ref[:100]!r} is not a branch name")
+    return None

@@ -6,10 +6,12 @@ One stream per device at a time. Each session:
    keepalive, and calls Connect;
 2. waits for the server's Challenge, records the clock offset and heartbeat interval, and
    answers with a signed Hello listing every journaled command not yet acknowledged;
-3. runs three tasks until one fails: the reader (commands and acks into the daemon), the
+3. runs four tasks until one fails: the reader (commands and acks into the daemon), the
    writer (the only task that writes to the stream: control messages first, then output and
-   results from the spools), and the heartbeat (sends one per interval and declares the
-   stream dead once three intervals have passed with nothing received).
+   results from the spools), the heartbeat (sends one per interval and declares the
+   stream dead once three intervals have passed with nothing received), and the
+   repositories (the clones under the allowed roots: a RepositoryReport right after the
+   Hello, and again whenever the scan finds something else).
 
 :func:`connect_forever` repeats sessions with capped, jittered backoff; the backoff resets
 once a session proves healthy (a server message after the Hello), so a rejected device
@@ -32,7 +34,7 @@ from endpointd.commands.daemon import Daemon
 from endpointd.guard import sandbox
 from endpointd.link.keys import DeviceKey
 from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
-from endpointd.model import Challenge, Heartbeat
+from endpointd.model import Challenge, Heartbeat, Repository
 from superagent_shared.backoff import Backoff
 from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER, hello_signing_payload
 
@@ -43,6 +45,9 @@ MISSED_HEARTBEATS = 3
 HANDSHAKE_TIMEOUT_SECONDS = 30.0
 # A session that stayed up this long counts as healthy even if the server never spoke.
 HEALTHY_AFTER_SECONDS = 30.0
+# How often the allowed roots are looked at for a change (a rescan follows one, and the
+# scan itself is redone when it is RESCAN_SECONDS old: see endpointd.workspaces.discovery).
+REPOSITORIES_CHECK_SECONDS = 5.0
 # Room for a 4 MiB WriteFile plus envelope; gRPC's default limit is exactly 4 MiB.
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 
@@ -157,6 +162,7 @@ class Session:
             asyncio.create_task(self._reader(stream), name="endpointd-reader"),
             asyncio.create_task(self._writer(stream), name="endpointd-writer"),
             asyncio.create_task(self._heartbeat(interval), name="endpointd-heartbeat"),
+            asyncio.create_task(self._repositories(), name="endpointd-repositories"),
             asyncio.create_task(stopping.wait(), name="endpointd-stopping"),
         ]
         try:
@@ -238,6 +244,38 @@ class Session:
                 last_heartbeat_at=wire.time_text(),
                 sandbox=self.daemon.policy.sandbox_summary,
             )
+
+    async def _repositories(self) -> None:
+        """Report the clones under the allowed roots after the Hello, and again whenever
+        they change. Informational: a scan that fails is logged and tried again, never the
+        stream's end (a server that predates the report ignores it)."""
+        daemon = self.daemon
+        sent: tuple[tuple[Repository, ...], bool] | None = None
+        while True:
+            try:
+                found = await asyncio.to_thread(daemon.workspaces.scan, daemon.policy)
+            except Exception:
+                log.exception("scanning the allowed roots for repositories failed")
+            else:
+                report = (
+                    tuple(
+                        Repository(c.path, c.remote, c.default_branch) for c in found.repositories
+                    ),
+                    found.truncated,
+                )
+                if report != sent:
+                    message = wire.repositories(
+                        report[0], truncated=report[1], scanned_at=found.scanned_at
+                    )
+                    self.control.put_nowait(message)
+                    daemon.wake.set()
+                    sent = report
+                    log.info(
+                        "reported %d repositories%s",
+                        len(report[0]),
+                        " (the scan stopped at its bounds)" if report[1] else "",
+                    )
+            await asyncio.sleep(REPOSITORIES_CHECK_SECONDS)
 
 
 def describe(exc: BaseException) -> tuple[str, grpc.StatusCode | None]:
