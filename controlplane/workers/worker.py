@@ -91,7 +91,7 @@ async def load_ticket(db: Db, ticket_id: str) -> Ticket:
     return Ticket(**dict(row))
 
 
-async def brief(db: Db, ticket: Ticket, found: list[tuple[str, str]] | None = None) -> str:
+async def brief(db: Db, ticket: Ticket, given: workspace.Instructions | None = None) -> str:
     """The first message of a ticket's session: what to do, where, and on whose word."""
     mandate = await db.fetchrow(
         "SELECT m.kind, m.scope, m.initiator_name, g.id AS trigger_id, g.text, g.thread_id, "
@@ -118,7 +118,7 @@ async def brief(db: Db, ticket: Ticket, found: list[tuple[str, str]] | None = No
     lines.append(f"Repository: {ticket.repo or 'unknown'}")
     if not ticket.in_place:
         lines.append(f"Branch: {ticket.branch} (commit and push your work there)")
-    lines += workspace.brief_lines(ticket, found or [])
+    lines += workspace.brief_lines(ticket, given or workspace.Instructions())
     lines.append("Threads you handle: " + ", ".join(r["thread_id"] for r in threads))
     if ticket.speculative:
         lines.append(
@@ -177,7 +177,7 @@ class Worker:
         )
         if ticket.device_id is not None and not await device_online(self.pool, ticket.device_id):
             return await self._await_device(ticket)
-        found: list[tuple[str, str]] = []
+        given = workspace.Instructions()
         if workspace.wanted(ticket):
             try:
                 ticket = await workspace.prepare(self.pool, self.queue, ticket)
@@ -192,8 +192,8 @@ class Worker:
                 raise
         if self.assignment.session_id is None:
             # Read for the brief, which a new session starts with.
-            found = await workspace.instructions(self.queue, ticket)
-        convo = await self._open(ticket, found)
+            given = await workspace.instructions(self.queue, ticket)
+        convo = await self._open(ticket, given)
         toolbox = WorkerToolbox(self.pool, self.queue, self.limits, ticket)
         if self.assignment.woken_by == "device":
             # Back from waiting: what was queued runs now; its results are the next events.
@@ -263,7 +263,7 @@ class Worker:
 
     # -- the session ---------------------------------------------------------------------
 
-    async def _open(self, ticket: Ticket, found: list[tuple[str, str]]) -> session.WorkerSession:
+    async def _open(self, ticket: Ticket, given: workspace.Instructions) -> session.WorkerSession:
         async with self.pool.acquire() as conn, conn.transaction():
             convo, new = await session.WorkerSession.open(
                 conn, self.assignment.session_id, ticket_id=ticket.id, model=self.model
@@ -274,7 +274,7 @@ class Worker:
                     self.assignment.id,
                     convo.id,
                 )
-                await convo.add(conn, {"role": "user", "content": await brief(conn, ticket, found)})
+                await convo.add(conn, {"role": "user", "content": await brief(conn, ticket, given)})
             elif self.assignment.taken_over or convo.unanswered_calls():
                 await convo.close_interrupted(conn)
                 await convo.add(conn, {"role": "user", "content": RECOVERY_NOTE})

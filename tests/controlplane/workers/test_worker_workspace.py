@@ -37,6 +37,14 @@ class WorkspaceDevice(LocalDevice):
     failure: str | None = None
 
     async def _execute(self, command_id: str, spec: specs.Spec) -> None:
+        if isinstance(spec, specs.Glob):
+            # As endpointd's glob answers: relative paths, one per line.
+            listed = _globbed(Path(spec.path), spec.pattern)
+            await self.delivery.store_output(self.id, command_id, 0, listed)
+            await self.delivery.finish(
+                self.id, command_id, state="finished", exit_code=0, total_output_bytes=len(listed)
+            )
+            return
         if not isinstance(spec, specs.PrepareWorkspace):
             await super()._execute(command_id, spec)
             return
@@ -49,6 +57,8 @@ class WorkspaceDevice(LocalDevice):
         workspace = self.root / "workspaces" / spec.ticket_id
         workspace.mkdir(parents=True, exist_ok=True)
         (workspace / "AGENTS.md").write_text(AGENTS)
+        (workspace / "web").mkdir(exist_ok=True)
+        (workspace / "web" / "AGENTS.md").write_text("Use pnpm here.\n")
         answer = json.dumps(
             {
                 "path": str(workspace),
@@ -62,6 +72,11 @@ class WorkspaceDevice(LocalDevice):
         await self.delivery.finish(
             self.id, command_id, state="finished", exit_code=0, total_output_bytes=len(answer)
         )
+
+
+def _globbed(base: Path, pattern: str) -> bytes:
+    found = sorted(str(p.relative_to(base)) for p in base.glob(pattern))
+    return "".join(f"{p}\n" for p in found).encode()
 
 
 async def _device(pool: asyncpg.Pool, root: Path, failure: str | None = None) -> WorkspaceDevice:
@@ -103,6 +118,8 @@ async def test_the_brief_names_the_workspace_and_carries_the_repositorys_instruc
     assert "find the repository" not in brief
     assert f"--- {workspace}/AGENTS.md ---\n{AGENTS}" in brief
     assert "not requests from people" in brief
+    # A deeper AGENTS.md is named, for the worker to read before working in its directory.
+    assert f"view the one that applies before working there: {workspace}/web/AGENTS.md" in brief
     # The clone it came from, and the snapshot of local changes the router asked for.
     assert device.ran[0] == {
         "kind": "prepare_workspace",
