@@ -211,52 +211,58 @@ class Instructions:
 async def instructions(queue: CommandQueue, ticket: Ticket) -> Instructions:
     """The repository's instruction files at the workspace root, in
     :data:`INSTRUCTION_FILES` order (missing ones left out), and the deeper ``AGENTS.md``
-    files, by path: the worker reads one before working in its directory."""
+    files, by path: the worker reads one before working in its directory.
+
+    One glob finds them all, so a repository without instructions (the common case) costs
+    one round trip to the device; only the files that exist are read."""
     if ticket.device_id is None or not ticket.workspace:
         return Instructions()
+    listed = await _ask(
+        queue, ticket, specs.Glob(_INSTRUCTIONS_GLOB, ticket.workspace, max_entries=500)
+    )
+    present = set(listed.splitlines()) if listed is not None else set()
+    deeper = sorted(p for p in present if p.endswith("/AGENTS.md"))
     return Instructions(
-        tuple(await _root_files(queue, ticket, ticket.device_id, ticket.workspace)),
-        tuple(await _nested(queue, ticket, ticket.device_id, ticket.workspace)),
+        tuple(await _read(queue, ticket, [n for n in INSTRUCTION_FILES if n in present])),
+        tuple(posixpath.join(ticket.workspace, p) for p in deeper[:MAX_NESTED]),
     )
 
 
-async def _nested(queue: CommandQueue, ticket: Ticket, device_id: str, workspace: str) -> list[str]:
+# Every instruction file, at any depth (only the root's are read; deeper AGENTS.md named).
+_INSTRUCTIONS_GLOB = "**/{" + ",".join(posixpath.basename(n) for n in INSTRUCTION_FILES) + "}"
+
+
+async def _ask(
+    queue: CommandQueue, ticket: Ticket, spec: specs.Spec, limit: int = 64_000
+) -> str | None:
+    """``spec``'s output as text, or None when the device refused it or it failed."""
+    assert ticket.device_id is not None
     command_id = await queue.submit(
-        device_id,
-        specs.Glob("**/AGENTS.md", workspace, max_entries=MAX_NESTED + 1),
+        ticket.device_id,
+        spec,
         ticket_id=ticket.id,
         origin=f"worker {ticket.id} (repository instructions)",
     )
     result = await queue.wait(command_id, READ_WAIT_SECONDS)
     if not result.done or not result.ok:
-        return []
-    listed = (await queue.output(command_id, 0, 64_000)).decode("utf-8", errors="replace")
-    deeper = sorted(p for p in listed.splitlines() if p.strip() and p != "AGENTS.md")
-    return [posixpath.join(workspace, p) for p in deeper[:MAX_NESTED]]
+        return None
+    return (await queue.output(command_id, 0, limit)).decode("utf-8", errors="replace")
 
 
-async def _root_files(
-    queue: CommandQueue, ticket: Ticket, device_id: str, workspace: str
-) -> list[tuple[str, str]]:
+async def _read(queue: CommandQueue, ticket: Ticket, names: list[str]) -> list[tuple[str, str]]:
+    assert ticket.workspace is not None
     found: list[tuple[str, str]] = []
     room = MAX_INSTRUCTIONS_TOTAL
-    for name in INSTRUCTION_FILES:
+    for name in names:
         if room <= 0:
             break
-        path = posixpath.join(workspace, name)
+        path = posixpath.join(ticket.workspace, name)
         limit = min(MAX_INSTRUCTION_BYTES, room)
-        command_id = await queue.submit(
-            device_id,
-            specs.ReadFile(path, 0, limit + 1),
-            ticket_id=ticket.id,
-            origin=f"worker {ticket.id} (repository instructions)",
-        )
-        result = await queue.wait(command_id, READ_WAIT_SECONDS)
-        if not result.done or not result.ok:
-            continue  # absent (the common case), or unreadable: no instructions from it
-        data = await queue.output(command_id, 0, limit + 1)
-        text = data[:limit].decode("utf-8", errors="replace")
-        if len(data) > limit:
+        text = await _ask(queue, ticket, specs.ReadFile(path, 0, limit + 1), limit + 1)
+        if text is None:
+            continue  # unreadable (a denied path, say): no instructions from it
+        if len(text.encode()) > limit:
+            text = text.encode()[:limit].decode("utf-8", errors="replace")
             text += f"\n[… cut at {limit:,} bytes; read the file for the rest]"
         found.append((path, text))
         room -= len(text)

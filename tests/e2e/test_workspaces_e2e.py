@@ -59,6 +59,7 @@ FIXES = {
     "sub": "--- a/calc.py\n+++ b/calc.py\n@@ -5,2 +5,2 @@\n def sub(a, b):\n"
     "-    return a + b\n+    return a - b\n",
 }
+INSTRUCTIONS = "Run `python -m unittest` before every commit.\n"
 ALICE_USER = {"login": "alice", "id": ALICE, "type": "User"}
 CI_BOT = {"login": "github-actions[bot]", "id": 41898282, "type": "Bot"}
 # The device removes a released workspace at once, so the test sees it go.
@@ -72,6 +73,7 @@ class Script:
 
     python: str
     told: list[tuple[str, str]] = field(default_factory=list)  # (ticket, step)
+    briefs: dict[str, str] = field(default_factory=dict)  # ticket -> its brief
 
     def __call__(self, request: ChatRequest) -> Reply:
         if (request.system_prompt() or "").startswith("You are the router"):
@@ -169,12 +171,19 @@ class Script:
             ]
         name, call = steps[min(since, len(steps) - 1)]
         self.told.append((ticket[1], name))
+        self.briefs[ticket[1]] = brief
         return Reply(tool_calls=[call])
 
 
 @pytest.fixture
 def world(tmp_path: Path, database_url: str, fake_llm: FakeOpenAIServer) -> Iterator[World]:
-    files = {"calc.py": CALC, "test_calc.py": TESTS, "README.md": "widgets\n"}
+    files = {
+        "calc.py": CALC,
+        "test_calc.py": TESTS,
+        "README.md": "widgets\n",
+        "AGENTS.md": INSTRUCTIONS,
+        "docs/AGENTS.md": "Docs are in British English.\n",
+    }
     with running_world(
         tmp_path, database_url, fake_llm, files=files, script=lambda _: Script(sys.executable)
     ) as world:
@@ -302,6 +311,12 @@ async def test_two_tickets_in_their_own_worktrees_through_review_ci_and_merge(
     )
     # The owner's checkout is exactly as it was.
     assert _owner_state(checkout) == before
+    # Each brief carries the repository's instructions from its own workspace, and names
+    # the deeper ones.
+    for ticket in (add, sub):
+        brief = world.script.briefs[ticket["id"]]
+        assert f"--- {ticket['workspace']}/AGENTS.md ---\n{INSTRUCTIONS}" in brief
+        assert f"{ticket['workspace']}/docs/AGENTS.md" in brief
 
     # A review comment on the first PR: a new commit on the same PR, and no second PR.
     add_pr = pulls[add["branch"]]

@@ -15,6 +15,7 @@ import asyncpg
 
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
+from endpointd.commands.globs import PathGlob
 from tests.fakes.openai_server import FakeOpenAIServer, Reply, ToolCall, message_text
 from tests.support.helpers import assert_eventually
 from tests.support.worker_harness import (  # noqa: F401 - fixtures
@@ -75,7 +76,13 @@ class WorkspaceDevice(LocalDevice):
 
 
 def _globbed(base: Path, pattern: str) -> bytes:
-    found = sorted(str(p.relative_to(base)) for p in base.glob(pattern))
+    """What endpointd's glob lists: paths relative to ``base``, in its glob dialect."""
+    wanted = PathGlob.parse(pattern)
+    found = sorted(
+        rel
+        for p in base.rglob("*")
+        if p.is_file() and wanted.matches(rel := str(p.relative_to(base)))
+    )
     return "".join(f"{p}\n" for p in found).encode()
 
 
