@@ -81,8 +81,7 @@ async def base_of(pool: asyncpg.Pool, ticket: Ticket) -> tuple[specs.WorkspaceBa
     """Where the workspace starts: what the router asked for, else an existing pull
     request's head when the ticket came from one (its own branch, not a fork's), else the
     freshly fetched default branch."""
-    asked = await pool.fetchval("SELECT workspace_base FROM tickets WHERE id = $1", ticket.id)
-    if asked == "local_changes":
+    if ticket.workspace_base == "local_changes":
         return "local_changes", ""
     for row in await pool.fetch(_PULL_REQUEST_EVENTS, ticket.id):
         head = _head_of(row["data"])
