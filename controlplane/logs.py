@@ -7,12 +7,16 @@ that every line logged on behalf of one request or one piece of work can be foun
 
 It adds only the time, level, logger, message, exception and trace id to a line: nothing
 that could carry a secret which the message itself did not.
+
+It also quiets gRPC's C core (below), and writes ``superagent up``'s log to a file of the
+state directory as well (:func:`log_to_file`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import os
 import re
 import uuid
@@ -20,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, MutableHeaders
@@ -97,6 +102,44 @@ def apply_format() -> None:
         return
     for handler in logging.getLogger().handlers:
         handler.setFormatter(JsonFormatter())
+
+
+LOG_FILE_BYTES = 10 * 1024 * 1024
+LOG_FILE_BACKUPS = 5
+
+
+def log_file(state_dir: Path) -> Path:
+    """Where ``superagent up`` writes its log: ``<state dir>/logs/superagent.log``."""
+    return state_dir / "logs" / "superagent.log"
+
+
+def log_to_file(state_dir: Path) -> Path:
+    """Also write the log to :func:`log_file` (10 MiB × 5 files, rotated), in the format of
+    the existing handlers; returns its path. Call after logging is set up.
+
+    For ``superagent up``, which runs in a terminal that is closed sooner or later; not for
+    ``serve``, whose output belongs to its platform (journald, a container runtime).
+    """
+    path = log_file(state_dir)
+    # 0700/0600: the log names devices, users and tickets; it is the operator's alone.
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for existing in root.handlers:
+        if (
+            isinstance(existing, logging.handlers.RotatingFileHandler)
+            and Path(existing.baseFilename) == path.resolve()
+        ):
+            return path  # already (a second `up` in one process, as tests do)
+    handler = logging.handlers.RotatingFileHandler(
+        path, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8"
+    )
+    os.chmod(path, 0o600)
+    template = root.handlers[0].formatter if root.handlers else None
+    handler.setFormatter(
+        template or logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    )
+    root.addHandler(handler)
+    return path
 
 
 def incoming_trace_id(headers: Headers) -> str | None:

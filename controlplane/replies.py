@@ -19,6 +19,7 @@ from enum import StrEnum
 from controlplane.db.pool import Conn
 from controlplane.domain import EffectKind
 from controlplane.effects.outbox import enqueue
+from superagent_shared.ids import stable_id
 
 
 class Style(StrEnum):
@@ -50,6 +51,13 @@ def clip_words(text: str, limit: int = IM_MAX_WORDS) -> str:
     if len(matches) <= limit:
         return text
     return text[: matches[limit - 1].end()] + " …"
+
+
+def run_result_id(trigger_id: str) -> str:
+    """The reply id of a ``/run``'s outcome (its result, or why it did not run): one message
+    per request however often the handler runs, and the key by which a chat knows the
+    promised result arrived (:mod:`controlplane.channels.webchat.progress`)."""
+    return stable_id("msg", f"run-result:{trigger_id}")
 
 
 @dataclass(frozen=True)

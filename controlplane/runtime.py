@@ -30,10 +30,11 @@ from controlplane.effects.handlers import Handlers
 from controlplane.effects.runner import EffectRunner, runner_id
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
+from controlplane.gateway.local_device import LocalDevice, LocalDeviceRequest
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
 from controlplane.gateway.tls import gateway_tls
-from controlplane.heartbeat import ReplicaHeartbeat
+from controlplane.heartbeat import Record, ReplicaHeartbeat
 from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership, WhileLeading
 from controlplane.router.router import Router, RouterService, TurnTaker
@@ -172,7 +173,7 @@ async def replica(
         handlers.register(EffectKind.OPEN_PULL_REQUEST, open_pull_request_handler(pool, channels))
         services: list[Service] = [
             DatabaseWatch(dsn, exit_after=settings.database_outage_exit_seconds),
-            ReplicaHeartbeat(pool, replica_id),
+            ReplicaHeartbeat(pool, replica_id, Record.of(settings, channels.sources())),
             EffectRunner(dsn, handlers, settings.effects, owner=replica_id),
             leadership,
             hub,
@@ -247,11 +248,13 @@ async def serve(
     apply_migrations: bool,
     announce: Callable[[str], None] | None = None,
     watchdog_child: bool = False,
+    local_device: LocalDeviceRequest | None = None,
 ) -> None:
     """Run one replica until ``stop``; ``announce`` gets a one-time console sign-in link.
 
     With ``watchdog_child`` (``superagent up``) the watchdog runs beside it as a supervised
-    child process, started after the schema is in place and stopped first.
+    child process, started after the schema is in place and stopped first; likewise this
+    machine's endpointd with ``local_device`` (``superagent up --device DIR``).
     """
     log.info("database: %s", redacted(database_url))
     async with replica(
@@ -260,6 +263,15 @@ async def serve(
         if watchdog_child:
             backoff_cap = settings.watchdog.restart_backoff_max_seconds
             services.append(WatchdogChild(database_url, backoff_cap=backoff_cap))
+        if local_device is not None:
+            services.append(
+                LocalDevice(
+                    settings,
+                    asyncpg_dsn(database_url),
+                    request=local_device,
+                    backoff_cap=settings.watchdog.restart_backoff_max_seconds,
+                )
+            )
         # The loops get most of the shutdown timeout; the rest is for closing pools, channels
         # and the embedded Postgres before run_until_signalled's deadline cuts it short.
         await run_services(services, stop, shutdown_timeout=settings.shutdown_timeout * LOOPS_SHARE)

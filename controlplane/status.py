@@ -1,22 +1,71 @@
 """What the deployment is doing, read from the database every replica shares.
 
-Shown by ``superagent status`` and on the console.
+Shown by ``superagent status`` and on the console. Everything here is the deployment's
+view: the model is the one the running replicas recorded with their heartbeats
+(``controlplane.heartbeat``), never the one the reading process's settings name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from controlplane.db.pool import Db
 from controlplane.domain import CLOSED_TICKET_SQL
 from controlplane.gateway.devices import ONLINE_WINDOW
+from controlplane.heartbeat import ALIVE_WINDOW
 from controlplane.leadership import ROUTER_LEASE
 
 WATCHDOG_MARK = "watchdog"  # the watchdog's row in leases (controlplane.watchdog.service)
 
 
 QUARANTINE_SHOWN = 10  # items of each kind listed; the count says how many there are
+FINDINGS_SHOWN = 5  # open findings listed, newest first; the count says how many are open
+DEVICES_SHOWN = 10  # devices listed, online first; the count says how many are paired
+RULES_ONLY = "none (rules-only mode)"
+NO_REPLICA = "no replica is running: start one with `superagent up` or check your deployment"
+
+
+@dataclass
+class Replica:
+    """A control-plane replica as its heartbeat row says."""
+
+    id: str
+    hostname: str
+    pid: int | None
+    version: str
+    model: str  # its models and endpoint host in one phrase, or RULES_ONLY
+    started_at: datetime
+    heartbeat_at: datetime
+    stopped_at: datetime | None
+    leader: bool  # holds the router lease now
+    runs_with: dict[str, Any]  # as recorded ({}: by a release older than the record)
+
+
+@dataclass
+class OpenFinding:
+    kind: str
+    subject: str
+    severity: str
+    summary: str
+    first_seen_at: datetime
+    times_seen: int
+
+
+@dataclass
+class DeviceLine:
+    name: str
+    online: bool
+    last_seen_at: datetime | None
+
+
+@dataclass
+class Shell:
+    """What the process reading the status is configured with: not the deployment's."""
+
+    model: str
+    database: str  # host:port/name of the database read, or the embedded one's directory
 
 
 @dataclass
@@ -52,6 +101,15 @@ class Status:
     watchdog_alive: bool = False
     quarantined_counts: dict[str, int] = field(default_factory=dict)
     quarantined: list[Quarantined] = field(default_factory=list)
+    model_from: str | None = None  # the replica whose record names the model
+    replicas: list[Replica] = field(default_factory=list)  # running ones, oldest first
+    last_replica: Replica | None = None  # with none running: the last one heard of
+    version_skew: list[str] = field(default_factory=list)  # releases, when more than one
+    model_skew: list[str] = field(default_factory=list)  # models, when replicas differ
+    findings_open: int = 0
+    findings: list[OpenFinding] = field(default_factory=list)
+    devices: list[DeviceLine] = field(default_factory=list)
+    shell: Shell | None = None  # set by the CLI: the calling shell's own settings
 
 
 _QUARANTINED = """
@@ -74,7 +132,92 @@ UNION ALL
 """
 
 
-async def read(db: Db, model: str) -> Status:
+_REPLICAS = """
+SELECT r.id, r.hostname, r.version, r.started_at, r.heartbeat_at, r.stopped_at,
+       r.runs_with, coalesce(l.holder = r.id AND l.expires_at > now(), false) AS leader,
+       r.stopped_at IS NULL AND r.heartbeat_at > now() - CAST($1 AS interval) AS alive
+FROM replicas r LEFT JOIN leases l ON l.name = $2
+WHERE (r.stopped_at IS NULL AND r.heartbeat_at > now() - CAST($1 AS interval))
+   OR r.id = (SELECT id FROM replicas
+              ORDER BY greatest(heartbeat_at, stopped_at) DESC LIMIT 1)
+ORDER BY r.started_at, r.id
+"""
+
+_FINDINGS = """
+SELECT kind, subject, severity, summary, first_seen_at, times_seen,
+       count(*) OVER () AS total
+FROM watchdog_findings WHERE resolved_at IS NULL
+ORDER BY first_seen_at DESC, id LIMIT $1
+"""
+
+_DEVICES = """
+SELECT name, last_seen_at,
+       connected_replica IS NOT NULL AND last_seen_at > now() - CAST($1 AS interval) AS online
+FROM devices WHERE revoked_at IS NULL
+ORDER BY 3 DESC, last_seen_at DESC NULLS LAST, name LIMIT $2
+"""
+
+
+def model_phrase(runs_with: dict[str, Any]) -> str:
+    """One replica's models and endpoint host, from its record."""
+    router = runs_with.get("router_model")
+    if not router:
+        return RULES_ONLY
+    worker = runs_with.get("worker_model")
+    models = f"{router} (router), {worker} (workers)" if worker and worker != router else router
+    host = runs_with.get("model_host")
+    return f"{models} at {host}" if host else models
+
+
+def _replica(row: Any) -> Replica:
+    runs_with = dict(row["runs_with"] or {})
+    pid = runs_with.get("pid")
+    return Replica(
+        id=row["id"],
+        hostname=row["hostname"],
+        pid=pid if isinstance(pid, int) else None,
+        version=row["version"],
+        model=model_phrase(runs_with) if runs_with else "unknown (recorded by an older release)",
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        stopped_at=row["stopped_at"],
+        leader=bool(row["leader"]),
+        runs_with=runs_with,
+    )
+
+
+def _deployment_model(
+    alive: list[Replica], last: Replica | None, fallback: str | None
+) -> tuple[str, str | None]:
+    """The model the deployment runs with, and the replica whose record says so: the
+    leader's (it routes), else the running replica heard from last."""
+    recorded = [r for r in alive if r.runs_with]
+    if recorded:
+        chosen = next((r for r in recorded if r.leader), None) or max(
+            recorded, key=lambda r: r.heartbeat_at
+        )
+        return chosen.model, chosen.id
+    if alive:
+        return "unknown: the running replicas are of a release that does not record it", None
+    if fallback is not None:
+        return fallback, None
+    if last is not None and last.runs_with:
+        return f"unknown (no replica is running; the last, {last.id}, ran {last.model})", None
+    return "unknown (no replica is running)", None
+
+
+async def read(db: Db, fallback_model: str | None = None) -> Status:
+    """The deployment's status. ``fallback_model``: the reading replica's own model, shown
+    only while no running replica has recorded one (the console, inside a replica, just
+    after it started); the CLI passes none, as its shell is not the deployment."""
+    rows = await db.fetch(_REPLICAS, ALIVE_WINDOW, ROUTER_LEASE)
+    alive = [_replica(row) for row in rows if row["alive"]]
+    gone = [_replica(row) for row in rows if not row["alive"]]
+    model, model_from = _deployment_model(alive, gone[0] if gone else None, fallback_model)
+    versions = sorted({r.version for r in alive})
+    models = sorted({r.model for r in alive if r.runs_with})
+    open_findings = await db.fetch(_FINDINGS, FINDINGS_SHOWN)
+    devices = await db.fetch(_DEVICES, ONLINE_WINDOW, DEVICES_SHOWN)
     lease = await db.fetchrow(
         "SELECT holder, acquired_at, expires_at, expires_at < now() AS expired "
         "FROM leases WHERE name = $1",
@@ -104,6 +247,26 @@ async def read(db: Db, model: str) -> Status:
     assert counts is not None
     return Status(
         model=model,
+        model_from=model_from,
+        replicas=alive,
+        last_replica=gone[0] if gone and not alive else None,
+        version_skew=versions if len(versions) > 1 else [],
+        model_skew=models if len(models) > 1 else [],
+        findings_open=int(open_findings[0]["total"]) if open_findings else 0,
+        findings=[
+            OpenFinding(
+                row["kind"],
+                row["subject"],
+                row["severity"],
+                row["summary"][:300],
+                row["first_seen_at"],
+                row["times_seen"],
+            )
+            for row in open_findings
+        ],
+        devices=[
+            DeviceLine(row["name"], bool(row["online"]), row["last_seen_at"]) for row in devices
+        ],
         router_leader=lease["holder"] if lease else None,
         router_leader_since=lease["acquired_at"] if lease else None,
         router_lease_expires_at=lease["expires_at"] if lease else None,
@@ -131,6 +294,8 @@ async def read(db: Db, model: str) -> Status:
 
 def leader_line(status: Status) -> str:
     if status.router_leader is None:
+        if status.replicas:
+            return "none yet: the running replicas have not elected one"
         return "none: no replica is running (or none has started leading yet)"
     if status.router_lease_expired:
         return (

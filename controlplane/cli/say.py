@@ -4,8 +4,12 @@ The running control plane does the work (this command only speaks the chat proto
 :mod:`controlplane.channels.webchat.connection`), so what is said here shows up in the
 console's chat page as well, and a conversation can go on in either place.
 
-stdout carries only the agent's replies, so they can be piped; the conversation id and
-hints go to stderr.
+stdout carries only the agent's replies, each ending with a newline, so they can be piped;
+the conversation id and hints go to stderr, each on its own line.
+
+What a message was promised (a ``/run``'s result, a ticket's first report) is known from
+the server's ``progress`` frames (:mod:`controlplane.channels.webchat.progress`), never
+from the replies' wording; ``say`` waits for it within ``--wait``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import click
+import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
@@ -30,6 +35,8 @@ from controlplane.cli.common import fail, load_settings, setup_logging
 from controlplane.settings import Settings
 
 OPEN_TIMEOUT = 10.0
+DEFAULT_WAIT = 120.0
+EXIT_PENDING = 3  # replies came, but something they promised did not within --wait
 MORE_REPLIES_SECONDS = 1.0  # after a reply, how long to wait for another one of the same turn
 CLOSE_UNAUTHORIZED = 1008  # as controlplane.channels.webchat.connection
 
@@ -45,6 +52,17 @@ class Outcome:
     verdict: str = ""
     route: str = ""
     replies: list[dict[str, Any]] = field(default_factory=list)
+    progress: dict[str, Any] | None = None  # the latest ``progress`` frame of the message
+    timed_out: bool = False  # --wait ran out
+
+    def owed(self) -> list[dict[str, Any]]:
+        """What the message was promised that has not arrived."""
+        found = (self.progress or {}).get("pending")
+        return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
+
+    def dropped(self) -> list[dict[str, Any]]:
+        found = (self.progress or {}).get("dropped")
+        return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
 
 
 def _default_url(settings: Settings) -> str:
@@ -107,14 +125,14 @@ async def _converse(
     url: str,
     token: str | None,
     name: str,
-    text: str,
+    text: str | None,
     thread: str | None,
-    wait: float | None,
+    wait: float,
+    follow: bool,
     echo: bool,
 ) -> Outcome:
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    client_id = str(uuid.uuid4())
-    outcome = Outcome()
+    outcome = Outcome(thread=thread or "")
     async with connect(
         _socket_url(url, name),
         additional_headers=headers,
@@ -126,59 +144,156 @@ async def _converse(
         if first.get("type") != "ready":
             message = str(first.get("message", "the control plane refused the chat"))
             raise await _refusal(ws, message, has_token=token is not None, url=url)
+        if text is None:  # following a conversation: its latest replies, then what comes
+            assert thread is not None
+            click.echo(f"conversation {thread} (following it; Ctrl-C stops)", err=True)
+            heard = await _latest_replies(url, headers, thread)
+            await ws.send(json.dumps({"type": "watch", "thread": thread}))
+            await _stream(ws, thread, outcome, heard, said=True)
+            return outcome
+        client_id = str(uuid.uuid4())
         await ws.send(
-            json.dumps({"type": "say", "thread": thread, "text": text, "client_id": client_id})
+            json.dumps(
+                {
+                    "type": "say",
+                    "thread": thread,
+                    "text": text,
+                    "client_id": client_id,
+                    "track": True,  # progress frames: what this message was promised
+                }
+            )
         )
-        deadline = time.monotonic() + OPEN_TIMEOUT
-        while not outcome.trigger:
-            frame = await _frame(ws, deadline)
-            if frame.get("type") == "error" and frame.get("client_id") in (client_id, None):
-                raise SayError(str(frame.get("message")))
-            if frame.get("type") == "accepted" and frame.get("client_id") == client_id:
-                outcome.thread = str(frame["thread"])
-                outcome.trigger = str(frame["trigger"])
-                outcome.verdict = str(frame.get("verdict", ""))
-                outcome.route = str(frame.get("route", ""))
-                if outcome.route == "dropped":
-                    raise SayError(
-                        f"recorded, but the agent will not act on it: {frame.get('reason')} "
-                        "(see `superagent policy`)"
-                    )
+        await _accepted(ws, outcome, client_id)
         click.echo(
-            f"conversation {outcome.thread} (continue: superagent say --thread "
-            f"{outcome.thread} ...)",
+            f"conversation {outcome.thread} (continue it: superagent say --thread "
+            f"{outcome.thread} TEXT)",
             err=True,
         )
-        if wait is None:
-            return outcome
-        deadline = time.monotonic() + wait
-        said = False  # replies count only after our own message: earlier ones are history
-        while True:
-            try:
-                frame = await _frame(ws, deadline)
-            except TimeoutError:
-                if outcome.replies:
-                    return outcome
+        if follow:
+            await _stream(ws, outcome.thread, outcome, {}, said=False, client_id=client_id)
+        elif wait > 0:
+            await _await_replies(ws, outcome, client_id, wait, echo)
+        return outcome
+
+
+async def _accepted(ws: ClientConnection, outcome: Outcome, client_id: str) -> None:
+    deadline = time.monotonic() + OPEN_TIMEOUT
+    while not outcome.trigger:
+        frame = await _frame(ws, deadline)
+        if frame.get("type") == "error" and frame.get("client_id") in (client_id, None):
+            raise SayError(str(frame.get("message")))
+        if frame.get("type") == "accepted" and frame.get("client_id") == client_id:
+            outcome.thread = str(frame["thread"])
+            outcome.trigger = str(frame["trigger"])
+            outcome.verdict = str(frame.get("verdict", ""))
+            outcome.route = str(frame.get("route", ""))
+            if outcome.route == "dropped":
                 raise SayError(
-                    f"no reply within {wait:g}s; the message is recorded and the conversation "
-                    f"goes on ({url.rstrip('/')}/chat#{outcome.thread})"
-                ) from None
-            if frame.get("type") != "message" or frame.get("thread") != outcome.thread:
-                continue
+                    f"recorded, but the agent will not act on it: {frame.get('reason')} "
+                    "(see `superagent policy`)"
+                )
+
+
+def _print(reply: dict[str, Any]) -> None:
+    """One reply, ending with exactly one newline, whatever its text ends with."""
+    click.echo(str(reply.get("text", "")).rstrip("\n"))
+
+
+async def _await_replies(
+    ws: ClientConnection, outcome: Outcome, client_id: str, wait: float, echo: bool
+) -> None:
+    """Replies to the message, until what it was promised has arrived or ``wait`` runs out.
+
+    The server's ``progress`` frames say what is owed (a /run's result, a ticket's first
+    report, replies still queued) and when all of it arrived ("settled"). Short of that,
+    :data:`MORE_REPLIES_SECONDS` of quiet after a reply ends the wait while nothing is
+    owed, as with a control plane that sends no progress (or a router still deciding).
+    """
+    deadline = time.monotonic() + wait
+    quiet_until: float | None = None
+    said = False  # replies count only after our own message: earlier ones are history
+    # Settled with no reply yet: a message passed to a ticket's inbox is settled at once,
+    # and its ticket may still answer; so the wait goes on, as it would have without it.
+    while not (outcome.replies and outcome.progress and outcome.progress.get("settled")):
+        owed = outcome.progress is not None and bool(
+            outcome.progress.get("pending") or outcome.progress.get("replies_queued")
+        )
+        until = deadline if quiet_until is None or owed else min(deadline, quiet_until)
+        try:
+            frame = await _frame(ws, until)
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                outcome.timed_out = True
+            return
+        kind = frame.get("type")
+        if kind == "progress" and frame.get("trigger") == outcome.trigger:
+            outcome.progress = frame
+        elif kind == "message" and frame.get("thread") == outcome.thread:
             if frame.get("client_id") == client_id:
                 said = True
             elif said and frame.get("role") == "agent":
                 outcome.replies.append(frame)
                 if echo:
-                    click.echo(str(frame.get("text", "")))
-                deadline = time.monotonic() + MORE_REPLIES_SECONDS
+                    _print(frame)
+                quiet_until = time.monotonic() + MORE_REPLIES_SECONDS
 
 
-def _run(coro: Any, url: str) -> Outcome:
+async def _stream(
+    ws: ClientConnection,
+    thread: str,
+    outcome: Outcome,
+    heard: dict[str, dict[str, Any]],
+    *,
+    said: bool,
+    client_id: str | None = None,
+) -> None:
+    """Every later reply on the conversation, until Ctrl-C (or the connection ends)."""
+    while True:
+        frame = json.loads(await ws.recv())
+        if not isinstance(frame, dict) or frame.get("type") != "message":
+            continue
+        if frame.get("thread") != thread or frame.get("id") in heard:
+            continue
+        if client_id is not None and frame.get("client_id") == client_id:
+            said = True
+        elif said and frame.get("role") == "agent":
+            heard[str(frame.get("id"))] = frame
+            outcome.replies.append(frame)
+            _print(frame)
+
+
+async def _latest_replies(
+    url: str, headers: dict[str, str] | None, thread: str
+) -> dict[str, dict[str, Any]]:
+    """The conversation's history by id (so that watching it does not repeat it), after
+    printing the replies to its latest message: what a later ``--follow`` came to see."""
+    path = f"{url.rstrip('/')}/chat/api/threads/{quote(thread, safe='')}/messages"
+    async with httpx.AsyncClient(
+        headers=headers, timeout=OPEN_TIMEOUT, trust_env=not _loopback(url)
+    ) as http:
+        response = await http.get(path)
+    if response.status_code == 404:
+        raise SayError(f"no conversation {thread}")
+    if response.status_code != 200:
+        raise SayError(f"{url} refused to read conversation {thread} (HTTP {response.status_code})")
+    messages = response.json().get("messages", [])
+    latest: list[dict[str, Any]] = []
+    for message in messages:
+        latest = [] if message.get("role") == "person" else [*latest, message]
+    for message in latest:
+        _print(message)
+    return {str(message.get("id")): message for message in messages}
+
+
+def _run(coro: Any, url: str, *, following: bool) -> Outcome:
     try:
         result = asyncio.run(coro)
         assert isinstance(result, Outcome)
         return result
+    except KeyboardInterrupt:
+        if following:
+            sys.exit(0)  # Ctrl-C is how following ends: not a failure
+        _interrupted()
     except SayError as exc:
         fail(str(exc))
     except InvalidStatus as exc:
@@ -193,14 +308,14 @@ def _run(coro: Any, url: str) -> Outcome:
         fail(f"the control plane closed the connection{why}")
     except TimeoutError:
         fail(f"no answer from {url} within {OPEN_TIMEOUT:g}s")
+    except httpx.HTTPError as exc:
+        fail(f"cannot read the conversation from {url}: {exc}")
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         fail(
             f"the control plane is not running at {url} ({reason}); start it with "
             "`superagent up`, or point --url at it"
         )
-    except KeyboardInterrupt:
-        _interrupted()
 
 
 def _interrupted() -> NoReturn:
@@ -208,10 +323,38 @@ def _interrupted() -> NoReturn:
     sys.exit(130)
 
 
+def _promise(item: dict[str, Any]) -> str:
+    what = "the result of the /run" if item.get("kind") == "run" else str(item.get("id"))
+    see = f" ({item['see']})" if item.get("see") else ""
+    return what + see
+
+
+def _finish(outcome: Outcome, url: str, wait: float) -> int:
+    """Say on stderr what did not arrive, and how to see it later; the exit status."""
+    follow = f"superagent say --follow --thread {outcome.thread}"
+    for item in outcome.dropped():
+        click.echo(f"will not arrive: {_promise(item)}", err=True)
+    owed = outcome.owed()
+    if outcome.timed_out and owed:
+        click.echo(
+            f"still pending after {wait:g}s: " + "; ".join(_promise(p) for p in owed), err=True
+        )
+        click.echo(f"to see it when it arrives: {follow}", err=True)
+        return EXIT_PENDING
+    if outcome.timed_out and not outcome.replies:
+        fail(
+            f"no reply within {wait:g}s; the message is recorded and the conversation goes on "
+            f"({url.rstrip('/')}/chat#{outcome.thread}, or {follow})"
+        )
+    return 0
+
+
 @click.command()
-@click.argument("text")
+@click.argument("text", required=False)
 @click.option(
     "--thread",
+    "--conversation",
+    "thread",
     metavar="CONVERSATION",
     help="Continue this conversation (its id is printed after each message).",
 )
@@ -223,56 +366,75 @@ def _interrupted() -> NoReturn:
 @click.option(
     "--wait",
     "wait_seconds",
-    type=click.FloatRange(min=0, min_open=True),
-    default=120.0,
+    type=click.FloatRange(min=0),
+    default=DEFAULT_WAIT,
     show_default=True,
-    help="Seconds to wait for the agent's reply.",
+    metavar="SECONDS",
+    help="Wait this long for the reply and for the results it promises (a /run's output, "
+    "a ticket's first report); 0: do not wait.",
 )
-@click.option("--no-wait", is_flag=True, help="Return once the message is recorded.")
+@click.option("--no-wait", is_flag=True, help="Return once the message is recorded (--wait 0).")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep printing every later reply on the conversation until Ctrl-C. Without TEXT "
+    "(and with --conversation): the replies to its latest message, then what comes.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def say(
-    text: str,
+    text: str | None,
     thread: str | None,
     url: str | None,
     name: str,
     wait_seconds: float,
     no_wait: bool,
+    follow: bool,
     as_json: bool,
 ) -> None:
-    """Say TEXT to the agent and print its reply (TEXT "-" reads standard input).
+    """Say TEXT to the agent and print its replies (TEXT "-" reads standard input).
 
     This is the web chat from a terminal: the control plane must be running (`superagent
     up`), and the conversation shows in the console's chat page (/chat) too. It sends
     the admin token: SUPERAGENT_ADMIN_TOKEN, or else the one `superagent up` generated in
     its state directory (STATE_DIR/admin-token).
 
+    It waits, up to --wait seconds, for the replies and for what they promise: a /run's
+    output, the first report of a ticket the message opened.
+
     \b
     Examples:
       superagent say "Why is CI red on main?"
-      superagent say --thread chat_4f0c2a9e1b7d3c55 "Go ahead and fix it"
+      superagent say "/run laptop make test"            # waits for the output
+      superagent say --wait 600 "Fix the flaky login test"   # and the ticket's report
+      superagent say --conversation chat_4f0c2a9e1b7d3c55 "Go ahead and fix it"
+      superagent say --follow --conversation chat_4f0c2a9e1b7d3c55   # what came since
+      superagent say --follow "/run laptop ./deploy.sh"      # until Ctrl-C
       git diff | superagent say --no-wait -
 
-    The reply goes to stdout; the conversation id goes to stderr. Exits 1 with one line
-    when the control plane is not running, refuses the token, will not act on the
-    message, or sends no reply within --wait seconds.
+    stdout carries only the replies, each ending with a newline; the conversation id and
+    hints go to stderr, each on its own line.
+
+    Exit status: 0 when the replies and everything they promised arrived (and on Ctrl-C
+    with --follow); 3 when something promised did not arrive within --wait (stderr says
+    what, and how to see it later); 1 with one line when the control plane is not
+    running, refuses the token, will not act on the message, or sends no reply within
+    --wait; 130 on Ctrl-C otherwise.
     """
     setup_logging("WARNING")
+    if text is None and not (follow and thread):
+        raise click.UsageError("say what? (only --follow --conversation ID needs no TEXT)")
+    if follow and as_json:
+        raise click.UsageError("--follow streams text; it does not mix with --json")
     if text == "-":
         text = sys.stdin.read()
+    wait = 0.0 if no_wait else wait_seconds
     settings = load_settings()
     target = url or _default_url(settings)
     token = admin_token.for_client(settings)
     outcome = _run(
-        _converse(
-            target,
-            token,
-            name,
-            text,
-            thread,
-            None if no_wait else wait_seconds,
-            echo=not as_json,
-        ),
+        _converse(target, token, name, text, thread, wait, follow, echo=not as_json),
         target,
+        following=follow,
     )
     if as_json:
         click.echo(
@@ -286,7 +448,11 @@ def say(
                         {"id": r.get("id"), "text": r.get("text"), "at": r.get("at")}
                         for r in outcome.replies
                     ],
+                    "pending": outcome.owed(),
+                    "dropped": outcome.dropped(),
                 },
                 indent=2,
             )
         )
+    code = _finish(outcome, target, wait) if text is not None and wait > 0 else 0
+    sys.exit(code)

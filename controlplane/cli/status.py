@@ -1,4 +1,10 @@
-"""``superagent status``: what the deployment is doing, from the database every replica shares."""
+"""``superagent status``: what the deployment is doing, from the database every replica shares.
+
+Everything above the last line is the deployment's view, read from the database: its model
+is what the running replicas recorded with their heartbeats. The calling shell's own
+settings are shown last, labelled as the shell's, because they are what a ``serve`` or
+``say`` typed here would use, and they may well differ.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +16,27 @@ import click
 from controlplane import status as status_of
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
+from controlplane.db import urls
+from controlplane.heartbeat import Record
+from controlplane.settings import Settings
 from controlplane.status import ago
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:
-    """Show who leads the router, what waits for it, devices and tickets at a glance, and
-    what was set aside after failing (quarantined), with the command that releases each.
+    """Show the running replicas (release, model, since when; version skew flagged), who
+    leads the router and the model it runs with, what waits for it, tickets, devices, the
+    watchdog's last pass and open findings, and what was set aside after failing
+    (quarantined), with the command that releases each. Last, this shell's own settings.
 
     Reads the shared database, so it works from any machine that can reach it
     (DATABASE_URL), whether or not a replica runs here.
     """
     setup_logging("WARNING")
     settings = load_settings()
-    model = settings.llm.router_model if settings.model_configured else "none (rules-only mode)"
-    result = run_with_pool(settings, lambda pool: status_of.read(pool, model))
+    result = run_with_pool(settings, status_of.read)
+    result.shell = _shell(settings)
     if as_json:
         click.echo(json.dumps(asdict(result), default=str, indent=2))
         return
@@ -35,16 +46,84 @@ def status(as_json: bool) -> None:
             f"PAUSED since {ago(result.paused_at)} by {result.paused_by}{why} "
             "(events are recorded; `superagent resume` continues)"
         )
+    _replicas(result)
     click.echo(f"router leader:  {status_of.leader_line(result)}")
+    click.echo(f"model:          {_model_line(result)}")
     click.echo(f"router inbox:   {result.router_inbox} event(s) waiting")
-    click.echo(f"model:          {result.model}")
     click.echo(
         f"tickets:        {result.tickets_active} active: {result.workers_running} running, "
         f"{result.tickets_waiting_device} waiting for a device, "
         f"{result.tickets_waiting_human} waiting for people"
     )
-    click.echo(f"devices:        {result.devices_online} online of {result.devices_paired} paired")
+    _devices(result)
     click.echo(f"watchdog:       {status_of.watchdog_line(result)}")
+    _findings(result)
+    _quarantined(result)
+    _shell_line(result)
+
+
+def _replicas(result: status_of.Status) -> None:
+    if not result.replicas:
+        click.echo(f"replicas:       {status_of.NO_REPLICA}")
+        last = result.last_replica
+        if last is not None:
+            gone = (
+                f"stopped {ago(last.stopped_at)}"
+                if last.stopped_at is not None
+                else f"silent since {ago(last.heartbeat_at)}"
+            )
+            click.echo(f"  last seen: {last.id}  {last.version}  {gone}")
+        return
+    click.echo(f"replicas:       {len(result.replicas)} running")
+    for replica in result.replicas:
+        leader = "  (leader)" if replica.leader else ""
+        click.echo(
+            f"  {replica.id}  {replica.version}  up since {ago(replica.started_at)}, "
+            f"beat {ago(replica.heartbeat_at)}  {replica.model}{leader}"
+        )
+    if result.version_skew:
+        click.echo(
+            f"  VERSION SKEW: the replicas run {', '.join(result.version_skew)}; "
+            "upgrade them to one release"
+        )
+    if result.model_skew:
+        click.echo(f"  MODEL SKEW: the replicas run {' / '.join(result.model_skew)}")
+
+
+def _model_line(result: status_of.Status) -> str:
+    if result.model_from is None:
+        return result.model
+    whose = next(r for r in result.replicas if r.id == result.model_from)
+    return f"{result.model} ({'the leader' if whose.leader else whose.id}'s)"
+
+
+def _devices(result: status_of.Status) -> None:
+    click.echo(f"devices:        {result.devices_online} online of {result.devices_paired} paired")
+    width = max((len(d.name) for d in result.devices), default=0)
+    for device in result.devices:
+        state = "online " if device.online else "offline"
+        click.echo(f"  {device.name:<{width}}  {state}  last seen {ago(device.last_seen_at)}")
+    if result.devices_paired > len(result.devices):
+        more = result.devices_paired - len(result.devices)
+        click.echo(f"  … and {more} more device(s) (`superagent devices list`)")
+
+
+def _findings(result: status_of.Status) -> None:
+    if not result.findings_open:
+        click.echo("findings:       none open")
+        return
+    click.echo(f"findings:       {result.findings_open} open")
+    for finding in result.findings:
+        click.echo(
+            f"  {finding.severity:<8}  {ago(finding.first_seen_at):>8}  {finding.kind}: "
+            f"{finding.summary}"
+        )
+    if result.findings_open > len(result.findings):
+        more = result.findings_open - len(result.findings)
+        click.echo(f"  … and {more} more finding(s) (`superagent watchdog findings`)")
+
+
+def _quarantined(result: status_of.Status) -> None:
     counts = result.quarantined_counts
     if not counts:
         click.echo("quarantined:    nothing")
@@ -61,6 +140,29 @@ def status(as_json: bool) -> None:
     for kind, n in counts.items():
         if n > shown[kind]:
             click.echo(f"  … and {n - shown[kind]} more {_PLURAL[kind]}")
+
+
+def _shell_line(result: status_of.Status) -> None:
+    shell = result.shell
+    assert shell is not None
+    # Said only when the deployment's model is known: otherwise there is nothing to differ.
+    differs = result.model_from is not None and shell.model != result.model
+    note = ": not the deployment's" if differs else ""
+    click.echo(f"this shell:     model {shell.model}{note}; database {shell.database}")
+
+
+def _shell(settings: Settings) -> status_of.Shell:
+    """This process's own settings, through the same allow-list a replica records with (so
+    no key or password of the shell is printed either)."""
+    model = status_of.model_phrase(Record.of(settings, []).runs_with())
+    if settings.database_url is None:
+        database = f"embedded Postgres in {settings.state_dir}"
+    else:
+        # Valid by now: the status above was read through it.
+        url = urls.parse(settings.database_url)
+        where = f"{url.host}:{url.port or 5432}" if url.host else "a local socket"
+        database = f"{url.database or '(default)'} on {where}"
+    return status_of.Shell(model=model, database=database)
 
 
 _PLURAL = {

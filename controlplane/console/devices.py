@@ -21,6 +21,13 @@ from controlplane.settings import Settings
 
 CREATED_BY = "console"
 
+FIRST_DEVICE_HINT = (
+    "No device yet, so the agent has nowhere to run commands. To use the machine running "
+    "the control plane, restart it with `superagent up --device ~/src` (it works inside "
+    "~/src). For another machine, pair it here and run the command shown there. Then talk "
+    'to the agent: `superagent say "/run NAME echo hello"`, or the web chat.'
+)
+
 
 async def listing(pool: asyncpg.Pool) -> dict[str, Any]:
     views = await registry.list_devices(pool, include_revoked=True)
@@ -30,7 +37,10 @@ async def listing(pool: asyncpg.Pool) -> dict[str, Any]:
     )
     waiting = {row["device_id"]: row["oldest"] for row in oldest}
     clones = await repositories.of_devices(pool, [v.id for v in views if not v.revoked])
+    live = any(not v.revoked for v in views)
     return {
+        # What `superagent up` prints when no device is paired: the same next steps here.
+        "hint": None if live else FIRST_DEVICE_HINT,
         "devices": [
             {
                 **asdict(view),
@@ -38,7 +48,7 @@ async def listing(pool: asyncpg.Pool) -> dict[str, Any]:
                 "repositories": [asdict(clone) for clone in clones.get(view.id, ())],
             }
             for view in sorted(views, key=lambda v: (v.revoked, v.name))
-        ]
+        ],
     }
 
 

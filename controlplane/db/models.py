@@ -918,6 +918,9 @@ class Replica(Base):
     started_at: Mapped[datetime] = _created()
     heartbeat_at: Mapped[datetime] = _created()
     stopped_at: Mapped[datetime | None]
+    # What it runs with, secrets excluded (controlplane.heartbeat.Record): pid, models,
+    # the model endpoint's host, enabled channels. {}: written by a release before 0021.
+    runs_with: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default=text("'{}'"))
 
 
 class Finding(Base):

@@ -42,9 +42,10 @@ class PairRequest:
     device_name: str
     public_key: bytes
     daemon_version: str
-    protocol_version: int  # 0 from a daemon that did not say
+    protocol_version: int  # the lowest the daemon speaks; 0 from a daemon that did not say
     platform: str
     hostname: str
+    max_protocol_version: int = 0  # 0 from a daemon older than the field
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,6 +54,7 @@ class PairResponse:
     server_cert_sha256: bytes  # empty without TLS of our own
     server_name: str
     server_ca_pem: str  # empty without a CA of our own
+    server_version: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +80,9 @@ class Hello:
     in_flight: tuple[InFlight, ...]
     policy_hash: bytes
     sandbox: str  # empty from a daemon older than the field
+    # The range the daemon speaks; 0 from a daemon older than the fields.
+    min_protocol_version: int = 0
+    max_protocol_version: int = 0
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,10 +12,12 @@ import random
 import socket
 import urllib.parse
 from collections.abc import Coroutine
+from typing import ClassVar
 
 import asyncpg
 import grpc
 
+import controlplane
 from controlplane.errors import SuperagentError
 from controlplane.gateway import pairing, wire
 from controlplane.gateway.delivery import CommandDelivery
@@ -25,7 +27,12 @@ from controlplane.gateway.stream import DeviceStream
 from controlplane.gateway.tls import ServerTls
 from controlplane.services import Service
 from controlplane.settings import GrpcSettings
-from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
+from superagent_shared.protocol import (
+    PROTOCOL_MAX_VERSION,
+    PROTOCOL_MIN_VERSION,
+    Speaker,
+    incompatibility,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,11 @@ def peer_address(context: grpc.aio.ServicerContext) -> str:
 
 
 class EndpointGateway(wire.Servicer):
+    # This release and the protocol versions it speaks, stated to every daemon.
+    speaks: ClassVar[Speaker] = Speaker(
+        controlplane.__version__, PROTOCOL_MIN_VERSION, PROTOCOL_MAX_VERSION
+    )
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -88,11 +100,17 @@ class EndpointGateway(wire.Servicer):
         )
 
     async def pair(self, request: PairRequest, context: grpc.aio.ServicerContext) -> PairResponse:
-        if request.protocol_version not in (0, PROTOCOL_VERSION_NUMBER):
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"protocol version {request.protocol_version} is not supported; upgrade endpointd",
-            )
+        # protocol_version is the lowest the daemon speaks (0: a daemon too old to say).
+        daemon = Speaker.stated(
+            # Device-supplied text, echoed and logged: printable characters only.
+            "".join(ch for ch in request.daemon_version[:100] if ch.isprintable()),
+            request.protocol_version,
+            request.max_protocol_version or request.protocol_version,
+        )
+        refusal = incompatibility(daemon, self.speaks)
+        if refusal is not None:
+            log.warning("pairing refused from %s: %s", peer_address(context), refusal)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         try:
             async with self.pool.acquire() as conn:
                 # Counted (and committed) first: a refusal below rolls back only its own
@@ -133,13 +151,14 @@ class EndpointGateway(wire.Servicer):
             server_cert_sha256=self.tls.leaf_sha256 if self.tls else b"",
             server_name=self.server_name,
             server_ca_pem=self.tls.ca_pem.decode() if self.tls else "",
+            server_version=self.speaks.release,
         )
 
     def connect(self, context: grpc.aio.ServicerContext) -> Coroutine[object, object, None]:
         stream = DeviceStream(
             self.hub, self.delivery, context, heartbeat_seconds=self.settings.heartbeat_seconds
         )
-        return stream.run()  # not awaited here: a frame less per stream (wire.Servicer)
+        return stream.run(self.speaks)  # not awaited here: a frame less per stream (wire.Servicer)
 
 
 class GatewayService(Service):

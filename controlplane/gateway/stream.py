@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,8 +42,9 @@ from controlplane.gateway import messages, repositories, wire
 from controlplane.gateway.delivery import CommandDelivery, PendingCommand
 from superagent_shared.protocol import (
     MAX_OUTPUT_CHUNK_BYTES,
-    PROTOCOL_VERSION_NUMBER,
+    Speaker,
     hello_signing_payload,
+    incompatibility,
 )
 
 if TYPE_CHECKING:
@@ -82,10 +84,30 @@ _NO_TASKS: frozenset[asyncio.Task[None]] = frozenset()
 
 
 class StreamClosed(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, *, logged: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.logged = logged  # already logged where it was raised, with more detail
+
+
+# Version refusals already logged as warnings, by (device, line): a daemon too old retries
+# with its backoff for as long as it runs, and a fleet left behind by an upgrade would
+# otherwise fill the log with the same lines. Bounded, oldest forgotten first.
+_TOLD: OrderedDict[tuple[str, str], None] = OrderedDict()
+_TOLD_MAX = 4096
+
+
+def _log_version_refusal(device_id: str, line: str) -> None:
+    key = (device_id, line)
+    if key in _TOLD:
+        _TOLD.move_to_end(key)
+        log.debug("refused device %s again: %s", device_id, line)
+        return
+    _TOLD[key] = None
+    if len(_TOLD) > _TOLD_MAX:
+        _TOLD.popitem(last=False)
+    log.warning("refused device %s: %s", device_id, line)
 
 
 @dataclass
@@ -210,12 +232,14 @@ class DeviceStream:
             self._interrupted = True
             self._task.cancel()
 
-    async def run(self) -> None:
+    async def run(self, speaks: Speaker) -> None:
+        """Serve the stream; ``speaks``: this gateway's release and protocol versions."""
         self._task = asyncio.current_task()
         try:
-            await self._handshake()
+            await self._handshake(speaks)
         except StreamClosed as closed:
-            log.info("refused a device stream (%s): %s", self.stream_id, closed.message)
+            if not closed.logged:
+                log.info("refused a device stream (%s): %s", self.stream_id, closed.message)
             await self.context.abort(closed.code, closed.message)
         except BaseException:
             # The device went away mid-handshake (its RPC was cancelled) after the handshake
@@ -365,13 +389,15 @@ class DeviceStream:
 
     # -- handshake -----------------------------------------------------------------------
 
-    async def _handshake(self) -> None:
+    async def _handshake(self, speaks: Speaker) -> None:
         nonce = os.urandom(32)
         await self.context.write(
             wire.challenge(
                 nonce=nonce,
                 server_time=datetime.now(UTC),
-                protocol_version=PROTOCOL_VERSION_NUMBER,
+                min_protocol_version=speaks.low,
+                max_protocol_version=speaks.high,
+                server_version=speaks.release,
                 heartbeat_interval_seconds=max(1, round(self.heartbeat_seconds)),
             )
         )
@@ -385,12 +411,6 @@ class DeviceStream:
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "the first message must be a Hello")
         if not _valid_id(hello.device_id):
             raise StreamClosed(grpc.StatusCode.UNAUTHENTICATED, "unknown device; pair it again")
-        if hello.protocol_version != PROTOCOL_VERSION_NUMBER:
-            raise StreamClosed(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"protocol version {hello.protocol_version} is not supported; "
-                f"this gateway speaks {PROTOCOL_VERSION_NUMBER}",
-            )
         device = await self.delivery.pool.fetchrow(
             "SELECT id, public_key, revoked_at, next_seq FROM devices WHERE id = $1",
             hello.device_id,
@@ -414,6 +434,9 @@ class DeviceStream:
             ) from exc
         if device["revoked_at"] is not None:
             raise StreamClosed(grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked")
+        # After the signature, so that the refusal logged names a device proven to be it
+        # (which is why the Hello's layout stays the same in every protocol version).
+        _check_version(hello, speaks)
         self.device_id = hello.device_id
         self._next_seq = device["next_seq"]  # older commands: the first delivery finds them
         # Shielded, and awaited again before any undo (run()): a cancelled RPC abandons the
@@ -789,3 +812,25 @@ def _text(value: str) -> str:
 def _line(value: str) -> str:
     """A device's one-line text, shown as is in terminals: no control characters."""
     return "".join(ch if ch.isprintable() else " " for ch in value).strip()
+
+
+def _check_version(hello: messages.Hello, speaks: Speaker) -> None:
+    """Refuse a Hello whose daemon shares no protocol version with this gateway, with the
+    one line that names both versions and the fix; or one that chose a version either side
+    does not speak (a broken daemon)."""
+    # A daemon older than the range fields speaks its protocol_version alone.
+    daemon = Speaker.stated(
+        _line(hello.daemon_version)[:MAX_ID_CHARS],
+        hello.min_protocol_version or hello.protocol_version,
+        hello.max_protocol_version or hello.protocol_version,
+    )
+    line = incompatibility(daemon, speaks)
+    if line is not None:
+        _log_version_refusal(hello.device_id, line)
+        raise StreamClosed(grpc.StatusCode.FAILED_PRECONDITION, line, logged=True)
+    if not (speaks.speaks(hello.protocol_version) and daemon.speaks(hello.protocol_version)):
+        raise StreamClosed(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"protocol version {hello.protocol_version} is not one both sides speak "
+            f"(the daemon: {daemon.protocols}; this gateway: {speaks.protocols})",
+        )

@@ -178,6 +178,8 @@ def _hello(hello: pb.Hello) -> Hello:
         ),
         policy_hash=hello.policy_hash,
         sandbox=hello.sandbox,
+        min_protocol_version=hello.min_protocol_version,
+        max_protocol_version=hello.max_protocol_version,
     )
 
 
@@ -214,13 +216,21 @@ def timestamp_now() -> Timestamp:
 
 
 def challenge(
-    *, nonce: bytes, server_time: datetime, protocol_version: int, heartbeat_interval_seconds: int
+    *,
+    nonce: bytes,
+    server_time: datetime,
+    min_protocol_version: int,
+    max_protocol_version: int,
+    server_version: str,
+    heartbeat_interval_seconds: int,
 ) -> Outgoing:
     return pb.ServerMessage(
         challenge=pb.Challenge(
             nonce=nonce,
             server_time=timestamp(server_time),
-            protocol_version=protocol_version,
+            protocol_version=min_protocol_version,
+            max_protocol_version=max_protocol_version,
+            server_version=server_version,
             heartbeat_interval_seconds=heartbeat_interval_seconds,
         )
     )
@@ -334,6 +344,7 @@ class Servicer(endpoint_pb2_grpc.EndpointGatewayServicer):
                 protocol_version=request.protocol_version,
                 platform=request.platform,
                 hostname=request.hostname,
+                max_protocol_version=request.max_protocol_version,
             ),
             context,
         )
@@ -342,6 +353,7 @@ class Servicer(endpoint_pb2_grpc.EndpointGatewayServicer):
             server_cert_sha256=answer.server_cert_sha256,
             server_name=answer.server_name,
             server_ca_pem=answer.server_ca_pem,
+            server_version=answer.server_version,
         )
 
     # A coroutine using context.read()/write() rather than an async generator: the stream

@@ -40,7 +40,14 @@ from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.intake import PolicySource
 from controlplane.pause import hold_while_paused
-from controlplane.replies import IM_MAX_WORDS, Style, clip_words, enqueue_reply, style_of
+from controlplane.replies import (
+    IM_MAX_WORDS,
+    Style,
+    clip_words,
+    enqueue_reply,
+    run_result_id,
+    style_of,
+)
 from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
 from controlplane.router.tools.core import Turn
@@ -294,10 +301,14 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
         command_id = await pool.fetchval("SELECT id FROM commands WHERE origin = $1", origin)
         tools = Toolbox(pool, PolicySource(pool))
         thread = str(effect.payload["thread_id"])
+        # The outcome, whichever it is, is the result promised ("the result follows here").
+        said = run_result_id(str(effect.payload["trigger_id"]))
         if command_id is None:
             refused = await _not_allowed(pool, effect.payload)
             if refused is not None:  # unshared or unapproved since: checked again, said once
-                await reply(tools, thread, f"/run refused: {refused}", Turn(None, None, ()))
+                await reply(
+                    tools, thread, f"/run refused: {refused}", Turn(None, None, ()), reply_id=said
+                )
                 return
             try:
                 command_id = await queue.submit(
@@ -307,7 +318,7 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
                 )
             except SuperagentError as exc:  # revoked or unpaired since: say so, once
                 text = f"/run failed: {exc.message}"
-                await reply(tools, thread, text, Turn(None, None, ()))
+                await reply(tools, thread, text, Turn(None, None, ()), reply_id=said)
                 return
         result = await queue.result(command_id)
         if result.state == CommandState.AWAITING_APPROVAL:
@@ -330,6 +341,6 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
             else f"{result.state}" + (f": {result.error}" if result.error else "")
         )
         text = f"{command_id} {how}." + (f"\n```\n{tail}\n```" if tail.strip() else "")
-        await reply(tools, thread, text, Turn(None, None, ()))
+        await reply(tools, thread, text, Turn(None, None, ()), reply_id=said)
 
     return run

@@ -221,8 +221,10 @@ class Ack:
 class Challenge:
     nonce: bytes = b""
     server_time: float | None = None  # seconds; None when the server sent none
-    protocol_version: int = 0
+    protocol_version: int = 0  # the lowest the server speaks; 0: it did not say
     heartbeat_interval_seconds: int = 0
+    max_protocol_version: int = 0  # 0 from a server older than the field
+    server_version: str = ""  # the control plane's release; empty from an older server
 
 
 @dataclass(slots=True, frozen=True)
@@ -270,3 +272,4 @@ class PairResponse:
     server_cert_sha256: bytes  # SHA-256 of its leaf certificate's DER
     server_name: str
     server_ca_pem: str  # empty when its certificate chains to a public CA
+    server_version: str = ""  # the control plane's release; empty from an older server

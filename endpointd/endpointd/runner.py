@@ -75,7 +75,11 @@ def acquire_lock(state_directory: Path) -> IO[str]:
 
 
 async def run_daemon(
-    *, config_directory: Path, state_directory: Path, max_timeout_seconds: int | None
+    *,
+    config_directory: Path,
+    state_directory: Path,
+    max_timeout_seconds: int | None,
+    parent_pid: int | None = None,
 ) -> None:
     config = load_config(config_directory)
     key = load_key(config.key)
@@ -118,6 +122,8 @@ async def run_daemon(
             asyncio.create_task(connect_forever(daemon, key, stopping), name="endpointd-connect"),
             asyncio.create_task(stopping.wait(), name="endpointd-stop"),
         ]
+        if parent_pid is not None:
+            tasks.append(asyncio.create_task(_parent_gone(parent_pid), name="endpointd-parent"))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             task.cancel()
@@ -135,3 +141,11 @@ async def run_daemon(
             status.update(state="stopped")
         journal.close()
         lock.close()
+
+
+async def _parent_gone(parent_pid: int) -> None:
+    """Return once ``parent_pid`` is no longer our parent: the supervisor died, even by
+    SIGKILL, and a device it started must not outlive it (a second one would follow)."""
+    while os.getppid() == parent_pid:  # noqa: ASYNC110 - no portable parent-death event
+        await asyncio.sleep(1.0)
+    log.warning("parent %d is gone; stopping", parent_pid)

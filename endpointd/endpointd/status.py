@@ -62,3 +62,47 @@ def sandbox_status(
 
     policy = load_policy(config_directory, state_directory=state_directory)
     return policy.sandbox_summary, "policy file"
+
+
+def credential_status(config_directory: Path, state_directory: Path) -> dict[str, Any]:
+    """Which store holds this device's credentials, and what guards each, for `status`.
+
+    Counts come from the index (``credentials.json``); no value and no keyring is touched,
+    so this answers instantly on a machine without one. ``default_store`` is where
+    `endpointd creds add` puts a new value without ``--store`` (the policy's
+    ``credential_store``, else the keyring). ``boundary`` names what keeps the values from
+    other local users, honestly: for the file store, the file permissions alone.
+    """
+    from endpointd.guard.policy import load_policy
+    from endpointd.secrets.file_store import BOUNDARY
+    from endpointd.secrets.store import CredentialError, CredentialStore
+
+    store = CredentialStore(config_directory)
+    report: dict[str, Any] = {"keyring": 0, "file": 0, "directory": str(store.files.directory)}
+    try:
+        for info in store.info():
+            report[info.store] += 1
+    except CredentialError as exc:
+        report["error"] = str(exc)
+    rules = load_policy(config_directory, state_directory=state_directory).rules
+    report["default_store"] = (rules.credential_store if rules else None) or "keyring"
+    uses_files = report["file"] > 0 or report["default_store"] == "file"
+    report["boundary"] = BOUNDARY if uses_files else "the OS keyring"
+    return report
+
+
+def credential_line(report: dict[str, Any]) -> str:
+    """`credentials: …`, one line, from :func:`credential_status`."""
+    if "error" in report:
+        return f"credentials: ? ({report['error']})"
+    parts = []
+    if report["keyring"]:
+        parts.append(f"{report['keyring']} in the OS keyring")
+    if report["file"]:
+        parts.append(f"{report['file']} in files in {report['directory']}")
+    held = ", ".join(parts) or "none stored"
+    if report["default_store"] == "file":
+        held += f" (new ones go to files in {report['directory']})"
+    if report["file"] or report["default_store"] == "file":
+        return f"credentials: {held}; {report['boundary']}"
+    return f"credentials: {held}"

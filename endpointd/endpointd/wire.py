@@ -237,6 +237,8 @@ def server_message(message: pb.ServerMessage) -> Inbound:
             ),
             protocol_version=challenge.protocol_version,
             heartbeat_interval_seconds=challenge.heartbeat_interval_seconds,
+            max_protocol_version=challenge.max_protocol_version,
+            server_version=challenge.server_version,
         )
     return Unknown()
 
@@ -271,12 +273,16 @@ def hello(
     in_flight: Sequence[InFlight],
     policy_hash: bytes,
     sandbox: str,
+    min_protocol_version: int,
+    max_protocol_version: int,
 ) -> Outgoing:
     return pb.DeviceMessage(
         hello=pb.Hello(
             device_id=device_id,
             daemon_version=daemon_version,
             protocol_version=protocol_version,
+            min_protocol_version=min_protocol_version,
+            max_protocol_version=max_protocol_version,
             signature=signature,
             in_flight=[
                 pb.InFlight(
@@ -434,7 +440,8 @@ def pair(
     device_name: str,
     public_key: bytes,
     daemon_version: str,
-    protocol_version: int,
+    min_protocol_version: int,
+    max_protocol_version: int,
     platform: str,
     hostname: str,
     timeout: float,
@@ -447,7 +454,10 @@ def pair(
         device_name=device_name,
         public_key=public_key,
         daemon_version=daemon_version,
-        protocol_version=protocol_version,
+        # The lowest in the older field: servers that predate the range accept only an
+        # exact match there, so a daemon that still speaks their version can pair.
+        protocol_version=min_protocol_version,
+        max_protocol_version=max_protocol_version,
         platform=platform,
         hostname=hostname,
     )
@@ -457,4 +467,5 @@ def pair(
         server_cert_sha256=response.server_cert_sha256,
         server_name=response.server_name,
         server_ca_pem=response.server_ca_pem,
+        server_version=response.server_version,
     )

@@ -30,7 +30,7 @@ DAEMON_DEPENDENCIES = {"grpcio", "protobuf", "keyring", "cryptography", "click",
 # Control-plane dependencies named explicitly, so a failure says exactly what leaked in.
 CONTROL_PLANE_ONLY = {"fastapi", "sqlalchemy", "asyncpg", "openai", "uvicorn", "pgserver"}
 TOP_LEVEL_PACKAGES = {"endpointd", "superagent_shared", "superagent_proto"}
-# What the wheel's setup draws from, relative to the repo root (see endpointd/pyproject.toml).
+# What the wheel's setup draws from, relative to the repo root (see endpointd/setup.py).
 SOURCE_TREES = ("endpointd", "shared/superagent_shared", "proto/superagent_proto")
 BUILD_LEFTOVERS = shutil.ignore_patterns(
     "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache"
@@ -64,7 +64,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (built,) = out.glob("superagent_endpointd-*.whl")
+    (built,) = out.glob("endpointd-*.whl")
     return built
 
 
@@ -135,6 +135,19 @@ def test_ships_generated_stubs_and_typing_markers(wheel: Path) -> None:
     assert "endpointd/guard/landlock.py" in names  # subpackages ship too
     for package in ("endpointd", "superagent_shared", "superagent_proto", "superagent_proto.v1"):
         assert f"{package.replace('.', '/')}/py.typed" in names
+
+
+def test_ships_every_module_of_its_source_trees(wheel: Path) -> None:
+    """Packages are discovered, not listed: a new subpackage can never be left out."""
+    names = set(_names(wheel))
+    expected = {
+        module.relative_to(REPO_ROOT / root).as_posix()
+        for root in ("endpointd", "shared", "proto")
+        for module in (REPO_ROOT / root).glob("*/**/*.py")
+        if not {"build", "__pycache__"} & set(module.relative_to(REPO_ROOT / root).parts)
+    }
+    assert "endpointd/workspaces/__init__.py" in expected
+    assert sorted(expected - names) == []
 
 
 def test_console_script_entry_point(wheel: Path) -> None:

@@ -10,6 +10,7 @@ unchanged, and the endpointd units agreeing with what `endpointd service install
 
 from __future__ import annotations
 
+import ast
 import configparser
 import os
 import plistlib
@@ -395,6 +396,17 @@ def test_image_runs_serve_as_the_non_root_user_the_manifests_expect() -> None:
     assert any(
         "pip wheel" in run and "./endpointd ." in run for run in instruction(stages["build"], "RUN")
     )
+    # The runtime stage installs both distributions by their names (a stale name would
+    # fail the build, or worse, find an unrelated project of that name).
+    names = {
+        tomllib.loads((REPO_ROOT / d / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+            "name"
+        ]
+        for d in (".", "endpointd")
+    }
+    assert any(
+        "pip install" in run and names <= set(shlex.split(run)) for run in instruction(final, "RUN")
+    )
 
 
 def test_image_build_context_holds_every_source_tree_the_wheels_need() -> None:
@@ -404,9 +416,17 @@ def test_image_build_context_holds_every_source_tree_the_wheels_need() -> None:
         for arguments in instruction(build, "COPY")
         for source in shlex.split(arguments)[:-1]
     }
-    # endpointd's wheel draws the shared code and the protocol stubs from sibling folders.
-    daemon = tomllib.loads((REPO_ROOT / "endpointd" / "pyproject.toml").read_text(encoding="utf-8"))
-    siblings = {Path(d).parts[1] for d in daemon["tool"]["setuptools"]["package-dir"].values()}
+    # endpointd's wheel draws the shared code and the protocol stubs from sibling folders,
+    # named in endpointd/setup.py's SIBLINGS (import package -> folder).
+    setup = ast.parse((REPO_ROOT / "endpointd" / "setup.py").read_text(encoding="utf-8"))
+    (assigned,) = (
+        node.value
+        for node in setup.body
+        if isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["SIBLINGS"]
+    )
+    siblings = set(ast.literal_eval(assigned).values())
+    assert siblings == {"shared", "proto"}
     root = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     packages = {p.rstrip("*") for p in root["tool"]["setuptools"]["packages"]["find"]["include"]}
     needed = {"pyproject.toml", root["project"]["readme"], "endpointd", *siblings, *packages}

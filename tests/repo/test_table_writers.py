@@ -29,6 +29,9 @@ OWNERS = {
     "commands": {"controlplane/gateway/queue.py", "controlplane/gateway/delivery.py"},
     # What devices report (RepositoryReport), replaced as a whole per device.
     "device_repositories": {"controlplane/gateway/repositories.py"},
+    # Heartbeats and what each replica runs with: built from an allow-list there, so no
+    # other module may put a settings dump (and its secrets) in this table.
+    "replicas": {"controlplane/heartbeat.py"},
 }
 
 

@@ -2,16 +2,19 @@
 
 Client frames (JSON text):
 
-* ``{"type": "say", "thread": <conversation id or null>, "text": …, "client_id": <uuid>}``
-  → ``{"type": "accepted", "trigger", "thread", "client_id", "duplicate", "verdict",
-  "route", "reason"}``, and the socket watches that conversation;
+* ``{"type": "say", "thread": <conversation id or null>, "text": …, "client_id": <uuid>,
+  "track": <optional bool>}`` → ``{"type": "accepted", "trigger", "thread", "client_id",
+  "duplicate", "verdict", "route", "reason"}``, and the socket watches that conversation;
+  with ``"track": true``, also ``progress`` frames about the message until it is settled;
 * ``{"type": "watch", "thread": …}`` → its history, then every new message;
 * ``{"type": "unwatch", "thread": …}``.
 
 Server frames: ``ready`` (once, on connect), ``accepted``, ``message`` (people's and the
-agent's, see :meth:`ChatMessage.frame`), ``error`` (``message``, and the ``client_id`` of
-the frame it answers when readable). Bad input gets an error frame and the socket stays
-open; nothing about a bad frame is stored.
+agent's, see :meth:`ChatMessage.frame`), ``progress`` (what a tracked message was
+promised and what of it arrived, see :mod:`controlplane.channels.webchat.progress`; sent
+after the messages it counts, only to the socket that asked), ``error`` (``message``, and
+the ``client_id`` of the frame it answers when readable). Bad input gets an error frame
+and the socket stays open; nothing about a bad frame is stored.
 
 One task reads, one writes (so frames go out in the order they were queued), and a socket
 that falls :data:`~controlplane.channels.webchat.hub.MAX_QUEUED` frames behind is closed.
@@ -112,6 +115,8 @@ async def _handle(adapter: WebChatAdapter, client: ChatClient, frame: events.Fra
 
 async def _say(adapter: WebChatAdapter, client: ChatClient, say: events.Say) -> None:
     who = client.actor
+    if say.track:
+        client.check_can_track()  # before anything is recorded: a refusal records nothing
     thread = say.thread or events.new_conversation(who.id, say.client_id)
     if say.thread is not None and not await history.exists(adapter.pool, thread):
         raise NotFound(f"no conversation {thread}; leave thread empty to start one")
@@ -130,5 +135,7 @@ async def _say(adapter: WebChatAdapter, client: ChatClient, say: events.Say) -> 
             "reason": ingested.reason,
         }
     )
+    if say.track:
+        client.track(thread, ingested.trigger_id)
     adapter.hub.watch(client, thread)
     await adapter.hub.announce(thread)

@@ -42,6 +42,9 @@ class Say:
     thread: str | None  # None: a new conversation
     text: str
     client_id: str
+    # The sender wants ``progress`` frames about this message (what it was promised, and
+    # when that arrived). Opt-in, so clients that predate them (the chat page) see none.
+    track: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,10 @@ def parse(raw: str | None) -> Frame:
             raise InvalidInput(
                 "client_id must be a fresh UUID per message (resend the same one to retry)"
             )
-        return Say(_thread(frame.get("thread"), required=False), text, client_id)
+        track = frame.get("track", False)
+        if not isinstance(track, bool):
+            raise InvalidInput("track must be true or false")
+        return Say(_thread(frame.get("thread"), required=False), text, client_id, track)
     if kind in ("watch", "unwatch"):
         thread = _thread(frame.get("thread"), required=True)
         assert thread is not None

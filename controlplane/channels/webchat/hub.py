@@ -13,6 +13,12 @@ conversation is read again, for anything missed meanwhile.
 
 One refresh at a time per conversation (changes during it make it run once more), and one
 read serves every watcher of it; each watcher filters by what it has already been sent.
+
+A socket may also *track* a message it said (``"track": true``): it is then sent that
+message's ``progress`` frame (:mod:`controlplane.channels.webchat.progress`) whenever it
+changes, until it is settled. What makes progress (a router's turn ending, an effect
+dying) sends no notification, so conversations with tracked messages are also refreshed
+every :data:`PROGRESS_POLL_SECONDS`.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.channels.webchat import history
+from controlplane.channels.webchat import history, progress
 from controlplane.channels.webchat.history import ChatMessage
 from controlplane.db.listen import listen
 from controlplane.domain import Notify
@@ -43,6 +49,8 @@ log = logging.getLogger(__name__)
 SLACK = timedelta(seconds=60)
 MAX_QUEUED = 1000  # frames waiting for a slow socket before it is closed (the page reloads)
 MAX_WATCHED = 50  # conversations one socket may watch
+MAX_TRACKED = 20  # unsettled messages one socket may track
+PROGRESS_POLL_SECONDS = 1.0
 
 
 @dataclass
@@ -76,6 +84,34 @@ class ChatClient:
         self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.overflowed = asyncio.Event()
         self.watching: dict[str, _Sent] = {}
+        # conversation -> tracked trigger -> the last progress frame sent (None: none yet)
+        self.tracking: dict[str, dict[str, dict[str, Any] | None]] = {}
+
+    def check_can_track(self) -> None:
+        if sum(len(t) for t in self.tracking.values()) >= MAX_TRACKED:
+            raise InvalidInput(f"a socket tracks at most {MAX_TRACKED} unsettled messages")
+
+    def track(self, thread: str, trigger: str) -> None:
+        self.tracking.setdefault(thread, {}).setdefault(trigger, None)
+
+    def report(self, thread: str, found: dict[str, progress.Progress]) -> None:
+        """Send the progress of this socket's tracked messages that changed; a settled one
+        is sent once more and no longer tracked."""
+        tracked = self.tracking.get(thread)
+        if not tracked or thread not in self.watching:
+            return
+        for trigger, last in list(tracked.items()):
+            now = found.get(trigger)
+            if now is None:
+                continue
+            frame = now.frame()
+            if frame != last:
+                self.push(frame)
+                tracked[trigger] = frame
+            if now.settled:
+                del tracked[trigger]
+        if not tracked:
+            del self.tracking[thread]
 
     def push(self, frame: dict[str, Any]) -> None:
         if self.frames.qsize() >= MAX_QUEUED:
@@ -120,6 +156,7 @@ class ChatHub(Service):
 
     def unwatch(self, client: ChatClient, thread: str) -> None:
         client.watching.pop(thread, None)
+        client.tracking.pop(thread, None)
         watchers = self._watchers.get(thread)
         if watchers is not None:
             watchers.discard(client)
@@ -160,6 +197,11 @@ class ChatHub(Service):
                 self._dirty.discard(thread)
                 watchers = list(self._watchers[thread])
                 try:
+                    # Progress is read before the messages: every reply it counts as arrived
+                    # is then among the messages, which are sent first, so that a client
+                    # that stops at "settled" has had every reply.
+                    tracked = {t for client in watchers for t in client.tracking.get(thread, {})}
+                    promised = {t: await progress.of(self.pool, t, thread) for t in tracked}
                     found = await history.messages(
                         self.pool, thread, since=_since(watchers, thread)
                     )
@@ -174,6 +216,7 @@ class ChatHub(Service):
                 failures = 0
                 for client in watchers:
                     client.deliver(thread, found)
+                    client.report(thread, promised)
         finally:
             self._refreshing.pop(thread, None)
 
@@ -191,7 +234,12 @@ class ChatHub(Service):
 
     async def run(self) -> None:
         async with self._listener:
-            await self.stopping.wait()
+            while not self.stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), PROGRESS_POLL_SECONDS)
+                for thread, watchers in list(self._watchers.items()):
+                    if any(client.tracking.get(thread) for client in watchers):
+                        self.changed(thread)
 
     async def close(self) -> None:
         tasks = list(self._refreshing.values())

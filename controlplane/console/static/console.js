@@ -315,6 +315,7 @@
   render.devices = (d) => {
     const flagged = d.devices.filter((v) => v.sandbox_warning && !v.revoked);
     const out = [];
+    if (d.hint) out.push(el("p", {class: "note", id: "first-device-hint"}, d.hint));
     if (flagged.length) {
       out.push(el("p", {class: "note", id: "sandbox-warnings"},
         `Not fully sandboxed: ${flagged.map((v) => `${v.name} (${v.sandbox_warning})`).join("; ")}. `,

@@ -1,15 +1,20 @@
-"""`endpointd creds add|list|rm`: credentials in the OS keyring, names and scopes only."""
+"""`endpointd creds add|list|rm`: credentials in the OS keyring (or, chosen explicitly on a
+machine without one, in 0600 files), names and scopes only."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from endpointd.cli.root import cli
 from endpointd.paths import config_dir, state_dir
+
+if TYPE_CHECKING:
+    from endpointd.secrets.store import Store
 
 # ---------------------------------------------------------------------------- credentials
 
@@ -24,10 +29,16 @@ def creds() -> None:
     encodings, in everything that leaves this machine. The control plane only ever knows
     the names.
 
+    On a machine without a keyring (SSH server, container, WSL), choose the file store:
+    --store file, or credential_store = "file" in policy.toml. Values are then 0600 files
+    in the 0700 directory credentials/ of the config dir, which commands cannot read: the
+    file permissions are the boundary.
+
     \b
     Examples:
       endpointd creds add github-token          # asks for the value, twice, hidden
       gh auth token | endpointd creds add github-token
+      gh auth token | endpointd creds add github-token --store file   # no keyring here
       endpointd creds list
       endpointd creds rm github-token
     """
@@ -36,7 +47,14 @@ def creds() -> None:
 @creds.command("add")
 @click.argument("name")
 @click.option("--replace", is_flag=True, help="Overwrite an existing credential of this name.")
-def creds_add(name: str, replace: bool) -> None:
+@click.option(
+    "--store",
+    type=click.Choice(["keyring", "file"]),
+    help="Where the value goes: the OS keyring, or a 0600 file for machines without one."
+    " Default: credential_store in policy.toml, else the keyring. The policy's"
+    ' credential_store = "keyring" refuses --store file.',
+)
+def creds_add(name: str, replace: bool, store: str | None) -> None:
     """Store a credential; its value is read from a hidden prompt or from stdin.
 
     In a terminal you are asked for the value twice, without echo; otherwise the value is
@@ -45,15 +63,33 @@ def creds_add(name: str, replace: bool) -> None:
     letters, digits, '.', '_' or '-'. Values shorter than 8 characters and structured
     values (JSON, YAML) are refused: store each secret field as its own credential. Then
     allow commands to receive it in policy.toml, e.g. [credentials.github-token] allow =
-    ["git *", "gh *"].
+    ["git *"].
+
+    With no usable keyring, nothing is stored until you choose the file store explicitly
+    (--store file or credential_store = "file"): each value is then a 0600 file in the
+    0700 directory credentials/ of the config dir, and the file permissions are the
+    boundary.
     """
     import getpass
 
-    from endpointd.secrets.store import CredentialError, CredentialStore, check_name
+    from endpointd.secrets.store import (
+        CredentialError,
+        CredentialStore,
+        check_name,
+        choose_store,
+    )
 
     check_name(name)
-    store = CredentialStore(config_dir().path)
-    store.require_keyring()
+    policy_store, policy_file, policy_error = _policy_store()
+    if store == "file" and policy_error is not None:
+        # A broken policy may pin the keyring: never weaken what cannot be read. The
+        # keyring, the stronger store, stays usable.
+        raise CredentialError(
+            f"--store file needs a readable policy to check it against: {policy_error}"
+        )
+    chosen = choose_store(cast("Store | None", store), policy_store, policy_file)
+    credentials = CredentialStore(config_dir().path)
+    credentials.require_store(chosen, name)
     if sys.stdin.isatty():
         try:
             first = getpass.getpass(f"Value for {name} (hidden): ", stream=sys.stderr)
@@ -75,14 +111,32 @@ def creds_add(name: str, replace: bool) -> None:
                 f" {name}`) or run this in a terminal to be asked; values are never taken"
                 " from the command line"
             )
-    store.add(name, value, replace=replace)
-    click.echo(f"stored credential {name} in the OS keyring")
+    credentials.add(name, value, replace=replace, store=chosen)
+    if chosen == "file":
+        from endpointd.secrets.file_store import BOUNDARY
+
+        click.echo(f"stored credential {name} in a file, {credentials.files.path(name)}")
+        click.echo(f"  {BOUNDARY}")
+    else:
+        click.echo(f"stored credential {name} in the OS keyring")
     scopes = _scopes()
     if scopes is not None and name not in scopes:
         click.echo(
             f"no command may receive it yet: add [credentials.{name}] with"
             f' allow = ["<command glob>"] to {config_dir().path / "policy.toml"}'
         )
+
+
+def _policy_store() -> tuple[Store | None, Path, str | None]:
+    """The policy's ``credential_store`` (None when unset or there is no policy file), the
+    policy file, and why the policy cannot be read when it exists but is broken."""
+    from endpointd.guard.policy import POLICY_FILE, load_policy
+
+    path = config_dir().path / POLICY_FILE
+    policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    if policy.rules is None:
+        return None, path, policy.error if path.exists() else None
+    return policy.rules.credential_store, path, None
 
 
 def _scopes() -> dict[str, tuple[str, ...]] | None:
@@ -99,16 +153,18 @@ def _scopes() -> dict[str, tuple[str, ...]] | None:
 @creds.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def creds_list(as_json: bool) -> None:
-    """Show stored credentials: names, scopes and last use, never values.
+    """Show stored credentials: names, scopes, store and last use, never values.
 
     The scope is the list of command globs that may receive the credential, from the
     policy file's [credentials.NAME] table; a credential without one cannot be delivered
     to any command. Names with a scope but no stored value are listed too, as not stored.
-    This reads only endpointd's own files, never the keyring.
+    The store is the OS keyring or, on machines without one, a 0600 file (its path is
+    shown). This reads only endpointd's own files, never the keyring nor a value.
     """
     from endpointd.secrets.store import CredentialStore
 
-    infos = {i.name: i for i in CredentialStore(config_dir().path).info()}
+    credentials = CredentialStore(config_dir().path)
+    infos = {i.name: i for i in credentials.info()}
     scopes = _scopes()
     names = sorted(set(infos) | set(scopes or {}))
     rows: list[dict[str, Any]] = []
@@ -119,6 +175,10 @@ def creds_list(as_json: bool) -> None:
                 "name": name,
                 "stored": info is not None,
                 "scope": list(scopes[name]) if scopes is not None and name in scopes else None,
+                "store": info.store if info else None,
+                "file": str(credentials.files.path(name))
+                if info and info.store == "file"
+                else None,
                 "added_at": info.added_at if info else None,
                 "last_used_at": info.last_used_at if info else None,
             }
@@ -137,16 +197,18 @@ def creds_list(as_json: bool) -> None:
         else:
             scope = ", ".join(row["scope"]) or "none (empty allow list)"
         if not row["stored"]:
-            used = "NOT STORED (`endpointd creds add` it)"
-        else:
-            used = f"added {row['added_at']}, last used {row['last_used_at'] or 'never'}"
-        click.echo(f"{row['name']}\n  scope: {scope}\n  {used}")
+            click.echo(f"{row['name']}\n  scope: {scope}\n  NOT STORED (`endpointd creds add` it)")
+            continue
+        used = f"added {row['added_at']}, last used {row['last_used_at'] or 'never'}"
+        where = f"file {row['file']}" if row["store"] == "file" else "OS keyring"
+        click.echo(f"{row['name']}\n  scope: {scope}\n  {used}\n  store: {where}")
 
 
 @creds.command("rm")
 @click.argument("name")
 def creds_rm(name: str) -> None:
-    """Delete a credential from the OS keyring and from endpointd's list.
+    """Delete a credential from its store (the OS keyring or its file) and from
+    endpointd's list.
 
     Commands already running keep what they were given; new commands naming it are
     refused. Its [credentials.NAME] scope in policy.toml, if any, stays until you remove

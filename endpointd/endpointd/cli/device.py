@@ -76,7 +76,8 @@ def info(as_json: bool) -> None:
         click.echo(
             "            install or unlock an OS keyring (Secret Service/KWallet on Linux,"
             " Keychain on macOS, Credential Locker on Windows) before pairing,"
-            " or pair with --key-file PATH"
+            " or pair with --key-file PATH; credentials then go to files:"
+            " `endpointd creds add NAME --store file`"
         )
 
 
@@ -228,7 +229,13 @@ def _roots_for_pairing(cfg: Path, given: tuple[str, ...]) -> list[Path] | None:
     default="info",
     show_default=True,
 )
-def run(max_runtime: int | None, log_level: str) -> None:
+@click.option(
+    "--parent-pid",
+    type=int,
+    hidden=True,
+    help="Stop when this process is no longer our parent (`superagent up --device` uses it).",
+)
+def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None:
     """Run the daemon in the foreground: connect, execute commands, reconnect forever.
 
     Dials the paired control plane and keeps one stream open, retrying with backoff (1 s
@@ -259,6 +266,7 @@ def run(max_runtime: int | None, log_level: str) -> None:
                 config_directory=config_dir().path,
                 state_directory=state_dir().path,
                 max_timeout_seconds=max_runtime,
+                parent_pid=parent_pid,
             )
         )
 
@@ -266,8 +274,8 @@ def run(max_runtime: int | None, log_level: str) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(as_json: bool) -> None:
-    """Show where this device is paired, whether the daemon is connected, what runs, and
-    how commands are sandboxed.
+    """Show where this device is paired, whether the daemon is connected, what runs, how
+    commands are sandboxed, and which store holds the credentials.
 
     Reads the config, the running daemon's status file (checking that its process is still
     alive) and the command journal; it never contacts the server, so it answers instantly
@@ -275,18 +283,20 @@ def status(as_json: bool) -> None:
     has revoked this device.
     """
     from endpointd.report import collect_status, print_status
-    from endpointd.status import sandbox_status
+    from endpointd.status import credential_line, credential_status, sandbox_status
 
     report = collect_status(config_dir().path, state_dir().path)
     report["sandbox"], report["sandbox_from"] = sandbox_status(
         config_dir().path, state_dir().path, running=report["daemon"]["running"]
     )
+    report["credentials"] = credential_status(config_dir().path, state_dir().path)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         print_status(report)
         source = "" if report["sandbox_from"] == "daemon" else " (from the policy file)"
         click.echo(f"sandbox:   {report['sandbox']}{source}")
+        click.echo(credential_line(report["credentials"]))
 
 
 @cli.command()

@@ -63,7 +63,8 @@ from endpointd.model import (
     WriteFile,
 )
 from endpointd.paths import data_dir, ensure_private_dir, state_dir
-from endpointd.secrets.store import NAME_RULE, valid_name
+from endpointd.secrets.file_store import DIRECTORY as CREDENTIAL_FILES_DIR
+from endpointd.secrets.store import NAME_RULE, STORES, Store, valid_name
 from endpointd.workspaces.remotes import remote_of
 
 POLICY_FILE = "policy.toml"
@@ -277,6 +278,8 @@ class Rules:
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
     workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)
+    # Where `endpointd creds add` puts new values; None: not set (the keyring).
+    credential_store: Store | None = None
 
 
 class PolicyError(ConfigError):
@@ -303,6 +306,7 @@ _TOP_KEYS = (
     "commands",
     "files",
     "credentials",
+    "credential_store",
     "limits",
     "workspaces",
 )
@@ -514,6 +518,12 @@ class _Parser:
                     )
                 values[key] = value
 
+        credential_store = (
+            self.choice(data, "credential_store", STORES, "keyring")
+            if "credential_store" in data
+            else None
+        )
+
         return Rules(
             allowed_roots=roots,
             denied_paths=denied,
@@ -528,6 +538,7 @@ class _Parser:
             env=env,
             files=files,
             workspaces=workspaces,
+            credential_store=cast(Store | None, credential_store),
         )
 
     def choice(
@@ -882,6 +893,15 @@ class Policy:
                     )
                 )
         config = Path(os.path.abspath(self.config_dir))
+        # Inside the config dir, but named on its own: it holds credential values in plain
+        # files (the file store), and a refusal should say that is what was reached for.
+        out.append(
+            DeniedPath(
+                label="endpointd credential files",
+                path=config / CREDENTIAL_FILES_DIR,
+                default=True,
+            )
+        )
         out.append(DeniedPath(label="endpointd config dir", path=config, default=True))
         state = self._state_dir if self._state_dir is not None else state_dir().path
         out.append(

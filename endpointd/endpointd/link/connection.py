@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -36,7 +36,14 @@ from endpointd.link.keys import DeviceKey
 from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
 from endpointd.model import Challenge, Heartbeat, Repository
 from superagent_shared.backoff import Backoff
-from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER, hello_signing_payload
+from superagent_shared.protocol import (
+    PROTOCOL_MAX_VERSION,
+    PROTOCOL_MIN_VERSION,
+    Speaker,
+    hello_signing_payload,
+    incompatibility,
+    negotiate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,16 @@ class SessionEnded(Exception):
         self.code = code
 
 
+class Incompatible(SessionEnded):
+    """The server speaks no protocol version this daemon does; the message is the one line
+    naming both versions and what to upgrade. Retried with backoff (the server may be
+    upgraded meanwhile), and logged once per distinct line."""
+
+
+# This release and the protocol versions it speaks.
+SPEAKS = Speaker(__version__, PROTOCOL_MIN_VERSION, PROTOCOL_MAX_VERSION)
+
+
 class Session:
     def __init__(self, daemon: Daemon, key: DeviceKey) -> None:
         self.daemon = daemon
@@ -100,20 +117,22 @@ class Session:
             return grpc.aio.insecure_channel(addr.target, options=options)
         return grpc.aio.secure_channel(addr.target, creds, options=options)
 
-    def _hello(self, challenge: Challenge) -> wire.Outgoing:
+    def _hello(self, challenge: Challenge, version: int) -> wire.Outgoing:
         config = self.daemon.config
         policy_hash = self.daemon.policy.hash()
         payload = hello_signing_payload(
             nonce=challenge.nonce,
             device_id=config.device_id,
-            daemon_version=__version__,
-            protocol_version=PROTOCOL_VERSION_NUMBER,
+            daemon_version=SPEAKS.release,
+            protocol_version=version,
             policy_hash=policy_hash,
         )
         return wire.hello(
             device_id=config.device_id,
-            daemon_version=__version__,
-            protocol_version=PROTOCOL_VERSION_NUMBER,
+            daemon_version=SPEAKS.release,
+            protocol_version=version,
+            min_protocol_version=SPEAKS.low,
+            max_protocol_version=SPEAKS.high,
             signature=self.key.sign(payload),
             in_flight=self.daemon.in_flight(),
             policy_hash=policy_hash,
@@ -137,16 +156,20 @@ class Session:
         if not isinstance(first, Challenge):
             raise SessionEnded(f"protocol error: first server message is {wire.kind_of(first)}")
         challenge = first
-        if challenge.protocol_version not in (0, PROTOCOL_VERSION_NUMBER):
-            raise SessionEnded(
-                f"the server speaks protocol version {challenge.protocol_version}; this endpointd"
-                f" speaks {PROTOCOL_VERSION_NUMBER} — upgrade endpointd"
-            )
+        # A server older than the range fields speaks its protocol_version alone.
+        server = Speaker.stated(
+            challenge.server_version,
+            challenge.protocol_version,
+            challenge.max_protocol_version or challenge.protocol_version,
+        )
+        version = negotiate(SPEAKS, server)
+        if version is None:
+            await self._refuse(stream, challenge, server)
         if challenge.server_time is not None:
             self.daemon.set_clock(challenge.server_time)
         interval = challenge.heartbeat_interval_seconds or DEFAULT_HEARTBEAT_SECONDS
         self.last_received = time.monotonic()
-        await stream.write(self._hello(challenge))
+        await stream.write(self._hello(challenge, version))
         self.daemon.on_connected(self.control)
         self.daemon.status.update(
             state="connected",
@@ -176,6 +199,26 @@ class Session:
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+
+    async def _refuse(self, stream: wire.Stream, challenge: Challenge, server: Speaker) -> NoReturn:
+        """End a session with a server that shares no protocol version with this daemon.
+
+        The Hello is still sent, naming our newest version and our range: a server that
+        understands ranges then refuses us with the same line and logs which device it
+        turned away, so its admin sees it too. Its refusal (or any end) is awaited, so the
+        Hello is not cancelled in flight (bounded: a server that does not end the stream is
+        left after HANDSHAKE_TIMEOUT_SECONDS).
+        """
+        line = incompatibility(SPEAKS, server) or "no common protocol version"
+        await stream.write(self._hello(challenge, SPEAKS.high))
+
+        async def until_ended() -> None:
+            while await stream.read() is not None:
+                pass
+
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(until_ended(), HANDSHAKE_TIMEOUT_SECONDS)
+        raise Incompatible(line, code=grpc.StatusCode.FAILED_PRECONDITION)
 
     def _mark_healthy(self) -> None:
         if not self.established:
@@ -294,6 +337,7 @@ async def connect_forever(daemon: Daemon, key: DeviceKey, stopping: asyncio.Even
     # Probe the OS sandbox once, off the event loop (it may start a short-lived process):
     # every Hello and status update describes it.
     await asyncio.to_thread(sandbox.support)
+    told = ""  # the last version line logged: said once, not on every retry
     while not stopping.is_set():
         daemon.status.update(
             state="connecting",
@@ -303,18 +347,26 @@ async def connect_forever(daemon: Daemon, key: DeviceKey, stopping: asyncio.Even
         session = Session(daemon, key)
         reset_on_health = asyncio.create_task(session.on_established.wait())
         reset_on_health.add_done_callback(lambda t: None if t.cancelled() else backoff.reset())
+        failure: Exception | None = None
         try:
             await session.run(stopping)
             message, code = "disconnected", None
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            failure = exc
             message, code = describe(exc)
         finally:
             reset_on_health.cancel()
         if stopping.is_set():
             break
-        if code in REJECTED:
+        if isinstance(failure, Incompatible):
+            if message != told:
+                log.error("%s (retrying with backoff in case the other side is upgraded)", message)
+                told = message
+            else:
+                log.debug("still incompatible: %s", message)
+        elif code in REJECTED:
             log.error(
                 "the server rejected this device (%s); it may have been revoked or removed —"
                 " run `endpointd unpair` and pair again if so. Retrying with backoff.",

@@ -35,7 +35,7 @@ from endpointd.link.trust import (
     probe_server,
 )
 from superagent_shared.gateway_tls import certificate_der
-from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
+from superagent_shared.protocol import PROTOCOL_MAX_VERSION, PROTOCOL_MIN_VERSION
 
 PAIR_TIMEOUT_SECONDS = 30.0
 
@@ -100,15 +100,21 @@ def pair(
                     device_name=name,
                     public_key=key.public_raw,
                     daemon_version=__version__,
-                    protocol_version=PROTOCOL_VERSION_NUMBER,
+                    min_protocol_version=PROTOCOL_MIN_VERSION,
+                    max_protocol_version=PROTOCOL_MAX_VERSION,
                     platform=sys.platform,
                     hostname=hostname,
                     timeout=PAIR_TIMEOUT_SECONDS,
                 )
             except grpc.RpcError as exc:
                 code_name = exc.code().name if exc.code() is not None else "UNKNOWN"
+                detail = exc.details() or "no detail"
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # The server's own line (e.g. which versions, and what to upgrade):
+                    # the status name would only add noise to it.
+                    raise PairingError(f"pairing refused by {addr.url}: {detail}") from None
                 raise PairingError(
-                    f"pairing refused by {addr.url}: {code_name}: {exc.details() or 'no detail'}"
+                    f"pairing refused by {addr.url}: {code_name}: {detail}"
                 ) from None
 
         if probe is not None and probe.mode == "pinned":

@@ -1,5 +1,7 @@
 """Secrets a command must never see, kept out of its reach and out of what leaves the device.
 
+* :mod:`endpointd.secrets.store`: which credentials exist and where each is kept: the OS
+  keyring, or :mod:`endpointd.secrets.file_store` (0600 files) on machines without one.
 * :mod:`endpointd.secrets.proxy`: the per-command proxy that adds an http-delivered
   credential's header at egress, for the credential's hosts only.
 * :mod:`endpointd.secrets.ca`: the device CA whose leaf certificates that proxy shows.

@@ -571,8 +571,8 @@ class GitHelperServer:
     ``get`` is answered with the username and password only for ``protocol=https`` and a
     ``host`` matching ``hosts`` (``host:port`` rules of
     :func:`endpointd.secrets.proxy.host_matches`, port 443 by default); anything else gets
-    an empty answer. ``store`` and ``erase`` are acknowledged and ignored (the keyring is
-    the only store).
+    an empty answer. ``store`` and ``erase`` are acknowledged and ignored (endpointd's
+    credential store is the only store).
     """
 
     def __init__(self) -> None:

@@ -10,8 +10,8 @@ the answer (``username=…``, ``password=…``) for git. The daemon decides from
 ``protocol=`` and ``host=`` lines: it answers only ``https`` requests for the hosts the local
 policy names for the credential (``[credentials.NAME] hosts``), and only to processes of the
 command; anything else gets an empty answer, this prints nothing, and git fails to
-authenticate. ``store`` and ``erase`` are ignored: the device's keyring is the only place
-credentials live.
+authenticate. ``store`` and ``erase`` are ignored: endpointd's credential store (the keyring, or its
+0600 files on a machine without one) is the only place credentials live.
 
 Run as a file, not imported: standard library only, no ``sys.path`` games, so that it starts
 fast and that nothing in the command's environment (``-I``: no ``PYTHON*`` variables; ``-S``:

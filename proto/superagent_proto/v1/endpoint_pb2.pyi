@@ -56,6 +56,7 @@ class PairRequest(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     PLATFORM_FIELD_NUMBER: _builtins.int
     HOSTNAME_FIELD_NUMBER: _builtins.int
+    MAX_PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     pairing_code: _builtins.str
     """The one-time pairing code shown to the admin or owner (8 characters)."""
     device_name: _builtins.str
@@ -65,14 +66,19 @@ class PairRequest(_message.Message):
     daemon_version: _builtins.str
     """endpointd's own version, so the server can refuse daemons it knows to be broken."""
     protocol_version: _builtins.int
-    """Wire protocol the daemon speaks (PROTOCOL_VERSION_NUMBER, i.e. 1 for this package);
-    lets the server reject an incompatible daemon at pairing instead of at first connect.
+    """The LOWEST wire protocol version the daemon speaks (PROTOCOL_MIN_VERSION); lets the
+    server reject an incompatible daemon at pairing instead of at first connect. The lowest,
+    because servers older than `max_protocol_version` accept only an exact match.
     """
     platform: _builtins.str
     """Informational labels for routing and display: `platform` is sys.platform ("linux",
     "darwin", "win32"), `hostname` is the machine's name at pairing time.
     """
     hostname: _builtins.str
+    max_protocol_version: _builtins.int
+    """The HIGHEST protocol version the daemon speaks (PROTOCOL_MAX_VERSION); 0 from a daemon
+    older than this field, which speaks `protocol_version` alone.
+    """
     def __init__(
         self,
         *,
@@ -83,10 +89,11 @@ class PairRequest(_message.Message):
         protocol_version: _builtins.int = ...,
         platform: _builtins.str = ...,
         hostname: _builtins.str = ...,
+        max_protocol_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_version", b"daemon_version", "device_name", b"device_name", "hostname", b"hostname", "pairing_code", b"pairing_code", "platform", b"platform", "protocol_version", b"protocol_version", "public_key", b"public_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_version", b"daemon_version", "device_name", b"device_name", "hostname", b"hostname", "max_protocol_version", b"max_protocol_version", "pairing_code", b"pairing_code", "platform", b"platform", "protocol_version", b"protocol_version", "public_key", b"public_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -102,6 +109,7 @@ class PairResponse(_message.Message):
     SERVER_CERT_SHA256_FIELD_NUMBER: _builtins.int
     SERVER_NAME_FIELD_NUMBER: _builtins.int
     SERVER_CA_PEM_FIELD_NUMBER: _builtins.int
+    SERVER_VERSION_FIELD_NUMBER: _builtins.int
     device_id: _builtins.str
     """Stable server-assigned identifier ("dev_8f3k2q"), sent back in every Hello."""
     server_cert_sha256: _builtins.bytes
@@ -116,7 +124,10 @@ class PairResponse(_message.Message):
     own self-signed CA; empty when the certificate chains to a public CA (e.g. behind a
     TLS-terminating proxy). The daemon pins it as the only trust root for Connect, so the
     server certificate can be renewed by the same CA without re-pairing.
+    The control plane's release version ("0.1.0"), for `endpointd info` and version
     """
+    server_version: _builtins.str
+    """messages; empty from a server older than this field."""
     def __init__(
         self,
         *,
@@ -124,10 +135,11 @@ class PairResponse(_message.Message):
         server_cert_sha256: _builtins.bytes = ...,
         server_name: _builtins.str = ...,
         server_ca_pem: _builtins.str = ...,
+        server_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "server_ca_pem", b"server_ca_pem", "server_cert_sha256", b"server_cert_sha256", "server_name", b"server_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "server_ca_pem", b"server_ca_pem", "server_cert_sha256", b"server_cert_sha256", "server_name", b"server_name", "server_version", b"server_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -149,13 +161,27 @@ class Challenge(_message.Message):
     SERVER_TIME_FIELD_NUMBER: _builtins.int
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    MAX_PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    SERVER_VERSION_FIELD_NUMBER: _builtins.int
     nonce: _builtins.bytes
     """At least 32 random bytes, unique per stream."""
     protocol_version: _builtins.int
-    """The protocol version the server speaks on this stream (1 for this package)."""
+    """The LOWEST protocol version the server speaks. The lowest, because daemons older than
+    `max_protocol_version` accept only an exact match: they keep connecting for as long
+    as the server still speaks their version.
+    """
     heartbeat_interval_seconds: _builtins.int
     """How often the server wants app-level heartbeats; 0 means the default (15 s). Lets the
     operator tune liveness without a daemon release.
+    """
+    max_protocol_version: _builtins.int
+    """The HIGHEST protocol version the server speaks; 0 from a server older than this field,
+    which speaks `protocol_version` alone. The daemon speaks the highest version in both
+    its range and this one, and names it in Hello.protocol_version.
+    """
+    server_version: _builtins.str
+    """The control plane's release version ("0.1.0"), so a daemon that cannot speak to it
+    can say which release to upgrade or install; empty from a server older than this field.
     """
     @_builtins.property
     def server_time(self) -> _timestamp_pb2.Timestamp:
@@ -170,10 +196,12 @@ class Challenge(_message.Message):
         server_time: _timestamp_pb2.Timestamp | None = ...,
         protocol_version: _builtins.int = ...,
         heartbeat_interval_seconds: _builtins.int = ...,
+        max_protocol_version: _builtins.int = ...,
+        server_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["server_time", b"server_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_seconds", b"heartbeat_interval_seconds", "nonce", b"nonce", "protocol_version", b"protocol_version", "server_time", b"server_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval_seconds", b"heartbeat_interval_seconds", "max_protocol_version", b"max_protocol_version", "nonce", b"nonce", "protocol_version", b"protocol_version", "server_time", b"server_time", "server_version", b"server_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -194,10 +222,15 @@ class Hello(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     POLICY_HASH_FIELD_NUMBER: _builtins.int
     SANDBOX_FIELD_NUMBER: _builtins.int
+    MIN_PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     device_id: _builtins.str
     daemon_version: _builtins.str
     """endpointd's version (same meaning as PairRequest.daemon_version)."""
     protocol_version: _builtins.int
+    """The protocol version of this stream: the highest in both the daemon's range and the
+    Challenge's (superagent_shared.protocol.negotiate).
+    """
     signature: _builtins.bytes
     """Ed25519 signature, by the device's paired key, over these bytes (all integers are
     unsigned 32-bit big-endian; "len" is the byte length of what follows):
@@ -229,7 +262,15 @@ class Hello(_message.Message):
     signed, like `in_flight`: it is protected in transit by TLS against the pinned
     certificate, and the mode it describes is already covered by the signed
     `policy_hash`. Empty from a daemon older than this field ("unknown (daemon too old)").
+    The range of protocol versions the daemon speaks; 0 from a daemon older than these
     """
+    min_protocol_version: _builtins.int
+    """fields, which speaks `protocol_version` alone. `protocol_version` above is the version
+    the daemon chose for this stream (the highest both sides speak); the range only lets
+    the server word a refusal when there is none. Not signed, like `sandbox`: protected
+    in transit by TLS, and it grants nothing.
+    """
+    max_protocol_version: _builtins.int
     @_builtins.property
     def in_flight(self) -> _containers.RepeatedCompositeFieldContainer[Global___InFlight]:
         """Commands the device has journaled and not yet had fully acknowledged. The server
@@ -246,10 +287,12 @@ class Hello(_message.Message):
         in_flight: _abc.Iterable[Global___InFlight] | None = ...,
         policy_hash: _builtins.bytes = ...,
         sandbox: _builtins.str = ...,
+        min_protocol_version: _builtins.int = ...,
+        max_protocol_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_version", b"daemon_version", "device_id", b"device_id", "in_flight", b"in_flight", "policy_hash", b"policy_hash", "protocol_version", b"protocol_version", "sandbox", b"sandbox", "signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_version", b"daemon_version", "device_id", b"device_id", "in_flight", b"in_flight", "max_protocol_version", b"max_protocol_version", "min_protocol_version", b"min_protocol_version", "policy_hash", b"policy_hash", "protocol_version", b"protocol_version", "sandbox", b"sandbox", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -719,3 +719,19 @@ async def test_the_overview_is_quiet_when_all_is_well(
     assert busy["status"]["paused"]["reason"] == "deploying"
     assert "llm.example" in busy["model"]["text"]
     assert "pw-canary" not in response.text
+
+
+async def test_the_devices_page_says_how_to_get_a_first_device_until_there_is_one(
+    pool: asyncpg.Pool,
+) -> None:
+    async with in_process(pool, bearer=True) as client:
+        none = (await client.get("/console/api/devices")).json()
+    assert none["devices"] == []
+    assert "superagent up --device ~/src" in none["hint"]
+    assert "/run NAME echo hello" in none["hint"]
+
+    await seed(pool)
+    async with in_process(pool, bearer=True) as client:
+        some = (await client.get("/console/api/devices")).json()
+    assert some["devices"]
+    assert some["hint"] is None
