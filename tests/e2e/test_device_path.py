@@ -27,7 +27,7 @@ from controlplane.gateway import devices, specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.tls import ensure_server_tls
 from tests.fakes.tcp_proxy import TcpProxy
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, daemon_beside
 from tests.support.gateway_harness import Gateway, pairing_code, running_gateway
 from tests.support.helpers import assert_eventually, free_port
 
@@ -44,12 +44,8 @@ async def gateway(
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    # Beside the test's directory, which is the allowed root (see Daemon.work).
-    home = tmp_path.parent / f"{tmp_path.name}.device"
-    home.mkdir()
-    instance = Daemon(home, work=tmp_path)
-    yield instance
-    instance.stop_all()
+    with daemon_beside(tmp_path) as instance:
+        yield instance
 
 
 async def paired_daemon(

@@ -26,7 +26,7 @@ from controlplane.gateway import pairing
 from controlplane.gateway.tls import gateway_tls
 from controlplane.settings import Settings
 from tests.e2e.test_db_outage import OwnPostgres, own_postgres  # noqa: F401 - fixture
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, daemon_beside
 from tests.support.database import asyncpg_transaction, with_database
 from tests.support.helpers import assert_eventually, free_port
 from tests.support.replica_process import ReplicaProcess, prepare_database
@@ -86,11 +86,8 @@ async def deployment(
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    home = tmp_path.parent / f"{tmp_path.name}.device"
-    home.mkdir()
-    instance = Daemon(home, work=tmp_path)
-    yield instance
-    instance.stop_all()
+    with daemon_beside(tmp_path) as instance:
+        yield instance
 
 
 def _speak_badly(port: int) -> None:

@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,3 +107,16 @@ class Daemon:
             return await self.connected()
 
         await assert_eventually(connected, timeout=timeout, interval=0.2, message=self.log())
+
+
+@contextmanager
+def daemon_beside(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon whose files sit beside the test's directory, which is its allowed root (see
+    ``Daemon.work``); every process it started is stopped afterwards."""
+    home = tmp_path.parent / f"{tmp_path.name}.device"
+    home.mkdir()
+    instance = Daemon(home, work=tmp_path)
+    try:
+        yield instance
+    finally:
+        instance.stop_all()

@@ -18,7 +18,7 @@ from controlplane.gateway.tls import gateway_tls
 from controlplane.identities import WEB_ADMIN
 from controlplane.ingest.policy import Policy
 from controlplane.settings import Settings
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, daemon_beside
 from tests.support.gateway_harness import pairing_code
 from tests.support.helpers import assert_eventually, free_port, save_policy
 from tests.support.replica_process import ReplicaProcess
@@ -52,11 +52,8 @@ def replica(database_url: str, tmp_path: Path) -> Iterator[ReplicaProcess]:
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    home = tmp_path.parent / f"{tmp_path.name}.device"
-    home.mkdir()
-    instance = Daemon(home, work=tmp_path)
-    yield instance
-    instance.stop_all()
+    with daemon_beside(tmp_path) as instance:
+        yield instance
 
 
 async def say(replica: ReplicaProcess, *args: str) -> tuple[int, str, str]:

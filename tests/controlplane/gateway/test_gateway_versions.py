@@ -30,7 +30,7 @@ from superagent_shared.protocol import (
     hello_signing_payload,
     negotiate,
 )
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, daemon_beside
 from tests.support.gateway_harness import (  # noqa: F401 - fixtures
     FakeDevice,
     Gateway,
@@ -149,12 +149,8 @@ async def test_a_daemon_too_new_is_refused_with_one_line_and_the_refusal_is_logg
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    # Beside the test's directory, which is the allowed root (see Daemon.work).
-    home = tmp_path.parent / f"{tmp_path.name}.device"
-    home.mkdir()
-    instance = Daemon(home, work=tmp_path)
-    yield instance
-    instance.stop_all()
+    with daemon_beside(tmp_path) as instance:
+        yield instance
 
 
 async def _pair(gateway: Gateway, daemon: Daemon) -> str:
