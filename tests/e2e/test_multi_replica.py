@@ -319,7 +319,11 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
                 assert not missing, f"no answer yet on issues {missing}"
                 return True
 
-            await assert_eventually(all_answered, timeout=150, interval=1.0, message="answers")
+            try:
+                await assert_eventually(all_answered, timeout=150, interval=1.0)
+            except AssertionError as exc:
+                missing = [n for n, texts in comments().items() if not texts]
+                raise AssertionError(f"{exc}\n{await _diagnose(pool, missing)}") from None
             await asyncio.sleep(4)  # a duplicate would have had time to go out
             watcher.cancel()
         finally:
@@ -398,3 +402,33 @@ async def _connected(pool: asyncpg.Pool, names: list[str]) -> bool:
         names,
     )
     return bool(count == len(names))
+
+
+async def _diagnose(pool: asyncpg.Pool, numbers: list[int]) -> str:
+    """Where the chain broke for each unanswered issue: its events, tickets, reports,
+    replies in the outbox and sends, as the database holds them."""
+    lines = []
+    for number in numbers:
+        thread = await pool.fetchval(
+            "SELECT id FROM threads WHERE external_id = $1", f"{REPO}#{number}"
+        )
+        lines.append(f"issue {number}: thread {thread}")
+        queries = {
+            "trigger": "SELECT id, kind, verdict, route, routed_at, undecidable_at, route_error, "
+            "route_attempts FROM triggers WHERE thread_id = $1 ORDER BY created_at",
+            "ticket": "SELECT t.id, t.state, t.created_at FROM tickets t WHERE t.id IN "
+            "(SELECT ticket_id FROM subscriptions WHERE thread_id = $1)",
+            "report": "SELECT r.id, r.ticket_id, r.status, r.created_at FROM reports r WHERE "
+            "r.ticket_id IN (SELECT ticket_id FROM subscriptions WHERE thread_id = $1)",
+            "effect": "SELECT id, kind, key, attempts, dead_at, last_error FROM effects "
+            "WHERE payload->>'thread_id' = $1",
+            "sent": "SELECT reply_id, sent_at FROM sent_messages WHERE thread_id = $1",
+        }
+        for what, query in queries.items():
+            try:
+                rows = await pool.fetch(query, thread)
+            except asyncpg.PostgresError as exc:
+                lines.append(f"  {what}: ({exc})")
+                continue
+            lines.extend(f"  {what}: {dict(row)}" for row in rows)
+    return "\n".join(lines)

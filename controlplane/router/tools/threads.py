@@ -45,17 +45,23 @@ async def reply(call: Call, args: Reply) -> Done:
     concerned = [
         row["id"]
         for row in await conn.fetch(
-            "SELECT id FROM triggers WHERE id = ANY($1::text[]) AND thread_id = $2",
+            "SELECT id FROM triggers WHERE id = ANY($1::text[]) AND thread_id = $2 "
+            "ORDER BY created_at, id",
             list(turn.batch),
             thread_id,
         )
     ]
     text = args.text + await _spend_footer(conn, concerned, style_of(thread["source"]))
-    # The n-th reply to a thread in the turn over a batch has one id: a turn that runs
-    # again after its leader died sends each of its replies once (outbound dedupe).
-    batch = turn.batch[0] if turn.batch else turn.llm_call_id or ""
-    nth = call.replies.nth(batch, thread_id)
-    reply_id = stable_id("msg", f"reply:{batch}:{thread_id}:{nth}") if batch else new_id("msg")
+    # The n-th reply to a thread in a turn over its events has one id: a turn that runs
+    # again after its leader died sends each of its replies once (outbound dedupe). Keyed
+    # by the thread's own oldest event in the batch, not the batch's first: the rerun's
+    # batch may start elsewhere (an event committed late with an earlier time, or this
+    # event retried alone after a failed turn). Those events are not routed yet, so no
+    # other turn can share the key.
+    this_turn = turn.batch[0] if turn.batch else turn.llm_call_id or ""
+    nth = call.replies.nth(this_turn, thread_id)
+    anchor = concerned[0] if concerned else this_turn
+    reply_id = stable_id("msg", f"reply:{anchor}:{thread_id}:{nth}") if anchor else new_id("msg")
     await enqueue(
         conn,
         EffectKind.REPLY,

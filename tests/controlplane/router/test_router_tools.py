@@ -267,6 +267,24 @@ async def test_a_repeated_turn_creates_the_same_ticket_and_the_same_replies(
     )
 
 
+async def test_a_turn_rerun_over_another_batch_head_still_replies_once(
+    tools: Toolbox, intake: Intake, pool: asyncpg.Pool
+) -> None:
+    """The next leader's batch over the same event need not start where the dead one's did:
+    an event on another thread committed late with an earlier time, or the event retried
+    alone after a failed turn. A reply to the event's thread is still the same message."""
+    hello = await _event(intake, "head-1", ALICE, "@superagent hello")
+    late = await _event(intake, "head-2", ALICE, "@superagent another thread")
+    reply = {"thread": hello.thread_id, "text": "hi"}
+    dead_leader = Turn(session_id=None, llm_call_id=None, batch=(hello.trigger_id,))
+    first = await tools.call("reply", reply, dead_leader)
+    next_leader = Toolbox(pool, intake.policy)
+    rerun = Turn(session_id=None, llm_call_id=None, batch=(late.trigger_id, hello.trigger_id))
+    second = await next_leader.call("reply", reply, rerun)
+    assert second.content["queued"] == first.content["queued"]
+    assert await pool.fetchval("SELECT count(*) FROM effects WHERE kind = 'reply'") == 1
+
+
 async def test_replies_go_through_the_outbox(
     tools: Toolbox, intake: Intake, pool: asyncpg.Pool
 ) -> None:

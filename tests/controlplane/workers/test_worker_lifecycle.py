@@ -280,15 +280,15 @@ async def test_a_round_with_a_running_job_keeps_the_only_slot(
         assert [r["ticket_id"] for r in await _active(pool, [one, two])] == [first]
 
         (workdir[first] / "release").touch()
-        await assert_eventually(lambda: state_is(pool, first, "completed"), timeout=10)
-        (started,) = await assert_eventually(lambda: _assignments(pool, second), timeout=10)
+        await assert_eventually(lambda: state_is(pool, first, "completed"), timeout=30)
+        (started,) = await assert_eventually(lambda: _assignments(pool, second), timeout=30)
         (ended,) = await _assignments(pool, first)
         assert ended["outcome"] == "ready"
         assert started["slot"] == "regular"
         assert started["created_at"] >= ended["ended_at"]
-        await assert_eventually(lambda: len(_requests(fake_llm, second)) >= 2, timeout=10)
+        await assert_eventually(lambda: len(_requests(fake_llm, second)) >= 2, timeout=30)
         (workdir[second] / "release").touch()
-        await assert_eventually(lambda: state_is(pool, second, "completed"), timeout=10)
+        await assert_eventually(lambda: state_is(pool, second, "completed"), timeout=30)
     # The slot was taken before the model was first asked anything, by a running ticket.
     assert seen_at_first_call == {one: ("regular", "running"), two: ("regular", "running")}
     fake_llm.respond_with(None)
