@@ -222,12 +222,7 @@ def _link_announcer(
         if token is None:
             return
         secret = await sessions.create_link(state.pool, token.get_secret_value())
-        host = state.settings.http.host
-        if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard bind, reached on loopback
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
-        announce(f"http://{host}:{port}/console/login?once={secret}")
+        announce(f"{state.settings.http.local_url(port)}/console/login?once={secret}")
 
     return on_listening
 

@@ -37,6 +37,17 @@ class Environment(StrEnum):
 class HttpSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Address the HTTP API and console listen on.")
     port: int = Field(8420, ge=0, le=65535, description="HTTP port (0 picks a free port).")
+
+    def local_url(self, port: int | None = None) -> str:
+        """How this machine reaches the server (``port``: the one it really listens on):
+        a wildcard bind is reached on loopback."""
+        host = self.host
+        if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard bind, reached on loopback
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port if port is None else port}"
+
     allowed_hosts: str = Field(
         "",
         description="Comma-separated host names browsers may use to reach the console and "

@@ -32,7 +32,6 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from controlplane.access import admin_token
 from controlplane.cli.common import fail, load_settings, setup_logging
-from controlplane.settings import Settings
 
 OPEN_TIMEOUT = 10.0
 DEFAULT_WAIT = 120.0
@@ -63,15 +62,6 @@ class Outcome:
     def dropped(self) -> list[dict[str, Any]]:
         found = (self.progress or {}).get("dropped")
         return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
-
-
-def _default_url(settings: Settings) -> str:
-    host = settings.http.host
-    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard bind, reached on loopback
-        host = "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{settings.http.port}"
 
 
 def _socket_url(url: str, name: str) -> str:
@@ -429,7 +419,7 @@ def say(
         text = sys.stdin.read()
     wait = 0.0 if no_wait else wait_seconds
     settings = load_settings()
-    target = url or _default_url(settings)
+    target = url or settings.http.local_url()
     token = admin_token.for_client(settings)
     outcome = _run(
         _converse(target, token, name, text, thread, wait, follow, echo=not as_json),

@@ -127,13 +127,12 @@ async def _local_device(
     """This machine's device, if it is (or is now asked to become) one."""
     if choice.refused:
         return None
-    home = device_home(settings)
     root = choice.root
-    if root is None and home.paired:
-        root = home.root  # the policy it was paired with keeps its allowed roots
-    if root is None and choice.interactive and await paired_devices(database_url) == 0:
+    paired = device_home(settings).paired  # then its policy keeps the allowed roots
+    asking = root is None and not paired and choice.interactive
+    if asking and await paired_devices(database_url) == 0:
         root = _ask_for_root()
-    if root is None:
+    if root is None and not paired:
         return None
     name = choice.name or default_device_name()
     return LocalDeviceRequest(root=root, name=name, announce=say)
@@ -167,7 +166,7 @@ async def _next_steps(settings: Settings, database_url: str) -> None:
     """Where to go from a control plane with no device (printed only while there is none)."""
     if await paired_devices(database_url) > 0:
         return
-    http = f"http://{_loopback(settings.http.host)}:{settings.http.port}"
+    http = settings.http.local_url()
     say(
         "Next steps:\n"
         "  1. Make a device: `superagent up --device ~/src` runs work on this machine,\n"
@@ -175,12 +174,6 @@ async def _next_steps(settings: Settings, database_url: str) -> None:
         '  2. Talk to the agent: `superagent say "/run NAME echo hello"`.\n'
         f"  3. Open the console: {http}/console (the sign-in link follows)."
     )
-
-
-def _loopback(host: str) -> str:
-    if host in ("", "0.0.0.0", "::"):  # noqa: S104 - a wildcard bind, reached on loopback
-        return "127.0.0.1"
-    return f"[{host}]" if ":" in host else host
 
 
 @click.command()

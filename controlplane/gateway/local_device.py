@@ -41,9 +41,8 @@ CREATED_BY = "up"
 # endpointd's paired configuration (endpointd.config.CONFIG_FILE): present once paired.
 _PAIRED_MARKER = "config.json"
 _KEY_FILE = "device.key"
-# The gateway may not be listening yet when pairing starts: a refused connection spends
-# no code, so the same code is tried again for this long.
-_PAIR_ATTEMPTS = 30
+# The gateway is a sibling service and may not listen yet when pairing starts.
+_LISTEN_ATTEMPTS = 120  # every 0.5 s
 _PAIR_TIMEOUT = 60.0
 
 
@@ -96,9 +95,10 @@ def _endpointd(*args: str) -> list[str]:
 
 @dataclass(frozen=True)
 class LocalDeviceRequest:
-    """What ``up --device`` asked for: the allowed root, the name, and where to say how it went."""
+    """What ``up --device`` asked for: the allowed root (None: as paired before), the name,
+    and where to say how it went."""
 
-    root: Path
+    root: Path | None
     name: str
     announce: Callable[[str], None]
 
@@ -141,7 +141,7 @@ class LocalDevice(SupervisedChild):
             roots = policy_roots(self.home)
             where = ", ".join(str(r) for r in roots) or "no allowed root yet"
             self.announce(f"This machine is device {name!r}, working in {where}.")
-            if self.root != self.home.root and self.root not in roots:
+            if self.root is not None and self.root not in roots:
                 # The policy is the device owner's file: `up` never rewrites it.
                 self.announce(
                     f"  {self.root} is not among its allowed roots: add it to allowed_roots "
@@ -149,7 +149,9 @@ class LocalDevice(SupervisedChild):
                 )
             return True
         try:
-            name = await self._pair()
+            if self.root is None:  # its files were removed since `up` checked
+                raise DevicePairingFailed("it is not paired; start `up` with --device DIR")
+            name = await self._pair(self.root)
         except DevicePairingFailed as exc:
             self.announce(f"Could not make this machine a device: {exc}")
             return False
@@ -160,7 +162,7 @@ class LocalDevice(SupervisedChild):
         )
         return True
 
-    async def _pair(self) -> str:
+    async def _pair(self, root: Path) -> str:
         # Once per machine, so a connection of its own rather than a share of the pool.
         conn = await asyncpg.connect(self.dsn)
         try:
@@ -171,25 +173,34 @@ class LocalDevice(SupervisedChild):
         finally:
             await conn.close()
         args = ["pair", self._gateway_url(), issued.code, "--name", name]
-        args += ["--allow-root", str(self.root)]
+        args += ["--allow-root", str(root)]
         tls = await asyncio.to_thread(gateway_tls, self.settings)
         if tls is not None:
             args += ["--fingerprint", tls.fingerprint]
         if not await self._keyring_usable():
             self.home.config.mkdir(parents=True, exist_ok=True, mode=0o700)
             args += ["--key-file", str(self.home.config / _KEY_FILE)]
-        last = ""
-        for _ in range(_PAIR_ATTEMPTS):
-            code, output = await _run(_endpointd(*args), self.home)
-            if code == 0:
-                return name
-            last = output.strip().splitlines()[-1] if output.strip() else f"exit {code}"
-            # Only an unreachable gateway is worth another try with the same code.
-            if "connect" not in output.lower() and "unavailable" not in output.lower():
-                break
-            if await sleep_unless(self.stopping, 1.0):
-                break
-        raise DevicePairingFailed(last)
+        if not await self._gateway_listens():
+            raise DevicePairingFailed("the device gateway did not start listening")
+        code, output = await _run(_endpointd(*args), self.home)
+        if code != 0:
+            raise DevicePairingFailed(
+                output.strip().splitlines()[-1] if output.strip() else f"exit {code}"
+            )
+        return name
+
+    async def _gateway_listens(self) -> bool:
+        """Wait until the gateway (a sibling service, maybe still starting) takes connections."""
+        for _ in range(_LISTEN_ATTEMPTS):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.settings.grpc.port)
+            except OSError:
+                if await sleep_unless(self.stopping, 0.5):
+                    return False
+                continue
+            writer.close()
+            return True
+        return False
 
     async def _free_name(self, conn: asyncpg.Connection) -> str:
         """The device name, or name-2, name-3… when another device has it."""
