@@ -553,6 +553,27 @@ class WorkerSettings(BaseModel):
         "a person writes.",
     )
 
+    harness_max_turns: int = Field(
+        60,
+        ge=1,
+        description="Agent turns per harness run (a coding-agent CLI on the device), passed "
+        "as the harness's own flag where it has one (the device's policy may cap it lower) "
+        "and enforced from its event stream where it has none.",
+    )
+    harness_timeout_seconds: int = Field(
+        3600,
+        ge=60,
+        description="Wall-clock cap of one harness run; the device's policy maximum wins if "
+        "lower. Past it the run is stopped and the ticket ends blocked, saying so.",
+    )
+    harness_fix_rounds: int = Field(
+        1,
+        ge=0,
+        description="When the repository's tests (`.superagent/config`, [checks] test) fail "
+        "after a harness run, how many times the harness is sent back with the failure "
+        "before the ticket ends blocked with it.",
+    )
+
     @model_validator(mode="after")
     def _renew_well_within_the_lease(self) -> WorkerSettings:
         _renewal_fits("workers", self.renew_seconds, self.lease_seconds)

@@ -153,19 +153,29 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
 @click.argument("device")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(device: str, as_json: bool) -> None:
-    """One device (name or id): owner, shares, status, sandbox, and the repositories it
-    reports under its allowed roots, which tickets for a repository are routed by."""
+    """One device (name or id): owner, shares, status, sandbox, the repositories it
+    reports under its allowed roots (which tickets for a repository are routed by), and the
+    coding-agent CLIs (harnesses) it has and allows, which can work its tickets."""
     settings = load_settings()
 
     async def work(
         pool: asyncpg.Pool,
-    ) -> tuple[device_registry.DeviceView, list[repositories.StoredRepository]]:
+    ) -> tuple[
+        device_registry.DeviceView,
+        list[repositories.StoredRepository],
+        tuple[list[dict[str, Any]], str],
+    ]:
         view = await device_registry.find(pool, device)
-        return view, await repositories.of_device(pool, view.id)
+        clones = await repositories.of_device(pool, view.id)
+        return view, clones, await repositories.harnesses_of(pool, view.id)
 
-    view, clones = run_with_pool(settings, work)
+    view, clones, (harnesses, default) = run_with_pool(settings, work)
     if as_json:
-        shown = asdict(view) | {"repositories": [asdict(clone) for clone in clones]}
+        shown = asdict(view) | {
+            "repositories": [asdict(clone) for clone in clones],
+            "harnesses": harnesses,
+            "default_harness": default or None,
+        }
         click.echo(json.dumps(shown, default=str, indent=2))
         return
     status = "revoked" if view.revoked else ("online" if view.online else "offline")
@@ -179,6 +189,7 @@ def show(device: str, as_json: bool) -> None:
         ("policy", view.policy_hash or "-"),
         ("sandbox", device_registry.sandbox_shown(view)),
         ("repositories", _reported(view, len(clones))),
+        ("harnesses", repositories.harnesses_shown(harnesses, default)),
     ):
         click.echo(f"{label + ':':<14}{value}")
     if clones:

@@ -54,6 +54,7 @@ COMMAND_KINDS = (
     "release_workspace",
     "search",
     "glob",
+    "run_harness",
 )
 SESSION_KINDS = ("router", "worker", "watchdog")
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
@@ -270,6 +271,10 @@ class Device(Base):
     # report), and whether its scan stopped at its bounds (there may be more).
     repositories_reported_at: Mapped[datetime | None]
     repositories_truncated: Mapped[bool | None]
+    # The coding-agent CLIs it reported with them ([{name, version, allowed, logged_in}];
+    # NULL: never, a daemon older than harnesses) and its policy's default ('' none).
+    harnesses: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    default_harness: Mapped[str | None] = mapped_column(String(30))
 
 
 class DeviceRepository(Base):
@@ -491,6 +496,9 @@ class Ticket(Base):
     ci_fix_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     bot_rounds: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     loop_since: Mapped[datetime | None]
+    # Who works it: "builtin" (the model loop here) or a harness on its device ("qwen",
+    # "codex", "claude"); NULL until chosen (the router, else its first round).
+    harness: Mapped[str | None] = mapped_column(String(30))
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
 
@@ -890,6 +898,32 @@ class Job(Base):
     background: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     created_at: Mapped[datetime] = _created()
     reported_at: Mapped[datetime | None]
+
+
+class HarnessRun(Base):
+    """One run of a coding-agent CLI for a ticket (controlplane.workers.harness): the device
+    command, the harness's own session id (a follow-up resumes it), its first and last
+    events, and what it reported using. ``events``: how many of its events are recorded in
+    the ticket's session (a replica taking over records the rest, each once)."""
+
+    __tablename__ = "harness_runs"
+    id: Mapped[str] = _id("hrn")
+    ticket_id: Mapped[str] = mapped_column(ForeignKey("tickets.id"), index=True)
+    assignment_id: Mapped[str | None] = mapped_column(ForeignKey("assignments.id"))
+    command_id: Mapped[str] = mapped_column(ForeignKey("commands.id"))
+    harness: Mapped[str] = mapped_column(String(30))
+    session_id: Mapped[str | None] = mapped_column(Text)
+    resumed: Mapped[str | None] = mapped_column(Text)  # the session id it continued
+    events: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    turns: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    cost_usd: Mapped[Decimal | None] = mapped_column(Numeric(12, 6))
+    outcome: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    first_event_at: Mapped[datetime | None]
+    last_event_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
 
 
 class WorkerEvent(Base):

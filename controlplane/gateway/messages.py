@@ -148,14 +148,27 @@ class Repository:
 
 
 @dataclass(slots=True, frozen=True)
+class Harness:
+    """A coding-agent CLI a device has (``RunHarness`` runs it)."""
+
+    name: str
+    version: str
+    allowed: bool  # its local policy lets the control plane run it
+    logged_in: bool
+
+
+@dataclass(slots=True, frozen=True)
 class RepositoryReport:
-    """The git repositories a device found under its allowed roots (replaces the last)."""
+    """The git repositories a device found under its allowed roots (replaces the last),
+    and the harnesses it has."""
 
     KIND: ClassVar[str] = "repositories"
 
     repositories: tuple[Repository, ...]
     truncated: bool
     scanned_at: datetime | None
+    harnesses: tuple[Harness, ...] = ()
+    default_harness: str = ""
 
 
 @dataclass(slots=True, frozen=True)

@@ -26,9 +26,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from controlplane.db.pool import Db, transaction
-from controlplane.gateway.messages import Repository, RepositoryReport
+from controlplane.gateway.messages import Harness, Repository, RepositoryReport
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ MAX_REPOSITORIES = 1000
 MAX_PATH = 4096  # PATH_MAX on Linux
 MAX_REMOTE = 500
 MAX_BRANCH = 255  # git's own limit for a ref name's component is about this
+MAX_HARNESSES = 20
+MAX_VERSION = 100
+# A harness's name as the device's table spells it ("qwen", "claude", "codex").
+HARNESS_NAME = re.compile(r"[a-z][a-z0-9_-]{0,29}")
 # A segment of owner/name as GitHub and most git hosts allow it.
 _SEGMENT = re.compile(r"[a-z0-9_.-]+")
 
@@ -137,6 +142,26 @@ def check(report: RepositoryReport) -> Checked:
     return Checked(tuple(clones.values()), report.truncated or cut, cut, dropped, first_problem)
 
 
+def checked_harnesses(report: RepositoryReport) -> tuple[list[dict[str, object]], str]:
+    """The harnesses of ``report`` as stored (well-formed names, each once, versions cut to
+    one printable line), and its default ('' when it names none of them)."""
+    kept: dict[str, Harness] = {}
+    for item in report.harnesses[:MAX_HARNESSES]:
+        if HARNESS_NAME.fullmatch(item.name) and item.name not in kept:
+            kept[item.name] = item
+    rows: list[dict[str, object]] = [
+        {
+            "name": h.name,
+            "version": "".join(c for c in h.version[:MAX_VERSION] if c.isprintable()),
+            "allowed": bool(h.allowed),
+            "logged_in": bool(h.logged_in),
+        }
+        for h in kept.values()
+    ]
+    default = report.default_harness if report.default_harness in kept else ""
+    return rows, default
+
+
 async def replace(db: Db, device_id: str, report: RepositoryReport) -> Checked:
     """Store ``report`` as ``device_id``'s repositories, replacing the previous ones; what
     was stored. The caller is the device's own stream: ``device_id`` is the one its
@@ -170,13 +195,44 @@ async def replace(db: Db, device_id: str, report: RepositoryReport) -> Checked:
                 [c.owner_name for c in clones],
                 [c.default_branch for c in clones],
             )
+        harnesses, default = checked_harnesses(report)
         await conn.execute(
-            "UPDATE devices SET repositories_reported_at = now(), repositories_truncated = $2 "
-            "WHERE id = $1",
+            "UPDATE devices SET repositories_reported_at = now(), repositories_truncated = $2, "
+            "harnesses = $3, default_harness = $4 WHERE id = $1",
             device_id,
             checked.truncated,
+            harnesses,
+            default,
         )
     return checked
+
+
+async def harnesses_of(db: Db, device_id: str | None) -> tuple[list[dict[str, Any]], str]:
+    """The harnesses ``device_id`` last reported (installed; ``allowed`` by its policy or
+    not; none from a daemon older than harnesses), and its policy's default ('' none)."""
+    if device_id is None:
+        return [], ""
+    row = await db.fetchrow(
+        "SELECT harnesses, default_harness FROM devices WHERE id = $1", device_id
+    )
+    if row is None:
+        return [], ""
+    return list(row["harnesses"] or []), row["default_harness"] or ""
+
+
+def harnesses_shown(reported: list[dict[str, Any]], default: str) -> str:
+    """One line for people: ``qwen 0.24.4 (allowed, default), claude 2.1 (not allowed)``."""
+    if not reported:
+        return "none reported"
+    shown = []
+    for item in reported:
+        notes = ["allowed" if item.get("allowed") else "not allowed"]
+        if not item.get("logged_in"):
+            notes.append("not logged in")
+        if item.get("name") == default:
+            notes.append("default")
+        shown.append(f"{item.get('name')} {item.get('version') or '?'} ({', '.join(notes)})")
+    return ", ".join(shown)
 
 
 async def of_device(db: Db, device_id: str) -> list[StoredRepository]:

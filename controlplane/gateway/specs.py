@@ -136,6 +136,23 @@ class Glob:
     kind = "glob"
 
 
+@dataclass(frozen=True)
+class RunHarness:
+    """Run the coding-agent CLI ``harness`` in ``cwd`` on the device, with ``prompt`` as its
+    instruction; its event stream is the output. The device builds the program's argv, its
+    environment and its credentials from its own table and local policy: here is only the
+    harness's name, never a program or a flag."""
+
+    harness: str
+    cwd: str
+    prompt: str
+    resume_session: str = ""
+    max_turns: int = 0
+    timeout_seconds: int = 0
+
+    kind = "run_harness"
+
+
 Spec = (
     Exec
     | ReadFile
@@ -146,6 +163,7 @@ Spec = (
     | ReleaseWorkspace
     | Search
     | Glob
+    | RunHarness
 )
 
 
@@ -182,6 +200,8 @@ def validate(spec: Spec) -> None:
         raise InvalidInput("release_workspace needs a ticket")
     elif isinstance(spec, Search | Glob) and not (spec.pattern and spec.path):
         raise InvalidInput(f"{spec.kind} needs a pattern and a path")
+    elif isinstance(spec, RunHarness) and not (spec.harness and spec.cwd and spec.prompt):
+        raise InvalidInput("run_harness needs a harness, a working directory and a prompt")
 
 
 def to_json(spec: Spec) -> dict[str, Any]:
@@ -209,7 +229,7 @@ def to_json(spec: Spec) -> dict[str, Any]:
         }
     if isinstance(spec, ListDir):
         return {"path": spec.path, "depth": spec.depth}
-    if isinstance(spec, PrepareWorkspace | ReleaseWorkspace | Search | Glob):
+    if isinstance(spec, PrepareWorkspace | ReleaseWorkspace | Search | Glob | RunHarness):
         # Plain fields only (no bytes): the dataclass is its JSON.
         return dict(vars(spec))
     return {"target_command_id": spec.target_command_id, "grace_seconds": spec.grace_seconds}
@@ -241,8 +261,9 @@ def from_json(kind: str, data: dict[str, Any]) -> Spec:
         return ListDir(data["path"], data.get("depth", 1))
     if kind == "cancel":
         return Cancel(data["target_command_id"], data.get("grace_seconds", 0))
-    plain: dict[str, type[PrepareWorkspace | ReleaseWorkspace | Search | Glob]] = {
+    plain: dict[str, type[PrepareWorkspace | ReleaseWorkspace | Search | Glob | RunHarness]] = {
         PrepareWorkspace.kind: PrepareWorkspace,
+        RunHarness.kind: RunHarness,
         ReleaseWorkspace.kind: ReleaseWorkspace,
         Search.kind: Search,
         Glob.kind: Glob,

@@ -31,6 +31,7 @@ from controlplane.gateway.messages import (
     AwaitingApproval,
     DeviceMessage,
     Finished,
+    Harness,
     Heartbeat,
     Hello,
     InFlight,
@@ -158,6 +159,11 @@ def device_message(message: pb.DeviceMessage) -> DeviceMessage:
             ),
             truncated=report.truncated,
             scanned_at=_time(report.scanned_at) if report.HasField("scanned_at") else None,
+            harnesses=tuple(
+                Harness(name=h.name, version=h.version, allowed=h.allowed, logged_in=h.logged_in)
+                for h in report.harnesses
+            ),
+            default_harness=report.default_harness,
         )
     return UNKNOWN
 
@@ -312,6 +318,17 @@ def command_message(
     elif isinstance(spec, specs.Glob):
         command.glob.CopyFrom(
             pb.Glob(pattern=spec.pattern, path=spec.path, max_entries=spec.max_entries)
+        )
+    elif isinstance(spec, specs.RunHarness):
+        command.run_harness.CopyFrom(
+            pb.RunHarness(
+                harness=spec.harness,
+                cwd=spec.cwd,
+                prompt=spec.prompt,
+                resume_session=spec.resume_session,
+                max_turns=spec.max_turns,
+                timeout_seconds=spec.timeout_seconds,
+            )
         )
     else:
         command.cancel.CopyFrom(

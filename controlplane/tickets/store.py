@@ -35,12 +35,14 @@ async def create(
     workdir: str | None,
     speculative: bool,
     workspace_base: str | None = None,
+    harness: str | None = None,
 ) -> None:
     """A new ticket, ``open``: a worker picks it up. ``workspace_base``: where its
-    workspace starts when not from the default branch (``local_changes``)."""
+    workspace starts when not from the default branch (``local_changes``); ``harness``:
+    who works it when a person asked (None: chosen at its first round)."""
     await conn.execute(
         "INSERT INTO tickets (id, title, device_id, repo, workdir, speculative, "
-        "workspace_base) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "workspace_base, harness) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         ticket_id,
         title,
         device_id,
@@ -48,6 +50,14 @@ async def create(
         workdir,
         speculative,
         workspace_base,
+        harness,
+    )
+
+
+async def choose_harness(conn: Db, ticket_id: str, harness: str) -> None:
+    """Who works the ticket, recorded the first time it is chosen (and kept after)."""
+    await conn.execute(
+        "UPDATE tickets SET harness = $2 WHERE id = $1 AND harness IS NULL", ticket_id, harness
     )
 
 

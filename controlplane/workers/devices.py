@@ -7,6 +7,9 @@ from datetime import timedelta
 from controlplane.db.pool import Db
 from controlplane.gateway.devices import ONLINE_WINDOW
 
+# A device disconnected this long while its jobs run is away, not reconnecting.
+AWAY_GRACE = timedelta(seconds=60)
+
 
 async def device_online(db: Db, device_id: str) -> bool:
     """Connected to some replica and heard from lately (a replica killed with SIGKILL

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import posixpath
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
@@ -46,6 +47,7 @@ import openai
 from controlplane import prompts
 from controlplane.db.pool import Db
 from controlplane.domain import TicketState
+from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
 from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
 from controlplane.llm.client import ToolCall, screen_calls
@@ -54,7 +56,8 @@ from controlplane.replies import WhileWaiting, enqueue_reply
 from controlplane.settings import Settings
 from controlplane.tickets import authority, events, placement, reports, slots, store
 from controlplane.workers import compaction, session, workspace
-from controlplane.workers.devices import device_gone, device_online
+from controlplane.workers.devices import AWAY_GRACE, device_gone, device_online
+from controlplane.workers.harness import choice, repo_config
 from controlplane.workers.tools.core import Outcome, Ticket
 from controlplane.workers.tools.toolbox import TOOL_SPECS, WorkerToolbox
 from superagent_shared.ids import stable_id
@@ -62,8 +65,6 @@ from superagent_shared.ids import stable_id
 log = logging.getLogger(__name__)
 
 IDLE_POLL_SECONDS = 1.0  # the safety net while waiting for jobs and events
-# A device disconnected this long while its jobs run is away, not reconnecting.
-AWAY_GRACE = timedelta(seconds=60)
 RECOVERY_NOTE = (
     "You are resuming this ticket after the control plane restarted. Before repeating "
     "anything with an effect outside the device (a push, a pull request, a message), check "
@@ -176,7 +177,7 @@ class Worker:
             self.pool, await load_ticket(self.pool, self.assignment.ticket_id)
         )
         if ticket.device_id is not None and not await device_online(self.pool, ticket.device_id):
-            return await self._await_device(ticket)
+            return await self.await_device(ticket)
         given = workspace.Instructions()
         if workspace.wanted(ticket):
             try:
@@ -184,22 +185,27 @@ class Worker:
             except workspace.Unsupported as exc:
                 log.warning("ticket %s works in place: %s", ticket.id, exc)
             except workspace.Unprepared as exc:
-                return await self._final(ticket, {"status": "blocked", "summary": str(exc)})
+                return await self.final(ticket, {"status": "blocked", "summary": str(exc)})
             except TimeoutError:
                 assert ticket.device_id is not None  # workspace.wanted
                 if not await device_online(self.pool, ticket.device_id):
-                    return await self._await_device(ticket)
+                    return await self.await_device(ticket)
                 raise
+        backend = await self._backend(ticket)
+        if backend.problem is not None:
+            return await self.final(ticket, {"status": "blocked", "summary": backend.problem})
         if self.assignment.session_id is None:
             # Read for the brief, which a new session starts with.
             given = await workspace.instructions(self.queue, ticket)
+        if backend.name != choice.BUILTIN:
+            return await self._harness_round(ticket, backend, given)
         convo = await self._open(ticket, given)
         toolbox = WorkerToolbox(self.pool, self.queue, self.limits, ticket)
         if self.assignment.woken_by == "device":
             # Back from waiting: what was queued runs now; its results are the next events.
             await self._idle(ticket, only_while_jobs_run=True)
         while True:
-            await self._still_ours()
+            await self.still_ours()
             async with self.pool.acquire() as conn, conn.transaction():
                 happened = await events.take(conn, ticket.id)
                 if happened:
@@ -210,11 +216,11 @@ class Worker:
                         self.pool, ticket.device_id, AWAY_GRACE
                     ):
                         # The laptop went to sleep mid-job: wait without holding a slot.
-                        return await self._await_device(ticket)
+                        return await self.await_device(ticket)
                     await self._idle(ticket)
                     continue
                 last = convo.messages[-1].get("content") if convo.messages else None
-                return await self._final(
+                return await self.final(
                     ticket,
                     {
                         "status": "question",
@@ -224,13 +230,13 @@ class Worker:
                 )
             stop = await self._limit_hit(ticket.id)
             if stop is not None:
-                return await self._final(ticket, {"status": "blocked", "summary": stop})
+                return await self.final(ticket, {"status": "blocked", "summary": stop})
             try:
                 calls = await self._step(convo, ticket)
             except ContextExceeded as exc:
                 # Compacting harder and trying once more did not help: trying again as is
                 # fails again. The round ends, the class named, and people are told.
-                return await self._final(
+                return await self.final(
                     ticket,
                     {
                         "status": "blocked",
@@ -253,20 +259,60 @@ class Worker:
                     {"role": "tool", "tool_call_id": call.id, "content": _json(content)},
                 )
             if repeated:
-                return await self._final(ticket, {"status": "blocked", "summary": repeated})
+                return await self.final(ticket, {"status": "blocked", "summary": repeated})
             if toolbox.outcome.held_by is not None:
-                return await self._await_confirmation(ticket, toolbox.outcome)
+                return await self.await_confirmation(ticket, toolbox.outcome)
             if toolbox.outcome.report is not None:
                 return await self._report(ticket, toolbox)
             if toolbox.outcome.device_away:
-                return await self._await_device(ticket)
+                return await self.await_device(ticket)
+
+    # -- who works it --------------------------------------------------------------------
+
+    async def _backend(self, ticket: Ticket) -> choice.Backend:
+        """The built-in loop, or a harness on the device (:mod:`controlplane.workers.harness`).
+        A speculative ticket, or one without a workspace of its own, stays built-in: the
+        supervisor delivers through a branch and a pull request."""
+        self.repo = repo_config.RepoConfig()
+        if ticket.speculative or ticket.device_id is None or not ticket.workspace:
+            return choice.Backend(choice.BUILTIN, "built-in only")
+        self.repo = repo_config.parse(
+            await workspace.ask_device(
+                self.queue,
+                ticket,
+                specs.ReadFile(
+                    posixpath.join(ticket.workspace, repo_config.PATH), 0, repo_config.MAX_BYTES
+                ),
+            )
+        )
+        if self.repo.problem:
+            log.warning("ticket %s: %s", ticket.id, self.repo.problem)
+        return await choice.choose(
+            self.pool, ticket.id, ticket.device_id, ticket.device_name or "", self.repo
+        )
+
+    async def _harness_round(
+        self, ticket: Ticket, backend: choice.Backend, given: workspace.Instructions
+    ) -> str:
+        from controlplane.workers.harness.supervisor import HarnessRound
+
+        convo = await self._open(ticket, given, harness=backend.name)
+        text = await brief(self.pool, ticket, given)
+        log.info("ticket %s: worked by %s (%s)", ticket.id, backend.name, backend.why)
+        return await HarnessRound(self, ticket, backend, self.repo, text).run(convo)
 
     # -- the session ---------------------------------------------------------------------
 
-    async def _open(self, ticket: Ticket, given: workspace.Instructions) -> session.WorkerSession:
+    async def _open(
+        self, ticket: Ticket, given: workspace.Instructions, *, harness: str | None = None
+    ) -> session.WorkerSession:
+        """The round's session: a new one starts with the brief. A harness's session
+        records its runs, each starting with the instruction the harness was given (the
+        brief is in the first), and nothing in it is shown to a model here."""
+        model = f"harness:{harness}" if harness else self.model
         async with self.pool.acquire() as conn, conn.transaction():
             convo, new = await session.WorkerSession.open(
-                conn, self.assignment.session_id, ticket_id=ticket.id, model=self.model
+                conn, self.assignment.session_id, ticket_id=ticket.id, model=model
             )
             if new:
                 await conn.execute(
@@ -274,8 +320,11 @@ class Worker:
                     self.assignment.id,
                     convo.id,
                 )
-                await convo.add(conn, {"role": "user", "content": await brief(conn, ticket, given)})
-            elif self.assignment.taken_over or convo.unanswered_calls():
+                if harness is None:
+                    await convo.add(
+                        conn, {"role": "user", "content": await brief(conn, ticket, given)}
+                    )
+            elif harness is None and (self.assignment.taken_over or convo.unanswered_calls()):
                 await convo.close_interrupted(conn)
                 await convo.add(conn, {"role": "user", "content": RECOVERY_NOTE})
         return convo
@@ -371,7 +420,7 @@ class Worker:
 
     # -- ends ----------------------------------------------------------------------------
 
-    async def _still_ours(self) -> None:
+    async def still_ours(self) -> None:
         active = await self.pool.fetchval(
             "SELECT a.ended_at IS NULL AND t.state = 'running' FROM assignments a "
             "JOIN tickets t ON t.id = a.ticket_id WHERE a.id = $1",
@@ -403,16 +452,16 @@ class Worker:
     async def _report(self, ticket: Ticket, toolbox: WorkerToolbox) -> str:
         report = toolbox.outcome.report
         assert report is not None
-        return await self._final(ticket, report)
+        return await self.final(ticket, report)
 
-    async def _final(self, ticket: Ticket, report: dict[str, Any]) -> str:
+    async def final(self, ticket: Ticket, report: dict[str, Any]) -> str:
         state = await reports.finish(
             self.pool, ticket.id, self.assignment.id, report, to_router=self.report_to_router
         )
         log.info("worker %s: %s, ticket now %s", ticket.id, report["status"], state)
         return str(report["status"])
 
-    async def _await_confirmation(self, ticket: Ticket, outcome: Outcome) -> str:
+    async def await_confirmation(self, ticket: Ticket, outcome: Outcome) -> str:
         """A call was held for lack of authority: free the slot, wait for people, ask once."""
         assert outcome.held_by is not None
         async with self.pool.acquire() as conn, conn.transaction():
@@ -422,7 +471,7 @@ class Worker:
         log.info("worker %s: %s held after %s", ticket.id, outcome.held, outcome.held_by)
         return authority.HOLD
 
-    async def _await_device(self, ticket: Ticket) -> str:
+    async def await_device(self, ticket: Ticket) -> str:
         """The device is away: free the slot, wait in waiting_device, and tell the thread
         once, if it is still away after ``workers.device_notice_seconds``."""
         wait = timedelta(seconds=self.limits.device_wait_seconds)

@@ -216,7 +216,7 @@ async def instructions(queue: CommandQueue, ticket: Ticket) -> Instructions:
     one round trip to the device; only the files that exist are read."""
     if ticket.device_id is None or not ticket.workspace:
         return Instructions()
-    listed = await _ask(
+    listed = await ask_device(
         queue, ticket, specs.Glob(_INSTRUCTIONS_GLOB, ticket.workspace, max_entries=500)
     )
     present = set(listed.splitlines()) if listed is not None else set()
@@ -231,7 +231,7 @@ async def instructions(queue: CommandQueue, ticket: Ticket) -> Instructions:
 _INSTRUCTIONS_GLOB = "**/{" + ",".join(posixpath.basename(n) for n in INSTRUCTION_FILES) + "}"
 
 
-async def _ask(
+async def ask_device(
     queue: CommandQueue, ticket: Ticket, spec: specs.Spec, limit: int = 64_000
 ) -> str | None:
     """``spec``'s output as text, or None when the device refused it or it failed."""
@@ -257,7 +257,7 @@ async def _read(queue: CommandQueue, ticket: Ticket, names: list[str]) -> list[t
             break
         path = posixpath.join(ticket.workspace, name)
         limit = min(MAX_INSTRUCTION_BYTES, room)
-        text = await _ask(queue, ticket, specs.ReadFile(path, 0, limit + 1), limit + 1)
+        text = await ask_device(queue, ticket, specs.ReadFile(path, 0, limit + 1), limit + 1)
         if text is None:
             continue  # unreadable (a denied path, say): no instructions from it
         if len(text.encode()) > limit:

@@ -24,6 +24,8 @@ __all__ = [
     "Delivery",
     "Exec",
     "Finished",
+    "Harness",
+    "HarnessExec",
     "Heartbeat",
     "InFlight",
     "InFlightState",
@@ -34,6 +36,7 @@ __all__ = [
     "Reason",
     "Refused",
     "Result",
+    "RunHarness",
     "WriteFile",
 ]
 
@@ -168,8 +171,42 @@ class Glob:
     max_entries: int = 0  # 0: the policy's limit
 
 
+@dataclass(slots=True, frozen=True)
+class RunHarness:
+    """Run a coding-agent CLI installed here (:mod:`endpointd.harness`). Only the device
+    turns it into a program: the daemon replaces it by the :class:`HarnessExec` its own
+    table and policy build, before anything judges or runs it."""
+
+    KIND: ClassVar[str] = "run_harness"
+
+    harness: str
+    cwd: str = ""
+    prompt: str = ""
+    resume_session: str = ""
+    max_turns: int = 0  # 0: the harness's default (the policy's cap still applies)
+    timeout_seconds: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class HarnessExec(Exec):
+    """The exec the device built from a :class:`RunHarness` (:func:`endpointd.harness.runs.build`).
+
+    An :class:`Exec` in every respect (KIND "exec"): the policy judges its real argv, the
+    sandbox confines it, the redactor masks its output, a cancel stops its process tree.
+    What it adds says where it came from: the request (for approvals and for building it
+    again at its start), the harness's own credential (named for it in the local policy,
+    so implicitly scoped to its runs), and the session-store directories its sandbox may
+    also write.
+    """
+
+    request: RunHarness | None = None
+    credential: str = ""
+    session_dirs: tuple[str, ...] = ()
+
+
 Op = (
     Exec
+    | RunHarness
     | ReadFile
     | WriteFile
     | ListDir
@@ -188,6 +225,16 @@ class Repository:
     path: str
     remote: str  # normalised host/owner/name; empty without a remote
     default_branch: str
+
+
+@dataclass(slots=True, frozen=True)
+class Harness:
+    """A coding-agent CLI as the device reports it (``RepositoryReport.harnesses``)."""
+
+    name: str
+    version: str = ""  # first line of its --version, capped; empty when it did not answer
+    allowed: bool = False  # [harness] allowed (or default) in the local policy
+    logged_in: bool = False  # it has a login or a key to use
 
 
 @dataclass(slots=True, frozen=True)

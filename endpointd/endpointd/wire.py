@@ -35,6 +35,7 @@ from endpointd.model import (
     Exec,
     Finished,
     Glob,
+    Harness,
     Heartbeat,
     InFlight,
     InFlightState,
@@ -48,6 +49,7 @@ from endpointd.model import (
     ReleaseWorkspace,
     Repository,
     Result,
+    RunHarness,
     Search,
     WorkspaceBase,
     WriteFile,
@@ -184,6 +186,16 @@ def _op(message: pb.Command) -> Op | None:
     if kind == "glob":
         gl = message.glob
         return Glob(pattern=gl.pattern, path=gl.path, max_entries=gl.max_entries)
+    if kind == "run_harness":
+        rh = message.run_harness
+        return RunHarness(
+            harness=rh.harness,
+            cwd=rh.cwd,
+            prompt=rh.prompt,
+            resume_session=rh.resume_session,
+            max_turns=rh.max_turns,
+            timeout_seconds=rh.timeout_seconds,
+        )
     return None  # a kind newer than this daemon: validation refuses it as unknown
 
 
@@ -303,8 +315,16 @@ def heartbeat(seq: int, ack_seq: int) -> Outgoing:
     return pb.DeviceMessage(heartbeat=pb.Heartbeat(seq=seq, sent_at=_timestamp(), ack_seq=ack_seq))
 
 
-def repositories(found: Sequence[Repository], *, truncated: bool, scanned_at: float) -> Outgoing:
-    """The repositories found under the allowed roots (each report replaces the last)."""
+def repositories(
+    found: Sequence[Repository],
+    *,
+    truncated: bool,
+    scanned_at: float,
+    harnesses: Sequence[Harness] = (),
+    default_harness: str = "",
+) -> Outgoing:
+    """The repositories found under the allowed roots, and the coding-agent CLIs installed
+    here with the policy's default among them (each report replaces the last)."""
     return pb.DeviceMessage(
         repositories=pb.RepositoryReport(
             repositories=[
@@ -313,6 +333,11 @@ def repositories(found: Sequence[Repository], *, truncated: bool, scanned_at: fl
             ],
             truncated=truncated,
             scanned_at=_timestamp(scanned_at),
+            harnesses=[
+                pb.Harness(name=h.name, version=h.version, allowed=h.allowed, logged_in=h.logged_in)
+                for h in harnesses
+            ],
+            default_harness=default_harness,
         )
     )
 

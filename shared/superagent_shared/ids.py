@@ -40,6 +40,8 @@ PREFIXES = frozenset(
         "ifl",
         "wac",
         "apr",
+        "hrn",  # a harness run (controlplane.workers.harness)
+        "sup",  # a step of the harness supervisor's, recorded as a tool call
     }
 )
 

@@ -32,7 +32,7 @@ import pytest
 
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.distributions import WHEELHOUSE, clean_environment, copy_sources
-from tests.support.e2e_world import pending
+from tests.support.e2e_world import pending, router_lines
 from tests.support.helpers import free_port
 
 pytestmark = pytest.mark.slow
@@ -149,14 +149,11 @@ class Models:
         return self.work(request)
 
     def route(self, request: ChatRequest) -> Reply:
-        last = request.last_message()
-        if last is not None and last.get("role") == "tool":
+        lines = router_lines(request)
+        if lines is None:
             return Reply(content="done")
         calls: list[ToolCall] = []
-        thread = None
-        for line in (request.last_user_message() or "").splitlines():
-            if found := re.match(r"thread (thr_\w+)", line):
-                thread = found[1]
+        for thread, line in lines:
             if (found := re.search(r"\[(trg_\w+)\] explicit", line)) and "CONTRIBUTORS" in line:
                 ticket = {
                     "title": "Add a CONTRIBUTORS file",

@@ -40,6 +40,7 @@ from tests.support.e2e_world import (
     World,
     git,
     pending,
+    router_lines,
     running_world,
     start,
     webhook,
@@ -81,14 +82,11 @@ class Script:
         return self.work(request)
 
     def route(self, request: ChatRequest) -> Reply:
-        last = request.last_message()
-        if last is not None and last.get("role") == "tool":
+        lines = router_lines(request)
+        if lines is None:
             return Reply(content="done")
         calls: list[ToolCall] = []
-        thread = None
-        for line in (request.last_user_message() or "").splitlines():
-            if found := re.match(r"thread (thr_\w+)", line):
-                thread = found[1]
+        for thread, line in lines:
             found = re.search(r"\[(trg_\w+)\] explicit issue_comment", line)
             if found and (fn := re.search(r"fix (add|sub)\(\)", line)):
                 calls.append(

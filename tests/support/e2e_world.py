@@ -233,6 +233,22 @@ def passing_env(policy: str, name: str) -> str:
     return policy[: header.end()] + table + policy[stop:]
 
 
+def router_lines(request: ChatRequest) -> list[tuple[str | None, str]] | None:
+    """A scripted router's reading of its turn: each line of the events message with the
+    thread it is under (``thread thr_…`` headers), or None once the turn's tool calls were
+    answered (the script then just ends the turn)."""
+    last = request.last_message()
+    if last is not None and last.get("role") == "tool":
+        return None
+    lines: list[tuple[str | None, str]] = []
+    thread = None
+    for line in (request.last_user_message() or "").splitlines():
+        if found := re.match(r"thread (thr_\w+)", line):
+            thread = found[1]
+        lines.append((thread, line))
+    return lines
+
+
 def pending(result: str) -> bool:
     """Whether a tool result is a job still running, or queued for an away device: its
     result comes later as an event (what a scripted worker waits for)."""

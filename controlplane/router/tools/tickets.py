@@ -100,6 +100,15 @@ class CreateTicket(Arguments):
             "snapshot: their checkout stays as it is)."
         ),
     ] = None
+    harness: Annotated[
+        Literal["builtin", "qwen", "codex", "claude"] | None,
+        Field(
+            description="Who does the work, only when the person asked for one: a "
+            "coding-agent CLI on the device (qwen: Qwen Code, codex: Codex CLI, claude: "
+            "Claude Code) or builtin (this agent's own worker). Null: the repository's or "
+            "the device's choice, else builtin."
+        ),
+    ] = None
 
 
 @tools.tool(
@@ -165,6 +174,7 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
         workdir=workdir,
         speculative=speculative,
         workspace_base=args.start_from,
+        harness=args.harness,
     )
     await conn.execute("SELECT pg_notify($1, $2)", Notify.WORKERS, ticket_id)
     await conn.execute(

@@ -34,6 +34,15 @@ class WorkerToolbox(Workbench):
             return {"error": str(exc)}
         return {"error": done.error} if isinstance(done, Refusal) else done
 
+    async def held(self, name: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """Whether a call made outside the toolbox (the harness supervisor's push) is held
+        for lack of authority, exactly as the same tool call would be: its answer, or None
+        to go ahead."""
+        try:
+            return await self._hold(name, args)
+        except Refused as refused:
+            return {"error": str(refused)}
+
     async def _hold(self, name: str, args: dict[str, Any]) -> dict[str, Any] | None:
         """The answer to a call held for lack of authority, or None to run it."""
         what = authority.external(name, args)

@@ -14,6 +14,7 @@ from endpointd.cli import (  # noqa: F401
     audit,
     creds,
     device,
+    harness,
     policy,
     service,
     workspaces,

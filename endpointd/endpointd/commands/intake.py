@@ -14,14 +14,16 @@ import asyncio
 import hashlib
 import logging
 import time
+from dataclasses import replace
 
 from endpointd import wire
 from endpointd.commands.starter import Starter
 from endpointd.commands.state import Active, refused
 from endpointd.guard.policy import Decision, Refusal
 from endpointd.guard.validation import validate
+from endpointd.harness import runs
 from endpointd.journal import Entry
-from endpointd.model import Ack, Challenge, Command, Finished, Reason
+from endpointd.model import Ack, Challenge, Command, Finished, Reason, RunHarness
 from endpointd.process.executor import pid_alive
 from endpointd.secrets import delivery
 from endpointd.spool import SUPERVISOR_PID_FILE, ExitStatus, read_pid, remove_spool, spool_dir
@@ -56,6 +58,16 @@ class Intake(Starter):
 
     def _from_entry(self, entry: Entry) -> Active:
         command = wire.decode_command(entry.body) if entry.body is not None else None
+        if command is not None and isinstance(command.op, RunHarness) and entry.state != "finished":
+            # The journal keeps the request; what runs is built by this device. One that can
+            # no longer be built keeps a stand-in: re-attached if it still runs, refused at
+            # its start otherwise (it is built again there).
+            built = self._build_harness(command)
+            command = (
+                built
+                if isinstance(built, Command)
+                else replace(command, op=runs.unplanned(command.op))
+            )
         result = wire.decode_result(entry.result) if entry.result is not None else None
         active = Active(
             command_id=entry.command_id,
@@ -112,7 +124,15 @@ class Intake(Starter):
             self._redelivered(command, existing, digest)
             return
 
-        refusal, rule = validate(command), "validation"
+        # A RunHarness becomes the exec this device builds for it before anything judges
+        # it: validation and the policy see the real argv.
+        built = self._build_harness(command)
+        refusal: Refusal | None
+        if isinstance(built, Refusal):
+            refusal, rule = built, "harness"
+        else:
+            command = built
+            refusal, rule = validate(command), "validation"
         if refusal is None and self._expired(command):
             refusal, rule = (
                 Refusal(Reason.EXPIRED, "not_after passed before the command arrived"),

@@ -8,6 +8,12 @@ a worker thread, confined to the allowed root holding their path; a cancel acts 
 target. A workspace's preparation or release (:mod:`endpointd.workspaces.operations`) runs
 as a task of its own, so a long fetch or setup step does not hold up the commands behind
 it. Nothing starts before the journal row recording that it did is durable.
+
+A RunHarness never runs as such: :meth:`Starter._build_harness` turns it into the exec
+the device's harness table and local policy make of it (:mod:`endpointd.harness.runs`),
+on receipt and again at its start (the policy may have changed), and from there it takes
+the exec's path: the policy judges its real argv, it gets its harness's credential, its
+sandbox (plus its session store), its supervisor.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -30,6 +37,7 @@ from endpointd.guard import sandbox
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
 from endpointd.guard.policy import Decision, Refusal
+from endpointd.harness import runs
 from endpointd.model import (
     Cancel,
     Command,
@@ -37,11 +45,13 @@ from endpointd.model import (
     Delivery,
     Exec,
     Glob,
+    HarnessExec,
     ListDir,
     PrepareWorkspace,
     ReadFile,
     Reason,
     ReleaseWorkspace,
+    RunHarness,
     Search,
     WriteFile,
 )
@@ -93,6 +103,31 @@ class Starter(Exits):
     def _expired(self, command: Command) -> bool:
         deadline = command.not_after
         return deadline is not None and self.server_now() > deadline
+
+    def _build_harness(self, command: Command) -> Command | Refusal:
+        """``command`` with its RunHarness (or the HarnessExec built from it earlier) built
+        now by the harness table under the current policy, its credential the one the
+        policy names for the harness; the refusal when it may not or cannot run. Any other
+        command comes back as it is."""
+        op = command.op
+        if isinstance(op, RunHarness):
+            if command.credentials:
+                return Refusal(
+                    Reason.POLICY_DENIED,
+                    "run_harness takes no credentials from the control plane: the device"
+                    " delivers the harness's own ([harness.NAME] credential in policy.toml)",
+                )
+            request = op
+        elif isinstance(op, HarnessExec) and op.request is not None:
+            request = op.request
+        else:
+            return command
+        try:
+            built = runs.build(request, self.policy)
+        except runs.HarnessRefused as exc:
+            return Refusal(exc.reason, exc.message)
+        ref = runs.credential_ref(request.harness, self.policy)
+        return replace(command, op=built, credentials=(ref,) if ref is not None else ())
 
     async def starter(self) -> None:
         """Start accepted commands one at a time, lowest seq first."""
@@ -157,6 +192,15 @@ class Starter(Exits):
                 total=0,
             )
             return
+        if isinstance(command.op, HarnessExec):
+            # Built again from the request: the policy (or the installed CLI) may have
+            # changed since it arrived.
+            built = self._build_harness(command)
+            if isinstance(built, Refusal):
+                await self._make_durable(active)
+                self._refuse_started(active, built, "harness")
+                return
+            command = active.command = built
         if not active.journaled_running and not await self._allowed_now(active, command):
             return
         if not active.journaled_running:
@@ -359,18 +403,36 @@ class Starter(Exits):
         """The sandbox of this command (None: refused, and already finished as such)."""
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
         proxy = active.delivery.proxy_port if active.delivery is not None else None
-        planned = self._plan_sandbox(cwd, private_tmpdir(active.spool), proxy)
+        extra = self._session_dirs(ex) if isinstance(ex, HarnessExec) else ()
+        planned = self._plan_sandbox(cwd, private_tmpdir(active.spool), proxy, extra)
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
             return None
         return planned
 
+    def _session_dirs(self, ex: HarnessExec) -> tuple[str, ...]:
+        """A harness run's session-store directories (:func:`endpointd.harness.runs.build`),
+        made now when missing (the sandbox grants only what exists), except where the
+        policy denies: what it may write beyond its workspace, and nothing else."""
+        out = []
+        for directory in ex.session_dirs:
+            if self.policy.denied_rule(directory) is not None:
+                continue
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                log.warning("cannot make the harness session directory %s: %s", directory, exc)
+                continue
+            out.append(directory)
+        return tuple(out)
+
     def _plan_sandbox(
-        self, cwd: str, tmpdir: Path, proxy: int | None
+        self, cwd: str, tmpdir: Path, proxy: int | None, extra: tuple[str, ...] = ()
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
-        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`)."""
+        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``extra``:
+        more directories it may write (a harness's session store)."""
         rules = self.policy.rules
         workspace = self.policy.workspace_for(cwd)
         if rules is None or workspace is None:
@@ -384,7 +446,7 @@ class Starter(Exits):
                 workspace=str(workspace),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
-                extra_write=dirs,
+                extra_write=[*dirs, *extra],
                 extra_write_files=files,
             )
         except sandbox.SandboxUnavailable as exc:

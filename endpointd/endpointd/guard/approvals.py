@@ -86,6 +86,7 @@ from endpointd.model import (
     Delivery,
     Exec,
     Glob,
+    HarnessExec,
     ListDir,
     PrepareWorkspace,
     ReadFile,
@@ -193,9 +194,24 @@ def printable(text: str, limit: int | None = 500) -> str:
 # ---------------------------------------------------------------------------- describing
 
 
+def first_line(text: str, limit: int = 120) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters (a prompt's gist)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
 def summarize(command: Command) -> str:
     """One line describing ``command`` for an approval request (names, never values)."""
     op = command.op
+    if isinstance(op, HarnessExec) and op.request is not None:
+        # A harness run is the harness and its instruction; its argv is in the details.
+        request = op.request
+        parts = [f"run_harness {request.harness}: {json.dumps(first_line(request.prompt))}"]
+        if request.resume_session:
+            parts.append(f"resuming session {request.resume_session}")
+        if op.cwd:
+            parts.append(f"in {op.cwd}")
+        return " ".join(parts)
     if isinstance(op, Exec):
         parts = [shlex.join(op.argv)]
         if op.cwd:
@@ -275,6 +291,10 @@ def describe(command: Command, redact: Callable[[str], str] = _same) -> dict[str
             {"name": redact(ref.name), "delivery": redact(delivery_label(ref))}
             for ref in command.credentials
         ]
+        if isinstance(op, HarnessExec) and op.request is not None:
+            out["harness"] = redact(op.request.harness)
+            out["prompt"] = redact(first_line(op.request.prompt))
+            out["resume_session"] = redact(op.request.resume_session)
     elif isinstance(op, WriteFile):
         out["path"] = redact(op.path)
         out["content"] = _blob(op.content, redact)
@@ -387,6 +407,12 @@ def render(request: ApprovalRequest, *, full: bool = False) -> list[str]:
     kind = d.get("kind")
     argv = d.get("argv")
     if kind == "exec" and isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+        harness = d.get("harness")
+        if isinstance(harness, str) and harness:
+            out.text("harness", f"{harness} (a coding-agent CLI run; the prompt is its stdin)")
+            out.text("prompt", _as_str(d.get("prompt")))
+            if d.get("resume_session"):
+                out.text("resume", _as_str(d.get("resume_session")))
         out.text("command", shlex.join(argv))
         if full:
             for i, arg in enumerate(argv):

@@ -5,7 +5,8 @@ it. It says where commands may run and files may be touched (``allowed_roots``, 
 ``denied_paths``), which commands are allowed, denied or held for a local approval
 (``[[commands]]``, first match wins, else ``default_action``), which commands may receive
 each credential (``[credentials.NAME] allow``), which repositories get a ticket workspace
-and how long it is kept (``[workspaces]``), and the limits (``[limits]``). The shipped
+and how long it is kept (``[workspaces]``), which coding-agent CLIs the control plane may
+run here and with what (``[harness]``), and the limits (``[limits]``). The shipped
 ``policy.example.toml`` documents every key.
 
 How it is enforced:
@@ -50,15 +51,18 @@ from endpointd.guard import environment, sandbox
 from endpointd.guard.files import fold as _fold
 from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
+from endpointd.harness.table import HARNESSES, NAMES
 from endpointd.model import (
     Command,
     Exec,
     Glob,
+    HarnessExec,
     ListDir,
     PrepareWorkspace,
     ReadFile,
     Reason,
     ReleaseWorkspace,
+    RunHarness,
     Search,
     WriteFile,
 )
@@ -255,6 +259,38 @@ class WorkspaceRules:
 
 
 @dataclass(frozen=True)
+class HarnessSettings:
+    """``[harness.NAME]``: how this device runs one harness. Unset: the harness's own
+    setting (its program on PATH, its model, its endpoint, its own login)."""
+
+    program: Path | None = None
+    model: str = ""
+    base_url: str = ""
+    # A stored credential delivered to this harness's runs (and only to them: it was named
+    # for this harness here, so it needs no [credentials.NAME] scope), in credential_env.
+    credential: str = ""
+    credential_env: str = ""
+    max_turns: int = 0  # the local cap on RunHarness.max_turns; 0: none
+
+
+@dataclass(frozen=True)
+class HarnessRules:
+    """``[harness]``: the harness this device prefers (``default``) and the ones the control
+    plane may run here (``allowed``; the default always is). Absent: none, since running
+    the owner's CLI spends the owner's subscription or key."""
+
+    default: str = ""
+    allowed: tuple[str, ...] = ()
+    settings: Mapping[str, HarnessSettings] = field(default_factory=dict)
+
+    def allows(self, name: str) -> bool:
+        return name in self.allowed or (bool(name) and name == self.default)
+
+    def settings_for(self, name: str) -> HarnessSettings:
+        return self.settings.get(name, HarnessSettings())
+
+
+@dataclass(frozen=True)
 class DeniedPath:
     label: str  # as shown in rule names: "~/.ssh", "endpointd config dir", or as written
     path: Path  # absolute, normalised
@@ -278,6 +314,7 @@ class Rules:
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
     workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)
+    harness: HarnessRules = field(default_factory=HarnessRules)
     # Where `endpointd creds add` puts new values; None: not set (the keyring).
     credential_store: Store | None = None
 
@@ -309,6 +346,7 @@ _TOP_KEYS = (
     "credential_store",
     "limits",
     "workspaces",
+    "harness",
 )
 _RULE_KEYS = ("action", "match", "name")
 _FILE_RULE_KEYS = ("action", "match", "ops", "name")
@@ -321,6 +359,17 @@ _HOST = re.compile(
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _LIMIT_KEYS = ("max_runtime_seconds", "max_output_bytes", "ask_timeout_seconds")
 _WORKSPACE_KEYS = ("allow", "ask", "deny", "retention_hours", "max_disk_mb", "setup")
+_HARNESS_KEYS = ("default", "allowed", *NAMES)
+_HARNESS_ENTRY_KEYS = (
+    "program",
+    "model",
+    "base_url",
+    "credential",
+    "credential_env",
+    "max_turns",
+)
+# An endpoint for an OpenAI-compatible harness: http(s), a host, no spaces or quotes.
+_BASE_URL = re.compile(r"https?://[^\s\"'\\]+\Z")
 # A repository as the device reports it: host/owner/name (more segments for nested groups).
 _REPOSITORY = re.compile(r"[a-z0-9._~\[\]:-]+(/[A-Za-z0-9._~-]+){2,}\Z")
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
@@ -425,6 +474,7 @@ class _Parser:
         env = EnvRules(passed=self.names(env_raw, "pass"), allow=self.names(env_raw, "allow"))
         files = self.file_rules(data)
         workspaces = self.workspace_rules(data)
+        harness = self.harness_rules(data)
 
         commands_raw = data.get("commands", [])
         if not isinstance(commands_raw, list) or not all(isinstance(c, dict) for c in commands_raw):
@@ -538,6 +588,7 @@ class _Parser:
             env=env,
             files=files,
             workspaces=workspaces,
+            harness=harness,
             credential_store=cast(Store | None, credential_store),
         )
 
@@ -651,6 +702,128 @@ class _Parser:
             retention_hours=retention,
             max_disk_mb=budget,
             setup=setup,
+        )
+
+    def harness_rules(self, data: Mapping[str, Any]) -> HarnessRules:
+        raw = data.get("harness", {})
+        if not isinstance(raw, dict):
+            raise self.fail("harness must be a [harness] table", None, "harness")
+        known = ", ".join(NAMES)
+        for key, value in raw.items():
+            if key in _HARNESS_KEYS:
+                continue
+            if isinstance(value, dict):
+                raise self.fail(
+                    f"unknown harness {key!r} in [harness.{key}]; endpointd knows {known}",
+                    f"harness.{key}",
+                    None,
+                )
+            raise self.fail(
+                f"unknown key {key!r} in [harness]; known keys: default, allowed, and a"
+                f" [harness.NAME] table per harness ({known})",
+                "harness",
+                key,
+            )
+        default = raw.get("default", "")
+        if not isinstance(default, str) or (default and default not in NAMES):
+            raise self.fail(
+                f"harness.default must be one of {', '.join(map(repr, NAMES))}, got {default!r}",
+                "harness",
+                "default",
+            )
+        allowed = raw.get("allowed", [])
+        if not isinstance(allowed, list) or not all(
+            isinstance(a, str) and a in NAMES for a in allowed
+        ):
+            raise self.fail(
+                f'harness.allowed must be a list of harness names ({known}), e.g. ["qwen"]',
+                "harness",
+                "allowed",
+            )
+        settings = {name: self.harness_settings(name, raw[name]) for name in NAMES if name in raw}
+        return HarnessRules(default=default, allowed=tuple(allowed), settings=settings)
+
+    def harness_settings(self, name: str, raw: object) -> HarnessSettings:
+        table = f"harness.{name}"
+        if not isinstance(raw, dict):
+            raise self.fail(f"[{table}] must be a table", "harness", name)
+        self.unknown(raw, _HARNESS_ENTRY_KEYS, table)
+
+        def text(key: str, what: str, spaces: bool = False) -> str:
+            value = raw.get(key, "")
+            if (
+                not isinstance(value, str)
+                or (key in raw and not value.strip())
+                or value.startswith("-")
+                or "\0" in value
+                or (not spaces and any(c.isspace() for c in value))
+            ):
+                raise self.fail(f"{table}.{key} must be {what}", table, key)
+            return value
+
+        program: Path | None = None
+        if "program" in raw:
+            written = text("program", "the absolute path of its executable", spaces=True)
+            program = expand_path(written, self.home)
+            if not program.is_absolute():
+                raise self.fail(
+                    f"{table}.program: {written!r} is not an absolute path (write /… or ~/…)",
+                    table,
+                    "program",
+                )
+        model = text("model", 'a model name, e.g. "qwen3-coder-plus"')
+        base_url = text("base_url", 'an http(s) URL, e.g. "https://api.example.com/v1"')
+        if base_url and not HARNESSES[name].base_url:
+            raise self.fail(
+                f"{table}.base_url: {HARNESSES[name].title} has no OpenAI-compatible endpoint"
+                " to set; remove the key",
+                table,
+                "base_url",
+            )
+        if base_url and not _BASE_URL.match(base_url):
+            raise self.fail(
+                f'{table}.base_url must be an http(s) URL, e.g. "https://api.example.com/v1",'
+                f" got {base_url!r}",
+                table,
+                "base_url",
+            )
+        credential = text("credential", "the name of a stored credential")
+        if credential and not valid_name(credential):
+            raise self.fail(
+                f"{table}.credential: invalid credential name {credential!r}: use {NAME_RULE}",
+                table,
+                "credential",
+            )
+        env_var = raw.get("credential_env", "")
+        if not isinstance(env_var, str) or (
+            "credential_env" in raw and (not _VAR.match(env_var) or environment.reserved(env_var))
+        ):
+            raise self.fail(
+                f"{table}.credential_env must be a variable name that does not steer how"
+                f" programs start (default {HARNESSES[name].credential_env})",
+                table,
+                "credential_env",
+            )
+        if env_var and not credential:
+            raise self.fail(
+                f"{table}.credential_env needs {table}.credential (the credential it delivers)",
+                table,
+                "credential_env",
+            )
+        max_turns = raw.get("max_turns", 0)
+        if type(max_turns) is not int or ("max_turns" in raw and max_turns <= 0):
+            raise self.fail(
+                f"{table}.max_turns must be a positive integer, got {max_turns!r}",
+                table,
+                "max_turns",
+            )
+        return HarnessSettings(
+            program=program,
+            model=model,
+            base_url=base_url,
+            credential=credential,
+            credential_env=env_var or (HARNESSES[name].credential_env if credential else ""),
+            max_turns=max_turns,
         )
 
     def file_rules(self, data: Mapping[str, Any]) -> tuple[FileRule, ...]:
@@ -1064,13 +1237,19 @@ class Policy:
         if loaded.rules is None:
             return self._broken_decision(loaded)
         if isinstance(op, Exec):
-            return self._exec(
-                loaded,
-                list(op.argv),
-                op.cwd,
-                [c.name for c in command.credentials],
-                None,
-                env=dict(op.env),
+            names = [c.name for c in command.credentials]
+            if isinstance(op, HarnessExec) and op.credential:
+                # The harness's own key, named for it in [harness.NAME] credential and
+                # attached by this device (never by the control plane): scoped to its runs
+                # by that, so it needs no [credentials.NAME] allow entry.
+                names = [n for n in names if n != op.credential]
+            return self._exec(loaded, list(op.argv), op.cwd, names, None, env=dict(op.env))
+        if isinstance(op, RunHarness):
+            return Decision(
+                "deny",
+                "harness",
+                "a run_harness is judged once this device has built its command"
+                " (endpointd.harness.runs); this one was not",
             )
         if isinstance(op, ReadFile | WriteFile | ListDir):
             return self._file_decision(loaded, op.path, self._file_op(op.KIND), None)

@@ -10,8 +10,8 @@ One stream per device at a time. Each session:
    writer (the only task that writes to the stream: control messages first, then output and
    results from the spools), the heartbeat (sends one per interval and declares the
    stream dead once three intervals have passed with nothing received), and the
-   repositories (the clones under the allowed roots: a RepositoryReport right after the
-   Hello, and again whenever the scan finds something else).
+   repositories (the clones under the allowed roots and the coding-agent CLIs installed
+   here: a RepositoryReport right after the Hello, and again whenever either changes).
 
 :func:`connect_forever` repeats sessions with capped, jittered backoff; the backoff resets
 once a session proves healthy (a server message after the Hello), so a rejected device
@@ -32,9 +32,10 @@ import grpc
 from endpointd import __version__, wire
 from endpointd.commands.daemon import Daemon
 from endpointd.guard import sandbox
+from endpointd.harness.detect import Harnesses
 from endpointd.link.keys import DeviceKey
 from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
-from endpointd.model import Challenge, Heartbeat, Repository
+from endpointd.model import Challenge, Harness, Heartbeat, Repository
 from superagent_shared.backoff import Backoff
 from superagent_shared.protocol import (
     PROTOCOL_MAX_VERSION,
@@ -98,9 +99,12 @@ SPEAKS = Speaker(__version__, PROTOCOL_MIN_VERSION, PROTOCOL_MAX_VERSION)
 
 
 class Session:
-    def __init__(self, daemon: Daemon, key: DeviceKey) -> None:
+    def __init__(self, daemon: Daemon, key: DeviceKey, harnesses: Harnesses | None = None) -> None:
         self.daemon = daemon
         self.key = key
+        # Shared across sessions (connect_forever), so a reconnect does not run every
+        # harness's --version again.
+        self.harnesses = harnesses if harnesses is not None else Harnesses()
         self.established = False
         self.opened_at = time.monotonic()
         self.last_received = time.monotonic()
@@ -288,15 +292,33 @@ class Session:
                 sandbox=self.daemon.policy.sandbox_summary,
             )
 
-    async def _repositories(self) -> None:
-        """Report the clones under the allowed roots after the Hello, and again whenever
-        they change. Informational: a scan that fails is logged and tried again, never the
-        stream's end (a server that predates the report ignores it)."""
+    def _harnesses_now(self) -> tuple[tuple[Harness, ...], str]:
+        """The harnesses found here and the policy's default (in a thread: a new or
+        changed executable runs its --version)."""
         daemon = self.daemon
-        sent: tuple[tuple[Repository, ...], bool] | None = None
+        stored: list[str] = []
+        if daemon.credentials is not None:
+            try:
+                stored = daemon.credentials.names()
+            except Exception as exc:  # an unreadable index: no credential counts as a login
+                log.warning("cannot list the stored credentials: %s", exc)
+        rules = daemon.policy.rules
+        found = self.harnesses.current(rules, stored=stored, home=daemon.policy.home)
+        default = rules.harness.default if rules is not None else ""
+        return tuple(f.report() for f in found if f.program is not None), default
+
+    async def _repositories(self) -> None:
+        """Report the clones under the allowed roots and the harnesses installed here after
+        the Hello, and again whenever they change (the harnesses are looked at on the same
+        schedule, so a policy edit or a new install shows within seconds). Informational:
+        a scan that fails is logged and tried again, never the stream's end (a server that
+        predates the report ignores it)."""
+        daemon = self.daemon
+        sent: tuple[tuple[Repository, ...], bool, tuple[Harness, ...], str] | None = None
         while True:
             try:
                 found = await asyncio.to_thread(daemon.workspaces.scan, daemon.policy)
+                harnesses, default = await asyncio.to_thread(self._harnesses_now)
             except Exception:
                 log.exception("scanning the allowed roots for repositories failed")
             else:
@@ -305,18 +327,25 @@ class Session:
                         Repository(c.path, c.remote, c.default_branch) for c in found.repositories
                     ),
                     found.truncated,
+                    harnesses,
+                    default,
                 )
                 if report != sent:
                     message = wire.repositories(
-                        report[0], truncated=report[1], scanned_at=found.scanned_at
+                        report[0],
+                        truncated=report[1],
+                        scanned_at=found.scanned_at,
+                        harnesses=harnesses,
+                        default_harness=default,
                     )
                     self.control.put_nowait(message)
                     daemon.wake.set()
                     sent = report
                     log.info(
-                        "reported %d repositories%s",
+                        "reported %d repositories%s and harnesses [%s]",
                         len(report[0]),
                         " (the scan stopped at its bounds)" if report[1] else "",
+                        ", ".join(h.name for h in harnesses),
                     )
             await asyncio.sleep(REPOSITORIES_CHECK_SECONDS)
 
@@ -338,13 +367,14 @@ async def connect_forever(daemon: Daemon, key: DeviceKey, stopping: asyncio.Even
     # every Hello and status update describes it.
     await asyncio.to_thread(sandbox.support)
     told = ""  # the last version line logged: said once, not on every retry
+    harnesses = Harnesses()
     while not stopping.is_set():
         daemon.status.update(
             state="connecting",
             server=daemon.config.server_url,
             sandbox=daemon.policy.sandbox_summary,
         )
-        session = Session(daemon, key)
+        session = Session(daemon, key, harnesses)
         reset_on_health = asyncio.create_task(session.on_established.wait())
         reset_on_health.add_done_callback(lambda t: None if t.cancelled() else backoff.reset())
         failure: Exception | None = None

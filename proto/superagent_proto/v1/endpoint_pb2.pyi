@@ -419,6 +419,7 @@ class Command(_message.Message):
     RELEASE_WORKSPACE_FIELD_NUMBER: _builtins.int
     SEARCH_FIELD_NUMBER: _builtins.int
     GLOB_FIELD_NUMBER: _builtins.int
+    RUN_HARNESS_FIELD_NUMBER: _builtins.int
     command_id: _builtins.str
     """Globally unique, server-assigned ("cmd_8f3k2q"); the idempotency key."""
     seq: _builtins.int
@@ -459,6 +460,8 @@ class Command(_message.Message):
     def search(self) -> Global___Search: ...
     @_builtins.property
     def glob(self) -> Global___Glob: ...
+    @_builtins.property
+    def run_harness(self) -> Global___RunHarness: ...
     def __init__(
         self,
         *,
@@ -476,12 +479,13 @@ class Command(_message.Message):
         release_workspace: Global___ReleaseWorkspace | None = ...,
         search: Global___Search | None = ...,
         glob: Global___Glob | None = ...,
+        run_harness: Global___RunHarness | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "search", b"search", "write_file", b"write_file"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "run_harness", b"run_harness", "search", b"search", "write_file", b"write_file"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "command_id", b"command_id", "credentials", b"credentials", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "origin", b"origin", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "search", b"search", "seq", b"seq", "write_file", b"write_file"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "command_id", b"command_id", "credentials", b"credentials", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "origin", b"origin", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "run_harness", b"run_harness", "search", b"search", "seq", b"seq", "write_file", b"write_file"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "read_file", "write_file", "list_dir", "cancel", "prepare_workspace", "release_workspace", "search", "glob"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "read_file", "write_file", "list_dir", "cancel", "prepare_workspace", "release_workspace", "search", "glob", "run_harness"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -982,6 +986,94 @@ class Glob(_message.Message):
 Global___Glob: _TypeAlias = Glob  # noqa: Y015
 
 @_typing.final
+class RunHarness(_message.Message):
+    """Run a coding-agent CLI (a "harness": Qwen Code, Codex CLI, Claude Code, ...) that the
+    device's owner installed, non-interactively, in a ticket's workspace. The device builds
+    the program's argv, environment and credentials from its own table of harnesses and its
+    local policy (`[harness]`): the control plane names the harness and gives the
+    instruction, never a program, a flag or a credential. A harness the policy does not
+    allow, or that is not installed, is refused (REASON_POLICY_DENIED). It runs like an exec
+    (same rules, sandbox, limits, redactor, cancel), and may also write its own session
+    store (e.g. ~/.qwen/projects). Its event stream (JSON lines, in the harness's own
+    format) arrives on the DATA stream, then Finished.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HARNESS_FIELD_NUMBER: _builtins.int
+    CWD_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
+    RESUME_SESSION_FIELD_NUMBER: _builtins.int
+    MAX_TURNS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    harness: _builtins.str
+    """The harness's name in the device's table: "qwen", "codex", "claude"."""
+    cwd: _builtins.str
+    """The workspace to run in; must lie inside the allowed roots."""
+    prompt: _builtins.str
+    """The instruction for this run (fed on standard input, never argv, where the harness
+    reads it there).
+    """
+    resume_session: _builtins.str
+    """The harness's own session id to continue (its `--resume`); empty starts a new session."""
+    max_turns: _builtins.int
+    """At most this many agent turns, where the harness has such a flag; 0: its default. The
+    local policy's cap wins.
+    """
+    timeout_seconds: _builtins.int
+    """Wall-clock limit; 0 means the policy maximum. The policy maximum always wins."""
+    def __init__(
+        self,
+        *,
+        harness: _builtins.str = ...,
+        cwd: _builtins.str = ...,
+        prompt: _builtins.str = ...,
+        resume_session: _builtins.str = ...,
+        max_turns: _builtins.int = ...,
+        timeout_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cwd", b"cwd", "harness", b"harness", "max_turns", b"max_turns", "prompt", b"prompt", "resume_session", b"resume_session", "timeout_seconds", b"timeout_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunHarness: _TypeAlias = RunHarness  # noqa: Y015
+
+@_typing.final
+class Harness(_message.Message):
+    """A harness found on the device, for the control plane's choice of worker backend."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ALLOWED_FIELD_NUMBER: _builtins.int
+    LOGGED_IN_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    version: _builtins.str
+    """What its `--version` printed (first line, capped); empty when it did not answer."""
+    allowed: _builtins.bool
+    """The local policy lets the control plane run it (`[harness] allowed`)."""
+    logged_in: _builtins.bool
+    """It has a login or a key to use (its own, or a credential the policy names for it)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.str = ...,
+        allowed: _builtins.bool = ...,
+        logged_in: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "logged_in", b"logged_in", "name", b"name", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Harness: _TypeAlias = Harness  # noqa: Y015
+
+@_typing.final
 class Ack(_message.Message):
     """Server acknowledgement of device results, so the device can discard what is durable and
     knows where to resume after a reconnect.
@@ -1290,22 +1382,34 @@ class RepositoryReport(_message.Message):
     REPOSITORIES_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
     SCANNED_AT_FIELD_NUMBER: _builtins.int
+    HARNESSES_FIELD_NUMBER: _builtins.int
+    DEFAULT_HARNESS_FIELD_NUMBER: _builtins.int
     truncated: _builtins.bool
     """The scan stopped at its bounds (depth or count): there may be more."""
+    default_harness: _builtins.str
     @_builtins.property
     def repositories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Repository]: ...
     @_builtins.property
     def scanned_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def harnesses(self) -> _containers.RepeatedCompositeFieldContainer[Global___Harness]:
+        """The coding-agent CLIs installed here (RunHarness), and the policy's default among them
+        (`[harness] default`; empty: none). Reported alongside the clones; a daemon that sends
+        no harnesses runs none.
+        """
+
     def __init__(
         self,
         *,
         repositories: _abc.Iterable[Global___Repository] | None = ...,
         truncated: _builtins.bool = ...,
         scanned_at: _timestamp_pb2.Timestamp | None = ...,
+        harnesses: _abc.Iterable[Global___Harness] | None = ...,
+        default_harness: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["scanned_at", b"scanned_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["repositories", b"repositories", "scanned_at", b"scanned_at", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_harness", b"default_harness", "harnesses", b"harnesses", "repositories", b"repositories", "scanned_at", b"scanned_at", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

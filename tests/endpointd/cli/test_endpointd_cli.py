@@ -62,6 +62,7 @@ def test_help_lists_commands_and_explains_the_daemon() -> None:
         "deny",
         "audit",
         "workspaces",
+        "harness",
     }
     # The security property a user most needs to know before installing it.
     assert "never listens for or accepts inbound" in " ".join(proc.stdout.split())

@@ -1,4 +1,4 @@
-"""The workspace tests' real endpointd and scripted gateway."""
+"""The device tests' real endpointd and scripted gateway (a module may define its own)."""
 
 from __future__ import annotations
 

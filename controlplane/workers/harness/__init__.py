@@ -1,0 +1,1 @@
+"""Coding-agent CLIs ("harnesses") run by a worker on a developer's device."""
