@@ -32,6 +32,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.tickets import events
 from tests.e2e.test_canary_secrets import _pg_dump
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.e2e_world import (
@@ -421,3 +422,35 @@ async def test_a_strangers_comment_on_a_public_pr_cannot_make_the_supervisor_pus
     # The harness was told who said it, in the record's own field.
     said = json.dumps(world.harness.runs[-1])  # type: ignore[attr-defined]
     assert '\\"authority\\": \\"not allowlisted\\"' in said
+
+
+async def test_a_watchdog_nudge_interrupts_the_run_and_resumes_its_session_with_it(
+    world: World,
+    pool: asyncpg.Pool,
+    db: async_sessionmaker[AsyncSession],
+    harness_llm: FakeOpenAIServer,
+) -> None:
+    await _begin(world, pool, db, harness_llm)
+    await webhook(world, "issue_comment", comment(7501, "@superagent slow with qwen"), "w1")
+
+    async def working() -> str | None:
+        row = await pool.fetchrow(
+            "SELECT h.ticket_id, h.events FROM harness_runs h JOIN tickets t "
+            "ON t.id = h.ticket_id WHERE t.title = 'Harness: slow'"
+        )
+        return str(row["ticket_id"]) if row is not None and row["events"] > 0 else None
+
+    ticket_id = await assert_eventually(working, timeout=180, interval=0.2, message="working")
+    nudge = "The watchdog has seen no progress from you for 20 minutes (a test's nudge)."
+    await events.add(pool, ticket_id, "watchdog", nudge)
+    ticket = await assert_eventually(
+        lambda: _state(pool, "Harness: slow", "ready"), timeout=180, interval=0.5
+    )
+    runs = await pool.fetch(
+        "SELECT * FROM harness_runs WHERE ticket_id = $1 ORDER BY created_at", ticket["id"]
+    )
+    assert len(runs) == 2
+    assert runs[0]["outcome"] == "interrupted by the watchdog"
+    assert runs[1]["resumed"] == runs[0]["session_id"]
+    told = json.dumps(world.harness.runs[-1])  # type: ignore[attr-defined]
+    assert "a test's nudge" in told

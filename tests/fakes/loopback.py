@@ -26,7 +26,8 @@ __all__ = ["Lifecycle", "LoopbackFake", "LoopbackServer"]
 
 
 class LoopbackServer:
-    """``app`` over HTTP (and websockets, with ``websockets=True``) on ``host``.
+    """``app`` over HTTP (HTTPS with ``tls``; and websockets, with ``websockets=True``) on
+    ``host``.
 
     ``name`` is what error messages and the server thread are called. Restartable: a new
     ``start()`` after ``stop()`` serves on a new port.
@@ -40,8 +41,10 @@ class LoopbackServer:
         host: str = "127.0.0.1",
         websockets: bool = False,
         graceful_shutdown: int = 2,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         self.app = app
+        self.tls = tls  # (certificate file, key file): HTTPS instead of HTTP
         self.name = name
         self.host = host
         self.websockets = websockets
@@ -60,7 +63,7 @@ class LoopbackServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -94,6 +97,8 @@ class LoopbackServer:
             log_level="warning",
             access_log=False,
             timeout_graceful_shutdown=self.graceful_shutdown,
+            ssl_certfile=self.tls[0] if self.tls else None,
+            ssl_keyfile=self.tls[1] if self.tls else None,
         )
         server = uvicorn.Server(config)
         self._server = server

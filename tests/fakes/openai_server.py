@@ -474,6 +474,7 @@ class FakeOpenAIServer(LoopbackFake):
         reject_unknown_models: bool = False,
         host: str = "127.0.0.1",
         context_window: int | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         if cache_block_tokens < 1 or chars_per_token < 1 or stream_chunk_chars < 1:
             raise ValueError("cache_block_tokens, chars_per_token, stream_chunk_chars must be >= 1")
@@ -506,7 +507,8 @@ class FakeOpenAIServer(LoopbackFake):
         self._faults_injected: list[str] = []
 
         self._app = Starlette(routes=[Route("/{path:path}", self._dispatch, methods=_HTTP_METHODS)])
-        self._http = LoopbackServer(self._app, name="FakeOpenAIServer", host=host)
+        # tls: (certificate file, key file) to serve HTTPS, as a real provider does.
+        self._http = LoopbackServer(self._app, name="FakeOpenAIServer", host=host, tls=tls)
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -270,6 +270,10 @@ class HarnessSettings:
     # for this harness here, so it needs no [credentials.NAME] scope), in credential_env.
     credential: str = ""
     credential_env: str = ""
+    # How the key reaches the harness: "env" (its value in credential_env), or "http" (the
+    # device's proxy adds it to the harness's HTTPS requests for the hosts of
+    # [credentials.NAME]: the harness holds only a placeholder, never the key).
+    delivery: str = "env"
     max_turns: int = 0  # the local cap on RunHarness.max_turns; 0: none
 
 
@@ -366,8 +370,10 @@ _HARNESS_ENTRY_KEYS = (
     "base_url",
     "credential",
     "credential_env",
+    "delivery",
     "max_turns",
 )
+HARNESS_DELIVERIES = ("env", "http")
 # An endpoint for an OpenAI-compatible harness: http(s), a host, no spaces or quotes.
 _BASE_URL = re.compile(r"https?://[^\s\"'\\]+\Z")
 # A repository as the device reports it: host/owner/name (more segments for nested groups).
@@ -573,6 +579,20 @@ class _Parser:
             if "credential_store" in data
             else None
         )
+
+        for name, settings in harness.settings.items():
+            # The proxy adds the key only for the credential's own hosts: without them it
+            # would go nowhere, and the run would fail later with a less useful error.
+            if settings.delivery == "http" and not (
+                settings.credential in scopes and scopes[settings.credential].hosts
+            ):
+                raise self.fail(
+                    f'harness.{name}.delivery = "http" needs [credentials.{settings.credential}]'
+                    f' with hosts = ["…"] (the hosts of the harness\'s endpoint, where the'
+                    " device's proxy adds the key) and allow = [] (no other program gets it)",
+                    f"harness.{name}",
+                    "delivery",
+                )
 
         return Rules(
             allowed_roots=roots,
@@ -810,6 +830,17 @@ class _Parser:
                 table,
                 "credential_env",
             )
+        delivery = raw.get("delivery", "env")
+        if delivery not in HARNESS_DELIVERIES:
+            raise self.fail(
+                f'{table}.delivery must be "env" or "http", got {delivery!r}', table, "delivery"
+            )
+        if delivery == "http" and not credential:
+            raise self.fail(
+                f"{table}.delivery needs {table}.credential (the credential it delivers)",
+                table,
+                "delivery",
+            )
         max_turns = raw.get("max_turns", 0)
         if type(max_turns) is not int or ("max_turns" in raw and max_turns <= 0):
             raise self.fail(
@@ -823,6 +854,7 @@ class _Parser:
             base_url=base_url,
             credential=credential,
             credential_env=env_var or (HARNESSES[name].credential_env if credential else ""),
+            delivery=delivery,
             max_turns=max_turns,
         )
 

@@ -5,8 +5,10 @@ The control plane names the harness and gives the prompt (stdin), a session to r
 a turn limit and a timeout. This module chooses the program (the policy's ``program`` or
 the one on PATH), the flags (:mod:`endpointd.harness.table`), the model and endpoint (the
 policy's), the turn limit (the smaller of the request's and the policy's ``max_turns``)
-and the credential (the one ``[harness.NAME] credential`` names, by env in
-``credential_env``). What it builds is an ordinary :class:`~endpointd.model.HarnessExec`,
+and the credential (the one ``[harness.NAME] credential`` names: by env in
+``credential_env``, or with ``delivery = "http"`` through the device's proxy, which adds it
+to the harness's HTTPS requests for the credential's hosts while the harness holds only
+:data:`PLACEHOLDER_KEY`). What it builds is an ordinary :class:`~endpointd.model.HarnessExec`,
 judged and run as every exec is: the owner's ``[[commands]]`` rules see its real argv.
 
 What a harness run may write besides its workspace (``session_dirs``): its session store
@@ -37,6 +39,8 @@ from endpointd.model import CredentialRef, Delivery, HarnessExec, Reason, RunHar
 
 __all__ = ["HarnessRefused", "build", "credential_ref", "unplanned"]
 
+# What a harness whose key is http-delivered holds instead of it (not a secret).
+PLACEHOLDER_KEY = "endpointd-proxy-adds-the-key"
 # A session id goes into argv: the shape of the ids harnesses make (UUIDs, names), and
 # never something an option parser could take for a flag.
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
@@ -120,10 +124,15 @@ def build(request: RunHarness, policy: Policy, *, path_var: str | None = None) -
             openai_key=ref is not None,
         )
     )
+    env = dict(spec.env)
+    if ref is not None and ref.delivery == Delivery.HTTP:
+        # The CLI will not start without a key in its variable; the device's proxy swaps
+        # this for the real one on the way out, so the harness never holds the key.
+        env[settings.credential_env] = PLACEHOLDER_KEY
     return HarnessExec(
         argv=tuple(argv),
         cwd=request.cwd,
-        env=dict(spec.env),
+        env=env,
         timeout_seconds=request.timeout_seconds,
         stdin=request.prompt.encode("utf-8", "surrogatepass"),
         request=request,
@@ -140,6 +149,8 @@ def credential_ref(name: str, policy: Policy) -> CredentialRef | None:
     settings = rules.harness.settings_for(name)
     if not settings.credential:
         return None
+    if settings.delivery == "http":
+        return CredentialRef(settings.credential, Delivery.HTTP, "")
     return CredentialRef(settings.credential, Delivery.ENV, settings.credential_env)
 
 

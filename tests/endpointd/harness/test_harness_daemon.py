@@ -26,6 +26,7 @@ from tests.endpointd.harness.world import (
 from tests.endpointd.workspaces.device_world import write_policy
 from tests.fakes.endpointd_process import Endpointd
 from tests.fakes.gateway_server import FakeGateway
+from tests.fakes.https_server import TestCA
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.helpers import assert_eventually
 
@@ -315,3 +316,65 @@ async def test_a_run_survives_a_daemon_restart_and_its_result_still_arrives(
             "a slow answer"
         ]
         assert "re-attached to running command " + sent.command_id in endpointd.log()
+
+
+def _environs_holding(secret: bytes, workspace: Path) -> tuple[int, list[int]]:
+    """How many processes work in ``workspace``, and which of them hold ``secret`` in
+    their environment."""
+    seen = 0
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if cwd.startswith(str(workspace)):
+            seen += 1
+            if secret in environ:
+                found.append(int(entry))
+    return seen, found
+
+
+async def test_an_http_delivered_key_reaches_the_provider_and_never_the_harness(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """``delivery = "http"``: the device's proxy adds the key to qwen's HTTPS requests to
+    its provider; qwen itself runs with a placeholder, so no process of its tree ever holds
+    the key (its environment is read while it works)."""
+    ca = TestCA(tmp_path / "provider-ca")
+    cert, key = ca.issue("provider", ["localhost", "127.0.0.1"])
+    canary = _canary_key()
+    held: list[tuple[int, list[int]]] = []
+    with FakeOpenAIServer(api_key=canary, tls=(str(cert), str(key))) as fake:
+        workspace = tmp_path / "work" / "app"
+        target = workspace / "hello.txt"
+
+        def reply(request: ChatRequest) -> Reply:
+            held.append(_environs_holding(canary.encode(), workspace))
+            if request.tool_results():
+                return Reply(content="done writing")
+            return Reply(
+                tool_calls=[ToolCall("write_file", {"file_path": str(target), "content": "hi\n"})]
+            )
+
+        fake.respond_with(reply)
+        # The proxy verifies the provider's certificate against the daemon's trust store.
+        endpointd.env["SSL_CERT_FILE"] = str(ca.ca_file)
+        policy = harness_policy(fake, extra='delivery = "http"\n') + (
+            f'\n[credentials.qwen-key]\nallow = []\nhosts = ["127.0.0.1:{fake.port}"]\n'
+        )
+        qwen = await start_qwen_device(gw, endpointd, tmp_path, fake, policy=policy)
+        done, out = await qwen.run("write hello.txt please")
+        assert isinstance(done, pb.Finished), done
+        assert (done.exit_code, done.error) == (0, ""), out.decode(errors="replace")[-3000:]
+        assert target.read_text() == "hi\n"
+        # Every request reached the provider with the key (a wrong one gets a 401)...
+        assert fake.chat_requests
+        assert all(r.headers.get("authorization") == f"Bearer {canary}" for r in fake.chat_requests)
+        # ...and while qwen worked (its processes were there to look at), none held it.
+        assert held
+        assert all(seen > 0 and not holding for seen, holding in held), held
+        assert canary.encode() not in out

@@ -239,6 +239,12 @@ def test_a_harness_that_is_not_installed_says_how_to_install_it(tmp_path: Path) 
         ("[harness.qwen]\nmax_turns = 0\n", "max_turns must be a positive integer"),
         ("[harness.qwen]\nmax_turns = '5'\n", "max_turns must be a positive integer"),
         ("[harness.qwen]\nturns = 5\n", "unknown key 'turns' in [harness.qwen]"),
+        ("[harness.qwen]\ncredential = 'k1'\ndelivery = 'file'\n", 'must be "env" or "http"'),
+        ("[harness.qwen]\ndelivery = 'http'\n", "delivery needs harness.qwen.credential"),
+        (
+            "[harness.qwen]\ncredential = 'k1'\ndelivery = 'http'\n",
+            "needs [credentials.k1] with hosts",
+        ),
         ("harness = 1\n", "harness must be a [harness] table"),
     ],
 )
@@ -247,6 +253,24 @@ def test_harness_policy_errors_name_the_key(text: str, words: str) -> None:
         parse_policy(text, Path("/etc/policy.toml"), Path("/home/owner"))
     assert words in str(caught.value)
     assert str(caught.value).startswith("/etc/policy.toml:")
+
+
+def test_an_http_delivered_harness_key_goes_through_the_proxy_and_a_placeholder_stays(
+    tmp_path: Path,
+) -> None:
+    program = _program(tmp_path / "bin", "qwen")
+    policy = _policy(
+        tmp_path,
+        '[harness]\nallowed = ["qwen"]\n[harness.qwen]\n'
+        f'program = {json.dumps(str(program))}\ncredential = "qwen-key"\ndelivery = "http"\n'
+        '[credentials.qwen-key]\nallow = []\nhosts = ["llm.example.com"]\n',
+    )
+    ref = runs.credential_ref("qwen", policy)
+    assert ref is not None
+    assert (ref.name, ref.delivery, ref.env_var) == ("qwen-key", Delivery.HTTP, "")
+    built = runs.build(_request(tmp_path), policy)
+    assert built.env["OPENAI_API_KEY"] == runs.PLACEHOLDER_KEY
+    assert "--auth-type" in built.argv
 
 
 def test_the_harness_credential_needs_no_scope_but_others_do(tmp_path: Path) -> None:
