@@ -308,12 +308,19 @@ async def test_a_harness_going_round_in_circles_is_stopped_by_its_limits(
     run = await pool.fetchrow("SELECT * FROM harness_runs WHERE ticket_id = $1", ticket["id"])
     assert run is not None
     assert "limit reached" in str(run["outcome"])
-    assert await pool.fetchval("SELECT state FROM commands WHERE id = $1", run["command_id"]) in (
-        "cancelled",
-        "finished",
-        "failed",
+
+    async def ended() -> bool:
+        # The cancel reaches the device after the report: the run ends shortly after.
+        state = await pool.fetchval("SELECT state FROM commands WHERE id = $1", run["command_id"])
+        return state in ("cancelled", "finished", "failed")
+
+    await assert_eventually(ended, timeout=60, interval=0.5, message="the run is stopped")
+    await assert_eventually(
+        lambda: not _in_workspace(str(ticket["workspace"])),
+        timeout=60,
+        interval=0.5,
+        message="nothing of the harness is left running",
     )
-    assert not _in_workspace(str(ticket["workspace"]))
 
 
 async def test_a_control_plane_killed_mid_run_follows_the_same_run_and_records_it_once(
