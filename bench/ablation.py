@@ -68,8 +68,8 @@ from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.router import Router
 from controlplane.settings import Settings, WorkerSettings
 from controlplane.workers import service as worker_service
@@ -439,7 +439,7 @@ async def main(args: argparse.Namespace) -> None:
             for design in args.designs:
                 url = await fresh_database(server_url, f"bench_ablation_{design}")
                 from controlplane.db.urls import asyncpg_dsn
-                from controlplane.ingest import policy
+                from controlplane.ingest import admission
                 from controlplane.versions import POLICY, save
 
                 conn = await asyncpg.connect(asyncpg_dsn(url))
@@ -447,8 +447,8 @@ async def main(args: argparse.Namespace) -> None:
                     await save(
                         conn,
                         POLICY,
-                        name=policy.POLICY_NAME,
-                        body=Policy(default=SourcePolicy(users=list(PEOPLE))).model_dump(),
+                        name=admission.POLICY_NAME,
+                        body=Admission(default=SourceAdmission(users=list(PEOPLE))).model_dump(),
                         base_id=None,
                         author="bench",
                     )

@@ -52,9 +52,9 @@ from bench.simdevice import (
 )
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest import policy
+from controlplane.ingest import admission
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.router import Router
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 
@@ -231,8 +231,8 @@ async def main(args: argparse.Namespace) -> None:
             await save(
                 conn,
                 POLICY,
-                name=policy.POLICY_NAME,
-                body=Policy(default=SourcePolicy(users=["alice"])).model_dump(),
+                name=admission.POLICY_NAME,
+                body=Admission(default=SourceAdmission(users=["alice"])).model_dump(),
                 base_id=None,
                 author="bench",
             )

@@ -102,8 +102,8 @@ from bench.simdevice import (
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import TicketState
 from controlplane.gateway.tls import gateway_tls
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.settings import Settings
 from tests.fakes.endpointd_process import Endpointd
 from tests.fakes.openai_server import (
@@ -386,7 +386,7 @@ async def run_once(
     work = run_dir / "work"
     work.mkdir()
     url = await fresh_database(server_url, f"soak_{label}")
-    await save_policy(url, Policy(default=SourcePolicy(users=[ALICE.id])))
+    await save_policy(url, Admission(default=SourceAdmission(users=[ALICE.id])))
     names = [f"soak-{i}" for i in range(args.devices)]
     llm = FakeOpenAIServer()
     llm.start()

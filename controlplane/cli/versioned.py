@@ -26,7 +26,7 @@ from controlplane import handles, prompts, versions
 from controlplane.cli.common import fail, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput
-from controlplane.ingest import policy as ingest_policy
+from controlplane.ingest import admission
 from controlplane.settings import Settings
 from controlplane.status import ago
 
@@ -75,7 +75,7 @@ def _policy_body(text: str) -> Any:
         raise InvalidInput(f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
     # Validated, then stored as written out by the model: defaults filled in, so every
     # version is complete on its own.
-    return ingest_policy.parse(body).model_dump(mode="json")
+    return admission.parse(body).model_dump(mode="json")
 
 
 def _resolve_policy(settings: Settings, body: Any) -> Any:
@@ -105,12 +105,12 @@ def policy() -> None:
 @click.option("--version", "version_id", help="A version's id (default: the latest).")
 def policy_show(version_id: str | None) -> None:
     """Print the policy as JSON (its version goes to stderr)."""
-    shown = _show(versions.POLICY, ingest_policy.POLICY_NAME, version_id, _policy_default)
+    shown = _show(versions.POLICY, admission.POLICY_NAME, version_id, _policy_default)
     _print(shown, "policy")
 
 
 def _policy_default() -> str:
-    return _policy_text(ingest_policy.Policy().model_dump(mode="json"))
+    return _policy_text(admission.Admission().model_dump(mode="json"))
 
 
 @policy.command(name="edit")
@@ -129,7 +129,7 @@ def policy_edit(path: str | None, base_id: str | None, author: str) -> None:
     """Edit the policy in $EDITOR (or save a file) as a new version."""
     _edit(
         versions.POLICY,
-        ingest_policy.POLICY_NAME,
+        admission.POLICY_NAME,
         path=path,
         base_id=base_id,
         author=author,

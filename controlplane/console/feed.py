@@ -9,7 +9,7 @@ import asyncpg
 
 from controlplane.db.models import TRIGGER_ROUTES
 from controlplane.errors import InvalidInput
-from controlplane.ingest.policy import VerdictKind
+from controlplane.ingest.admission import VerdictKind
 from controlplane.ingest.routing import REPORT_VERDICT
 
 LIMIT = 100

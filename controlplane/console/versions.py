@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.ingest.policy import POLICY_NAME, Policy
+from controlplane.ingest.admission import POLICY_NAME, Admission
 from controlplane.prompts import DEFAULTS
 
 PER_NAME = 20
@@ -55,7 +55,7 @@ async def versions(pool: asyncpg.Pool) -> dict[str, Any]:
         "policies": await _documents(
             pool,
             "policy_versions",
-            {POLICY_NAME: Policy().model_dump(mode="json")},
+            {POLICY_NAME: Admission().model_dump(mode="json")},
             "superagent policy edit",
         ),
     }

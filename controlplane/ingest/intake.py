@@ -5,7 +5,7 @@ One short transaction per event, in this order:
 1. The thread is found or created (unique on source + external id).
 2. The trigger is inserted unless (source, external id) is already there: a redelivered
    webhook returns the original, untouched.
-3. The programmatic policy's verdict (:mod:`controlplane.ingest.policy`) and the thread's
+3. The programmatic policy's verdict (:mod:`controlplane.ingest.admission`) and the thread's
    subscribers decide the route:
 
    * ``subscribers``: the thread has live tickets subscribed, and the event is not noise.
@@ -32,8 +32,8 @@ import asyncpg
 
 from controlplane.domain import CLOSED_TICKET_SQL, EffectKind, Notify
 from controlplane.errors import InvalidInput, NotFound, TransientError
-from controlplane.ingest import policy as policies
-from controlplane.ingest.policy import Actor, Event, Policy
+from controlplane.ingest import admission
+from controlplane.ingest.admission import Actor, Admission, Event
 from controlplane.people import Directory
 from superagent_shared.ids import new_id
 
@@ -79,26 +79,26 @@ class Ingested:
     tickets: tuple[str, ...] = ()  # the inboxes it went to
 
 
-class PolicySource:
+class AdmissionSource:
     """The current ingest policy, re-read at most once a second (saves apply within 1 s)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
         self._loaded_at = float("-inf")
-        self._current: tuple[str | None, Policy] = (None, Policy())
+        self._current: tuple[str | None, Admission] = (None, Admission())
 
-    async def current(self) -> tuple[str | None, Policy]:
+    async def current(self) -> tuple[str | None, Admission]:
         """(version id or None when never saved, policy)."""
         if time.monotonic() - self._loaded_at < _POLICY_REFRESH_SECONDS:
             return self._current
         row = await self.pool.fetchrow(
             "SELECT id, body FROM policy_versions WHERE name = $1 ORDER BY version DESC LIMIT 1",
-            policies.POLICY_NAME,
+            admission.POLICY_NAME,
         )
         if row is None:
-            self._current = (None, Policy())
+            self._current = (None, Admission())
         elif row["id"] != self._current[0]:
-            self._current = (row["id"], policies.parse(_json(row["body"])))
+            self._current = (row["id"], admission.parse(_json(row["body"])))
         self._loaded_at = time.monotonic()
         return self._current
 
@@ -237,7 +237,7 @@ class Intake:
     def __init__(self, pool: asyncpg.Pool, *, pass_through: bool = True) -> None:
         self.pool = pool
         self.pass_through = pass_through
-        self.policy = PolicySource(pool)
+        self.policy = AdmissionSource(pool)
         self.people = Directory(pool)
 
     async def ingest(self, trigger: IncomingTrigger) -> Ingested:
@@ -248,7 +248,7 @@ class Intake:
         person = await self.people.resolve(trigger.source, actor.id)
         if person is not None:
             actor = dataclasses.replace(actor, person=person.name)
-        verdict = policies.evaluate(
+        verdict = admission.evaluate(
             policy,
             Event(
                 source=trigger.source,

@@ -36,7 +36,7 @@ from controlplane import pause, prompts
 from controlplane.db import outage
 from controlplane.db.listen import listen
 from controlplane.domain import Notify
-from controlplane.ingest.intake import PolicySource
+from controlplane.ingest.intake import AdmissionSource
 from controlplane.leadership import Leadership
 from controlplane.llm import Accounting, LlmClient
 from controlplane.llm.client import Answer, screen_calls
@@ -89,14 +89,14 @@ class Router:
         client: openai.AsyncOpenAI,
         model: str,
         *,
-        policy: PolicySource | None = None,
+        policy: AdmissionSource | None = None,
         subagent: SubagentRunner | None = None,
         llm: LlmSettings | None = None,
     ) -> None:
         self.pool = pool
         self.llm = LlmClient(pool, client, llm)
         self.model = model
-        self.policy = policy or PolicySource(pool)
+        self.policy = policy or AdmissionSource(pool)
         self.tools = Toolbox(pool, self.policy, subagent)
         self.tool_specs = TOOL_SPECS + ([SUBAGENT_SPEC] if subagent is not None else [])
         self.conversation: Conversation | None = None

@@ -38,7 +38,7 @@ from controlplane.errors import NotFound, SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
-from controlplane.ingest.intake import PolicySource
+from controlplane.ingest.intake import AdmissionSource
 from controlplane.pause import hold_while_paused
 from controlplane.replies import (
     IM_MAX_WORDS,
@@ -96,7 +96,7 @@ class RulesOnlyRouter:
     def __init__(self, pool: asyncpg.Pool, queue: CommandQueue) -> None:
         self.pool = pool
         self.queue = queue
-        self.tools = Toolbox(pool, PolicySource(pool))
+        self.tools = Toolbox(pool, AdmissionSource(pool))
 
     async def turn(self, leading: Callable[[], bool] = lambda: True) -> int:
         batch = await batches.take(self.pool)
@@ -299,7 +299,7 @@ def run_handler(pool: asyncpg.Pool, queue: CommandQueue) -> Any:
         await hold_while_paused(pool)
         origin = f"/run {effect.payload['trigger_id']} by {effect.payload['actor']}"
         command_id = await pool.fetchval("SELECT id FROM commands WHERE origin = $1", origin)
-        tools = Toolbox(pool, PolicySource(pool))
+        tools = Toolbox(pool, AdmissionSource(pool))
         thread = str(effect.payload["thread_id"])
         # The outcome, whichever it is, is the result promised ("the result follows here").
         said = run_result_id(str(effect.payload["trigger_id"]))

@@ -35,7 +35,7 @@ from controlplane.db.pool import Db
 from controlplane.errors import NotFound
 from controlplane.gateway import devices as registry
 from controlplane.gateway import repositories
-from controlplane.ingest.policy import OfflineOwnerDevice
+from controlplane.ingest.admission import OfflineOwnerDevice
 
 _USABLE = ("owner", "delegated", "shared")  # the rules that need nobody's approval
 

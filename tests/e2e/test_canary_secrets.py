@@ -65,8 +65,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandResult
+from controlplane.ingest.admission import WEB_CONSOLE_GROUP, Actor, Admission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor, Policy
 from controlplane.router.router import Router
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.https_server import HttpsServer, TestCA
@@ -552,7 +552,7 @@ async def _router_reads(
     ``tag``: what the messages' ids start with (one per call in a test). Returns the
     model requests of this call."""
     before = len(fake_llm.chat_requests)
-    await save_policy(db, Policy())  # the default: web-chat users are heard
+    await save_policy(db, Admission())  # the default: web-chat users are heard
     intake = Intake(pool)
     console = Actor("web:tester", "tester", groups=(WEB_CONSOLE_GROUP,))
     chunks = [text[i : i + 3500] for i in range(0, len(text), 3500)]

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.channels.github.events import sign
-from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Policy, SourcePolicy
+from controlplane.ingest.admission import WEB_CONSOLE_GROUP, Admission, SourceAdmission
 from tests.fakes.github_server import FakeGitHub
 from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, TEAM_ID, FakeSlack
 from tests.support.helpers import assert_eventually, free_port, save_policy
@@ -118,12 +118,12 @@ async def test_one_replica_serves_github_slack_and_web_chat(
 ) -> None:
     await save_policy(
         db,
-        Policy(
+        Admission(
             sources={
                 # Allowlisted by immutable ids: alice's GitHub user id, her Slack TEAM/USER.
-                "github": SourcePolicy(users=[str(github.user("alice")["id"])]),
-                "slack": SourcePolicy(users=[f"{TEAM_ID}/{ALICE_SLACK}"]),
-                "web": SourcePolicy(groups=[WEB_CONSOLE_GROUP]),
+                "github": SourceAdmission(users=[str(github.user("alice")["id"])]),
+                "slack": SourceAdmission(users=[f"{TEAM_ID}/{ALICE_SLACK}"]),
+                "web": SourceAdmission(groups=[WEB_CONSOLE_GROUP]),
             }
         ),
     )

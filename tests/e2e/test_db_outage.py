@@ -31,7 +31,7 @@ import pytest
 from controlplane.channels.github.events import sign
 from controlplane.db import migrate
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.ingest.admission import Admission, SourceAdmission
 from tests.support.database import with_database
 from tests.support.helpers import assert_eventually, free_port, save_policy
 from tests.support.replica_process import ReplicaProcess
@@ -105,7 +105,7 @@ async def replica(own_postgres: OwnPostgres, tmp_path: Path) -> AsyncIterator[Re
         await admin.close()
     url = with_database(own_postgres.url, "outage")
     await migrate.upgrade(url)
-    await save_policy(url, Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"])])}))
+    await save_policy(url, Admission(sources={"github": SourceAdmission(users=[str(ALICE["id"])])}))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
     env.update(

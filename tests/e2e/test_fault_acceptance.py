@@ -26,8 +26,8 @@ import asyncpg
 import httpx
 
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import (
     FAULTS,

@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.channels.github.events import sign
 from controlplane.gateway.tls import gateway_tls
-from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.settings import Settings
 from controlplane.workers.session import INTERRUPTED
 from controlplane.workers.worker import RECOVERY_NOTE
@@ -199,7 +199,7 @@ async def test_killing_replicas_loses_and_duplicates_nothing(
     with FakeGitHub() as github:
         # Allowlisted by her numeric user id: a login can be renamed and registered again.
         alice = str(github.user("alice")["id"])
-        await save_policy(db, Policy(sources={"github": SourcePolicy(users=[alice])}))
+        await save_policy(db, Admission(sources={"github": SourceAdmission(users=[alice])}))
         github.add_repo(REPO)
         for number in range(1, TASKS + CHATS + 1):
             github.open_issue(REPO, f"issue {number}")

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.channels.github.events import sign
 from controlplane.gateway.tls import gateway_tls
-from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.settings import Settings
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.git_server import GitServer
@@ -270,7 +270,7 @@ async def start(
 ) -> None:
     """Allowlist Alice, wait for the replica, pair and start the device, wait for it."""
     # Allowlisted by her numeric user id: a login can be renamed and registered again.
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[str(ALICE)])}))
+    await save_policy(db, Admission(sources={"github": SourceAdmission(users=[str(ALICE)])}))
     await assert_eventually(world.replica.up, timeout=60, interval=0.2, message="replica up")
     await pair_and_start(world, db, policy=policy)
     await assert_eventually(lambda: connected(pool), timeout=30, message="endpointd connected")

@@ -16,8 +16,8 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import versions
-from controlplane.ingest import policy as ingest_policy
-from controlplane.ingest.policy import Policy
+from controlplane.ingest import admission
+from controlplane.ingest.admission import Admission
 from tests.support.database import asyncpg_transaction
 
 
@@ -61,16 +61,16 @@ def free_port() -> int:
 
 
 async def save_policy(
-    db: async_sessionmaker[AsyncSession] | asyncpg.Pool | str, policy: Policy
+    db: async_sessionmaker[AsyncSession] | asyncpg.Pool | str, policy: Admission
 ) -> str:
     """Save ``policy`` as the ingest policy's next version (the first, in a fresh database);
     ``db``: the ``db`` or ``pool`` fixture, or the database's URL."""
     async with asyncpg_transaction(db) as conn:
-        latest = await versions.latest(conn, versions.POLICY, ingest_policy.POLICY_NAME)
+        latest = await versions.latest(conn, versions.POLICY, admission.POLICY_NAME)
         saved = await versions.save(
             conn,
             versions.POLICY,
-            name=ingest_policy.POLICY_NAME,
+            name=admission.POLICY_NAME,
             body=policy.model_dump(mode="json"),
             base_id=latest.id if latest else None,
             author="test",

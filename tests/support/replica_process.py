@@ -69,11 +69,11 @@ async def prepare_database(url: str, allowlisted: list[str]) -> None:
     """Migrate the database at ``url`` and allow ``allowlisted`` users by default, as an
     admin would before starting ``serve`` (which never migrates)."""
     from controlplane.db import migrate
-    from controlplane.ingest.policy import Policy, SourcePolicy
+    from controlplane.ingest.admission import Admission, SourceAdmission
     from tests.support.helpers import save_policy
 
     await migrate.upgrade(url)
-    await save_policy(url, Policy(default=SourcePolicy(users=allowlisted)))
+    await save_policy(url, Admission(default=SourceAdmission(users=allowlisted)))
 
 
 def serve_env(

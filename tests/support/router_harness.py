@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor
 from controlplane.leadership import Leadership
 from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.settings import Settings

@@ -33,8 +33,8 @@ from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway import specs
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor
 from controlplane.settings import LlmSettings, Settings, WorkerSettings
 from controlplane.tickets import device_grant
 from superagent_shared.ids import new_id

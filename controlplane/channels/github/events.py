@@ -32,8 +32,8 @@ from typing import Any
 from controlplane import identities
 from controlplane.channels.base import Ignored
 from controlplane.errors import InvalidInput
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
-from controlplane.ingest.policy import Actor
 from controlplane.tickets import pr_events
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 from controlplane.channels.base import Ignored
 from controlplane.channels.lark.client import BotInfo
 from controlplane.errors import InvalidInput
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
-from controlplane.ingest.policy import Actor
 
 SOURCE = "lark"
 MESSAGE_EVENT = "im.message.receive_v1"

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
-from controlplane.ingest.policy import Actor
 
 SOURCE = "matrix"
 KIND = "message"

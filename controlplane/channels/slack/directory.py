@@ -26,7 +26,7 @@ from controlplane.channels.base import RateLimited
 from controlplane.channels.slack.client import SlackError, WebApi
 from controlplane.channels.slack.events import SlackMessage
 from controlplane.errors import InvalidInput, TransientError
-from controlplane.ingest.policy import Actor
+from controlplane.ingest.admission import Actor
 
 log = logging.getLogger(__name__)
 

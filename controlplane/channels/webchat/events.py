@@ -24,8 +24,8 @@ from typing import Any
 from controlplane.channels.webhook_body import parse_json
 from controlplane.errors import InvalidInput
 from controlplane.identities import WEB_ADMIN
+from controlplane.ingest.admission import WEB_CONSOLE_GROUP, Actor
 from controlplane.ingest.intake import IncomingTrigger, ThreadRef
-from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor
 
 SOURCE = "web"
 ADMIN_PRINCIPAL = WEB_ADMIN.removeprefix(f"{SOURCE}:")  # every holder of the admin token

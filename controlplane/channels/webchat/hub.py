@@ -37,7 +37,7 @@ from controlplane.channels.webchat.history import ChatMessage
 from controlplane.db.listen import listen
 from controlplane.domain import Notify
 from controlplane.errors import InvalidInput
-from controlplane.ingest.policy import Actor
+from controlplane.ingest.admission import Actor
 from controlplane.services import Service, is_transient
 from superagent_shared import backoff
 

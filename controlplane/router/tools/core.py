@@ -13,7 +13,7 @@ import asyncpg
 
 from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES
-from controlplane.ingest.intake import PolicySource
+from controlplane.ingest.intake import AdmissionSource
 from controlplane.tools.registry import Refused, Registry
 
 __all__ = ["Call", "Done", "Replies", "RouterTools", "ToolResult", "Turn"]
@@ -68,7 +68,7 @@ class Call:
     """What a router tool runs with: the toolbox's state, the call's transaction and turn."""
 
     pool: asyncpg.Pool
-    policy: PolicySource
+    policy: AdmissionSource
     conn: Conn
     turn: Turn
     replies: Replies

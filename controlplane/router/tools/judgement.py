@@ -1,6 +1,6 @@
 """The router's judgements of triggers: ``ignore`` one that needs nothing, and ``assess``
 an inferred candidate against every enabled rule of its source
-(:mod:`controlplane.ingest.policy`)."""
+(:mod:`controlplane.ingest.admission`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from controlplane.ingest import policy as policies
+from controlplane.ingest import admission
 from controlplane.router.tools.core import Call, Done, RouterTools, trigger
 from controlplane.tools.fields import NON_BLANK, Arguments, TriggerId
 from controlplane.tools.registry import Refused
@@ -45,14 +45,14 @@ async def assess(call: Call, args: Assess) -> Done:
     candidate = await trigger(call.conn, args.trigger)
     if candidate["verdict"] != "candidate":
         raise Refused(f"{args.trigger} is not an inferred candidate ({candidate['verdict']})")
-    assessment = policies.Assessment(
-        verdicts=tuple(policies.RuleVerdict(v.rule, v.matches, v.why) for v in args.verdicts),
+    assessment = admission.Assessment(
+        verdicts=tuple(admission.RuleVerdict(v.rule, v.matches, v.why) for v in args.verdicts),
         intent=args.intent,
         target=args.target,
     )
     _, current = await call.policy.current()
     source = current.for_source(candidate["source"])
-    accepts, why = policies.assessment_accepts(source, assessment)
+    accepts, why = admission.assessment_accepts(source, assessment)
     content: dict[str, Any]
     if source.inferred == "auto":
         outcome = "accepted" if accepts else "rejected"

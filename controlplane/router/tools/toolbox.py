@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from controlplane.ingest.intake import PolicySource
+from controlplane.ingest.intake import AdmissionSource
 from controlplane.router.tools import judgement, threads, tickets
 from controlplane.router.tools.core import Call, Done, Replies, ToolResult, Turn
 from controlplane.tools.names import SUBAGENT
@@ -36,7 +36,7 @@ class SubagentRunner(Protocol):
 
 class Toolbox:
     def __init__(
-        self, pool: asyncpg.Pool, policy: PolicySource, subagent: SubagentRunner | None = None
+        self, pool: asyncpg.Pool, policy: AdmissionSource, subagent: SubagentRunner | None = None
     ) -> None:
         self.pool = pool
         self.policy = policy

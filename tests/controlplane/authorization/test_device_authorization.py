@@ -35,8 +35,8 @@ from controlplane.errors import SuperagentError
 from controlplane.gateway import specs
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
@@ -57,7 +57,7 @@ BOB = Actor("T0001/U0BOB", "bob", groups=("eng",))
 # Allowlisted, and calls himself "alice" on Slack: a display name, not Alice's account.
 IMPOSTOR = Actor("T0001/U0MALLORY", "alice", groups=("eng",))
 OLGA = Actor("T0001/U0OLGA", "olga", groups=("ops",))  # allowlisted through another group
-POLICY = Policy(default=SourcePolicy(groups=["eng", "ops"]))
+POLICY = Admission(default=SourceAdmission(groups=["eng", "ops"]))
 TURN = Turn(session_id=None, llm_call_id=None, batch=())
 APPROVAL_ID = re.compile(r"\bapprove (apr_[0-9a-z]{12})\b")
 

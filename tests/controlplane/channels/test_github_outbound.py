@@ -33,8 +33,8 @@ from controlplane.effects import Handlers
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
 from controlplane.effects.runner import EffectRunner
 from controlplane.errors import TransientError
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.replies import enqueue_reply
 from controlplane.settings import EffectsSettings, GithubSettings, Settings
 from controlplane.web.state import AppState
@@ -287,7 +287,7 @@ async def test_an_explicit_request_is_acknowledged_end_to_end(
     db: async_sessionmaker[AsyncSession],
 ) -> None:
     alice = str(github.user("alice")["id"])  # her numeric id: logins can change hands
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[alice])}))
+    await save_policy(db, Admission(sources={"github": SourceAdmission(users=[alice])}))
     comment = github.comment(REPO, 1, "@superagent please fix")
     issue = {"number": 1, "title": "Flaky test", "html_url": "https://github.com/acme/app/issues/1"}
     body = json.dumps(

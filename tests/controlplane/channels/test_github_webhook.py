@@ -19,8 +19,8 @@ from controlplane.api.app import create_app
 from controlplane.channels.github import events
 from controlplane.channels.github import routes as github_routes
 from controlplane.channels.github.events import sign
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, Settings
 from controlplane.web.state import AppState
 from tests.support.helpers import save_policy
@@ -224,7 +224,7 @@ async def test_explicit_requests_get_an_acknowledge_effect_on_what_asked(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
     # Allowlisted by her numeric user id: logins can be renamed and registered again.
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"])])}))
+    await save_policy(db, Admission(sources={"github": SourceAdmission(users=[str(ALICE["id"])])}))
     opened = {
         "action": "opened",
         "issue": {"number": 8, "title": "@superagent add a flag", "body": "", "html_url": "x"},

@@ -46,9 +46,9 @@ from controlplane.channels.slack import events as slack_events
 from controlplane.channels.slack.events import Identity as SlackIdentity
 from controlplane.errors import InvalidInput, SuperagentError
 from controlplane.gateway import specs
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.ingest.intake import _validate as intake_validate
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.settings import MatrixSettings, SlackSettings
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
@@ -656,7 +656,9 @@ def _slack_bodies(good: dict[str, Any]) -> list[bytes]:
 async def test_hostile_slack_webhooks_get_4xx_and_the_next_event_counts(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[slack_tests.ALICE_ID])}))
+    await save_policy(
+        db, Admission(sources={"slack": SourceAdmission(users=[slack_tests.ALICE_ID])})
+    )
     with FakeSlack() as fake:
         fake.add_user(slack_tests.ALICE, "alice")
         fake.add_channel("C0GENERAL")
@@ -683,7 +685,9 @@ async def test_hostile_slack_webhooks_get_4xx_and_the_next_event_counts(
 async def test_hostile_socket_mode_frames_are_dropped_and_the_next_envelope_counts(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[slack_tests.ALICE_ID])}))
+    await save_policy(
+        db, Admission(sources={"slack": SourceAdmission(users=[slack_tests.ALICE_ID])})
+    )
     with FakeSlack() as fake:
         fake.add_user(slack_tests.ALICE, "alice")
         fake.add_channel("C0GENERAL")
@@ -740,7 +744,7 @@ def _lark_surrogate_body() -> bytes:
 async def test_hostile_lark_callbacks_get_4xx_and_the_next_event_counts(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    await save_policy(db, Policy(sources={"lark": SourcePolicy(users=[lark_tests.ALICE])}))
+    await save_policy(db, Admission(sources={"lark": SourceAdmission(users=[lark_tests.ALICE])}))
     with FakeLark() as fake:
         for key in (lark_tests.KEY, None):
             adapter = LarkAdapter(lark_tests._settings(fake, key=key), Intake(pool))
@@ -776,7 +780,7 @@ async def test_hostile_lark_callbacks_get_4xx_and_the_next_event_counts(
 async def test_hostile_lark_long_connection_frames_and_events(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    await save_policy(db, Policy(sources={"lark": SourcePolicy(users=[lark_tests.ALICE])}))
+    await save_policy(db, Admission(sources={"lark": SourceAdmission(users=[lark_tests.ALICE])}))
     with FakeLark() as fake:
         adapter = LarkAdapter(lark_tests._settings(fake, long_connection=True), Intake(pool))
         [service] = adapter.services()

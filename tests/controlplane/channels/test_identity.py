@@ -27,8 +27,8 @@ from controlplane.channels.outbound import reply_handler
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import Conflict
+from controlplane.ingest.admission import WEB_CONSOLE_GROUP, Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor, Policy, SourcePolicy
 from controlplane.router import batch as batches
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
@@ -55,7 +55,7 @@ def person() -> str:
 @pytest.fixture
 async def intake(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession], person: str) -> Intake:
     # Allowlists name the person, not the accounts.
-    await save_policy(db, Policy(default=SourcePolicy(users=[person])))
+    await save_policy(db, Admission(default=SourceAdmission(users=[person])))
     return Intake(pool)
 
 
@@ -206,7 +206,7 @@ async def test_my_laptop_for_someone_without_devices_is_refused_with_the_fix(
 async def test_web_chat_users_are_explicit_under_the_default_policy(
     pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> None:
-    await save_policy(db, Policy())
+    await save_policy(db, Admission())
     intake = Intake(pool)
     console_user = Actor("web:admin", "admin", groups=(WEB_CONSOLE_GROUP,))
     assert (await _say(intake, "web", console_user, "hi", direct=True)).verdict == "explicit"

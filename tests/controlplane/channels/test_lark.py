@@ -23,8 +23,8 @@ from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Permanent, Postpone
 from controlplane.errors import TransientError
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import LarkSettings, Settings
 from controlplane.web.state import AppState
 from tests.fakes.lark_server import (
@@ -55,7 +55,7 @@ def fake() -> Iterator[FakeLark]:
 
 @pytest.fixture
 async def allow_alice(db: async_sessionmaker[AsyncSession]) -> None:
-    await save_policy(db, Policy(sources={"lark": SourcePolicy(users=[ALICE])}))
+    await save_policy(db, Admission(sources={"lark": SourceAdmission(users=[ALICE])}))
 
 
 def _settings(fake: FakeLark, *, key: str | None = KEY, **more: Any) -> LarkSettings:

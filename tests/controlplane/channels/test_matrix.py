@@ -39,8 +39,8 @@ from controlplane.channels.matrix.receiver import MatrixSync
 from controlplane.channels.outbound import acknowledge_handler, reply_handler
 from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import TransientError
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import MatrixSettings, Settings
 from tests.support.helpers import assert_eventually, save_policy
 from tests.support.synapse import Homeserver, MatrixRequestError, MatrixUser, synapse  # noqa: F401
@@ -247,7 +247,9 @@ async def bot(
     pool: asyncpg.Pool,
     db: async_sessionmaker[AsyncSession],
 ) -> AsyncIterator[Bot]:
-    await save_policy(db, Policy(sources={"matrix": SourcePolicy(users=[users["alice"].user_id])}))
+    await save_policy(
+        db, Admission(sources={"matrix": SourceAdmission(users=[users["alice"].user_id])})
+    )
     intake = CountingIntake(pool)
     adapter = MatrixAdapter(_settings(synapse, users["agent"]), intake, pool)
     running = Bot(adapter, intake)

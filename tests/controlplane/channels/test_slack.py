@@ -24,8 +24,8 @@ from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Handlers, Permanent, Postpone
 from controlplane.effects.runner import EffectRunner
 from controlplane.errors import TransientError
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import EffectsSettings, Settings, SlackSettings
 from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
@@ -67,7 +67,7 @@ async def adapter(slack: FakeSlack, pool: asyncpg.Pool) -> AsyncIterator[SlackAd
 
 @pytest.fixture
 async def allowlist(db: async_sessionmaker[AsyncSession]) -> None:
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[ALICE_ID])}))
+    await save_policy(db, Admission(sources={"slack": SourceAdmission(users=[ALICE_ID])}))
 
 
 def _client(
@@ -231,7 +231,7 @@ async def test_a_user_group_on_the_allowlist_makes_its_members_explicit(
     db: async_sessionmaker[AsyncSession],
 ) -> None:
     slack.add_usergroup("S0DEVS", "devs", [BOB])
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(groups=["S0DEVS"])}))
+    await save_policy(db, Admission(sources={"slack": SourceAdmission(groups=["S0DEVS"])}))
     bob = slack.say("C0GENERAL", BOB, f"<@{BOT_USER}> bump the version")
     alice = slack.say("C0GENERAL", ALICE, f"<@{BOT_USER}> bump it too")
     assert (await _post(client, bob)).json()["trigger"]["verdict"] == "explicit"

@@ -12,8 +12,8 @@ from pydantic import SecretStr
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.channels.slack import SlackAdapter
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.services import Service
 from controlplane.settings import SlackSettings
 from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, BOT_USER, TEAM_ID, Failure, FakeSlack
@@ -48,7 +48,7 @@ async def _running(adapter: SlackAdapter) -> Service:
 async def connected(
     slack: FakeSlack, pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
 ) -> AsyncIterator[SlackAdapter]:
-    await save_policy(db, Policy(sources={"slack": SourcePolicy(users=[ALICE_ID])}))
+    await save_policy(db, Admission(sources={"slack": SourceAdmission(users=[ALICE_ID])}))
     adapter = _adapter(slack, pool)
     service = await _running(adapter)
     try:

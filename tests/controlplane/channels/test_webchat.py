@@ -32,8 +32,8 @@ from controlplane.channels.webchat import events
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.runtime import HttpService
 from controlplane.services import Service
 from controlplane.settings import HttpSettings, Settings, WebChatSettings
@@ -109,8 +109,8 @@ async def serving(
 @pytest.fixture
 async def console_policy(db: async_sessionmaker[AsyncSession]) -> None:
     """The policy out of the box: it allowlists the group "console" for source "web"."""
-    policy = Policy()
-    assert policy.for_source("web") == SourcePolicy(groups=["console"])
+    policy = Admission()
+    assert policy.for_source("web") == SourceAdmission(groups=["console"])
     await save_policy(db, policy)
 
 
@@ -592,7 +592,7 @@ async def test_superagent_say_says_when_the_policy_will_not_act(
     pool: asyncpg.Pool, database_url: str, db: Any
 ) -> None:
     # A policy that no longer allowlists the console: chat messages are not requests.
-    await save_policy(db, Policy(sources={}))
+    await save_policy(db, Admission(sources={}))
     async with serving(pool, database_url) as served:
         code, _, err = await superagent_say("--url", served.url, "do something")
         assert code == 1

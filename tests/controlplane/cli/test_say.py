@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.gateway.tls import gateway_tls
 from controlplane.identities import WEB_ADMIN
-from controlplane.ingest.policy import Policy
+from controlplane.ingest.admission import Admission
 from controlplane.settings import Settings
 from tests.support.daemon import Daemon, daemon_beside
 from tests.support.gateway_harness import pairing_code
@@ -83,7 +83,7 @@ async def test_say_run_prints_the_commands_output_before_it_exits(
     pool: asyncpg.Pool,
     db: async_sessionmaker[AsyncSession],
 ) -> None:
-    await save_policy(db, Policy())  # out of the box: the console's chat is allowlisted
+    await save_policy(db, Admission())  # out of the box: the console's chat is allowlisted
     await assert_eventually(replica.up, timeout=60, interval=0.2, message="replica up")
     # The admin's own device, as `superagent up --device` pairs it.
     pairing = await pairing_code(db, "laptop", owner=WEB_ADMIN)

@@ -31,8 +31,8 @@ from controlplane.findings import Seen, record
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.specs import Exec
+from controlplane.ingest.admission import WEB_CONSOLE_GROUP, Actor
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor
 from controlplane.tickets import device_grant
 from superagent_shared.ids import new_id
 from tests.support.console_browser import ARTIFACTS, chromium, screenshot

@@ -42,8 +42,8 @@ from controlplane.channels.slack.signing import sign as slack_sign
 from controlplane.db import migrate
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.errors import InvalidInput
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Ingested, Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import GithubSettings, LarkSettings, Settings, SlackSettings
 from controlplane.web.state import AppState
 from superagent_shared.ids import new_id
@@ -292,7 +292,7 @@ async def test_an_account_linked_by_github_login_follows_the_account_not_the_log
         assert linked.returncode == 0, linked.stderr
         renamed = github.rename_user(login, f"{login}-new")
         squatter = github.user(login)
-    await save_policy(db, Policy(sources={"github": SourcePolicy(users=[person])}))
+    await save_policy(db, Admission(sources={"github": SourceAdmission(users=[person])}))
 
     async with _github_webhooks(pool) as client:
         by_squatter = await _github_comment(client, squatter, "@superagent run it on my laptop")
@@ -359,7 +359,7 @@ async def test_a_lark_user_whose_display_name_is_an_allowlisted_name_is_not_allo
 ) -> None:
     person = _unique("li")
     await people.link(pool, person, [people.AccountRef("lark", LARK_ALICE)])
-    await save_policy(db, Policy(sources={"lark": SourcePolicy(users=[person])}))
+    await save_policy(db, Admission(sources={"lark": SourceAdmission(users=[person])}))
     with FakeLark() as lark:
         # Someone sets their display name to the allowlisted person's name.
         lark.users = {LARK_ALICE: "Li Wei", LARK_MIMIC: person}
@@ -398,7 +398,7 @@ async def test_a_web_chat_user_choosing_an_allowlisted_persons_name_gets_no_auth
     person = _unique("erin")
     await people.link(pool, person, [people.AccountRef("github", "31337")])
     # The chat is not allowlisted as a whole here: only the person is.
-    await save_policy(db, Policy(sources={"web": SourcePolicy(users=[person], groups=[])}))
+    await save_policy(db, Admission(sources={"web": SourceAdmission(users=[person], groups=[])}))
     bearer = {"Authorization": f"Bearer {CHAT_TOKEN}"}
     async with (
         serving(pool, database_url, token=CHAT_TOKEN) as served,
@@ -528,10 +528,10 @@ async def test_without_the_channels_api_a_handle_resolves_from_triggers_seen_if_
 async def test_policy_entries_are_ids_people_or_handles_said_as_such(pool: asyncpg.Pool) -> None:
     person = _unique("hana")
     await people.link(pool, person, [people.AccountRef("matrix", "@hana:example.org")])
-    body = Policy(
+    body = Admission(
         agent_ids=["136532741"],
-        default=SourcePolicy(users=[person, "@bob:example.org", "T0ACME/U0BOB"]),
-        sources={"web": SourcePolicy(users=["web:admin"], groups=["console"])},
+        default=SourceAdmission(users=[person, "@bob:example.org", "T0ACME/U0BOB"]),
+        sources={"web": SourceAdmission(users=["web:admin"], groups=["console"])},
     ).model_dump(mode="json")
     async with handles.Resolver(Settings(), pool) as resolver:
         kept, notes = await resolver.policy(body)
@@ -543,9 +543,9 @@ async def test_policy_entries_are_ids_people_or_handles_said_as_such(pool: async
             ("web", "alice", "web:admin"),  # a name typed in the chat
             ("matrix", "Alice", "@name:server"),
         ):
-            wrong = Policy(
-                default=SourcePolicy(users=[entry]) if where == "default" else SourcePolicy(),
-                sources={} if where == "default" else {where: SourcePolicy(users=[entry])},
+            wrong = Admission(
+                default=SourceAdmission(users=[entry]) if where == "default" else SourceAdmission(),
+                sources={} if where == "default" else {where: SourceAdmission(users=[entry])},
             ).model_dump(mode="json")
             with pytest.raises(InvalidInput, match=why) as refused:
                 await resolver.policy(wrong)

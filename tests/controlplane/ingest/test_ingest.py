@@ -13,17 +13,17 @@ from controlplane.db.pool import Conn, transaction
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import Notify
 from controlplane.errors import Conflict, InvalidInput, NotFound
-from controlplane.ingest import inbox, policy
-from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import (
+from controlplane.ingest import admission, inbox
+from controlplane.ingest.admission import (
     Actor,
+    Admission,
     Assessment,
     Event,
-    Policy,
     RuleVerdict,
-    SourcePolicy,
+    SourceAdmission,
     evaluate,
 )
+from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.versions import POLICY as POLICY_VERSIONS
 from controlplane.versions import latest, save
 from superagent_shared.ids import new_id
@@ -37,22 +37,24 @@ SPAM_BOT = Actor("b-2", "spam[bot]", is_bot=True)
 AGENT = Actor("a-1", "superagent[bot]", is_bot=True)
 
 # Everyone is named by actor id (the channel's immutable id), never by name.
-POLICY = Policy(
+POLICY = Admission(
     agent_ids=[AGENT.id],
-    default=SourcePolicy(users=[ALICE.id], groups=["team-core"], bots=[SPAM_BOT.id]),
+    default=SourceAdmission(users=[ALICE.id], groups=["team-core"], bots=[SPAM_BOT.id]),
     sources={
-        "slack": SourcePolicy(
+        "slack": SourceAdmission(
             mode="candidate",
             users=["u-1001"],
             inferred="observe",
             mentions=["@superagent", "<@U0AGENT>"],
         ),
-        "lark": SourcePolicy(mode="ignore"),
+        "lark": SourceAdmission(mode="ignore"),
     },
 )
 
 
-def _verdict(source: str, actor: Actor, text: str = "", *, direct: bool = False) -> policy.Verdict:
+def _verdict(
+    source: str, actor: Actor, text: str = "", *, direct: bool = False
+) -> admission.Verdict:
     return evaluate(POLICY, Event(source=source, actor=actor, text=text, direct=direct))
 
 
@@ -104,13 +106,13 @@ def test_text_never_grants_authority() -> None:
 
 
 def test_auto_mode_needs_a_complete_assessment() -> None:
-    source = SourcePolicy(
+    source = SourceAdmission(
         mode="candidate",
         inferred="auto",
         rules=[
-            policy.Rule(name="broken-main", description="CI on main fails"),
-            policy.Rule(name="security", description="a dependency has a known CVE"),
-            policy.Rule(name="old", description="retired", enabled=False),
+            admission.Rule(name="broken-main", description="CI on main fails"),
+            admission.Rule(name="security", description="a dependency has a known CVE"),
+            admission.Rule(name="old", description="retired", enabled=False),
         ],
     )
 
@@ -120,7 +122,7 @@ def test_auto_mode_needs_a_complete_assessment() -> None:
             intent=intent,
             target=target,
         )
-        return policy.assessment_accepts(source, assessment)[0]
+        return admission.assessment_accepts(source, assessment)[0]
 
     assert judge(("broken-main", True), ("security", False))
     assert not judge(("broken-main", True))  # a rule not judged
@@ -132,9 +134,9 @@ def test_auto_mode_needs_a_complete_assessment() -> None:
 
 def test_a_malformed_policy_is_refused_with_the_field_named() -> None:
     with pytest.raises(InvalidInput, match=r"sources\.github\.mode"):
-        policy.parse({"sources": {"github": {"mode": "sometimes"}}})
+        admission.parse({"sources": {"github": {"mode": "sometimes"}}})
     with pytest.raises(InvalidInput, match="repeated: a"):
-        policy.parse(
+        admission.parse(
             {"default": {"rules": [{"name": "a", "description": "x"}] * 2}},
         )
 
@@ -319,11 +321,11 @@ async def test_policy_saves_are_versioned_and_conflicts_refused(
 ) -> None:
     async with transaction(pool) as conn:
         v1 = await policy_latest(conn)
-        stricter = POLICY.model_copy(update={"default": SourcePolicy(mode="ignore")})
+        stricter = POLICY.model_copy(update={"default": SourceAdmission(mode="ignore")})
         v2 = await save(
             conn,
             POLICY_VERSIONS,
-            name=policy.POLICY_NAME,
+            name=admission.POLICY_NAME,
             body=stricter.model_dump(),
             base_id=v1,
             author="bob",
@@ -334,7 +336,7 @@ async def test_policy_saves_are_versioned_and_conflicts_refused(
             await save(
                 conn,
                 POLICY_VERSIONS,
-                name=policy.POLICY_NAME,
+                name=admission.POLICY_NAME,
                 body=POLICY.model_dump(),
                 base_id=v1,  # a stale base
                 author="carol",
@@ -352,6 +354,6 @@ async def test_policy_saves_are_versioned_and_conflicts_refused(
 
 
 async def policy_latest(conn: Conn) -> str:
-    row = await latest(conn, POLICY_VERSIONS, policy.POLICY_NAME)
+    row = await latest(conn, POLICY_VERSIONS, admission.POLICY_NAME)
     assert row is not None
     return row.id

@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.router.router import Router
 from controlplane.settings import LlmSettings
 from tests.fakes.openai_server import (
@@ -237,7 +237,7 @@ async def test_the_router_survives_each_fault_and_decides_the_batch_later(
     fake_llm: FakeOpenAIServer,
     database_url: str,
 ) -> None:
-    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
     intake = Intake(pool)
     router = _router(pool, fake_llm, intake)
     fake_llm.script(*[fault(kind)] * _times(kind))

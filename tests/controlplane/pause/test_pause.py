@@ -16,8 +16,8 @@ from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.leadership import Leadership
 from controlplane.router.router import RouterService
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
@@ -27,7 +27,7 @@ from tests.support.helpers import assert_eventually, run_cli, save_policy
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
     """The shared pool, with this module's policy saved."""
-    await save_policy(db, Policy(default=SourcePolicy(users=["u-1"])))  # alice's actor id
+    await save_policy(db, Admission(default=SourceAdmission(users=["u-1"])))  # alice's actor id
     return pool
 
 

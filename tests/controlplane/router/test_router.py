@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.router import Router
 from tests.fakes.openai_server import (
     FAKE_MODEL,
@@ -22,7 +22,7 @@ from tests.fakes.openai_server import (
 from tests.support.helpers import assert_eventually, save_policy
 from tests.support.router_harness import ALICE, ask, batch_of, router_running, tickets_for_batch
 
-POLICY = Policy(default=SourcePolicy(users=[ALICE.id]))  # by actor id, never by name
+POLICY = Admission(default=SourceAdmission(users=[ALICE.id]))  # by actor id, never by name
 
 
 @pytest.fixture

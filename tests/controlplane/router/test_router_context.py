@@ -11,8 +11,8 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.llm.errors import ContextExceeded
 from controlplane.llm.tokens import estimate_tokens
 from controlplane.router.router import Router, TurnFailed
@@ -44,7 +44,7 @@ LONG = "@superagent " + " ".join(
 
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
     return pool
 
 

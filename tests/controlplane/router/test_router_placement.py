@@ -24,13 +24,13 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.authorization import devices as access
-from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import (
+from controlplane.ingest.admission import (
+    Admission,
+    DevicePlacement,
     OfflineOwnerDevice,
-    Policy,
-    RoutingPolicy,
-    SourcePolicy,
+    SourceAdmission,
 )
+from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
@@ -46,10 +46,10 @@ ALICE_CLONE = "/home/alice/src/app"
 TEAM_CLONE = "/srv/checkouts/app"
 
 
-def _policy(offline_owner_device: OfflineOwnerDevice = "shared") -> Policy:
-    return Policy(
-        default=SourcePolicy(users=[ALICE.id]),
-        routing=RoutingPolicy(offline_owner_device=offline_owner_device),
+def _policy(offline_owner_device: OfflineOwnerDevice = "shared") -> Admission:
+    return Admission(
+        default=SourceAdmission(users=[ALICE.id]),
+        routing=DevicePlacement(offline_owner_device=offline_owner_device),
     )
 
 

@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.router.router import Router
 from controlplane.router.tools.toolbox import Toolbox
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
@@ -47,7 +47,7 @@ def _settings(quarantine_after: int = 2, notice: float = 60.0) -> Settings:
 
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
     return pool
 
 

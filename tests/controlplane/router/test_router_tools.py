@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.domain import EffectKind
+from controlplane.ingest.admission import Actor, Admission, Rule, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, Rule, SourcePolicy
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
 from superagent_shared.ids import new_id
@@ -22,13 +22,15 @@ RULES = [
     Rule(name="broken-main", description="CI on main fails"),
     Rule(name="security", description="a dependency has a known CVE"),
 ]
-POLICY = Policy(
-    default=SourcePolicy(users=[ALICE.id]),  # by actor id, never by name
+POLICY = Admission(
+    default=SourceAdmission(users=[ALICE.id]),  # by actor id, never by name
     sources={
-        "slack": SourcePolicy(mode="candidate", users=[ALICE.id], inferred="observe", rules=RULES),
-        "matrix": SourcePolicy(mode="candidate", users=[ALICE.id], inferred="auto", rules=RULES),
+        "slack": SourceAdmission(
+            mode="candidate", users=[ALICE.id], inferred="observe", rules=RULES
+        ),
+        "matrix": SourceAdmission(mode="candidate", users=[ALICE.id], inferred="auto", rules=RULES),
         # Tickets from this source's accepted candidates quietly reproduce and fix first.
-        "lark": SourcePolicy(
+        "lark": SourceAdmission(
             mode="candidate", users=[ALICE.id], inferred="auto", rules=RULES, speculative=True
         ),
     },

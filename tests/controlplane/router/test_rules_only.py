@@ -16,8 +16,8 @@ from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.gateway import specs
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router.rules_only import NOTICE, RulesOnlyRouter, parse, run_handler
 from controlplane.tickets import device_grant
 from superagent_shared.ids import new_id
@@ -31,7 +31,7 @@ MALLORY = Actor("u-6", "mallory")
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
     """The shared pool, with this module's policy saved and a device paired (Alice's: only
     she may run things there)."""
-    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))  # by actor id
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))  # by actor id
     await pool.execute(
         "INSERT INTO devices (id, name, owner, public_key, version) "
         "VALUES ($1, 'laptop', 'github:u-1', $2, '1')",

@@ -22,7 +22,7 @@ import pytest
 
 from controlplane.channels.github.events import sign
 from controlplane.db import migrate
-from controlplane.ingest.policy import Policy, SourcePolicy
+from controlplane.ingest.admission import Admission, SourceAdmission
 from tests.support.helpers import assert_eventually, free_port, save_policy
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ F_SETPIPE_SZ = 1031  # Linux; not in Python 3.11's fcntl module
 async def env(empty_database: str, tmp_path: Path) -> dict[str, str]:
     await migrate.upgrade(empty_database)
     # The load's author is allowlisted: every webhook is routed, acknowledged and logged.
-    await save_policy(empty_database, Policy(sources={"github": SourcePolicy(users=["1"])}))
+    await save_policy(empty_database, Admission(sources={"github": SourceAdmission(users=["1"])}))
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
     environ.update(
         {

@@ -26,8 +26,8 @@ import pytest
 from controlplane.channels.github import events
 from controlplane.domain import EffectKind
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor
 from controlplane.settings import WorkerSettings
 from controlplane.tickets import pr_rounds
 from controlplane.workers.tools import github as github_tools

@@ -38,8 +38,8 @@ from controlplane.authorization import devices as access
 from controlplane.channels.github import events
 from controlplane.domain import EffectKind
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Ingested, Intake
-from controlplane.ingest.policy import Policy, SourcePolicy
 from controlplane.settings import Settings, WorkerSettings
 from controlplane.tickets import authority
 from controlplane.workers.tools import github as worker_github
@@ -93,7 +93,8 @@ async def _deliver(pool: asyncpg.Pool, event: str, payload: dict[str, Any]) -> I
 async def policy(db: async_sessionmaker[AsyncSession]) -> None:
     """alice and carol (by GitHub's numeric ids) are allowlisted on GitHub; nobody else."""
     await save_policy(
-        db, Policy(sources={"github": SourcePolicy(users=[str(ALICE["id"]), str(CAROL["id"])])})
+        db,
+        Admission(sources={"github": SourceAdmission(users=[str(ALICE["id"]), str(CAROL["id"])])}),
     )
 
 

@@ -22,8 +22,8 @@ import asyncpg
 import pytest
 
 from controlplane.domain import EffectKind
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
-from controlplane.ingest.policy import Actor
 from controlplane.router.router import Router
 from controlplane.router.rules_only import RulesOnlyRouter
 from controlplane.settings import Settings, WatchdogSettings

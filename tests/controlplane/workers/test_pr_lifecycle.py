@@ -42,8 +42,8 @@ from controlplane.domain import EffectKind
 from controlplane.effects import Handlers
 from controlplane.effects.runner import EffectRunner
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import WEB_CONSOLE_GROUP, Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import WEB_CONSOLE_GROUP, Actor, Policy, SourcePolicy
 from controlplane.settings import EffectsSettings, GithubSettings
 from controlplane.tickets import pr_rounds
 from superagent_shared.ids import new_id
@@ -313,10 +313,10 @@ async def world(
     _git(workdir, "push", "-q", "origin", "HEAD:refs/heads/main")
     await save_policy(
         pool,
-        Policy(
+        Admission(
             sources={
-                "web": SourcePolicy(groups=[WEB_CONSOLE_GROUP]),
-                "github": SourcePolicy(users=[str(ALICE["id"]), str(CAROL["id"])]),
+                "web": SourceAdmission(groups=[WEB_CONSOLE_GROUP]),
+                "github": SourceAdmission(users=[str(ALICE["id"]), str(CAROL["id"])]),
             }
         ),
     )

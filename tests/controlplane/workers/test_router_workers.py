@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.domain import EffectKind
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor, Policy, SourcePolicy
 from controlplane.router import batch as batches
 from controlplane.router.router import Router
 from controlplane.router.tools.core import Turn
@@ -37,7 +37,7 @@ CI = Actor("ci-1", "ci-bot", is_bot=True)
 
 @pytest.fixture
 async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    await save_policy(db, Policy(default=SourcePolicy(users=[ALICE.id])))  # by actor id
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))  # by actor id
     return pool
 
 

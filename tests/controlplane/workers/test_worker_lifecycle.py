@@ -33,8 +33,8 @@ from controlplane.effects.handlers import ClaimedEffect
 from controlplane.errors import InvalidInput
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
-from controlplane.ingest.policy import Actor
 from controlplane.tickets import control
 from controlplane.workers import worker as worker_module
 from controlplane.workers.session import INTERRUPTED

@@ -1,4 +1,10 @@
-"""The programmatic policy: the fast, deterministic first judgement of every event.
+"""Admission: who may ask the agent for what, the fast, deterministic first judgement of
+every event.
+
+The word is *admission* (whether a request is let in, and as what); "policy" is the
+device's own word, endpointd's local rules of what a command may do there. The stored
+document keeps its older name where people and data see it: ``superagent policy``, the
+``policy_versions`` rows named :data:`POLICY_NAME`.
 
 No model is involved. Who is authorized comes only from what the channel adapter verified
 about the event (its source and its actor's immutable id, bot flag and groups, and the
@@ -28,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from controlplane.errors import InvalidInput
 
-POLICY_NAME = "ingest"  # the name of the policy's versions in policy_versions
+POLICY_NAME = "ingest"  # the name of the admission document's versions in policy_versions
 
 SourceMode = Literal["explicit", "candidate", "ignore"]
 InferredMode = Literal["off", "observe", "auto"]
@@ -47,7 +53,9 @@ class Rule(BaseModel):
     enabled: bool = True
 
 
-class SourcePolicy(BaseModel):
+class SourceAdmission(BaseModel):
+    """What one source (a channel) admits: whose requests are explicit, what else may be."""
+
     model_config = ConfigDict(extra="forbid")
     mode: SourceMode = "explicit"
     # Whose requests are explicit: immutable actor ids (controlplane.identities: a GitHub
@@ -84,8 +92,9 @@ class SourcePolicy(BaseModel):
 OfflineOwnerDevice = Literal["shared", "ask", "wait"]
 
 
-class RoutingPolicy(BaseModel):
-    """How tickets find a device when the request names a repository and no device."""
+class DevicePlacement(BaseModel):
+    """How tickets find a device when the request names a repository and no device
+    (``controlplane.tickets.placement``; stored under the document's key ``routing``)."""
 
     model_config = ConfigDict(extra="forbid")
     # "shared" by default: someone who asks for work expects it to start, and a device
@@ -94,35 +103,35 @@ class RoutingPolicy(BaseModel):
     offline_owner_device: OfflineOwnerDevice = "shared"
 
 
-class Policy(BaseModel):
-    """The whole policy as stored (one JSON document per version)."""
+class Admission(BaseModel):
+    """The whole admission document as stored (one JSON document per version)."""
 
     model_config = ConfigDict(extra="forbid")
     # The agent's own actor ids on every channel: its messages are never triggers.
     agent_ids: list[str] = Field(default_factory=list)
-    default: SourcePolicy = Field(default_factory=SourcePolicy)
+    default: SourceAdmission = Field(default_factory=SourceAdmission)
     # The built-in web chat is reached only by console users (the admin token, or loopback
     # in development), whose messages carry the group "console": they are explicit
     # requests out of the box. Other channels allowlist nobody until configured.
-    sources: dict[str, SourcePolicy] = Field(
-        default_factory=lambda: {"web": SourcePolicy(groups=[WEB_CONSOLE_GROUP])}
+    sources: dict[str, SourceAdmission] = Field(
+        default_factory=lambda: {"web": SourceAdmission(groups=[WEB_CONSOLE_GROUP])}
     )
     # For people reading the document: the handle each id was resolved from on save
     # (``"583231": "github:octocat"``). Display only: never matched.
     labels: dict[str, str] = Field(default_factory=dict)
-    routing: RoutingPolicy = Field(default_factory=RoutingPolicy)
+    routing: DevicePlacement = Field(default_factory=DevicePlacement)
     # Entries a migration could not turn into ids, with where they were: inert, kept on
     # record until someone resolves them (``superagent policy edit``).
     unresolved: list[str] = Field(default_factory=list)
 
-    def for_source(self, source: str) -> SourcePolicy:
+    def for_source(self, source: str) -> SourceAdmission:
         return self.sources.get(source, self.default)
 
 
-def parse(body: object) -> Policy:
-    """A stored or submitted policy document; InvalidInput naming what is wrong."""
+def parse(body: object) -> Admission:
+    """A stored or submitted admission document; InvalidInput naming what is wrong."""
     try:
-        return Policy.model_validate(body)
+        return Admission.model_validate(body)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc']) or 'policy'}: {error['msg']}"
@@ -191,13 +200,13 @@ def _listed(actor: Actor, entries: list[str], *, people: bool = False) -> bool:
     )
 
 
-def evaluate(policy: Policy, event: Event) -> Verdict:
-    """Judge ``event`` under ``policy``. Pure: the same inputs always give the same verdict."""
-    source = policy.for_source(event.source)
+def evaluate(rules: Admission, event: Event) -> Verdict:
+    """Judge ``event`` under ``rules``. Pure: the same inputs always give the same verdict."""
+    source = rules.for_source(event.source)
     actor = event.actor
     if source.mode == "ignore":
         return Verdict("ignored", f"source {event.source} is ignored", noise=True)
-    if _listed(actor, policy.agent_ids):
+    if _listed(actor, rules.agent_ids):
         return Verdict("ignored", "the agent's own message", noise=True)
     if actor.is_bot and _listed(actor, source.bots):
         return Verdict("ignored", f"bot {actor.name} is blocklisted", noise=True)
@@ -250,7 +259,7 @@ class Assessment:
     target: str
 
 
-def assessment_accepts(source: SourcePolicy, assessment: Assessment) -> tuple[bool, str]:
+def assessment_accepts(source: SourceAdmission, assessment: Assessment) -> tuple[bool, str]:
     """Whether ``auto`` mode may act on a candidate: every enabled rule judged exactly once,
     nothing else judged, at least one match, and both intent and target stated."""
     enabled = [rule.name for rule in source.rules if rule.enabled]
