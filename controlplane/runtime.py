@@ -41,7 +41,7 @@ from controlplane.router.router import Router, RouterService, TurnTaker
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
 from controlplane.services import LOOPS_SHARE, DatabaseWatch, Service, run_services
 from controlplane.settings import Settings
-from controlplane.tickets.approvals import ApprovalService
+from controlplane.tickets.consent import ConsentService
 from controlplane.watchdog.supervisor import WatchdogChild
 from controlplane.web.state import AppState
 from controlplane.workers.service import WorkerService
@@ -202,7 +202,7 @@ async def replica(
             router = RulesOnlyRouter(pool, queue)
         services.append(RouterService(router, leadership, dsn, pool, settings=settings))
         # In every mode: owners' answers to requests for their devices, and expiries.
-        services.append(ApprovalService(pool, settings))
+        services.append(ConsentService(pool, settings))
         try:
             yield services
         finally:

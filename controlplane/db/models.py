@@ -181,7 +181,7 @@ class Trigger(Base):
             postgresql_where=text("route = 'subscribers' AND digested_at IS NULL"),
         ),
         # Messages that may answer an owner's approval (``approve apr_…`` / ``deny apr_…``):
-        # the approvals sweep reads only these (controlplane.tickets.approvals).
+        # the consent sweep reads only these (controlplane.tickets.consent).
         Index(
             "ix_triggers_approval_answers",
             "created_at",

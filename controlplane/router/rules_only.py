@@ -183,7 +183,7 @@ class RulesOnlyRouter:
             }
             if not access.covers(grant):
                 # Someone else's device: its owner is asked; the command is queued only once
-                # they approve (controlplane.tickets.approvals).
+                # they approve (controlplane.tickets.consent).
                 approval = await access.ask(
                     conn, grant, requester, what=f"`{shlex.join(argv)[:200]}`", run=run
                 )

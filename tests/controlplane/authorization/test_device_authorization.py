@@ -494,9 +494,9 @@ async def _asked(
     pool: asyncpg.Pool, thread_id: str, settings: Settings | None = None
 ) -> tuple[str, str]:
     """The one message to the owner on the request's thread, and its approval id."""
-    from controlplane.tickets.approvals import ApprovalService
+    from controlplane.tickets.consent import ConsentService
 
-    service = ApprovalService(pool, settings or Settings())
+    service = ConsentService(pool, settings or Settings())
     await service.pass_once()
     await service.pass_once()  # asked once, however many passes
     asked = [text for text in await _replies(pool, thread_id) if APPROVAL_ID.search(text)]
@@ -508,9 +508,9 @@ async def _asked(
 
 
 async def _pass(pool: asyncpg.Pool) -> None:
-    from controlplane.tickets.approvals import ApprovalService
+    from controlplane.tickets.consent import ConsentService
 
-    await ApprovalService(pool, Settings()).pass_once()
+    await ConsentService(pool, Settings()).pass_once()
 
 
 async def test_the_owners_approval_in_chat_lets_the_work_run(
@@ -562,13 +562,13 @@ async def test_the_owners_denial_stops_the_ticket(
 async def test_no_answer_in_time_stops_the_ticket(
     world: World, pool: asyncpg.Pool, queue: CommandQueue
 ) -> None:
-    from controlplane.tickets.approvals import ApprovalService
+    from controlplane.tickets.consent import ConsentService
 
     quick = Settings(workers=WorkerSettings(device_approval_seconds=0.5))
     created, request = await world.ask_ticket(BOB, "alice-laptop")
     _, approval = await _asked(pool, request.thread_id, quick)
     await asyncio.sleep(0.6)
-    await ApprovalService(pool, quick).pass_once()
+    await ConsentService(pool, quick).pass_once()
     ticket = await _ticket(pool, created["ticket"])
     assert (ticket["state"], ticket["hold"]) == ("stopped", "device approval expired")
     assert any("no answer" in said.lower() for said in await _replies(pool, request.thread_id))

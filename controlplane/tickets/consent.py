@@ -1,8 +1,13 @@
-"""Owner approvals: someone asks to use a device that is not theirs; its owner answers in chat.
+"""Owner consent: someone asks to use a device that is not theirs; its owner answers in chat.
+
+The word is *consent* (the device's owner lets someone else's work run on it); endpointd's
+"approvals" are a device's own local answers to its ``ask`` rules. Where people and data
+see it, consent keeps its older name: owners answer ``approve apr_…``, and the rows are
+``device_approvals`` and ``approval_answers``; an "approval" below is one such row.
 
 An approval is opened where work is pointed at the device (:func:`.devices.ask`: the
 router's ``create_ticket``, rules-only ``/run``, a reroute); nothing of it runs meanwhile.
-:class:`ApprovalService`, which every replica runs in every mode (rules-only included),
+:class:`ConsentService`, which every replica runs in every mode (rules-only included),
 then does the rest, each pass at least once a second:
 
 1. **Ask**, once: one message through the outbox on the request's thread, addressed to the
@@ -85,8 +90,9 @@ def _handle(principals: list[str]) -> str:
     return (people_ or accounts or ["PERSON"])[0]
 
 
-class ApprovalService(Service):
-    """Asks owners, reads their answers and expires the unanswered (see the module)."""
+class ConsentService(Service):
+    """Asks owners for their consent, reads their answers and expires the unanswered (see
+    the module)."""
 
     name = "approvals"
 
