@@ -20,9 +20,9 @@ from controlplane.authorization import devices as access
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.console.devices import pair_command
+from controlplane.deployment import ago
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing, repositories
-from controlplane.status import ago
 
 T = TypeVar("T")
 FC = TypeVar("FC", bound=Callable[..., Any])

@@ -8,7 +8,7 @@ from controlplane import pause as pausing
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.cli.versioned import default_author
-from controlplane.status import ago
+from controlplane.deployment import ago
 
 
 @click.command()

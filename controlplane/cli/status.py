@@ -13,13 +13,13 @@ from dataclasses import asdict
 
 import click
 
-from controlplane import status as status_of
+from controlplane import deployment
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.db import urls
+from controlplane.deployment import ago
 from controlplane.heartbeat import Record
 from controlplane.settings import Settings
-from controlplane.status import ago
 
 
 @click.command()
@@ -35,7 +35,7 @@ def status(as_json: bool) -> None:
     """
     setup_logging("WARNING")
     settings = load_settings()
-    result = run_with_pool(settings, status_of.read)
+    result = run_with_pool(settings, deployment.read)
     result.shell = _shell(settings)
     if as_json:
         click.echo(json.dumps(asdict(result), default=str, indent=2))
@@ -47,7 +47,7 @@ def status(as_json: bool) -> None:
             "(events are recorded; `superagent resume` continues)"
         )
     _replicas(result)
-    click.echo(f"router leader:  {status_of.leader_line(result)}")
+    click.echo(f"router leader:  {deployment.leader_line(result)}")
     click.echo(f"model:          {_model_line(result)}")
     click.echo(f"router inbox:   {result.router_inbox} event(s) waiting")
     click.echo(
@@ -56,15 +56,15 @@ def status(as_json: bool) -> None:
         f"{result.tickets_waiting_human} waiting for people"
     )
     _devices(result)
-    click.echo(f"watchdog:       {status_of.watchdog_line(result)}")
+    click.echo(f"watchdog:       {deployment.watchdog_line(result)}")
     _findings(result)
     _quarantined(result)
     _shell_line(result)
 
 
-def _replicas(result: status_of.Status) -> None:
+def _replicas(result: deployment.Deployment) -> None:
     if not result.replicas:
-        click.echo(f"replicas:       {status_of.NO_REPLICA}")
+        click.echo(f"replicas:       {deployment.NO_REPLICA}")
         last = result.last_replica
         if last is not None:
             gone = (
@@ -90,14 +90,14 @@ def _replicas(result: status_of.Status) -> None:
         click.echo(f"  MODEL SKEW: the replicas run {' / '.join(result.model_skew)}")
 
 
-def _model_line(result: status_of.Status) -> str:
+def _model_line(result: deployment.Deployment) -> str:
     if result.model_from is None:
         return result.model
     whose = next(r for r in result.replicas if r.id == result.model_from)
     return f"{result.model} ({'the leader' if whose.leader else whose.id}'s)"
 
 
-def _devices(result: status_of.Status) -> None:
+def _devices(result: deployment.Deployment) -> None:
     click.echo(f"devices:        {result.devices_online} online of {result.devices_paired} paired")
     width = max((len(d.name) for d in result.devices), default=0)
     for device in result.devices:
@@ -108,7 +108,7 @@ def _devices(result: status_of.Status) -> None:
         click.echo(f"  … and {more} more device(s) (`superagent devices list`)")
 
 
-def _findings(result: status_of.Status) -> None:
+def _findings(result: deployment.Deployment) -> None:
     if not result.findings_open:
         click.echo("findings:       none open")
         return
@@ -123,7 +123,7 @@ def _findings(result: status_of.Status) -> None:
         click.echo(f"  … and {more} more finding(s) (`superagent watchdog findings`)")
 
 
-def _quarantined(result: status_of.Status) -> None:
+def _quarantined(result: deployment.Deployment) -> None:
     counts = result.quarantined_counts
     if not counts:
         click.echo("quarantined:    nothing")
@@ -142,7 +142,7 @@ def _quarantined(result: status_of.Status) -> None:
             click.echo(f"  … and {n - shown[kind]} more {_PLURAL[kind]}")
 
 
-def _shell_line(result: status_of.Status) -> None:
+def _shell_line(result: deployment.Deployment) -> None:
     shell = result.shell
     assert shell is not None
     # Said only when the deployment's model is known: otherwise there is nothing to differ.
@@ -151,10 +151,10 @@ def _shell_line(result: status_of.Status) -> None:
     click.echo(f"this shell:     model {shell.model}{note}; database {shell.database}")
 
 
-def _shell(settings: Settings) -> status_of.Shell:
+def _shell(settings: Settings) -> deployment.Shell:
     """This process's own settings, through the same allow-list a replica records with (so
     no key or password of the shell is printed either)."""
-    model = status_of.model_phrase(Record.of(settings, []).runs_with())
+    model = deployment.model_phrase(Record.of(settings, []).runs_with())
     if settings.database_url is None:
         database = f"embedded Postgres in {settings.state_dir}"
     else:
@@ -162,7 +162,7 @@ def _shell(settings: Settings) -> status_of.Shell:
         url = urls.parse(settings.database_url)
         where = f"{url.host}:{url.port or 5432}" if url.host else "a local socket"
         database = f"{url.database or '(default)'} on {where}"
-    return status_of.Shell(model=model, database=database)
+    return deployment.Shell(model=model, database=database)
 
 
 _PLURAL = {

@@ -25,10 +25,10 @@ import click
 from controlplane import handles, prompts, versions
 from controlplane.cli.common import fail, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
+from controlplane.deployment import ago
 from controlplane.errors import InvalidInput
 from controlplane.ingest import admission
 from controlplane.settings import Settings
-from controlplane.status import ago
 
 
 @dataclass(frozen=True)

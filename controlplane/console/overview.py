@@ -17,11 +17,11 @@ import asyncpg
 
 from controlplane import __version__
 from controlplane.console import commands
+from controlplane.deployment import Deployment, ago, leader_line
+from controlplane.deployment import read as read_deployment
 from controlplane.domain import TicketState
 from controlplane.findings import open_findings
 from controlplane.settings import Settings
-from controlplane.status import Status, ago, leader_line
-from controlplane.status import read as read_status
 
 LIMIT = 50
 FAILED_WITHIN = "7 days"
@@ -57,7 +57,7 @@ def model_note(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _status(status: Status) -> dict[str, Any]:
+def _status(status: Deployment) -> dict[str, Any]:
     paused = None
     if status.paused_at is not None:
         paused = {
@@ -82,7 +82,7 @@ async def overview(settings: Settings, pool: asyncpg.Pool, channels: list[str]) 
     model = settings.llm.router_model if settings.model_configured else "rules-only"
     # One connection, one query after another: the pool also serves the hot paths.
     async with pool.acquire() as conn:
-        current = await read_status(conn, model)
+        current = await read_deployment(conn, model)
         waiting = await conn.fetch(_WAITING)
         approvals = await commands.awaiting_approval(conn, limit=LIMIT)
         dead = await conn.fetch(

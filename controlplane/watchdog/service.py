@@ -30,11 +30,11 @@ import asyncpg
 import openai
 
 from controlplane import failures, findings
+from controlplane.deployment import WATCHDOG_MARK
 from controlplane.findings import Open, Seen
 from controlplane.gateway import queue as commands
 from controlplane.services import Service, is_transient, sleep_unless
 from controlplane.settings import Settings
-from controlplane.status import WATCHDOG_MARK
 from controlplane.watchdog import actions, checks, drift
 
 log = logging.getLogger(__name__)

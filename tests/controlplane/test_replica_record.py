@@ -16,9 +16,9 @@ import pytest
 from pydantic import BaseModel, SecretStr
 
 from controlplane.cli.status import _shell
+from controlplane.deployment import model_phrase
 from controlplane.heartbeat import Record, endpoint_host
 from controlplane.settings import Settings
-from controlplane.status import model_phrase
 
 CANARY = "canary-5e81b07d"
 

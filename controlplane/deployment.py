@@ -1,7 +1,10 @@
-"""What the deployment is doing, read from the database every replica shares.
+"""The deployment: what its replicas, router leader, watchdog, devices and queues are doing,
+read from the database every replica shares.
 
-Shown by ``superagent status`` and on the console. Everything here is the deployment's
-view: the model is the one the running replicas recorded with their heartbeats
+Shown by ``superagent status`` and on the console's overview. The module is named for what
+it reads, not for the command: in the control plane's code "status" is a worker report's
+(``reports.status``), and endpointd's status is the device's own. Everything here is the
+deployment's view: the model is the one the running replicas recorded with their heartbeats
 (``controlplane.heartbeat``), never the one the reading process's settings name.
 """
 
@@ -62,7 +65,7 @@ class DeviceLine:
 
 @dataclass
 class Shell:
-    """What the process reading the status is configured with: not the deployment's."""
+    """What the process reading the deployment is configured with: not the deployment's."""
 
     model: str
     database: str  # host:port/name of the database read, or the embedded one's directory
@@ -80,7 +83,9 @@ class Quarantined:
 
 
 @dataclass
-class Status:
+class Deployment:
+    """What the deployment is doing, as read at one moment (:func:`read`)."""
+
     model: str
     router_leader: str | None
     router_leader_since: datetime | None
@@ -206,8 +211,8 @@ def _deployment_model(
     return "unknown (no replica is running)", None
 
 
-async def read(db: Db, fallback_model: str | None = None) -> Status:
-    """The deployment's status. ``fallback_model``: the reading replica's own model, shown
+async def read(db: Db, fallback_model: str | None = None) -> Deployment:
+    """What the deployment is doing now. ``fallback_model``: the reading replica's own model, shown
     only while no running replica has recorded one (the console, inside a replica, just
     after it started); the CLI passes none, as its shell is not the deployment."""
     rows = await db.fetch(_REPLICAS, ALIVE_WINDOW, ROUTER_LEASE)
@@ -245,7 +250,7 @@ async def read(db: Db, fallback_model: str | None = None) -> Status:
         ONLINE_WINDOW,
     )
     assert counts is not None
-    return Status(
+    return Deployment(
         model=model,
         model_from=model_from,
         replicas=alive,
@@ -292,21 +297,21 @@ async def read(db: Db, fallback_model: str | None = None) -> Status:
     )
 
 
-def leader_line(status: Status) -> str:
-    if status.router_leader is None:
-        if status.replicas:
+def leader_line(now: Deployment) -> str:
+    if now.router_leader is None:
+        if now.replicas:
             return "none yet: the running replicas have not elected one"
         return "none: no replica is running (or none has started leading yet)"
-    if status.router_lease_expired:
+    if now.router_lease_expired:
         return (
-            f"none: {status.router_leader} stopped renewing its lease "
-            f"{ago(status.router_lease_expires_at)}; another replica takes over at its "
+            f"none: {now.router_leader} stopped renewing its lease "
+            f"{ago(now.router_lease_expires_at)}; another replica takes over at its "
             "next attempt"
         )
-    assert status.router_lease_expires_at is not None
-    left = (status.router_lease_expires_at - datetime.now(UTC)).total_seconds()
+    assert now.router_lease_expires_at is not None
+    left = (now.router_lease_expires_at - datetime.now(UTC)).total_seconds()
     return (
-        f"{status.router_leader} (leading since {ago(status.router_leader_since)}, "
+        f"{now.router_leader} (leading since {ago(now.router_leader_since)}, "
         f"lease renewed, {max(left, 0):.0f}s left)"
     )
 
@@ -321,10 +326,10 @@ def ago(when: datetime | None) -> str:
     return f"{seconds}s ago"
 
 
-def watchdog_line(status: Status) -> str:
-    if status.watchdog is None:
+def watchdog_line(now: Deployment) -> str:
+    if now.watchdog is None:
         return "never seen (`superagent up` runs it; with `serve`, run `superagent watchdog`)"
-    when = ago(status.watchdog_last_pass)
-    if not status.watchdog_alive:
-        return f"NOT RUNNING: last pass {when} by {status.watchdog}"
-    return f"{status.watchdog}, last pass {when}"
+    when = ago(now.watchdog_last_pass)
+    if not now.watchdog_alive:
+        return f"NOT RUNNING: last pass {when} by {now.watchdog}"
+    return f"{now.watchdog}, last pass {when}"
