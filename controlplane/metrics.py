@@ -33,7 +33,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from controlplane import logs
-from controlplane.access import guard
+from controlplane.access import authentication
 from controlplane.db import outage
 from controlplane.db.pool import Conn
 from controlplane.domain import LIVE_COMMAND_STATES, TicketState
@@ -362,7 +362,7 @@ def authorize(request: Request, settings: Settings) -> None:
     """Raise Unauthorized unless ``request`` may read the metrics: the admin token as a
     bearer header (Prometheus: ``authorization.credentials_file``), as every surface."""
     try:
-        guard.principal(request)
+        authentication.principal(request)
     except Unauthorized:
         raise Unauthorized(
             "/metrics needs the admin token: send 'Authorization: Bearer "

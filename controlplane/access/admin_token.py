@@ -1,7 +1,7 @@
 """The admin token: configured, or generated once for a server that listens on loopback.
 
 Every HTTP surface of the control plane needs the admin token, or a session made from it
-(:mod:`controlplane.api.access`). Nothing is trusted for being "local": a reverse proxy
+(:mod:`controlplane.access.middleware`). Nothing is trusted for being "local": a reverse proxy
 makes every peer look like 127.0.0.1, and on a shared machine every local user is a
 loopback peer. So, as notebook servers do, a server started without
 ``SUPERAGENT_ADMIN_TOKEN`` generates one, keeps it in ``<state dir>/admin-token`` (mode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.requests import HTTPConnection
 
-from controlplane.access import guard, sessions, throttle
+from controlplane.access import authentication, sessions, throttle
 from controlplane.db.pool import Db
 from controlplane.settings import Settings
 
@@ -15,16 +15,16 @@ async def with_token(settings: Settings, db: Db, conn: HTTPConnection, token: st
     The attempt is counted before the token is compared (TooManyAttempts past the limit),
     so concurrent guesses from one peer cannot outrun the count; the right token clears it.
     """
-    where = guard.peer(conn)
+    where = authentication.peer(conn)
     await throttle.count(
         db,
         where,
         limit=settings.http.signin_attempts,
         window=settings.http.signin_window_seconds,
     )
-    if settings.admin_token is None or not guard.token_matches(settings, token):
+    if settings.admin_token is None or not authentication.token_matches(settings, token):
         return None
     await throttle.clear(db, where)
     return await sessions.start(
-        db, settings.admin_token.get_secret_value(), where, guard.session_ttl(settings)
+        db, settings.admin_token.get_secret_value(), where, authentication.session_ttl(settings)
     )

@@ -9,10 +9,11 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from controlplane import __version__, metrics
+from controlplane.access.middleware import RequireAccess
 from controlplane.api import console, errors
-from controlplane.api.access import RequireAccess
 from controlplane.api.body_limit import BodyLimit
 from controlplane.channels import registry as channel_registry
+from controlplane.console import pages
 from controlplane.web.state import AppState, app_state
 
 State = Annotated[AppState, Depends(app_state)]
@@ -31,7 +32,11 @@ def create_app(state: AppState) -> FastAPI:
     # it), then the access rule: every route, those below and any added later, needs the
     # admin token or a session unless RequireAccess lists it as public (docs/security.md).
     # Inside the trace middleware, a 413 or a refusal names its request too.
-    app.add_middleware(RequireAccess, state=state)
+    app.add_middleware(
+        RequireAccess,
+        state=state,
+        login_page=lambda target: pages.login(next_page=target, error=None),
+    )
     app.add_middleware(BodyLimit, settings=state.settings.http)
     metrics.install(app)
 

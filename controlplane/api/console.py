@@ -11,8 +11,8 @@
 * ``/console/static/…``: the script and the style sheet.
 
 Every endpoint but the sign-in page and the static files needs the admin token or a session
-(:mod:`controlplane.api.access`, in front of every route); each also checks
-:func:`controlplane.console.access.check`, so a route is never open by accident.
+(:mod:`controlplane.access.middleware`, in front of every route); each also checks
+:func:`controlplane.access.console.check`, so a route is never open by accident.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from fastapi import APIRouter, Depends, Query, Request, WebSocket
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
-from controlplane.access import guard, headers, sessions, signin, static_files
+from controlplane.access import authentication, sessions, signin
+from controlplane.access import console as access
 from controlplane.channels.webchat.connection import refuse
 from controlplane.console import (
-    access,
     actions,
     costs,
     devices,
@@ -45,6 +45,7 @@ from controlplane.console import versions as documents
 from controlplane.errors import InvalidInput, TransientError, Unauthorized
 from controlplane.gateway.queue import CommandQueue
 from controlplane.services import is_transient
+from controlplane.web import headers, static_files
 from controlplane.web.state import AppState, app_state
 
 T = TypeVar("T")
@@ -179,8 +180,8 @@ async def login_page(
                 state.pool,
                 once,
                 admin.get_secret_value(),
-                guard.peer(request),
-                guard.session_ttl(state.settings),
+                authentication.peer(request),
+                authentication.session_ttl(state.settings),
             )
         )
     if secret is None:

@@ -1,6 +1,10 @@
-"""What every HTTP route shares, below the routes themselves: the application's state.
+"""What every HTTP surface shares, below the routes themselves.
 
-The API, the console, the metrics endpoint and each channel's webhook routes all reach it
-through ``Depends(app_state)``; keeping it out of ``api/`` lets the channels sit below the
-API instead of importing it back.
+* :mod:`.state`: the application's state, which the API, the console, the metrics
+  endpoint and each channel's webhook routes reach through ``Depends(app_state)``;
+* :mod:`.headers`: the security headers of every HTML page (console and chat);
+* :mod:`.static_files`: the pages' own scripts and style sheets.
+
+Keeping them out of ``api/`` lets the channels sit below the API instead of importing it
+back. Who may reach any of it is :mod:`controlplane.access`'s.
 """

@@ -8,7 +8,7 @@
 * ``/chat/ws``: the websocket (see :mod:`controlplane.channels.webchat.connection`).
 
 Every endpoint but the sign-in needs the admin token or a session (the middleware of
-:mod:`controlplane.api.access`) and checks :func:`controlplane.channels.webchat.auth.check`.
+:mod:`controlplane.access.middleware`) and checks :func:`controlplane.access.chat.check`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from controlplane.access import guard, headers, sessions, signin, static_files
-from controlplane.channels.webchat import auth, connection, events, history
+from controlplane.access import authentication, sessions, signin
+from controlplane.access import chat as chat_access
+from controlplane.channels.webchat import connection, events, history
 from controlplane.channels.webchat.adapter import WebChatAdapter
 from controlplane.channels.webchat.hub import ChatClient
 from controlplane.errors import InvalidInput, NotFound, Unauthorized
+from controlplane.web import headers, static_files
 from controlplane.web.state import AppState, app_state
 
 router = APIRouter()
@@ -44,7 +46,7 @@ _STATIC = frozenset({"chat.js", "chat.css"})
 @router.get("/chat", include_in_schema=False)
 async def chat_page(request: Request, state: State) -> Response:
     _adapter(state)
-    auth.check(request, state.settings)
+    chat_access.check(request, state.settings)
     page = static_files.read(__package__, "chat.html")
     return HTMLResponse(page, headers=headers.PAGE_HEADERS)
 
@@ -61,27 +63,27 @@ class SignIn(BaseModel):
 @router.post("/chat/session", summary="Sign the chat page in with the admin token")
 async def chat_session(request: Request, body: SignIn, state: State) -> JSONResponse:
     _adapter(state)
-    auth.check_origin(request)
+    chat_access.check_origin(request)
     secret = await signin.with_token(state.settings, state.pool, request, body.token)
     if secret is None:
         raise Unauthorized("that is not the admin token (SUPERAGENT_ADMIN_TOKEN)")
     response = JSONResponse({"signed_in": True})
-    sessions.set_cookie(response, request, secret, guard.session_ttl(state.settings))
+    sessions.set_cookie(response, request, secret, authentication.session_ttl(state.settings))
     return response
 
 
 @router.get("/chat/api/threads", summary="The caller's chat conversations")
 async def chat_threads(request: Request, state: State, name: str | None = None) -> Any:
     adapter = _adapter(state)
-    auth.check(request, state.settings)
-    who = events.actor(auth.display_name(name))
+    chat_access.check(request, state.settings)
+    who = events.actor(chat_access.display_name(name))
     return {"actor": who.id, "threads": await history.conversations(adapter.pool, who.id)}
 
 
 @router.get("/chat/api/threads/{thread}/messages", summary="One chat conversation's messages")
 async def chat_messages(request: Request, thread: str, state: State) -> Any:
     adapter = _adapter(state)
-    auth.check(request, state.settings)
+    chat_access.check(request, state.settings)
     if not await history.exists(adapter.pool, thread):
         raise NotFound(f"no conversation {thread}")
     found = await history.messages(adapter.pool, thread)
@@ -96,8 +98,8 @@ async def chat_socket(websocket: WebSocket) -> None:
     await websocket.accept()
     try:
         adapter = _adapter(state)
-        auth.check(websocket, state.settings)
-        name = auth.display_name(websocket.query_params.get("name"))
+        chat_access.check(websocket, state.settings)
+        name = chat_access.display_name(websocket.query_params.get("name"))
     except NotFound as exc:
         await connection.refuse(websocket, connection.CLOSE_OFF, exc.message)
         return

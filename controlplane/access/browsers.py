@@ -1,8 +1,4 @@
-"""The verified caller of an HTTP request, and the two browser guards.
-
-:class:`controlplane.api.access.RequireAccess` verifies every non-public request and puts
-the caller in the ASGI scope; routes read it with :func:`principal`, so no route can be
-reached by a path that skipped the verification.
+"""What a browser may not be made to reach: the two guards in front of every credential.
 
 Two browser attacks are refused before any credential is looked at:
 
@@ -13,57 +9,14 @@ Two browser attacks are refused before any credential is looked at:
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Literal
 from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
 from controlplane.access.admin_token import loopback_host
 from controlplane.errors import Unauthorized
-from controlplane.peers import peer_group
 from controlplane.settings import Settings
-
-PRINCIPAL = "superagent.principal"
-ADMIN = "admin"  # every holder of the admin token is this one principal
-NEEDS_TOKEN = (
-    "this needs the admin token (SUPERAGENT_ADMIN_TOKEN): sign in on /console/login, or "  # noqa: S105 - a message
-    "send it as 'Authorization: Bearer …'"
-)
-
-
-@dataclass(frozen=True)
-class Principal:
-    name: str
-    via: Literal["bearer", "session"]
-
-
-def principal(conn: HTTPConnection) -> Principal:
-    """The caller the middleware verified; Unauthorized if there is none."""
-    found = conn.scope.get(PRINCIPAL)
-    if not isinstance(found, Principal):
-        raise Unauthorized(NEEDS_TOKEN)
-    return found
-
-
-def token_matches(settings: Settings, presented: str) -> bool:
-    """Constant-time comparison with the admin token; False when there is none."""
-    if settings.admin_token is None:
-        return False
-    # Bytes: compare_digest refuses str with non-ASCII characters.
-    expected = settings.admin_token.get_secret_value().encode()
-    return hmac.compare_digest(presented.encode(), expected)
-
-
-def session_ttl(settings: Settings) -> timedelta:
-    return timedelta(hours=settings.http.session_hours)
-
-
-def peer(conn: HTTPConnection) -> str:
-    return peer_group(conn.client.host if conn.client else None)
 
 
 def _host_name(host_header: str) -> str:

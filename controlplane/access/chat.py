@@ -1,7 +1,8 @@
-"""Whether the other end of a chat request may chat, and what it is called.
+"""Access to the web chat: whether the other end of a chat request may chat, and what it is
+called.
 
 Every chat surface needs the admin token or a session made from it, verified for every
-route by :mod:`controlplane.api.access`; this module only words the chat's refusals. Every
+route by :mod:`.middleware`; this module only words the chat's refusals. Every
 holder of the token is one principal, the admin: the ``name`` a caller gives labels who
 said what, for display only, and never makes anyone else.
 """
@@ -12,7 +13,7 @@ import re
 
 from starlette.requests import HTTPConnection
 
-from controlplane.access import guard
+from controlplane.access import authentication, browsers
 from controlplane.errors import InvalidInput, Unauthorized
 from controlplane.settings import Settings
 
@@ -23,14 +24,14 @@ _NAME_MAX = 64
 
 def check_origin(conn: HTTPConnection) -> None:
     """Refuse requests a browser sends on behalf of another site's page."""
-    guard.check_origin(conn, "chat")
+    browsers.check_origin(conn, "chat")
 
 
 def check(conn: HTTPConnection, settings: Settings) -> None:
     """Raise Unauthorized unless ``conn`` may use the chat."""
     check_origin(conn)
     try:
-        guard.principal(conn)
+        authentication.principal(conn)
     except Unauthorized:
         raise Unauthorized(
             "the chat needs the admin token (SUPERAGENT_ADMIN_TOKEN): send it as "

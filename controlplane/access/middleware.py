@@ -1,7 +1,8 @@
-"""Every HTTP and websocket request needs the admin token or a session: one middleware.
+"""Access: every HTTP and websocket request needs the admin token or a session, one middleware.
 
 The token comes as ``Authorization: Bearer …`` (the CLI, scripts, Prometheus) or as a
-session made from it (a browser's cookie, :mod:`controlplane.access.sessions`). Nothing
+session made from it (a browser's cookie, :mod:`.sessions`); who the caller is, once
+verified, is :mod:`.authentication`'s word. Nothing
 is trusted for looking local: not the ``Host`` header (anyone can send ``Host:
 127.0.0.1``), not the peer address (a local reverse proxy makes every peer 127.0.0.1, and
 on a shared machine every user is a loopback peer).
@@ -18,14 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from controlplane.access import guard, headers, sessions, throttle
+from controlplane.access import authentication, browsers, sessions, throttle
 from controlplane.errors import SuperagentError, TransientError, Unauthorized
 from controlplane.services import is_transient
+from controlplane.web import headers
 from controlplane.web.state import AppState
 
 CLOSE_UNAUTHORIZED = 1008  # a websocket refused for its credentials or its origin
@@ -46,11 +49,17 @@ def is_public(path: str) -> bool:
 
 
 class RequireAccess:
-    """ASGI middleware: a non-public request goes on only with a verified principal."""
+    """ASGI middleware: a non-public request goes on only with a verified principal.
 
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
+    ``login_page(target)`` renders the sign-in form that leads back to ``target``: the
+    console's page, handed in by the application so that this package stays below the
+    console.
+    """
+
+    def __init__(self, app: ASGIApp, state: AppState, login_page: Callable[[str], str]) -> None:
         self.app = app
         self.state = state
+        self.login_page = login_page
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or is_public(scope["path"]):
@@ -59,9 +68,9 @@ class RequireAccess:
         try:
             who = await self._verify(HTTPConnection(scope))
         except SuperagentError as exc:
-            await _refuse(scope, receive, send, exc)
+            await _refuse(scope, receive, send, exc, self.login_page)
             return
-        scope[guard.PRINCIPAL] = who
+        scope[authentication.PRINCIPAL] = who
         if scope["type"] == "websocket" and who.via == "session":
             await self._while_signed_in(scope, receive, send)
             return
@@ -105,26 +114,26 @@ class RequireAccess:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
 
-    async def _verify(self, conn: HTTPConnection) -> guard.Principal:
+    async def _verify(self, conn: HTTPConnection) -> authentication.Principal:
         settings = self.state.settings
-        guard.check_origin(conn)
+        browsers.check_origin(conn)
         scheme, _, presented = conn.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":
             # A browser's credential is its cookie, which a DNS-rebinding page cannot
             # have either; refusing the foreign name is the second lock. A bearer token
             # is not ambient: a page can only send it if it already knows it.
-            guard.check_host(conn, settings)
+            browsers.check_host(conn, settings)
         if settings.admin_token is None:
             raise Unauthorized(
                 "this server has no admin token; set SUPERAGENT_ADMIN_TOKEN "
                 "(`superagent up` generates one)"
             )
         if scheme.lower() == "bearer":
-            if guard.token_matches(settings, presented.strip()):
-                return guard.Principal(guard.ADMIN, "bearer")
+            if authentication.token_matches(settings, presented.strip()):
+                return authentication.Principal(authentication.ADMIN, "bearer")
             await throttle.count(
                 self.state.pool,
-                guard.peer(conn),
+                authentication.peer(conn),
                 limit=settings.http.signin_attempts,
                 window=settings.http.signin_window_seconds,
             )
@@ -133,7 +142,7 @@ class RequireAccess:
             )
         secret = conn.cookies.get(sessions.COOKIE)
         if not secret:
-            raise Unauthorized(guard.NEEDS_TOKEN)
+            raise Unauthorized(authentication.NEEDS_TOKEN)
         token = settings.admin_token.get_secret_value()
         try:
             ok = await sessions.valid(self.state.pool, secret, token)
@@ -143,10 +152,16 @@ class RequireAccess:
             raise
         if not ok:
             raise Unauthorized("this sign-in has expired or ended; sign in again")
-        return guard.Principal(guard.ADMIN, "session")
+        return authentication.Principal(authentication.ADMIN, "session")
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, exc: SuperagentError) -> None:
+async def _refuse(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    exc: SuperagentError,
+    login_page: Callable[[str], str],
+) -> None:
     if scope["type"] == "websocket":
         # Accepted first, so that the refusal can say why: a refused handshake is a bare
         # 403 that a page's script cannot read.
@@ -164,11 +179,9 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, exc: SuperagentErr
     if exc.http_status == 401:
         reply.append((b"www-authenticate", b'Bearer realm="superagent"'))
     if _wants_page(scope) and exc.http_status == 401:
-        from controlplane.console import pages  # the sign-in form, rendered in place
-
         query = scope.get("query_string", b"").decode("latin-1")
         target = scope["path"] + (f"?{query}" if query else "")
-        body = pages.login(next_page=target, error=None).encode()
+        body = login_page(target).encode()  # the sign-in form, rendered in place
         reply.append((b"content-type", b"text/html; charset=utf-8"))
         reply += [
             (name.lower().encode(), value.encode())

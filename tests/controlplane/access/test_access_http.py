@@ -29,9 +29,8 @@ import websockets
 from pydantic import SecretStr, ValidationError
 from starlette.routing import Route
 
-from controlplane.access import sessions
-from controlplane.api import access
-from controlplane.api.access import is_public
+from controlplane.access import middleware, sessions
+from controlplane.access.middleware import is_public
 from controlplane.api.app import create_app
 from controlplane.channels.base import Channels
 from controlplane.channels.context import ChannelContext
@@ -446,7 +445,7 @@ def test_the_container_image_refuses_to_run_without_a_token(tmp_path: Path) -> N
 async def test_an_open_websocket_ends_with_its_session(
     pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(access, "SESSION_RECHECK_SECONDS", 0.2)
+    monkeypatch.setattr(middleware, "SESSION_RECHECK_SECONDS", 0.2)
     state = _app(pool, admin_token=TOKEN, http={"port": 0})
     http = HttpService(state)
     await http.start()

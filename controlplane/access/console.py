@@ -1,7 +1,7 @@
-"""Who may use the console: whoever holds the admin token or a session made from it.
+"""Access to the console: whoever holds the admin token or a session made from it.
 
-The rule itself is :mod:`controlplane.api.access` (a middleware in front of every route)
-and :mod:`controlplane.access.guard`; this module words the console's refusals, and signs
+The rule itself is :mod:`.middleware` (in front of every route), :mod:`.authentication`
+and :mod:`.browsers`; this module words the console's refusals, and signs
 a browser in and out. The session cookie is scoped to the whole site, so one sign-in
 opens both the console and the chat it embeds.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
-from controlplane.access import guard, sessions
+from controlplane.access import authentication, browsers, sessions
 from controlplane.errors import Unauthorized
 from controlplane.settings import Settings
 
@@ -22,14 +22,14 @@ _NEXT = (HOME, "/chat")  # where a sign-in may lead
 
 def check_origin(conn: HTTPConnection) -> None:
     """Refuse what a browser sends on behalf of another site's page."""
-    guard.check_origin(conn, "console")
+    browsers.check_origin(conn, "console")
 
 
 def check(conn: HTTPConnection, settings: Settings) -> None:
     """Raise Unauthorized, saying what to do, unless ``conn`` may use the console."""
     check_origin(conn)
     try:
-        guard.principal(conn)
+        authentication.principal(conn)
     except Unauthorized:
         raise Unauthorized(
             "the console needs the admin token (SUPERAGENT_ADMIN_TOKEN): sign in on "
@@ -46,7 +46,7 @@ def allowed(conn: HTTPConnection, settings: Settings) -> bool:
 
 
 def sign_in(response: Response, conn: HTTPConnection, secret: str, settings: Settings) -> None:
-    sessions.set_cookie(response, conn, secret, guard.session_ttl(settings))
+    sessions.set_cookie(response, conn, secret, authentication.session_ttl(settings))
 
 
 def sign_out(response: Response) -> None:
