@@ -36,7 +36,8 @@ __all__ = [
 
 
 class TicketState(StrEnum):
-    """``tickets.state``: where a unit of promised work stands (DESIGN.md §2)."""
+    """``tickets.state``: where a unit of promised work stands (docs/architecture.md,
+    *Domain model*)."""
 
     OPEN = "open"  # waiting for a worker round
     RUNNING = "running"  # a worker holds it

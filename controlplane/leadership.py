@@ -1,4 +1,5 @@
-"""Leader election by a lease row in Postgres (DESIGN.md §2, rule 5).
+"""Leader election by a lease row in Postgres (docs/architecture.md,
+*Rules everything relies on*, rule 5).
 
 A replica holds the ``router`` lease while it renews it, every ``renew_seconds``, before it
 expires (``lease_seconds`` after the last renewal, by the database's clock, so replicas'

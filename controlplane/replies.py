@@ -5,8 +5,8 @@ thread's adapter). It is written by the router's ``reply`` tool, by workers (res
 questions), approvals, alerts and the watchdog: all of them queue it here, below the
 channels, in their own transaction.
 
-Replies have a style per channel (DESIGN §3.5): GitHub threads get structured replies,
-every chat channel at most :data:`IM_MAX_WORDS` words.
+Replies have a style per channel (docs/architecture.md, *Ingest and routing*): GitHub
+threads get structured replies, every chat channel at most :data:`IM_MAX_WORDS` words.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from superagent_shared.ids import stable_id
 
 
 class Style(StrEnum):
-    """How replies on a channel are written (DESIGN §3.5)."""
+    """How replies on a channel are written (docs/architecture.md, *Ingest and routing*)."""
 
     im = "im"  # chat: at most IM_MAX_WORDS words, decisions, questions and results only
     structured = "structured"  # GitHub: background, change, validation; complete

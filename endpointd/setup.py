@@ -2,11 +2,11 @@
 
 The daemon ships three import packages: `endpointd` (beside this file) and the code it
 shares with the control plane, `superagent_shared` and `superagent_proto`, which live in the
-repository's sibling folders `../shared/` and `../proto/` (the control plane imports them
-from there too). Everything else about the distribution is declared in pyproject.toml; only
-what depends on where the build runs is here:
+repository's top-level folders `shared/` and `proto/`, beside this one (the control plane
+imports them from there too). Everything else about the distribution is declared in
+pyproject.toml; only what depends on where the build runs is here:
 
-* In a checkout, the sibling packages are read from `../shared` and `../proto`.
+* In a checkout, the sibling packages are read from the repository's `shared/` and `proto/`.
 * `sdist` copies them into the release tree, beside `endpointd/`, so the sdist is
   self-contained: `pip install endpointd-X.tar.gz` has no repository around it.
 * In an unpacked sdist, those in-tree copies exist and are used as they are.

@@ -1,4 +1,5 @@
-"""Per-device authorization: who may direct work to which device (DESIGN.md §3).
+"""Per-device authorization: who may direct work to which device (docs/architecture.md,
+*Ingest and routing*, whose device).
 
 * :mod:`.devices`: who someone is (principals), the check, the grant a ticket records,
   shares; and the check the gateway repeats below every entry point.

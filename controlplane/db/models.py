@@ -1,4 +1,4 @@
-"""The schema of DESIGN.md §2 as SQLAlchemy 2 models.
+"""The schema of the domain model (docs/architecture.md, *Domain model*) as SQLAlchemy 2 models.
 
 Models hold data only; behaviour lives in plain async functions in each part's package.
 States are text columns guarded by CHECK constraints (readable in psql, cheap to extend in a
@@ -783,7 +783,8 @@ class Command(Base):
 
 
 class Effect(Base):
-    """The outbox (DESIGN.md §2 rule 1). See ``controlplane.effects`` for the protocol.
+    """The outbox (docs/architecture.md, *Rules everything relies on*, rule 1). See
+    ``controlplane.effects`` for the protocol.
 
     ``next_attempt_at`` doubles as the claim lease: claiming pushes it to now + lease, so a
     dead runner's effect becomes ready again by itself and the ready index stays one range.

@@ -2,7 +2,8 @@
 
 ``outbox.enqueue`` writes an effect in the caller's transaction; ``runner.EffectRunner``
 (on any replica) claims ready effects with ``FOR UPDATE SKIP LOCKED``, executes their
-handlers, and deletes each one only if its generation still matches (DESIGN.md §2 rule 1).
+handlers, and deletes each one only if its generation still matches (docs/architecture.md,
+*Rules everything relies on*, rule 1).
 """
 
 from controlplane.effects.handlers import ClaimedEffect, Handler, Handlers, Postpone

@@ -1,5 +1,5 @@
-"""Which device a ticket for a known repository goes to, chosen in code (DESIGN.md §4,
-"Workspaces"), never guessed by the model.
+"""Which device a ticket for a known repository goes to, chosen in code (docs/architecture.md,
+*Workers*, workspaces), never guessed by the model.
 
 A request that names a repository (``repo`` in create_ticket, or the GitHub thread's own
 ``owner/name``) and no device is placed on a device that reports a clone of it

@@ -1,5 +1,5 @@
 """The watchdog: a separate process (``superagent watchdog``) on a timer, outside the
-replicas, over the same Postgres (DESIGN.md §6).
+replicas, over the same Postgres (docs/architecture.md, *The watchdog*).
 
 Every ``interval_seconds`` it runs the checks (``checks.py``, and ``drift.py`` when a model
 is configured), records what it sees (``findings.py``), and acts by a fixed ladder:

@@ -1,9 +1,9 @@
 """The watchdog as a child of ``superagent up`` (controlplane.children).
 
-DESIGN.md §6 wants the watchdog outside the replicas. On one machine ``up`` is the whole
-deployment, so it runs ``superagent watchdog`` as a process of its own (its own event loop,
-its own pool). Deployments (``superagent serve``) run ``superagent watchdog`` separately
-and never start this.
+The watchdog runs outside the replicas (docs/architecture.md, *The watchdog*). On one
+machine ``up`` is the whole deployment, so it runs ``superagent watchdog`` as a process of
+its own (its own event loop, its own pool). Deployments (``superagent serve``) run
+``superagent watchdog`` separately and never start this.
 """
 
 from __future__ import annotations

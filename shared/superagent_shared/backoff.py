@@ -2,9 +2,10 @@
 
 :func:`delay` is the stateless form (retry number ``attempt`` of an effect, a model call, a
 service loop); :class:`Backoff` keeps the count for a loop that redials, as endpointd does
-with the gateway ("1 s ×1.6 ±20 % up to 120 s", DESIGN.md §5). Jitter keeps many retriers,
-a fleet of daemons cut off by the same outage above all, from marching in step. Only the
-standard library is used: this module ships in the daemon wheel.
+with the gateway ("1 s ×1.6 ±20 % up to 120 s": docs/architecture.md, *Device gateway and
+endpointd*). Jitter keeps many retriers, a fleet of daemons cut off by the same outage above
+all, from marching in step. Only the standard library is used: this module ships in the
+daemon wheel.
 """
 
 from __future__ import annotations
