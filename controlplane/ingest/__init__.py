@@ -1,1 +1,1 @@
-"""Ingest: events become Triggers, judged by the programmatic policy, then routed."""
+"""Ingest: events become Triggers, judged by admission (the programmatic filter), then routed."""

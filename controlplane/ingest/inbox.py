@@ -33,7 +33,7 @@ class InboxEvent:
     created_at: datetime
     actor_id: str = ""
     person_id: str | None = None
-    allowlisted: bool = False  # a human on the source's allowlist (policy.Verdict)
+    allowlisted: bool = False  # a human on the source's allowlist (admission.Verdict)
     public: bool | None = None  # said in public; None: not known
 
 

@@ -5,7 +5,7 @@ One short transaction per event, in this order:
 1. The thread is found or created (unique on source + external id).
 2. The trigger is inserted unless (source, external id) is already there: a redelivered
    webhook returns the original, untouched.
-3. The programmatic policy's verdict (:mod:`controlplane.ingest.admission`) and the thread's
+3. Admission's verdict (:mod:`controlplane.ingest.admission`) and the thread's
    subscribers decide the route:
 
    * ``subscribers``: the thread has live tickets subscribed, and the event is not noise.
@@ -58,7 +58,7 @@ class IncomingTrigger:
     actor: Actor
     kind: str
     text: str = ""
-    direct: bool = False  # the channel itself addresses the agent (see policy.Event)
+    direct: bool = False  # the channel itself addresses the agent (see admission.Event)
     payload: bytes | None = None  # the raw event, kept as a blob
     payload_type: str = "application/json"
     # The channel's id of the message to mark as seen (👀) if this is an explicit request.
@@ -80,7 +80,8 @@ class Ingested:
 
 
 class AdmissionSource:
-    """The current ingest policy, re-read at most once a second (saves apply within 1 s)."""
+    """The current admission document (``superagent policy``), re-read at most once a second
+    (saves apply within 1 s)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
@@ -88,7 +89,7 @@ class AdmissionSource:
         self._current: tuple[str | None, Admission] = (None, Admission())
 
     async def current(self) -> tuple[str | None, Admission]:
-        """(version id or None when never saved, policy)."""
+        """(version id or None when never saved, the admission document)."""
         if time.monotonic() - self._loaded_at < _POLICY_REFRESH_SECONDS:
             return self._current
         row = await self.pool.fetchrow(
@@ -103,7 +104,7 @@ class AdmissionSource:
         return self._current
 
     def forget(self) -> None:
-        """Read the policy again on next use (after a save in this process)."""
+        """Read the document again on next use (after a save in this process)."""
         self._loaded_at = float("-inf")
 
 
@@ -157,7 +158,7 @@ def _storable(text: str) -> bool:
 # Everything in one statement (one round trip, its own transaction):
 # * the thread is found or created. Its last_event_at is refreshed at most every 10 s, so
 #   that a busy thread's row is not locked by every event;
-# * the route follows from the policy's verdict (computed before, passed in) and the
+# * the route follows from admission's verdict (computed before, passed in) and the
 #   thread's live subscribers;
 # * the trigger is inserted unless (source, external id) exists: a duplicate inserts
 #   nothing at all, not even its blob, and returns no row;
