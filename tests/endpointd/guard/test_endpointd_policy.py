@@ -22,14 +22,7 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard import sandbox
-from endpointd.guard.policy import (
-    POLICY_FILE,
-    Decision,
-    Policy,
-    PolicyError,
-    example_text,
-    parse_policy,
-)
+from endpointd.guard.policy import Policy
 from endpointd.model import (
     Cancel,
     Command,
@@ -40,6 +33,11 @@ from endpointd.model import (
     Reason,
     WriteFile,
 )
+from endpointd.rules.decisions import Decision
+from endpointd.rules.errors import PolicyError
+from endpointd.rules.parser import parse_policy
+from endpointd.rules.terms import POLICY_FILE
+from endpointd.rules.writer import example_text
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.cli_output import in_a_terminal, one_line_error, read_until

@@ -15,7 +15,7 @@ import pytest
 
 from endpointd import wire
 from endpointd.guard.approvals import describe, summarize
-from endpointd.guard.policy import Policy, PolicyError, parse_policy
+from endpointd.guard.policy import Policy
 from endpointd.harness import detect, runs
 from endpointd.model import (
     Command,
@@ -27,6 +27,8 @@ from endpointd.model import (
     Repository,
     RunHarness,
 )
+from endpointd.rules.errors import PolicyError
+from endpointd.rules.parser import parse_policy
 from superagent_proto.v1 import endpoint_pb2 as pb
 
 
