@@ -283,8 +283,13 @@ def status(as_json: bool) -> None:
     even when the network is down. The last connection error is shown, e.g. when the server
     has revoked this device.
     """
-    from endpointd.report import collect_status, print_status
-    from endpointd.status import credential_line, credential_status, sandbox_status
+    from endpointd.status import (
+        collect_status,
+        credential_line,
+        credential_status,
+        print_status,
+        sandbox_status,
+    )
 
     report = collect_status(config_dir().path, state_dir().path)
     report["sandbox"], report["sandbox_from"] = sandbox_status(
@@ -312,7 +317,7 @@ def unpair(purge: bool) -> None:
     """
     from endpointd.config import delete_config, load_config
     from endpointd.keys import delete_key
-    from endpointd.report import daemon_alive
+    from endpointd.status import daemon_alive
 
     cfg_dir, st_dir = config_dir().path, state_dir().path
     config = load_config(cfg_dir)
