@@ -9,7 +9,11 @@ and how long it is kept (``[workspaces]``), which coding-agent CLIs the control 
 run here and with what (``[harness]``), and the limits (``[limits]``). The shipped
 ``policy.example.toml`` documents every key. What the file says is read and validated in
 :mod:`endpointd.rules` (its words, its tables, its parser); this module judges commands
-against it.
+against it, through one module per kind of check: :mod:`~endpointd.guard.exec_check`
+(an exec), :mod:`~endpointd.guard.file_check` (a file operation),
+:mod:`~endpointd.guard.workspace_check` (a ticket workspace) and, under all three,
+:mod:`~endpointd.guard.roots` (where a command may act); :mod:`~endpointd.guard.loaded`
+holds one load of the file.
 
 How it is enforced:
 
@@ -32,23 +36,18 @@ clear refusal up front); the kernel is the boundary.
 
 from __future__ import annotations
 
-import fnmatch
-import functools
 import hashlib
-import json
 import os
-import re
-import shutil
-import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import cast
 
 from endpointd.guard import sandbox
-from endpointd.guard.files import fold as _fold
+from endpointd.guard.exec_check import exec_decision, program_of
+from endpointd.guard.file_check import file_decision, file_op
 from endpointd.guard.files import within as _within
-from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
+from endpointd.guard.loaded import Loaded, denied_hit, load
+from endpointd.guard.roots import broken_decision
+from endpointd.guard.workspace_check import workspace_decision
 from endpointd.model import (
     Command,
     Exec,
@@ -64,70 +63,9 @@ from endpointd.model import (
     WriteFile,
 )
 from endpointd.paths import data_dir, state_dir
-from endpointd.rules import environment
-from endpointd.rules.credentials import FILES_DIRECTORY as CREDENTIAL_FILES_DIR
-from endpointd.rules.credentials import NAME_RULE, valid_name
 from endpointd.rules.decisions import Decision
-from endpointd.rules.errors import PolicyError
-from endpointd.rules.parser import parse_policy
-from endpointd.rules.reader import expand_path
-from endpointd.rules.remotes import remote_of
-from endpointd.rules.tables import (
-    DEFAULT_DENIED_PATHS,
-    DeniedPath,
-    Limits,
-    Rules,
-    WorkspaceRules,
-)
-from endpointd.rules.terms import POLICY_FILE, Action, FileOp
-
-# How much of a command line a message quotes: enough to recognise it, not a wall of text.
-_QUOTE_LIMIT = 200
-_MAX_ARG_TOKENS = 2000
-
-
-def _quote(argv: Sequence[str]) -> str:
-    line = " ".join(argv)
-    return json.dumps(line if len(line) <= _QUOTE_LIMIT else line[:_QUOTE_LIMIT] + "…")
-
-
-def command_lines(argv: Sequence[str]) -> tuple[str, ...]:
-    """What command globs are matched against: the argv joined by spaces, and the same with
-    argv[0] reduced to its base name (so ``rm *`` also catches ``/bin/rm -rf x``)."""
-    line = " ".join(argv)
-    base = os.path.basename(argv[0]) if argv else ""
-    if argv and base and base != argv[0]:
-        return (line, " ".join([base, *argv[1:]]))
-    return (line,)
-
-
-def glob_matches(glob: str, argv: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(line, glob) for line in command_lines(argv))
-
-
-_TOKEN_SPLIT = re.compile(r"""[\s'"=;|&<>()`,]+""")
-
-
-@dataclass(frozen=True)
-class _Root:
-    written: Path
-    real: str
-
-
-@dataclass(frozen=True)
-class _Denied:
-    entry: DeniedPath
-    forms: tuple[str, ...]  # normalised and resolved
-
-
-@dataclass
-class _Loaded:
-    rules: Rules | None
-    error: str | None
-    digest: bytes
-    roots: tuple[_Root, ...] = ()
-    denied: tuple[_Denied, ...] = ()
-
+from endpointd.rules.tables import DeniedPath, Limits, Rules, WorkspaceRules
+from endpointd.rules.terms import POLICY_FILE, FileOp
 
 _UNSET = object()
 
@@ -155,7 +93,7 @@ class Policy:
         self._data_dir = data_dir
         self._home = home
         self._stamp: object = _UNSET
-        self._loaded = _Loaded(rules=None, error="not loaded", digest=b"")
+        self._loaded = Loaded(rules=None, error="not loaded", digest=b"")
         self._refresh()
 
     # ------------------------------------------------------------------ loading
@@ -164,7 +102,7 @@ class Policy:
     def home(self) -> Path:
         return Path.home() if self._home is None else self._home
 
-    def _refresh(self) -> _Loaded:
+    def _refresh(self) -> Loaded:
         st: os.stat_result | None = None
         try:
             st = os.stat(self.path)
@@ -175,99 +113,10 @@ class Policy:
             stamp = ("error", exc.errno)
         if stamp == self._stamp:
             return self._loaded
-        self._loaded = self._load(st)
+        state = self._state_dir if self._state_dir is not None else state_dir().path
+        self._loaded = load(self.path, st, home=self.home, state_directory=state)
         self._stamp = stamp
         return self._loaded
-
-    def _load(self, st: os.stat_result | None) -> _Loaded:
-        denied_defaults = self._default_denied()
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return self._broken(
-                f"{self.path}: no policy file; create it with `endpointd policy init"
-                " --allow-root DIR` (pairing does this)",
-                b"",
-                denied_defaults,
-            )
-        except OSError as exc:
-            return self._broken(f"{self.path}: cannot read: {exc.strerror}", b"", denied_defaults)
-        if st is not None and os.name == "posix" and st.st_mode & 0o022:
-            return self._broken(
-                f"{self.path}: the policy file is writable by other users (mode"
-                f" {st.st_mode & 0o777:o}), so it cannot be trusted; run `chmod 600"
-                f" {self.path}`",
-                data,
-                denied_defaults,
-            )
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return self._broken(f"{self.path}: not UTF-8 text", data, denied_defaults)
-        try:
-            rules = parse_policy(text, self.path, self.home)
-        except PolicyError as exc:
-            return self._broken(str(exc), data, denied_defaults)
-        roots = tuple(_Root(written=p, real=os.path.realpath(p)) for p in rules.allowed_roots)
-        return _Loaded(
-            rules=rules,
-            error=None,
-            digest=hashlib.sha256(data).digest(),
-            roots=roots,
-            denied=self._denied((*denied_defaults, *rules.denied_paths)),
-        )
-
-    def _broken(self, error: str, data: bytes, denied: Iterable[DeniedPath]) -> _Loaded:
-        return _Loaded(
-            rules=None,
-            error=error,
-            digest=hashlib.sha256(data).digest(),
-            denied=self._denied(denied),
-        )
-
-    def _default_denied(self) -> tuple[DeniedPath, ...]:
-        home = self.home
-        out = [
-            DeniedPath(label=p, path=expand_path(p, home), default=True)
-            for p in DEFAULT_DENIED_PATHS
-        ]
-        xdg_data = os.environ.get("XDG_DATA_HOME")
-        if xdg_data and os.path.isabs(xdg_data):
-            for sub in ("keyrings", "python_keyring"):
-                out.append(
-                    DeniedPath(
-                        label=f"$XDG_DATA_HOME/{sub}",
-                        path=Path(os.path.normpath(xdg_data)) / sub,
-                        default=True,
-                    )
-                )
-        config = Path(os.path.abspath(self.config_dir))
-        # Inside the config dir, but named on its own: it holds credential values in plain
-        # files (the file store), and a refusal should say that is what was reached for.
-        out.append(
-            DeniedPath(
-                label="endpointd credential files",
-                path=config / CREDENTIAL_FILES_DIR,
-                default=True,
-            )
-        )
-        out.append(DeniedPath(label="endpointd config dir", path=config, default=True))
-        state = self._state_dir if self._state_dir is not None else state_dir().path
-        out.append(
-            DeniedPath(label="endpointd state dir", path=Path(os.path.abspath(state)), default=True)
-        )
-        key_file = _key_file(config)
-        if key_file is not None:
-            out.append(DeniedPath(label="endpointd key file", path=key_file, default=True))
-        return tuple(out)
-
-    @staticmethod
-    def _denied(entries: Iterable[DeniedPath]) -> tuple[_Denied, ...]:
-        out = []
-        for entry in entries:
-            forms = {str(entry.path), os.path.realpath(entry.path)}
-            out.append(_Denied(entry=entry, forms=tuple(sorted(forms))))
-        return tuple(out)
 
     # ------------------------------------------------------------------ views
 
@@ -411,7 +260,7 @@ class Policy:
             )
         loaded = self._refresh()
         if loaded.rules is None:
-            return self._broken_decision(loaded)
+            return broken_decision(loaded)
         if isinstance(op, Exec):
             names = [c.name for c in command.credentials]
             if isinstance(op, HarnessExec) and op.credential:
@@ -419,7 +268,7 @@ class Policy:
                 # attached by this device (never by the control plane): scoped to its runs
                 # by that, so it needs no [credentials.NAME] allow entry.
                 names = [n for n in names if n != op.credential]
-            return self._exec(loaded, list(op.argv), op.cwd, names, None, env=dict(op.env))
+            return exec_decision(self, loaded, list(op.argv), op.cwd, names, None, env=dict(op.env))
         if isinstance(op, RunHarness):
             return Decision(
                 "deny",
@@ -428,12 +277,12 @@ class Policy:
                 " (endpointd.harness.runs); this one was not",
             )
         if isinstance(op, ReadFile | WriteFile | ListDir):
-            return self._file_decision(loaded, op.path, self._file_op(op.KIND), None)
+            return file_decision(self, loaded, op.path, file_op(op.KIND), None)
         # A search reads the files beneath its path; a glob lists them.
         if isinstance(op, Search):
-            return self._file_decision(loaded, op.path, "read", None)
+            return file_decision(self, loaded, op.path, "read", None)
         if isinstance(op, Glob):
-            return self._file_decision(loaded, op.path, "list", None)
+            return file_decision(self, loaded, op.path, "list", None)
         if isinstance(op, PrepareWorkspace):
             if command.credentials:
                 return Decision(
@@ -443,7 +292,7 @@ class Policy:
                     " git setup (credential helper, ssh agent)",
                     Reason.CREDENTIAL_UNAVAILABLE,
                 )
-            return self._workspace_decision(loaded, op.path, op.repo)
+            return workspace_decision(self, loaded, op.path, op.repo)
         return Decision("deny", "policy", f"the policy does not know command kind {kind!r}")
 
     def check_workspace(self, path: str, repo: str) -> Decision:
@@ -452,46 +301,8 @@ class Policy:
         the repository), then ``default_action``."""
         loaded = self._refresh()
         if loaded.rules is None:
-            return self._broken_decision(loaded)
-        return self._workspace_decision(loaded, path, repo)
-
-    def _workspace_decision(self, loaded: _Loaded, path: str, repo: str) -> Decision:
-        assert loaded.rules is not None
-        if path:
-            refused = self._path(loaded, path, "prepare_workspace path", None)
-            if refused is not None:
-                return refused
-            if self.ticket_workspace(path) is not None:
-                return Decision(
-                    "deny",
-                    "workspaces",
-                    f"prepare_workspace path {path} is a ticket's workspace, not a clone",
-                )
-            repo = repo or remote_of(os.path.realpath(path))
-        elif not loaded.roots:
-            return Decision(
-                "deny",
-                "allowed_roots",
-                f"no allowed roots are configured: add a directory to allowed_roots in {self.path}",
-            )
-        rules = loaded.rules.workspaces
-        name = repo.lower()
-        what = f"a workspace of {repo}" if repo else f"a workspace of {path}"
-        for action, globs in (("deny", rules.deny), ("ask", rules.ask), ("allow", rules.allow)):
-            for glob in globs:
-                if name and fnmatch.fnmatchcase(name, glob):
-                    rule = f"workspaces.{action} {json.dumps(glob)}"
-                    return self._workspace_rule_decision(cast(Action, action), rule, what)
-        return self._workspace_rule_decision(loaded.rules.default_action, "default_action", what)
-
-    def _workspace_rule_decision(self, action: Action, rule: str, what: str) -> Decision:
-        if action == "deny":
-            return Decision("deny", rule, f"{what} is denied by {rule} in {self.path}")
-        if action == "ask":
-            return Decision(
-                "ask", rule, f"{what} needs approval on the device ({rule}): `endpointd approvals`"
-            )
-        return Decision("allow", rule, f"{what} is allowed by {rule}")
+            return broken_decision(loaded)
+        return workspace_decision(self, loaded, path, repo)
 
     def check_path(self, path: str, op: FileOp = "read") -> Decision:
         """Judge the file operation ``op`` on ``path`` as :meth:`check` judges a
@@ -501,8 +312,8 @@ class Policy:
         (``protected: …``, denied), then ``default_action``."""
         loaded = self._refresh()
         if loaded.rules is None:
-            return self._broken_decision(loaded)
-        return self._file_decision(loaded, path, op, None)
+            return broken_decision(loaded)
+        return file_decision(self, loaded, path, op, None)
 
     def explain(
         self,
@@ -515,9 +326,11 @@ class Policy:
         loaded = self._refresh()
         steps = [f"policy: {self.path} (policy hash {self.hash().hex()[:16]}…)"]
         if loaded.rules is None:
-            decision = self._broken_decision(loaded)
+            decision = broken_decision(loaded)
         else:
-            decision = self._exec(loaded, argv, cwd or "", credentials, steps, env=env or {})
+            decision = exec_decision(
+                self, loaded, argv, cwd or "", credentials, steps, env=env or {}
+            )
         steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
         return "\n".join(steps)
 
@@ -526,463 +339,22 @@ class Policy:
         loaded = self._refresh()
         steps = [f"policy: {self.path} (policy hash {self.hash().hex()[:16]}…)"]
         if loaded.rules is None:
-            decision = self._broken_decision(loaded)
+            decision = broken_decision(loaded)
         else:
-            decision = self._file_decision(loaded, path, op, steps)
+            decision = file_decision(self, loaded, path, op, steps)
         steps.append(f"decision: {decision.action} ({decision.rule})\n  {decision.message}")
         return "\n".join(steps)
 
     def denied_rule(self, path: str) -> str | None:
         """``denied_paths: …`` when ``path`` (as written or resolved) is inside a denied
         path, else None: what a file operation may never open, list or walk through."""
-        hit = self._denied_hit(self._refresh(), path)
+        hit = denied_hit(self._refresh(), path)
         return None if hit is None else f"denied_paths: {hit.entry.label}"
-
-    # ------------------------------------------------------------------ internals
-
-    def _broken_decision(self, loaded: _Loaded) -> Decision:
-        return Decision(
-            "deny",
-            POLICY_FILE,
-            f"the local policy cannot be used, so every command is refused: {loaded.error}",
-        )
-
-    def _denied_hit(self, loaded: _Loaded, path: str) -> _Denied | None:
-        forms = {os.path.normpath(path), os.path.realpath(path)}
-        for denied in loaded.denied:
-            for form in forms:
-                if any(_within(form, d) for d in denied.forms):
-                    return denied
-        return None
-
-    def _path(
-        self,
-        loaded: _Loaded,
-        path: str,
-        what: str,
-        steps: list[str] | None,
-        *,
-        real: str | None = None,
-    ) -> Decision | None:
-        """A deny decision when ``path`` is denied or outside every root, else None.
-        ``real``: ``path`` resolved, when the caller has it already."""
-        if real is None:
-            real = os.path.realpath(path)
-        hit = self._denied_in(loaded, (os.path.normpath(path), real))
-        if hit is not None:
-            rule = f"denied_paths: {hit.entry.label}"
-            return Decision(
-                "deny", rule, f"{what} {path} is inside a denied path ({rule} in {self.path})"
-            )
-        workspace = self.ticket_workspace(real)
-        if workspace is not None:
-            if steps is not None:
-                steps.append(f"{what} {path}: inside the ticket workspace {workspace}")
-            return None
-        if not loaded.roots:
-            return Decision(
-                "deny",
-                "allowed_roots",
-                f"no allowed roots are configured: add a directory to allowed_roots in {self.path}",
-            )
-        for root in loaded.roots:
-            if _within(real, root.real):
-                if steps is not None:
-                    steps.append(
-                        f"{what} {path}: inside allowed root {root.written} (allowed_roots)"
-                    )
-                return None
-        resolved = f" (it resolves to {real})" if real != os.path.normpath(path) else ""
-        roots = ", ".join(str(r.written) for r in loaded.roots)
-        return Decision(
-            "deny",
-            "allowed_roots",
-            f"{what} {path}{resolved} is outside the allowed roots ({roots}; allowed_roots in"
-            f" {self.path})",
-        )
-
-    def _argv_paths(self, argv: Sequence[str], cwd: str) -> Iterable[tuple[str, str]]:
-        """(argument, path) for every argv word that names a path, best effort."""
-        home = str(self.home)
-        count = 0
-        for arg in argv:
-            for word in _TOKEN_SPLIT.split(arg):
-                if not word:
-                    continue
-                count += 1
-                if count > _MAX_ARG_TOKENS:
-                    return
-                for prefix in ("$HOME", "${HOME}"):
-                    if word == prefix or word.startswith(prefix + "/"):
-                        word = home + word[len(prefix) :]
-                if word == "~" or word.startswith("~/"):
-                    yield arg, home + word[1:]
-                elif word.startswith("/"):
-                    yield arg, word
-                elif "/" in word or word.startswith("."):
-                    yield arg, os.path.join(cwd, word)
-
-    def _exec(
-        self,
-        loaded: _Loaded,
-        argv: list[str],
-        cwd: str,
-        credentials: list[str],
-        steps: list[str] | None,
-        *,
-        env: Mapping[str, str],
-    ) -> Decision:
-        assert loaded.rules is not None
-        rules = loaded.rules
-        refused_env = environment.refused_names(env, rules.env.allow)
-        if refused_env:
-            names = ", ".join(refused_env)
-            return Decision(
-                "deny",
-                "env.allow",
-                f"exec.env sets {names}, which could change what the command loads or runs;"
-                f" the owner may allow a name with [env] allow = [...] in {self.path}",
-            )
-        if steps is not None and env:
-            steps.append(f"env: {', '.join(sorted(env))} (none reserved, or allowed by [env])")
-        if self._is_endpointd(argv, cwd, env):
-            return Decision(
-                "deny",
-                "endpointd",
-                "a command may not run endpointd itself (its approvals, policy and credentials"
-                " are the owner's alone)",
-            )
-        if not cwd:
-            cwd = str(self.default_root)
-            if steps is not None:
-                steps.append(f"cwd: none given, so the default root {cwd}")
-        refused = self._path(loaded, cwd, "cwd", steps)
-        if refused is not None:
-            return refused
-
-        for arg, path in self._argv_paths(argv, cwd):
-            hit = self._denied_hit(loaded, path)
-            if hit is not None:
-                rule = f"denied_paths: {hit.entry.label}"
-                return Decision(
-                    "deny",
-                    rule,
-                    f"argument {json.dumps(arg[:_QUOTE_LIMIT])} names a denied path ({rule} in"
-                    f" {self.path})",
-                )
-
-        quoted = _quote(argv)
-        chosen: Decision | None = None
-        for command_rule in rules.commands:
-            if glob_matches(command_rule.match, argv):
-                if steps is not None:
-                    steps.append(
-                        f"command {quoted}: matches {command_rule.rule} -> {command_rule.action}"
-                    )
-                chosen = self._command_decision(command_rule.action, command_rule.rule, quoted)
-                break
-        if chosen is None:
-            if steps is not None:
-                steps.append(
-                    f"command {quoted}: no [[commands]] rule matches -> default_action ="
-                    f" {rules.default_action}"
-                )
-            chosen = self._command_decision(rules.default_action, "default_action", quoted)
-        if chosen.action == "deny":
-            return chosen
-        if rules.sandbox == "required":
-            missing = sandbox.support().missing(rules.network)
-            if missing:
-                return Decision(
-                    "deny",
-                    "sandbox",
-                    'the local policy requires the sandbox (sandbox = "required") and this'
-                    f" machine cannot enforce {'; '.join(missing)}; the owner may choose"
-                    f' sandbox = "best-effort" or "off" in {self.path}',
-                )
-        if steps is not None:
-            steps.append(f"sandbox: {sandbox.describe(rules.sandbox, rules.network)}")
-
-        program: object = _UNSET
-        for name in credentials:
-            rule = f"credentials.{name}.allow"
-            if not valid_name(name):
-                return Decision(
-                    "deny",
-                    rule,
-                    f"{name!r} is not a valid credential name ({NAME_RULE})",
-                    Reason.CREDENTIAL_UNAVAILABLE,
-                )
-            scope = rules.credentials.get(name)
-            if scope is not None and program is _UNSET:
-                program = self.program_of(argv, cwd, env)
-                if steps is not None:
-                    steps.append(
-                        f"program: {argv[0]} resolves to {program}"
-                        if program
-                        else f"program: {argv[0]} is not an executable on the command's PATH"
-                    )
-            if scope is None:
-                return Decision(
-                    "deny",
-                    rule,
-                    f"credential {name!r} has no scope in {self.path}, so it may not be delivered"
-                    f' to any command: add [credentials.{name}] with allow = ["<command glob>"]',
-                    Reason.CREDENTIAL_UNAVAILABLE,
-                )
-            resolved = program if isinstance(program, str) else None
-            trusted = os.environ.get("PATH", os.defpath)
-            matched = next(
-                (g for g in scope.allow if scope_matches(g, resolved, argv, trusted)), None
-            )
-            if matched is None:
-                globs = ", ".join(json.dumps(g) for g in scope.allow) or "none"
-                runs = f" (it runs {resolved})" if resolved else ""
-                return Decision(
-                    "deny",
-                    rule,
-                    f"credential {name!r} may not be delivered to {quoted}{runs}: {rule} in"
-                    f" {self.path} allows only {globs}, programs compared by their resolved"
-                    " path",
-                    Reason.CREDENTIAL_UNAVAILABLE,
-                )
-            assert resolved is not None
-            why = code_running_reason(resolved, argv)
-            if why is not None:
-                return Decision(
-                    "deny",
-                    rule,
-                    f"credential {name!r} may not be delivered to {quoted}: {why}",
-                    Reason.CREDENTIAL_UNAVAILABLE,
-                )
-            if steps is not None:
-                steps.append(f"credential {name}: allowed by {rule} {json.dumps(matched)}")
-        return chosen
 
     def program_of(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> str | None:
         """The absolute path ``argv`` runs, found on the command's PATH (the daemon's unless
         the owner lets exec.env set it)."""
-        path_var = env.get("PATH", os.environ.get("PATH", os.defpath))
-        return resolve_program(argv[0], path_var, cwd) if argv else None
-
-    def _is_endpointd(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bool:
-        """Is this endpointd itself, by its entry point or as ``python -m endpointd``?
-
-        Defence in depth: in the sandbox a command can neither read endpointd's state nor
-        write its approvals, so running it would achieve nothing anyway.
-        """
-        if not argv:
-            return False
-        program = self.program_of(argv, cwd, env)
-        if program is not None and program in _endpointd_programs():
-            return True
-        name = os.path.basename(argv[0])
-        if name.startswith("python") or (
-            program and os.path.basename(program).startswith("python")
-        ):
-            for i, arg in enumerate(argv[1:-1], start=1):
-                if arg == "-m" and argv[i + 1].split(".")[0] == "endpointd":
-                    return True
-                if arg.startswith("-m") and arg[2:].split(".")[0] == "endpointd":
-                    return True
-        return False
-
-    @staticmethod
-    def _command_decision(action: Action, rule: str, quoted: str) -> Decision:
-        if action == "deny":
-            return Decision("deny", rule, f"command {quoted} is denied by {rule}")
-        if action == "ask":
-            return Decision(
-                "ask",
-                rule,
-                f"command {quoted} needs approval on the device ({rule}): `endpointd approvals`",
-            )
-        return Decision("allow", rule, f"command {quoted} is allowed by {rule}")
-
-    # ------------------------------------------------------------------ file operations
-
-    # Built-in protected write paths: what is written there can run code later, outside any
-    # sandbox and without the agent asking (git runs hooks and obeys its config on the
-    # user's next `git status`; shells source their start-up files; desktops and service
-    # managers start what these directories list). Writes are denied unless a [[files]]
-    # rule names them. Below the home directory: single files, then whole directories.
-    _PROTECTED_HOME_FILES = (
-        ".bashrc",
-        ".bash_profile",
-        ".bash_login",
-        ".bash_logout",
-        ".profile",
-        ".zshrc",
-        ".zshenv",
-        ".zprofile",
-        ".zlogin",
-        ".zlogout",
-        ".cshrc",
-        ".tcshrc",
-        ".login",
-        ".config/fish/config.fish",
-        ".gitconfig",
-        ".config/git/config",
-        ".xprofile",
-        ".xsessionrc",
-        ".pam_environment",
-    )
-    _PROTECTED_HOME_DIRS = (
-        ".config/fish/conf.d",
-        ".config/fish/functions",
-        ".config/autostart",
-        ".config/systemd/user",
-        ".local/share/systemd/user",
-        ".config/environment.d",
-        "Library/LaunchAgents",
-    )
-    # The same beneath $XDG_CONFIG_HOME, when it is set.
-    _PROTECTED_XDG_FILES = ("fish/config.fish", "git/config")
-    _PROTECTED_XDG_DIRS = (
-        "fish/conf.d",
-        "fish/functions",
-        "autostart",
-        "systemd/user",
-        "environment.d",
-    )
-
-    @staticmethod
-    def _file_op(kind: str) -> FileOp:
-        ops: dict[str, FileOp] = {"read_file": "read", "write_file": "write", "list_dir": "list"}
-        return ops[kind]
-
-    @staticmethod
-    def _file_kind(op: FileOp) -> str:
-        return {"read": "read_file", "write": "write_file", "list": "list_dir"}[op]
-
-    def _file_decision(
-        self, loaded: _Loaded, path: str, op: FileOp, steps: list[str] | None
-    ) -> Decision:
-        """Paths (denied, roots), then [[files]], then protected writes, then the default."""
-        assert loaded.rules is not None
-        rules = loaded.rules
-        kind = self._file_kind(op)
-        real = os.path.realpath(path)
-        refused = self._path(loaded, path, f"{kind} path", steps, real=real)
-        if refused is not None:
-            return refused
-        forms = tuple(dict.fromkeys(_fold(p) for p in (os.path.normpath(path), real)))
-        for rule in rules.files:
-            if op in rule.ops and any(fnmatch.fnmatchcase(f, _fold(rule.match)) for f in forms):
-                if steps is not None:
-                    steps.append(f"{kind} {path}: matches {rule.rule} -> {rule.action}")
-                return self._file_rule_decision(rule.action, rule.rule, kind, path)
-        if steps is not None:
-            steps.append(f"{kind} {path}: no [[files]] rule for {op} matches")
-        if op == "write":
-            protected = self._protected(forms)
-            if protected is not None:
-                named = f"protected: {protected}"
-                if steps is not None:
-                    steps.append(f"{kind} {path}: a built-in protected path ({named}) -> deny")
-                return Decision(
-                    "deny",
-                    named,
-                    f"{kind} {path} is a protected path ({named}): what is written there can"
-                    " run code later (git hooks and config, shell start-up files, autostart"
-                    " entries, services), so it is never written unless a [[files]] rule in"
-                    f" {self.path} names it",
-                )
-            if steps is not None:
-                steps.append(f"{kind} {path}: not a protected path")
-        if steps is not None:
-            steps.append(f"{kind} {path}: default_action = {rules.default_action}")
-        if rules.default_action == "allow":
-            return Decision(
-                "allow",
-                "allowed_roots",
-                f"{kind} {path} is inside an allowed root (no [[files]] rule matches;"
-                " default_action = allow)",
-            )
-        return self._file_rule_decision(rules.default_action, "default_action", kind, path)
-
-    def _file_rule_decision(self, action: Action, rule: str, kind: str, path: str) -> Decision:
-        if action == "deny":
-            return Decision("deny", rule, f"{kind} {path} is denied by {rule} in {self.path}")
-        if action == "ask":
-            return Decision(
-                "ask",
-                rule,
-                f"{kind} {path} needs approval on the device ({rule}): `endpointd approvals`",
-            )
-        return Decision("allow", rule, f"{kind} {path} is allowed by {rule}")
-
-    @staticmethod
-    def _denied_in(loaded: _Loaded, forms: Iterable[str]) -> _Denied | None:
-        """The denied path holding one of ``forms`` (a path as written and resolved)."""
-        unique = set(forms)
-        for denied in loaded.denied:
-            for form in unique:
-                if any(_within(form, d) for d in denied.forms):
-                    return denied
-        return None
-
-    def _protected(self, forms: Sequence[str]) -> str | None:
-        """The built-in protected path (its label) holding one of ``forms``, or None."""
-        for form in forms:
-            parts = form.split(os.sep)
-            for i, part in enumerate(parts):
-                if part != ".git":
-                    continue
-                below = parts[i + 1 :]
-                if not below:
-                    return ".git"  # a .git file points git at another directory's hooks
-                if "hooks" in below:
-                    return ".git/hooks"
-                if below[-1] in ("config", "config.worktree"):
-                    return ".git/config"
-        places: list[tuple[str, str, Sequence[str], Sequence[str]]] = []
-        home = str(self.home)
-        for base in dict.fromkeys((os.path.normpath(home), os.path.realpath(home))):
-            places.append(("~", base, self._PROTECTED_HOME_FILES, self._PROTECTED_HOME_DIRS))
-        xdg = os.environ.get("XDG_CONFIG_HOME", "")
-        if os.path.isabs(xdg):
-            for base in dict.fromkeys((os.path.normpath(xdg), os.path.realpath(xdg))):
-                places.append(
-                    ("$XDG_CONFIG_HOME", base, self._PROTECTED_XDG_FILES, self._PROTECTED_XDG_DIRS)
-                )
-        for label, base, names, trees in places:
-            for form in forms:
-                for name in names:
-                    if form == _fold(os.path.join(base, name)):
-                        return f"{label}/{name}"
-                for tree in trees:
-                    if _within(form, os.path.join(base, tree)):
-                        return f"{label}/{tree}"
-        return None
-
-
-@functools.cache
-def _endpointd_programs() -> frozenset[str]:
-    """Where this endpointd's entry point lives: the ``endpointd`` script beside the
-    interpreter, on the daemon's PATH, and the one the daemon was started as."""
-    found = set()
-    candidates = [
-        os.path.join(os.path.dirname(sys.executable), "endpointd"),
-        shutil.which("endpointd") or "",
-        sys.argv[0] if os.path.basename(sys.argv[0]) == "endpointd" else "",
-    ]
-    for candidate in candidates:
-        if candidate and os.path.exists(candidate):
-            found.add(os.path.realpath(candidate))
-    return frozenset(found)
-
-
-def _key_file(config_directory: Path) -> Path | None:
-    """The device key file named by config.json, if the key lives in a file."""
-    try:
-        raw = json.loads((config_directory / "config.json").read_text(encoding="utf-8"))
-        key = raw.get("key") or {}
-        if key.get("storage") == "file" and key.get("path"):
-            return Path(os.path.abspath(str(key["path"])))
-    except (OSError, ValueError, AttributeError):
-        pass
-    return None
+        return program_of(argv, cwd, env)
 
 
 def load_policy(
