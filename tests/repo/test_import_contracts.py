@@ -83,6 +83,8 @@ def test_the_contracts_hold(tmp_path: Path) -> None:
             "import endpointd.link.connection",
             "endpointd.commands.starter -> endpointd.link.connection",
         ),
+        # The policy's words taking on a dependency.
+        ("endpointd/rules/terms.py", "import click", "endpointd.rules.terms -> click"),
     ],
 )
 def test_a_wrong_way_import_breaks_them(
