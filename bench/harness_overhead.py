@@ -46,7 +46,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
 from controlplane.db import migrate
 from controlplane.db.embedded import EmbeddedPostgres
-from endpointd.harness.table import HARNESSES, Run
+from endpointd.rules.harnesses import HARNESSES, Run
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.e2e_world import CREDENTIAL, REPO, git, running_world, start, webhook
 from tests.support.harness_world import (

@@ -37,7 +37,7 @@ endpointd/secrets/redact.py), to measure what they are for.
 supervisor's :class:`endpointd.spool.SpoolWriter` (stdout records of ``--chunk-kib``, as the
 supervisor appends what each pipe read returns) into a temporary state directory. Two real
 :class:`endpointd.commands.daemon.Daemon` instances are built as
-tests/endpointd/process/test_endpointd_supervise.py's
+tests/endpointd/process/test_supervise.py's
 ``_daemon()`` does (no zygote): **plain**, with no credentials store (the pass-through: the
 plain copy of the stream through the device's path), and **redact**, with a store whose
 ``values()`` returns the ``--credentials`` values. In alternating rounds each gets an
@@ -134,7 +134,7 @@ def credentials(count: int, rng: random.Random, pem_keys: int = 1) -> dict[str, 
 
 
 def planted_forms(value: bytes) -> list[bytes]:
-    """A few ways a command prints a value (each fully maskable, see test_endpointd_redact)."""
+    """A few ways a command prints a value (each fully maskable, see test_redact)."""
     return [
         value,
         urllib.parse.quote(value, safe="").encode(),
@@ -400,7 +400,7 @@ class BenchCredentials:
 
 
 def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon:
-    """A Daemon as test_endpointd_supervise.py's ``_daemon()`` builds one, no zygote."""
+    """A Daemon as test_supervise.py's ``_daemon()`` builds one, no zygote."""
     from endpointd.commands.daemon import Daemon
     from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
     from endpointd.guard.policy import Policy

@@ -25,8 +25,8 @@ from endpointd.config import load_config
 from endpointd.errors import ConfigError, KeyStorageError
 from endpointd.guard.policy import load_policy
 from endpointd.journal import JOURNAL_FILE, Journal
+from endpointd.keys import load_key
 from endpointd.link.connection import connect_forever
-from endpointd.link.keys import load_key
 from endpointd.paths import ensure_private_dir
 from endpointd.process.executor import ExecLimits
 from endpointd.secrets.store import CredentialStore

@@ -30,7 +30,7 @@ import yaml
 
 from controlplane.gateway.tls import ensure_server_tls
 from controlplane.settings import describe
-from endpointd.service import LAUNCHD_LABEL, SYSTEMD_UNIT, service_file
+from endpointd.autostart import LAUNCHD_LABEL, SYSTEMD_UNIT, service_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"

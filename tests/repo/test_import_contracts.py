@@ -71,6 +71,20 @@ def test_the_contracts_hold(tmp_path: Path) -> None:
             "import controlplane.api.app",
             "controlplane.channels.github.routes -> controlplane.api.app",
         ),
+        # The daemon's layers: the policy's words reaching up into the checks...
+        (
+            "endpointd/rules/parser.py",
+            "import endpointd.guard.policy",
+            "endpointd.rules.parser -> endpointd.guard.policy",
+        ),
+        # ...and a command reaching up into the link that delivers it.
+        (
+            "endpointd/commands/starter.py",
+            "import endpointd.link.connection",
+            "endpointd.commands.starter -> endpointd.link.connection",
+        ),
+        # The policy's words taking on a dependency.
+        ("endpointd/rules/terms.py", "import click", "endpointd.rules.terms -> click"),
     ],
 )
 def test_a_wrong_way_import_breaks_them(
@@ -84,33 +98,37 @@ def test_a_wrong_way_import_breaks_them(
     assert named in done.stdout, done.stdout
 
 
-def test_a_package_left_out_of_the_layers_breaks_them(tmp_path: Path) -> None:
-    """Every control-plane package has a place in the layers: a new one must be given one."""
+@pytest.mark.parametrize("program", ["controlplane", "endpointd"])
+def test_a_package_left_out_of_the_layers_breaks_them(tmp_path: Path, program: str) -> None:
+    """Every package of either program has a place in its layers: a new one must be given one."""
     copy = _copy(tmp_path)
-    (copy / "controlplane" / "newcomer.py").write_text('"""Not in any layer yet."""\n')
+    (copy / program / "newcomer.py").write_text('"""Not in any layer yet."""\n')
     done = _lint(copy)
     assert done.returncode != 0
-    assert "controlplane.newcomer" in done.stdout, done.stdout
+    assert f"{program}.newcomer" in done.stdout, done.stdout
 
 
-def test_the_control_plane_packages_form_no_import_cycle() -> None:
+@pytest.mark.parametrize("program", ["controlplane", "endpointd"])
+def test_the_packages_form_no_import_cycle(program: str) -> None:
     """Layers allow siblings to import each other; a cycle between packages is still not
-    allowed, in or across layers. The graph is grimp's, which lint-imports builds on."""
-    graph = grimp.build_graph("controlplane")
+    allowed, in or across layers, in either program. The graph is grimp's, which
+    lint-imports builds on."""
+    graph = grimp.build_graph(program)
     edges: dict[str, set[str]] = {}
     for module in graph.modules:
-        package = _package(module)
+        package = _package(program, module)
         for imported in graph.find_modules_directly_imported_by(module):
-            other = _package(imported)
+            other = _package(program, imported)
             if package and other and package != other:
                 edges.setdefault(package, set()).add(other)
     cycles = [sorted(c) for c in _strongly_connected(edges) if len(c) > 1]
     assert not cycles, cycles
 
 
-def _package(module: str) -> str | None:
+def _package(program: str, module: str) -> str | None:
+    """The top-level package (or module) of ``program`` that ``module`` belongs to."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "controlplane" else None
+    return parts[1] if len(parts) > 1 and parts[0] == program else None
 
 
 def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:

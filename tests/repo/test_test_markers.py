@@ -29,20 +29,18 @@ KNOWN = {
         "slow",
     },
     # a real endpointd (tests/fakes/endpointd_process.py) against the in-process fake gateway
-    "test_endpointd_exec.py::test_stdin_env_and_cwd": {"slow"},
+    "test_exec.py::test_stdin_env_and_cwd": {"slow"},
     # the endpointd CLI through a module-level helper of its test module
-    "test_endpointd_policy.py::test_policy_init_and_show": {"slow"},
+    "test_policy.py::test_policy_init_and_show": {"slow"},
     # the endpointd daemon's command starter, in-process (product code that starts processes)
-    "test_endpointd_supervise.py::test_exit_is_seen_at_once_without_the_poll": {"slow"},
+    "test_supervise.py::test_exit_is_seen_at_once_without_the_poll": {"slow"},
     # the zygote fixture (a product class that starts a process)
-    "test_endpointd_zygote.py::test_a_forked_supervisor_runs_the_command_with_a_clean_slate": {
-        "slow"
-    },
+    "test_zygote.py::test_a_forked_supervisor_runs_the_command_with_a_clean_slate": {"slow"},
     # pure functions: neither
     "test_settings.py::test_environment_names": set(),
-    "test_endpointd_redact.py::test_no_credentials_is_a_pass_through": set(),
+    "test_redact.py::test_no_credentials_is_a_pass_through": set(),
     # neither: its one process is a cached probe (git --list-cmds, once per process)
-    "test_endpointd_policy.py::test_credential_scopes": set(),
+    "test_policy.py::test_credential_scopes": set(),
 }
 
 

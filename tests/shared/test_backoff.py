@@ -23,3 +23,14 @@ def test_backoff_counts_its_attempts_and_resets() -> None:
     assert redial.attempt == 4
     redial.reset()
     assert redial.peek() == 1.0
+
+
+def test_backoff_grows_by_1_6_with_jitter_and_caps() -> None:
+    backoff = Backoff()
+    delays = [backoff.next_delay() for _ in range(20)]
+    for attempt, waited in enumerate(delays):
+        base = min(120.0, 1.6**attempt)
+        assert base * 0.8 <= waited <= base * 1.2
+    assert max(delays) <= 144
+    backoff.reset()
+    assert 0.8 <= backoff.next_delay() <= 1.2

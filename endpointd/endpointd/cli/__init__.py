@@ -20,7 +20,7 @@ from endpointd.cli import (  # noqa: F401
     workspaces,
 )
 from endpointd.cli.root import cli
-from endpointd.link.keys import KeyringStatus, keyring_status
+from endpointd.keys import KeyringStatus, keyring_status
 
 __all__ = ["KeyringStatus", "cli", "keyring_status", "main"]
 

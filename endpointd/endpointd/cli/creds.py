@@ -14,7 +14,7 @@ from endpointd.cli.root import cli
 from endpointd.paths import config_dir, state_dir
 
 if TYPE_CHECKING:
-    from endpointd.secrets.store import Store
+    from endpointd.rules.credentials import Store
 
 # ---------------------------------------------------------------------------- credentials
 
@@ -130,7 +130,8 @@ def creds_add(name: str, replace: bool, store: str | None) -> None:
 def _policy_store() -> tuple[Store | None, Path, str | None]:
     """The policy's ``credential_store`` (None when unset or there is no policy file), the
     policy file, and why the policy cannot be read when it exists but is broken."""
-    from endpointd.guard.policy import POLICY_FILE, load_policy
+    from endpointd.guard.policy import load_policy
+    from endpointd.rules.terms import POLICY_FILE
 
     path = config_dir().path / POLICY_FILE
     policy = load_policy(config_dir().path, state_directory=state_dir().path)

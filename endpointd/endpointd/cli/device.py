@@ -15,7 +15,7 @@ import click
 from endpointd import __version__
 from endpointd.cli.root import cli
 from endpointd.errors import EndpointdError
-from endpointd.link.keys import keyring_status
+from endpointd.keys import keyring_status
 from endpointd.paths import config_dir, data_dir, state_dir
 from superagent_shared.protocol import PROTOCOL_VERSION, PROTOCOL_VERSION_NUMBER
 
@@ -176,7 +176,8 @@ def _roots_for_pairing(cfg: Path, given: tuple[str, ...]) -> list[Path] | None:
     """
     import os
 
-    from endpointd.guard.policy import POLICY_FILE, allowed_root, roots_state
+    from endpointd.rules.terms import POLICY_FILE
+    from endpointd.rules.writer import allowed_root, roots_state
 
     state, current = roots_state(cfg)
     roots = [allowed_root(raw) for raw in given]
@@ -282,8 +283,13 @@ def status(as_json: bool) -> None:
     even when the network is down. The last connection error is shown, e.g. when the server
     has revoked this device.
     """
-    from endpointd.report import collect_status, print_status
-    from endpointd.status import credential_line, credential_status, sandbox_status
+    from endpointd.status import (
+        collect_status,
+        credential_line,
+        credential_status,
+        print_status,
+        sandbox_status,
+    )
 
     report = collect_status(config_dir().path, state_dir().path)
     report["sandbox"], report["sandbox_from"] = sandbox_status(
@@ -310,8 +316,8 @@ def unpair(purge: bool) -> None:
     admin revokes it. Stop the daemon first.
     """
     from endpointd.config import delete_config, load_config
-    from endpointd.link.keys import delete_key
-    from endpointd.report import daemon_alive
+    from endpointd.keys import delete_key
+    from endpointd.status import daemon_alive
 
     cfg_dir, st_dir = config_dir().path, state_dir().path
     config = load_config(cfg_dir)

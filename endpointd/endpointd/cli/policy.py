@@ -79,8 +79,10 @@ def policy_check(
     import os
     import shlex
 
-    from endpointd.guard.policy import FileOp, expand_path, load_policy
+    from endpointd.guard.policy import load_policy
     from endpointd.model import Command, CredentialRef, Exec
+    from endpointd.rules.reader import expand_path
+    from endpointd.rules.terms import FileOp
 
     if bool(path) == bool(command):
         raise click.UsageError("give either a COMMAND or --path PATH")
@@ -239,7 +241,7 @@ def policy_init(allow_roots: tuple[str, ...]) -> None:
     empty, which refuses every command until you add a directory; `endpointd pair` writes
     the file the same way with the directories you give it.
     """
-    from endpointd.guard.policy import allowed_root, write_policy
+    from endpointd.rules.writer import allowed_root, write_policy
 
     roots = [allowed_root(raw) for raw in allow_roots]
     path = write_policy(config_dir().path, roots)

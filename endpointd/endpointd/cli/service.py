@@ -23,7 +23,7 @@ def service() -> None:
 @click.option("--now", is_flag=True, help="Also enable and start it right away.")
 def service_install(now: bool) -> None:
     """Write the service file (and with --now enable and start it)."""
-    from endpointd.service import install
+    from endpointd.autostart import install
 
     installed = install(now=now)
     click.echo(f"wrote {installed.path}")
@@ -37,7 +37,7 @@ def service_install(now: bool) -> None:
 @click.option("--now", is_flag=True, help="Also stop and disable it first.")
 def service_uninstall(now: bool) -> None:
     """Remove the service file (and with --now stop and disable it first)."""
-    from endpointd.service import uninstall
+    from endpointd.autostart import uninstall
 
     removed, existed = uninstall(now=now)
     if not existed:

@@ -36,7 +36,6 @@ from endpointd.commands.state import Active, finished, refused
 from endpointd.guard import sandbox
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
-from endpointd.guard.policy import Decision, Refusal
 from endpointd.harness import runs
 from endpointd.model import (
     Cancel,
@@ -65,6 +64,8 @@ from endpointd.process.executor import (
     revoke_or_adopt,
     start_supervisor,
 )
+from endpointd.rules.decisions import Decision, Refusal
+from endpointd.rules.remotes import https_authority
 from endpointd.secrets import delivery
 from endpointd.secrets.ca import device_ca
 from endpointd.secrets.proxy import Egress, host_matches
@@ -74,7 +75,6 @@ from endpointd.workspaces import operations, setup
 from endpointd.workspaces.bases import FetchAuth
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import SetupPlan
-from endpointd.workspaces.remotes import https_authority
 from endpointd.workspaces.store import Setup
 
 log = logging.getLogger(__name__)
@@ -519,7 +519,7 @@ class Starter(Exits):
         through, and what the open really reached is judged again before a byte moves
         (``judge``)."""
         from endpointd.guard.files import root_of
-        from endpointd.guard.policy import FileOp
+        from endpointd.rules.terms import FileOp
 
         active.spool.mkdir(parents=True, exist_ok=True, mode=0o700)
         writer = SpoolWriter(active.spool)

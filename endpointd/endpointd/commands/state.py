@@ -25,11 +25,12 @@ from endpointd import wire
 from endpointd.audit import AuditLog
 from endpointd.config import DeviceConfig
 from endpointd.guard.approvals import Approvals
-from endpointd.guard.policy import Policy, Refusal
+from endpointd.guard.policy import Policy
 from endpointd.journal import Journal, State
 from endpointd.model import Command, Finished, Refused, Result
 from endpointd.paths import data_dir
 from endpointd.process.executor import ExecLimits, Zygote
+from endpointd.rules.decisions import Refusal
 from endpointd.secrets import delivery, own_secrets
 from endpointd.secrets.redact import Redactor, StreamRedactor
 from endpointd.secrets.store import CredentialError, CredentialStore

@@ -5,7 +5,7 @@ program a command runs is not its ``argv[0]`` text: a script the control plane j
 can be called ``git`` too. So scopes compare *resolved absolute paths*: the scope's program
 word is looked up on the daemon's own ``PATH`` (the owner's, which no command can change),
 the command's ``argv[0]`` on the command's ``PATH`` (the minimal one, see
-:mod:`endpointd.guard.environment`), both with symlinks resolved. ``git`` in a scope then
+:mod:`endpointd.rules.environment`), both with symlinks resolved. ``git`` in a scope then
 means ``/usr/bin/git``, never ``./git`` or ``/tmp/x/git``.
 
 Some scoped programs can be told to run any other program: ``git -c alias.x='!sh …'``,

@@ -40,7 +40,8 @@ from endpointd.guard.files import within as _within
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from endpointd.guard.policy import NetworkMode, Rules, SandboxMode
+    from endpointd.rules.tables import Rules
+    from endpointd.rules.terms import NetworkMode, SandboxMode
 
 # Rights beneath a writable root: everything the ABI knows (``create`` masks it).
 _ALL = (1 << 16) - 1

@@ -29,7 +29,7 @@ carry faithfully (a control character) or that is not absolute and normalised ra
 Written after reading the profiles of OpenAI's Codex CLI, Anthropic's sandbox-runtime and
 Chromium (whose ``common.sb`` both derive from); each allowance below says why it exists.
 This module only generates text: it runs on any OS, and is exercised on Linux CI by
-``tests/test_endpointd_seatbelt.py``; whether macOS enforces it as intended can only be
+``tests/endpointd/guard/test_seatbelt.py``; whether macOS enforces it as intended can only be
 checked on a Mac.
 
 Standard library only: the supervisor imports this in a bare interpreter.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 
-from endpointd.guard.policy import Refusal
 from endpointd.model import (
     Cancel,
     Command,
@@ -25,6 +24,7 @@ from endpointd.model import (
     WorkspaceBase,
     WriteFile,
 )
+from endpointd.rules.decisions import Refusal
 
 # A ticket id names a directory and a git branch: the control plane's shape, nothing else.
 TICKET_ID = re.compile(r"tkt_[0-9a-z]{4,40}\Z")

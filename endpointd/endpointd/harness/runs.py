@@ -3,7 +3,7 @@ policy alone.
 
 The control plane names the harness and gives the prompt (stdin), a session to resume,
 a turn limit and a timeout. This module chooses the program (the policy's ``program`` or
-the one on PATH), the flags (:mod:`endpointd.harness.table`), the model and endpoint (the
+the one on PATH), the flags (:mod:`endpointd.rules.harnesses`), the model and endpoint (the
 policy's), the turn limit (the smaller of the request's and the policy's ``max_turns``)
 and the credential (the one ``[harness.NAME] credential`` names: by env in
 ``credential_env``, or with ``delivery = "http"`` through the device's proxy, which adds it
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from endpointd.guard.policy import Policy
 from endpointd.harness.detect import find_program
-from endpointd.harness.table import HARNESSES, NAMES, Run
 from endpointd.model import CredentialRef, Delivery, HarnessExec, Reason, RunHarness
+from endpointd.rules.harnesses import HARNESSES, NAMES, Run
 
 __all__ = ["HarnessRefused", "build", "credential_ref", "unplanned"]
 

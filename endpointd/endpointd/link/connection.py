@@ -33,7 +33,7 @@ from endpointd import __version__, wire
 from endpointd.commands.daemon import Daemon
 from endpointd.guard import sandbox
 from endpointd.harness.detect import Harnesses
-from endpointd.link.keys import DeviceKey
+from endpointd.keys import DeviceKey
 from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
 from endpointd.model import Challenge, Harness, Heartbeat, Repository
 from superagent_shared.backoff import Backoff

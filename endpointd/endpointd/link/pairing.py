@@ -26,7 +26,7 @@ from pathlib import Path
 from endpointd import __version__
 from endpointd.config import DeviceConfig, TrustConfig, config_path, save_config
 from endpointd.errors import ConfigError, PairingError, TrustError
-from endpointd.link.keys import create_key, discard_new_key
+from endpointd.keys import create_key, discard_new_key
 from endpointd.link.trust import (
     channel_credentials,
     channel_options,
@@ -146,7 +146,7 @@ def pair(
             paired_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         )
         if allowed_roots:
-            from endpointd.guard.policy import set_allowed_roots
+            from endpointd.rules.writer import set_allowed_roots
 
             policy_path, new_file = set_allowed_roots(config_directory, allowed_roots)
             created_policy = policy_path if new_file else None

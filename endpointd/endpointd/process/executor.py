@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from endpointd.fsutil import atomic_write
-from endpointd.guard import environment, sandbox
+from endpointd.guard import sandbox
 from endpointd.guard.confinement import Confinement
 from endpointd.model import Exec
 from endpointd.process import zygote as _zygote
+from endpointd.rules import environment
 from endpointd.secrets.delivery import Prepared
 from endpointd.spool import (
     CANCEL_FILE,
@@ -91,7 +92,7 @@ def child_environment(
     extra: Mapping[str, str], *, passed: Sequence[str] = (), tmpdir: Path | None = None
 ) -> dict[str, str]:
     """The command's environment: the minimal base from the daemon's own
-    (:mod:`endpointd.guard.environment`), the owner's ``[env] pass``, the command's
+    (:mod:`endpointd.rules.environment`), the owner's ``[env] pass``, the command's
     variables (judged by the policy already) and its private TMPDIR."""
     env = environment.minimal(os.environ, passed, extra)
     if tmpdir is not None:

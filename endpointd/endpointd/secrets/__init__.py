@@ -67,7 +67,7 @@ def device_key_seed(where: KeyConfig) -> bytes | None:
             return cached[0]
         seed: bytes | None = None
         try:
-            from endpointd.link.keys import load_key
+            from endpointd.keys import load_key
 
             seed = load_key(where)._raw_private()
         except Exception:  # any storage trouble: nothing to mask, try again later

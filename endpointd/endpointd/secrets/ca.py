@@ -242,7 +242,7 @@ def _keyring_set(entry: str, value: bytes) -> bool:
 
 
 def _keyring_usable() -> bool:
-    from endpointd.link.keys import keyring_status
+    from endpointd.keys import keyring_status
 
     return keyring_status().usable
 

@@ -76,8 +76,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from endpointd.guard import environment
 from endpointd.model import CredentialRef, Delivery
+from endpointd.rules import environment
 from endpointd.secrets import peer
 from endpointd.secrets.proxy import (
     HTTPS_PORT,
@@ -90,7 +90,7 @@ from endpointd.secrets.proxy import (
 from endpointd.spoolformat import TMP_DIR
 
 if TYPE_CHECKING:
-    from endpointd.guard.policy import CredentialScope
+    from endpointd.rules.tables import CredentialScope
     from endpointd.secrets.ca import DeviceCA
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ _CLIENT = Path(__file__).with_name("git_helper.py")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Variables a delivered value may never be put in: those that change how a program or the
 # dynamic loader starts, which files a shell sources, where programs are found, where they
-# send traffic and what they trust (:func:`endpointd.guard.environment.reserved`).
+# send traffic and what they trust (:func:`endpointd.rules.environment.reserved`).
 
 _DELIVERY_NAMES: dict[int, str] = {
     Delivery.ENV: "env",
@@ -418,7 +418,7 @@ def _hosts(ref: CredentialRef, scopes: Mapping[str, CredentialScope]) -> tuple[s
 def _injection(
     ref: CredentialRef, scopes: Mapping[str, CredentialScope], value: bytes
 ) -> Injection:
-    from endpointd.guard.policy import DEFAULT_HEADER
+    from endpointd.rules.terms import DEFAULT_HEADER
 
     hosts = _hosts(ref, scopes)
     scope = scopes[ref.name]

@@ -28,16 +28,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from endpointd.errors import EndpointdError
+from endpointd.rules.credentials import FILES_DIRECTORY as DIRECTORY
 
 __all__ = ["BOUNDARY", "DIRECTORY", "FileStore", "FileStoreError"]
 
-DIRECTORY = "credentials"  # below the config dir
 # What `creds add`, `status` and the docs say about this store, word for word.
 BOUNDARY = (
     "values are plain files readable only by your user (0600 in a 0700 directory): on this"
     " machine the file permissions are the boundary"
 )
-# The credential name rule again (store.NAME_RE), kept here so this module can never be
+# The credential name rule again (rules.credentials.NAME_RE), kept here so this module can never be
 # handed a name that is a path: no '/', no leading '.', so no '..' and no hidden temp name.
 _SAFE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -57,7 +57,7 @@ from urllib.parse import urlsplit
 from endpointd.secrets import peer
 
 if TYPE_CHECKING:
-    from endpointd.guard.policy import NetworkMode
+    from endpointd.rules.terms import NetworkMode
     from endpointd.secrets.ca import DeviceCA
 
 __all__ = [

@@ -33,11 +33,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from endpointd.errors import EndpointdError
 from endpointd.fsutil import atomic_write, exclusive_lock
 from endpointd.paths import ensure_private_dir
+from endpointd.rules.credentials import NAME_RULE, Store, valid_name
 from endpointd.secrets.file_store import BOUNDARY, DIRECTORY, FileStore, FileStoreError
 
 CREDENTIALS_FILE = "credentials.json"
@@ -45,10 +46,6 @@ CREDENTIALS_VERSION = 1
 KEYRING_SERVICE = "superagent-endpointd"  # the same service as the device key (keys.py)
 ENTRY_PREFIX = "credential:"
 MIN_VALUE_LENGTH = 8
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-NAME_RULE = (
-    "1-64 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
-)
 NO_KEYRING_FIX = (
     "install or unlock an OS keyring backend (gnome-keyring or KWallet on Linux, Keychain on"
     " macOS, Credential Locker on Windows), e.g. by running endpointd from a desktop session;"
@@ -64,9 +61,6 @@ def file_store_hint(name: str = "NAME") -> str:
         f" in policy.toml; {BOUNDARY}"
     )
 
-
-Store = Literal["keyring", "file"]
-STORES: tuple[Store, ...] = ("keyring", "file")
 
 # A line of a YAML block mapping (`key: value`, `key:`) or block sequence (`- item`).
 _YAML_MAPPING_LINE = re.compile(r"""^\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_.\-]+)\s*:(?:\s|$)""")
@@ -90,10 +84,6 @@ class CredentialInfo:
 def entry_name(name: str) -> str:
     """The keyring entry (user name) under service ``superagent-endpointd``."""
     return ENTRY_PREFIX + name
-
-
-def valid_name(name: str) -> bool:
-    return NAME_RE.fullmatch(name) is not None
 
 
 def check_name(name: str) -> None:
@@ -238,7 +228,7 @@ class CredentialStore:
     def require_keyring(self, name: str = "NAME") -> None:
         """CredentialError saying how to fix it when no usable keyring backend exists, and
         how to do without one (``name`` is used in the example command)."""
-        from endpointd.link.keys import keyring_status
+        from endpointd.keys import keyring_status
 
         status = keyring_status()
         if not status.usable:
@@ -338,7 +328,7 @@ class CredentialStore:
                 found = self._keyring_delete(name)
             elif where is None and not found:
                 # Not indexed: clean a stray keyring entry if there is a keyring to ask.
-                from endpointd.link.keys import keyring_status
+                from endpointd.keys import keyring_status
 
                 if keyring_status().usable:
                     found = self._keyring_delete(name)

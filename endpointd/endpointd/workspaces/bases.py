@@ -32,9 +32,9 @@ from pathlib import Path
 
 from endpointd.model import PrepareWorkspace, WorkspaceBase
 from endpointd.paths import ensure_private_dir
+from endpointd.rules.remotes import default_branch
 from endpointd.workspaces.errors import FetchFailed, GitError, WorkspaceError
 from endpointd.workspaces.git import FETCH_TIMEOUT, git
-from endpointd.workspaces.remotes import default_branch
 from endpointd.workspaces.store import Record
 
 __all__ = ["FetchAuth", "Start", "start"]

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from endpointd.workspaces.remotes import Clone, read_clone
+from endpointd.rules.remotes import Clone, read_clone
 
 __all__ = ["Repositories", "Scan", "scan"]
 

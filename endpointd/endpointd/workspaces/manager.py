@@ -34,16 +34,17 @@ from typing import TYPE_CHECKING, Any
 from endpointd.guard.files import within
 from endpointd.model import PrepareWorkspace
 from endpointd.paths import ensure_private_dir
+from endpointd.rules.remotes import matches, normalize, preferred, remotes
 from endpointd.workspaces import bases, grants
 from endpointd.workspaces.discovery import Repositories, Scan
 from endpointd.workspaces.errors import GitError, WorkspaceError
 from endpointd.workspaces.git import git, git_ok
-from endpointd.workspaces.remotes import matches, normalize, preferred, remotes
 from endpointd.workspaces.store import Record, Setup, Store
 from endpointd.workspaces.usage import disk_usage, index_estimate
 
 if TYPE_CHECKING:
-    from endpointd.guard.policy import Policy, WorkspaceRules
+    from endpointd.guard.policy import Policy
+    from endpointd.rules.tables import WorkspaceRules
 
 __all__ = ["Prepared", "Removal", "SetupPlan", "Workspaces"]
 

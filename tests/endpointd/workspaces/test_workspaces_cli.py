@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.guard.policy import POLICY_FILE, Policy
+from endpointd.guard.policy import Policy
 from endpointd.model import PrepareWorkspace
+from endpointd.rules.terms import POLICY_FILE
 from endpointd.workspaces.manager import Workspaces
 from tests.endpointd.workspaces.device_world import REPO, make_clone
 

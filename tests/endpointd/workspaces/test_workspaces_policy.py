@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.guard.policy import POLICY_FILE, Policy, example_text, parse_policy
+from endpointd.guard.policy import Policy
 from endpointd.guard.validation import validate
 from endpointd.model import (
     Command,
@@ -25,6 +25,9 @@ from endpointd.model import (
     WorkspaceBase,
     WriteFile,
 )
+from endpointd.rules.parser import parse_policy
+from endpointd.rules.terms import POLICY_FILE
+from endpointd.rules.writer import example_text
 
 TICKET = "tkt_8f3k2q9m4xw7"
 

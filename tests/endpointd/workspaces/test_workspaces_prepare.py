@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.guard.policy import POLICY_FILE, Policy
+from endpointd.guard.policy import Policy
 from endpointd.model import PrepareWorkspace, WorkspaceBase
+from endpointd.rules.terms import POLICY_FILE
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import Workspaces
 from endpointd.workspaces.store import Store

@@ -1,7 +1,7 @@
 """The exec supervisor's start-up and the daemon's event-driven view of its exit, in-process.
 
 The end-to-end behaviour (output, timeouts, cancel, crash recovery) is covered against a
-real daemon in test_endpointd_exec/resilience; these pin down what makes it cheap: a bare
+real daemon in test_exec/resilience; these pin down what makes it cheap: a bare
 interpreter that imports almost nothing, a pidfd instead of the exit poll, and which journal
 writes are fsync'd.
 """

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from endpointd.guard.policy import CredentialScope
 from endpointd.model import CredentialRef, Delivery, Exec
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, pid_alive, start_supervisor
+from endpointd.rules.tables import CredentialScope
 from endpointd.secrets import delivery
 from endpointd.secrets.delivery import DeliveryError, GitHelperServer, Prepared
 from endpointd.spool import ExitStatus, read_all

@@ -3,7 +3,7 @@ it keeps its sessions, and how a non-interactive run's command line is built.
 
 The control plane only names a harness and gives the prompt, a session to resume, a turn
 limit and a timeout; everything that becomes a program, a flag or a credential comes from
-here and from the owner's policy (``[harness]``, :mod:`endpointd.guard.policy`). The prompt
+here and from the owner's policy (``[harness]``, :mod:`endpointd.rules.read_harness`). The prompt
 always travels on standard input, never argv (argv is visible to every process on the
 machine and lands in the owner's rules and logs).
 

@@ -37,9 +37,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from endpointd.config import KeyConfig
-from endpointd.guard.policy import CredentialScope
-from endpointd.link.keys import DeviceKey, _write_key_file
+from endpointd.keys import DeviceKey, _write_key_file
 from endpointd.model import CredentialRef, Delivery
+from endpointd.rules.tables import CredentialScope
 from endpointd.secrets import ca as ca_module
 from endpointd.secrets import delivery, environment_secrets, own_secrets, secret_looking
 from endpointd.secrets.ca import DeviceCA, system_trust_pem, write_bundle

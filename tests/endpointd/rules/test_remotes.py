@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.workspaces.remotes import (
+from endpointd.rules.remotes import (
     default_branch,
     matches,
     normalize,

@@ -1,4 +1,5 @@
-"""The local policy: parsing (errors name key and line), every rule kind, the CLI, pairing.
+"""The local policy: loading and the hash, every rule kind, the CLI, pairing (the parser's
+errors are tests/endpointd/rules/test_parser.py's).
 
 Rules are judged in-process against real files, symlinks and directories under tmp_path;
 the CLI (`endpointd policy check|show|init`, `endpointd pair --allow-root`) runs as real
@@ -22,14 +23,7 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard import sandbox
-from endpointd.guard.policy import (
-    POLICY_FILE,
-    Decision,
-    Policy,
-    PolicyError,
-    example_text,
-    parse_policy,
-)
+from endpointd.guard.policy import Policy
 from endpointd.model import (
     Cancel,
     Command,
@@ -40,6 +34,9 @@ from endpointd.model import (
     Reason,
     WriteFile,
 )
+from endpointd.rules.decisions import Decision
+from endpointd.rules.parser import parse_policy
+from endpointd.rules.terms import POLICY_FILE
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.cli_output import in_a_terminal, one_line_error, read_until
@@ -142,72 +139,7 @@ def _cli(
     )
 
 
-# --------------------------------------------------------------------------- parsing
-
-
-@pytest.mark.parametrize(
-    ("body", "line", "words"),
-    [
-        ('allowed_roots = ["/x"]\nalowed_root = 1\n', 2, ["unknown key 'alowed_root'"]),
-        ('allowed_roots = ["/x"\n', 1, ["not valid TOML"]),
-        ('default_action = "allow"\n\nlimits = = 1\n', 3, ["not valid TOML"]),
-        (
-            '\n[[commands]]\naction = "allow"\nmatch = "ls"\n\n[[commands]]\naction = "allow"\n'
-            'match = "ls"\npattern = "x"\n',
-            9,
-            ["unknown key 'pattern' in [commands]"],
-        ),
-        ('[[commands]]\naction = "maybe"\nmatch = "ls"\n', 2, ["commands[1].action", "'maybe'"]),
-        ('[[commands]]\naction = "deny"\n', 1, ["commands[1].match"]),
-        ("[limits]\nmax_runtime = 5\n", 2, ["unknown key 'max_runtime' in [limits]"]),
-        ("[limits]\nmax_output_bytes = -1\n", 2, ["limits.max_output_bytes", "positive"]),
-        ('allowed_roots = ["src"]\n', 1, ["allowed_roots", "'src' is not an absolute path"]),
-        ('default_action = "yes"\n', 1, ["default_action must be one of"]),
-        ('[credentials.GitHub]\nallow = ["git *"]\n', 1, ["invalid credential name 'GitHub'"]),
-        ('[credentials.gh]\nallow = "git *"\n', 2, ["credentials.gh.allow must be a list"]),
-        ('[credentials.gh]\nallow = ["git *"]\nscope = 1\n', 3, ["unknown key 'scope'"]),
-    ],
-)
-def test_parse_errors_name_the_file_the_line_and_the_key(
-    tmp_path: Path, body: str, line: int, words: list[str]
-) -> None:
-    path = tmp_path / POLICY_FILE
-    with pytest.raises(PolicyError) as caught:
-        parse_policy(body, path)
-    message = str(caught.value)
-    assert message.startswith(f"{path}:{line}: "), message
-    for word in words:
-        assert word in message
-    assert "\n" not in message
-
-
-def test_the_shipped_example_parses_and_documents_every_key() -> None:
-    text = example_text()
-    rules = parse_policy(text, Path("/x/policy.toml"))
-    assert rules.allowed_roots == ()  # no default: pairing asks
-    assert rules.default_action == "allow"
-    assert [r.action for r in rules.commands] == ["deny", "deny", "ask"]
-    assert rules.limits.max_runtime_seconds == 3600
-    assert rules.limits.max_output_bytes == 64 * 1024 * 1024
-    assert rules.limits.ask_timeout_seconds == 300
-    for key in (
-        "allowed_roots",
-        "denied_paths",
-        "default_action",
-        "[[commands]]",
-        "action",
-        "match",
-        "name",
-        "[credentials.",
-        "allow",
-        "[limits]",
-        "max_runtime_seconds",
-        "max_output_bytes",
-        "ask_timeout_seconds",
-    ):
-        assert key in text
-    # Why one might choose "ask" is explained next to the choice.
-    assert 'Choose "ask"' in text
+# --------------------------------------------------------------------------- loading
 
 
 def test_a_broken_file_refuses_everything_but_cancel_until_fixed(env: Env) -> None:
@@ -852,17 +784,3 @@ def test_explain_path_shows_each_step_of_a_file_operation(env: Env) -> None:
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "decision: deny (protected: .git/hooks)" in proc.stdout
     assert _cli(env, "policy", "check", "--path", str(hook)).returncode == 0
-
-
-def test_the_example_documents_files_rules_and_the_protected_paths() -> None:
-    text = example_text()
-    for words in ("[[files]]", "ops", ".git/hooks", "~/.bashrc", "~/Library/LaunchAgents", "0755"):
-        assert words in text, words
-    # The commented [[files]] examples are valid as soon as they are uncommented.
-    examples = text[text.index("# [[files]]") :].split("\n\n")[0]
-    block = "\n".join(line.removeprefix("#").strip() for line in examples.splitlines())
-    rules = parse_policy(block, Path("/x/policy.toml"), home=Path("/home/u"))
-    assert [(r.name, r.action, r.ops) for r in rules.files] == [
-        ("my-hooks", "ask", ("write",)),
-        ("no-dotenv", "deny", ("read",)),
-    ]

@@ -298,7 +298,7 @@ def test_service_install_writes_a_systemd_user_unit(tmp_path: Path) -> None:
 def test_launchd_agent_content(tmp_path: Path) -> None:
     import plistlib
 
-    from endpointd.service import service_file
+    from endpointd.autostart import service_file
 
     agent = service_file("darwin", tmp_path)
     assert agent.path == tmp_path / "dev.superagent.endpointd.plist"
