@@ -60,7 +60,7 @@ class Ticker(Service):
 
 
 class Stubborn(Service):
-    """Ignores stop requests: the supervisor must cancel it within the bound."""
+    """Ignores stop requests: run_services must cancel it within the bound."""
 
     name = "stubborn"
 
@@ -79,7 +79,7 @@ async def test_run_services_stops_in_order_on_request() -> None:
     assert ticker.stopped_cleanly
 
 
-async def test_a_failing_service_brings_the_supervisor_down_and_stops_the_rest() -> None:
+async def test_a_failing_service_brings_run_services_down_and_stops_the_rest() -> None:
     healthy = Ticker()
     broken = Ticker(fail_after=3)
     with pytest.raises(RuntimeError, match="ticker broke"):
