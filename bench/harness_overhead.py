@@ -1,4 +1,4 @@
-"""What the harness supervisor adds to a coding-agent CLI's run, against the same CLI run
+"""What the harness round adds to a coding-agent CLI's run, against the same CLI run
 by hand on the same task.
 
 Run by hand (never in CI), from the repository root, after ``scripts/bootstrap`` (which

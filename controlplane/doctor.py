@@ -522,7 +522,7 @@ async def check_identities(url: str) -> Check:
     )
 
 
-async def check_services(settings: Settings, database: Database | None) -> list[Check]:
+async def check_reachable(settings: Settings, database: Database | None) -> list[Check]:
     """The checks that reach out, run at once: the database (unless there is none to
     reach), the channels and the model."""
     async with httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False) as http:
@@ -559,7 +559,7 @@ def diagnose() -> list[Check]:
                 "database", f"embedded, not created yet: the first start creates it in {embedded}"
             )
         )
-        checks.extend(asyncio.run(check_services(settings, None)))
+        checks.extend(asyncio.run(check_reachable(settings, None)))
         return checks
     with contextlib.ExitStack() as stack:
         database: Database | None = None
@@ -575,5 +575,5 @@ def diagnose() -> list[Check]:
                     "DATABASE_URL to a Postgres of your own",
                 )
             )
-        checks.extend(asyncio.run(check_services(settings, database)))
+        checks.extend(asyncio.run(check_reachable(settings, database)))
     return checks

@@ -37,12 +37,13 @@ from controlplane.gateway.tls import gateway_tls
 from controlplane.heartbeat import Record, ReplicaHeartbeat
 from controlplane.ingest.intake import Intake
 from controlplane.leadership import Leadership, WhileLeading
-from controlplane.router.router import Router, RouterService, TurnTaker
+from controlplane.router.router import Router
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
+from controlplane.router.service import RouterService, TurnTaker
 from controlplane.services import LOOPS_SHARE, DatabaseWatch, Service, run_services
 from controlplane.settings import Settings
 from controlplane.tickets.consent import ConsentService
-from controlplane.watchdog.supervisor import WatchdogChild
+from controlplane.watchdog.child import WatchdogChild
 from controlplane.web.state import AppState
 from controlplane.workers.service import WorkerService
 from controlplane.workers.subagent import Subagent
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 
 class _Uvicorn(uvicorn.Server):
-    # The supervisor owns signals; uvicorn must not install its own handlers.
+    # run_until_signalled owns the signals; uvicorn must not install its own handlers.
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield

@@ -3,8 +3,12 @@
 A Service owns one loop. ``start()`` launches it, ``stop()`` asks it to finish and waits a
 bounded time before cancelling. Inside, :func:`critical_loop` repeats a step: errors that may
 pass by themselves (a dropped connection, a Postgres restart, a timeout) are retried with
-backoff and jitter; anything else is a bug or a broken configuration and is re-raised so the
-supervisor stops the process loudly instead of limping on.
+backoff and jitter; anything else is a bug or a broken configuration and is re-raised so
+:func:`run_services` stops the process loudly instead of limping on.
+
+The step is one turn, pass or round of the loop, and does its own waiting. What fails only
+an item of work (a router turn, a worker round, a watchdog check) is the step's to contain:
+it records the failure and waits its own backoff, and the loop never sees it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT)
 
 
+def is_transient_or_database(exc: BaseException) -> bool:
+    """Transient, or any answer of the database, a failing statement included: what a loop
+    whose every pass is queries retries instead of ending (the workers', the watchdog's)."""
+    return is_transient(exc) or isinstance(exc, asyncpg.PostgresError)
+
+
 async def sleep_unless(event: asyncio.Event, seconds: float) -> bool:
     """Sleep up to ``seconds``; return True at once if ``event`` is set meanwhile."""
     with contextlib.suppress(TimeoutError):
@@ -59,9 +69,12 @@ async def critical_loop(
     stopping: asyncio.Event,
     *,
     backoff_cap: float = 30.0,
+    retry: Callable[[BaseException], bool] = is_transient,
 ) -> None:
     """Run ``step`` until ``stopping`` is set; ``step`` does its own waiting between rounds.
 
+    An error ``retry`` accepts (by default the transient ones) is retried after a backoff
+    (``superagent_shared.backoff``, up to ``backoff_cap`` seconds); any other ends the loop.
     A database outage is one episode for the whole process (``db/outage.py``): this loop
     logs nothing of its own for it, and retries as soon as the database is back.
     """
@@ -70,7 +83,7 @@ async def critical_loop(
         try:
             await step()
         except Exception as exc:
-            if not is_transient(exc):
+            if not retry(exc):
                 log.exception("%s: unexpected error, stopping the loop", name)
                 raise
             failures += 1

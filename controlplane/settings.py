@@ -652,7 +652,8 @@ class RouterSettings(BaseModel):
     retry_cap_seconds: float = Field(
         30.0,
         gt=0,
-        description="Longest wait between router turns that failed; it doubles from 1 s.",
+        description="Longest wait (before jitter) between router turns that failed; it doubles "
+        "from 1 s.",
     )
     model_notice_seconds: float = Field(
         180.0,

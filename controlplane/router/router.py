@@ -11,9 +11,10 @@ mid-turn, the batch stays in the inbox and the next turn sees it again: at-least
 with every decision on record (``router_decisions``, ``llm_calls``).
 
 Fault containment (:mod:`controlplane.router.containment`): a turn that fails raises
-:class:`TurnFailed`, naming the triggers it held, and the service never ends for it. The
-failure counts against those triggers (a poison one is isolated, then set aside as
-undecidable) or against nobody (the model unreachable, the database away).
+:class:`TurnFailed`, naming the triggers it held, and the service
+(:mod:`controlplane.router.service`) never ends for it. The failure counts against those
+triggers (a poison one is isolated, then set aside as undecidable) or against nobody (the
+model unreachable, the database away).
 
 Bounded context (:mod:`controlplane.router.context`): the system prompt, a summary of
 older turns, the last turns in full, compacted by turn count and by size. A
@@ -27,40 +28,29 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import asyncpg
 import openai
 
-from controlplane import pause, prompts
-from controlplane.db import outage
-from controlplane.db.listen import listen
-from controlplane.domain import Notify
+from controlplane import prompts
 from controlplane.ingest.intake import AdmissionSource
-from controlplane.leadership import Leadership
 from controlplane.llm import Accounting, LlmClient
 from controlplane.llm.client import Answer, screen_calls
 from controlplane.llm.errors import ContextExceeded
 from controlplane.router import batch as batches
-from controlplane.router.containment import Containment
 from controlplane.router.context import Conversation, TurnRecord
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import SUBAGENT_SPEC, TOOL_SPECS, SubagentRunner, Toolbox
-from controlplane.services import Service, sleep_unless
-from controlplane.settings import LlmSettings, RouterSettings, Settings
+from controlplane.settings import LlmSettings
 from superagent_shared.ids import new_id, new_ids
 
 log = logging.getLogger(__name__)
-
-# What a turn may raise before it takes a batch: the model provider's or the database's
-# trouble, retried with backoff. Anything else is a bug and logged with its traceback.
-_UNTAKEN_TURN_ERRORS: tuple[type[Exception], ...] = (openai.OpenAIError, *outage.DATABASE_ERRORS)
 
 MAX_STEPS = 8  # model calls per turn: the model may call tools, read results, call again
 READ_RESULTS = frozenset(
     {"recall", "assess", "subagent", "explain"}
 )  # tools whose results the model acts on
-POLL_SECONDS = 1.0  # the safety net under LISTEN
 RESUME_TURNS = 300  # turns a new leader replays from the session (the rest is summarised)
 
 
@@ -81,7 +71,8 @@ class TurnFailed(Exception):
 
 
 class Router:
-    """Runs turns. Only the leader's RouterService calls :meth:`turn`."""
+    """Runs turns. Only the leader's :class:`~controlplane.router.service.RouterService`
+    calls :meth:`turn`."""
 
     def __init__(
         self,
@@ -310,94 +301,3 @@ class Router:
 def _short(content: dict[str, Any]) -> str:
     text = json.dumps(content, ensure_ascii=False, default=str)
     return text if len(text) <= 160 else text[:159] + "…"
-
-
-class TurnTaker(Protocol):
-    async def turn(self, leading: Callable[[], bool] = ...) -> int: ...
-
-
-class RouterService(Service):
-    """Runs router turns while this replica leads, woken by NOTIFY with a 1 s poll.
-
-    The turns are the model's (:class:`Router`) or, without a model, rules-only mode's
-    (:class:`controlplane.router.rules_only.RulesOnlyRouter`). A failed turn is its
-    batch's failure or nobody's (see the module's docstring), never the loop's.
-    """
-
-    name = "router"
-
-    def __init__(
-        self,
-        router: TurnTaker,
-        leadership: Leadership,
-        dsn: str,
-        pool: asyncpg.Pool,
-        *,
-        settings: Settings | None = None,
-        retry_base: float = 1.0,
-        max_backoff: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.router = router
-        self.pool = pool
-        self.leadership = leadership
-        self.dsn = dsn
-        self.failures = Containment(
-            pool,
-            settings.router if settings is not None else RouterSettings(),
-            settings.watchdog.admin_thread if settings is not None else None,
-        )
-        self.retry_base = retry_base
-        # Between failed turns: doubling from retry_base, at most this.
-        self.max_backoff = max_backoff or self.failures.settings.retry_cap_seconds
-        # Started once this replica first leads; then kept.
-        self._listener = listen(dsn, Notify.ROUTER, name=self.name)
-
-    async def run(self) -> None:
-        backoff = self.retry_base
-        try:
-            while not self.stopping.is_set():
-                if not self.leadership.is_leader:
-                    await sleep_unless(self.stopping, 0.2)
-                    continue
-                try:
-                    paused = await pause.current(self.pool)
-                except outage.DATABASE_ERRORS as exc:
-                    if not await outage.absorbed(exc, "router"):  # an outage is logged once
-                        log.warning("router: cannot read the pause flag (%s)", exc)
-                    paused = None
-                if paused is not None:
-                    await sleep_unless(self.stopping, POLL_SECONDS)  # events wait in the inbox
-                    continue
-                await self._listener.start()
-                self._listener.wake.clear()  # what comes during the turn wakes the next
-                try:
-                    consumed = await self.router.turn(lambda: self.leadership.is_leader)
-                except LostLeadership:
-                    log.warning("router: leadership lost mid-turn; the batch stays queued")
-                    continue
-                except TurnFailed as failed:
-                    if await self.failures.failed(failed, backoff):
-                        backoff = self.retry_base  # set aside: the next turn is another's
-                    await sleep_unless(self.stopping, backoff)
-                    backoff = min(backoff * 2, self.max_backoff)
-                    continue
-                except _UNTAKEN_TURN_ERRORS as exc:
-                    # Before any batch was taken: the database, most likely.
-                    if not await outage.absorbed(exc, "router"):
-                        log.warning("router turn failed (%s); retrying in %.0fs", exc, backoff)
-                    await sleep_unless(self.stopping, backoff)
-                    backoff = min(backoff * 2, self.max_backoff)
-                    continue
-                except Exception:
-                    log.exception("router: a turn failed before taking its batch (a bug)")
-                    await sleep_unless(self.stopping, backoff)
-                    backoff = min(backoff * 2, self.max_backoff)
-                    continue
-                backoff = self.retry_base
-                if consumed:
-                    self.failures.reachable()
-                    continue  # more may have arrived during the model call
-                await self._listener.wait(POLL_SECONDS, unless=self.stopping)
-        finally:
-            await self._listener.close()

@@ -15,7 +15,9 @@ is configured), records what it sees (``findings.py``), and acts by a fixed ladd
   actions that keep failing, Postgres unreachable: the admin alerted.
 
 Each finding is acted on once per rung; everything is on record (``superagent watchdog
-findings``).
+findings``). One check that fails (a bug in it) is that check's failure, recorded in
+``item_failures``; the other checks still run. :class:`Watchdog` is a Service on the shared
+loop (:func:`controlplane.services.critical_loop`), one pass a step.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from controlplane import failures, findings
 from controlplane.deployment import WATCHDOG_MARK
 from controlplane.findings import Open, Seen
 from controlplane.gateway import queue as commands
-from controlplane.services import Service, is_transient, sleep_unless
+from controlplane.services import Service, critical_loop, is_transient_or_database, sleep_unless
 from controlplane.settings import Settings
 from controlplane.watchdog import actions, checks, drift
 
@@ -75,18 +77,24 @@ class Watchdog(Service):
         self.passes = 0
 
     async def run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                await self.check_once()
-            except Exception as exc:
-                if not is_transient(exc) and not isinstance(exc, asyncpg.PostgresError):
-                    raise
-                if self.down_since is None:  # one line per outage, not one per pass
-                    self.down_since = datetime.now(UTC)
-                    log.error("watchdog: Postgres unreachable or failing (%s); retrying", exc)
-                else:
-                    log.debug("watchdog: Postgres still unreachable (%s)", exc)
-            await sleep_unless(self.stopping, self.config.interval_seconds)
+        await critical_loop(self.name, self._pass, self.stopping)
+
+    async def _pass(self) -> None:
+        """One pass, then the interval. Postgres unreachable or failing ends the pass, and
+        is itself a finding: the watchdog keeps its interval through the outage (no
+        backoff: it is the one that reports it) and records the episode once it is over
+        (:meth:`_postgres_was_down`). Anything else is a bug and ends the loop."""
+        try:
+            await self.check_once()
+        except Exception as exc:
+            if not is_transient_or_database(exc):
+                raise
+            if self.down_since is None:  # one line per outage, not one per pass
+                self.down_since = datetime.now(UTC)
+                log.error("watchdog: Postgres unreachable or failing (%s); retrying", exc)
+            else:
+                log.debug("watchdog: Postgres still unreachable (%s)", exc)
+        await sleep_unless(self.stopping, self.config.interval_seconds)
 
     async def check_once(self) -> list[Open]:
         """One pass: every check, then the actions its findings call for."""
@@ -138,7 +146,7 @@ class Watchdog(Service):
     async def _check_failed(self, name: str, exc: Exception) -> None:
         """One check failing is that check's failure this pass; the others still run. Only
         the database going away ends the pass (and is reported once, by :meth:`run`)."""
-        if is_transient(exc) or isinstance(exc, asyncpg.PostgresError):
+        if is_transient_or_database(exc):
             raise exc
         failures.logged(log, "watchdog", name, exc, "the other checks go on")
         await failures.record(self.pool, "watchdog", name, exc)

@@ -1,6 +1,7 @@
 """The worker pool of one replica: starts rounds, renews their leases, takes over orphans.
 
-Every replica runs one. Each pass (woken by NOTIFY, at least every second):
+Every replica runs one, a Service on the shared loop
+(:func:`controlplane.services.critical_loop`). Each pass (woken by NOTIFY, at least every second):
 
 1. renews the leases of the rounds it runs, and stops any it lost;
 2. housekeeping, idempotent on every replica: a ticket whose pull request was merged is
@@ -48,7 +49,7 @@ from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.inbox import IS_STOP
 from controlplane.replies import enqueue_reply
-from controlplane.services import Service, is_transient, sleep_unless
+from controlplane.services import Service, critical_loop, is_transient_or_database
 from controlplane.settings import Settings
 from controlplane.tickets import control, pr_rounds, reports, retries, slots, store
 from controlplane.tickets.authority import HOLD
@@ -146,27 +147,33 @@ class WorkerService(Service):
         self._renewed_at = 0.0
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         await self._listener.start()
         try:
-            while not self.stopping.is_set():
-                self._wake.clear()
-                try:
-                    if loop.time() - self._renewed_at >= self.limits.renew_seconds:
-                        await self._renew()
-                        self._renewed_at = loop.time()
-                    await self._housekeeping()
-                    await self._claim()
-                except Exception as exc:
-                    if not is_transient(exc) and not isinstance(exc, asyncpg.PostgresError):
-                        raise
-                    log.warning("workers: pass failed (%s); retrying", exc)
-                    await sleep_unless(self.stopping, POLL_SECONDS)
-                    continue
-                await self._listener.wait(POLL_SECONDS, unless=self.stopping)
+            # A pass that fails on the database (gone, or a statement failing) is retried
+            # after a backoff of at most a poll, as a pass renews the rounds' leases; a bug
+            # outside the database ends the service loudly. A round's own failure never
+            # reaches here: it is its ticket's (:meth:`_failed`).
+            await critical_loop(
+                self.name,
+                self._pass,
+                self.stopping,
+                backoff_cap=POLL_SECONDS,
+                retry=is_transient_or_database,
+            )
         finally:
             await self._shutdown()
             await self._listener.close()
+
+    async def _pass(self) -> None:
+        """One pass (see the module), then its wait for a notification or the poll."""
+        self._wake.clear()
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._renewed_at >= self.limits.renew_seconds:
+            await self._renew()
+            self._renewed_at = loop.time()
+        await self._housekeeping()
+        await self._claim()
+        await self._listener.wait(POLL_SECONDS, unless=self.stopping)
 
     async def _shutdown(self) -> None:
         tasks = list(self.rounds.values())

@@ -271,8 +271,8 @@ class Worker:
 
     async def _backend(self, ticket: Ticket) -> choice.Backend:
         """The built-in loop, or a harness on the device (:mod:`controlplane.workers.harness`).
-        A speculative ticket, or one without a workspace of its own, stays built-in: the
-        supervisor delivers through a branch and a pull request."""
+        A speculative ticket, or one without a workspace of its own, stays built-in: a
+        harness round delivers through a branch and a pull request."""
         self.repo = repo_config.RepoConfig()
         if ticket.speculative or ticket.device_id is None or not ticket.workspace:
             return choice.Backend(choice.BUILTIN, "built-in only")
@@ -294,7 +294,7 @@ class Worker:
     async def _harness_round(
         self, ticket: Ticket, backend: choice.Backend, given: workspace.Instructions
     ) -> str:
-        from controlplane.workers.harness.supervisor import HarnessRound
+        from controlplane.workers.harness.rounds import HarnessRound
 
         convo = await self._open(ticket, given, harness=backend.name)
         text = await brief(self.pool, ticket, given)

@@ -41,7 +41,7 @@ PREFIXES = frozenset(
         "wac",
         "apr",
         "hrn",  # a harness run (controlplane.workers.harness)
-        "sup",  # a step of the harness supervisor's, recorded as a tool call
+        "sup",  # a step of a harness round's, recorded as a tool call
     }
 )
 

@@ -13,7 +13,8 @@ import asyncpg
 from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.leadership import Leadership
-from controlplane.router.router import Router, RouterService, TurnTaker
+from controlplane.router.router import Router
+from controlplane.router.service import RouterService, TurnTaker
 from controlplane.settings import Settings
 from tests.fakes.openai_server import ChatRequest, Reply, ToolCall
 

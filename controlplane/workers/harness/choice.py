@@ -21,7 +21,7 @@ from controlplane.tickets import store
 from controlplane.workers.harness.repo_config import RepoConfig
 
 BUILTIN = "builtin"
-# The harnesses whose event streams the supervisor reads (controlplane.workers.harness.streams).
+# The harnesses whose event streams a harness round reads (controlplane.workers.harness.streams).
 SUPPORTED = ("qwen", "codex", "claude")
 BACKENDS = (BUILTIN, *SUPPORTED)
 

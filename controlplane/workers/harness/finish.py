@@ -10,7 +10,7 @@
 * The pull request is opened, or found (a ticket has one), through the worker's own
   ``open_pull_request``; the report goes the normal way.
 
-Each step is recorded in the ticket's session as a call of the supervisor's, with its
+Each step is recorded in the ticket's session as a call of the round's, with its
 result, so the console shows what happened after the harness's own events. The push and the
 pull request pass the same hold as the built-in worker's (:mod:`controlplane.tickets.authority`):
 right after input without authority, they wait for the requester.
@@ -29,7 +29,7 @@ from controlplane.workers.tools.core import Outcome
 from superagent_shared.ids import new_id
 
 if TYPE_CHECKING:
-    from controlplane.workers.harness.supervisor import HarnessRound
+    from controlplane.workers.harness.rounds import HarnessRound
 
 GIT_SECONDS = 120.0
 TEST_SECONDS = 1800.0
@@ -50,7 +50,7 @@ async def _act(
     spec: specs.Spec | None,
     wait: float,
 ) -> dict[str, Any]:
-    """One step of the supervisor's, recorded as a tool call with its result: ``spec`` run
+    """One step of the round's, recorded as a tool call with its result: ``spec`` run
     on the device (waiting up to ``wait``), or the worker tool ``name`` when ``spec`` is
     None."""
     call_id = new_id("sup")

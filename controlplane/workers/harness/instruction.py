@@ -1,11 +1,11 @@
 """What a harness is told at the start of each run: composed here, in the control plane,
 from the ticket's brief (its mandate, scope and repository instructions), the rules of the
-supervisor, and the follow-up events since its last run with their authority.
+round, and the follow-up events since its last run with their authority.
 
 A harness only reads text: who may change the task is said in the events' own records
 (:mod:`controlplane.tickets.events`), the same way the built-in worker reads them, and the
-supervisor, not the harness, does everything outside the device (the push, the pull request,
-the report), through the same tools and holds as the built-in worker.
+round (:mod:`.rounds`), not the harness, does everything outside the device (the push, the
+pull request, the report), through the same tools and holds as the built-in worker.
 """
 
 from __future__ import annotations

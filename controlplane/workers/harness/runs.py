@@ -3,7 +3,7 @@ device, its event stream read as it arrives, recorded in the ticket's session, a
 against the limits.
 
 The output is the harness's own event stream (JSON lines) as the device's redactor passed
-it; it is parsed by :mod:`controlplane.workers.harness.streams`. Each event the supervisor
+it; it is parsed by :mod:`controlplane.workers.harness.streams`. Each event the round
 keeps becomes a row of the ticket's worker session (an assistant message, a tool call in
 the OpenAI shape, its result), so the console shows the run live and the watchdog's checks
 (:mod:`controlplane.watchdog.checks`: no progress, the same calls in circles) read a

@@ -59,7 +59,7 @@ CLAUDE_WRITERS = {
 }
 QWEN_WRITERS = {"write_file": "file_path", "edit": "file_path", "notebook_edit": "notebook_path"}
 
-# Types that carry nothing the supervisor records (partial deltas, qwen's goal state...).
+# Types that carry nothing the round records (partial deltas, qwen's goal state...).
 _QUIET = {"stream_event", "control_request", "control_response", "keep_alive", "rate_limit_event"}
 
 

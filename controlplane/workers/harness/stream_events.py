@@ -2,7 +2,7 @@
 
 Harness CLIs print what they do as JSON lines in their own shapes; the parsers
 (:mod:`.stream_claude`, :mod:`.stream_codex`) turn them into :class:`HarnessEvent` values so
-the supervisor records messages, tool calls and usage, detects loops and finds the session
+the round records messages, tool calls and usage, detects loops and finds the session
 to resume without knowing which harness ran. Everything here is text from a process we do
 not control: each string is capped (:func:`cap`, :func:`cap_arguments`) before it becomes
 an event, so a harness printing megabytes costs us kilobytes.

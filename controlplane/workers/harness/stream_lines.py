@@ -92,7 +92,7 @@ class JsonLinesParser:
         return self._guarded(lambda: self.decode(obj))
 
     def _guarded(self, step: Any) -> list[HarnessEvent]:
-        # A shape no version of the harness printed must not end the parse: the supervisor
+        # A shape no version of the harness printed must not end the parse: the round
         # keeps reading the run, and the note says what was skipped.
         try:
             events: list[HarnessEvent] = step()

@@ -1,6 +1,6 @@
-"""A running summary of one harness run, kept by the supervisor as events arrive.
+"""A running summary of one harness run, kept by its round as events arrive.
 
-:class:`Tally` answers what the supervisor asks after (or during) a run: which session to
+:class:`Tally` answers what the round asks after (or during) a run: which session to
 resume, how many turns and tokens it took, which files it changed, what it said last,
 whether it succeeded, and the signature of each tool call for loop detection.
 

@@ -35,7 +35,7 @@ class WorkerToolbox(Workbench):
         return {"error": done.error} if isinstance(done, Refusal) else done
 
     async def held(self, name: str, args: dict[str, Any]) -> dict[str, Any] | None:
-        """Whether a call made outside the toolbox (the harness supervisor's push) is held
+        """Whether a call made outside the toolbox (a harness round's push) is held
         for lack of authority, exactly as the same tool call would be: its answer, or None
         to go ahead."""
         try:

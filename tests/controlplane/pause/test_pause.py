@@ -19,8 +19,8 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.leadership import Leadership
-from controlplane.router.router import RouterService
 from controlplane.router.rules_only import RulesOnlyRouter, run_handler
+from controlplane.router.service import RouterService
 from tests.support.helpers import assert_eventually, run_cli, save_policy
 
 

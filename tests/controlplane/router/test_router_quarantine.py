@@ -428,7 +428,7 @@ async def test_a_database_restart_during_a_turn_is_an_outage_not_a_bug(
     """The errors a Postgres restart raises mid-turn are retried as the database's trouble;
     none is logged as "a bug" with a traceback, and the loop goes on to the next turn."""
     from controlplane.leadership import Leadership
-    from controlplane.router.router import RouterService
+    from controlplane.router.service import RouterService
 
     caplog.set_level(logging.WARNING)
     leadership = Leadership(pool, "me", lease_seconds=10, renew_seconds=1)

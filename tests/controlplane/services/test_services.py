@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import asyncpg
 import pytest
 
 from controlplane.db import outage
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.errors import TransientError
-from controlplane.services import Service, critical_loop, run_services
+from controlplane.services import (
+    Service,
+    critical_loop,
+    is_transient_or_database,
+    run_services,
+)
 from tests.support.helpers import assert_eventually
 
 
@@ -39,6 +45,25 @@ async def test_other_errors_fail_loudly() -> None:
         await asyncio.wait_for(critical_loop("t", step, stopping), 10)
 
 
+async def test_a_loop_whose_passes_are_queries_retries_a_failing_statement_too() -> None:
+    """``retry=is_transient_or_database`` (the workers', the watchdog's): a statement the
+    database refuses is retried like an outage; a bug still ends the loop."""
+    stopping = asyncio.Event()
+    errors: list[Exception] = [
+        asyncpg.exceptions.UndefinedTableError('relation "x" does not exist'),
+        KeyError("a bug"),
+    ]
+
+    async def step() -> None:
+        raise errors.pop(0)
+
+    with pytest.raises(KeyError):
+        await asyncio.wait_for(
+            critical_loop("t", step, stopping, retry=is_transient_or_database), 10
+        )
+    assert errors == []
+
+
 class Ticker(Service):
     name = "ticker"
 
@@ -60,7 +85,7 @@ class Ticker(Service):
 
 
 class Stubborn(Service):
-    """Ignores stop requests: the supervisor must cancel it within the bound."""
+    """Ignores stop requests: run_services must cancel it within the bound."""
 
     name = "stubborn"
 
@@ -79,7 +104,7 @@ async def test_run_services_stops_in_order_on_request() -> None:
     assert ticker.stopped_cleanly
 
 
-async def test_a_failing_service_brings_the_supervisor_down_and_stops_the_rest() -> None:
+async def test_a_failing_service_brings_run_services_down_and_stops_the_rest() -> None:
     healthy = Ticker()
     broken = Ticker(fail_after=3)
     with pytest.raises(RuntimeError, match="ticker broke"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from controlplane.tickets import explain, reports, slots
 from controlplane.watchdog.service import Watchdog
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.support.helpers import assert_eventually
 from tests.support.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
     client_for,
@@ -315,6 +317,43 @@ async def test_postgres_coming_back_is_recorded_and_alerted(pool: asyncpg.Pool) 
     assert "(42 s)" in row["summary"]
     assert row["resolved_at"] is not None
     assert dog.down_since is None
+
+
+async def test_postgres_away_ends_passes_not_the_watchdog_and_its_return_is_recorded(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The running watchdog: passes that fail on the database are one outage (one error
+    line), the watchdog goes on at its interval, and the first pass after records the
+    episode and alerts."""
+    away = [ConnectionRefusedError("connection refused"), asyncpg.InterfaceError("closed")]
+    check_once = Watchdog.check_once
+
+    async def postgres_away(self: Watchdog) -> list[Any]:
+        if away:  # the pass's first statement fails: the database is gone
+            raise away.pop(0)
+        return await check_once(self)
+
+    monkeypatch.setattr(Watchdog, "check_once", postgres_away)
+    caplog.set_level(logging.DEBUG, logger="controlplane.watchdog.service")
+    dog = Watchdog(pool, _settings(interval_seconds=0.05), None)
+    await dog.start()
+    try:
+        await assert_eventually(
+            lambda: pool.fetchval(
+                "SELECT resolved_at IS NOT NULL FROM watchdog_findings "
+                "WHERE kind = 'postgres_unreachable'"
+            ),
+            timeout=15,
+            message="the outage recorded once it was over",
+        )
+        assert not dog.task.done(), "the outage ended the watchdog"
+    finally:
+        await dog.stop()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage().split(" (")[0] for r in errors] == [
+        "watchdog: Postgres unreachable or failing"
+    ]
+    assert any("Postgres was unreachable" in text for text in await _alerts(pool))
 
 
 async def test_drift_from_the_goal_is_judged_by_the_model_and_nudged(

@@ -1,6 +1,6 @@
 """A round of a ticket worked by a harness: a coding-agent CLI on the ticket's device.
 
-The supervisor is thin. It composes the harness's instruction (:mod:`.instruction`), starts
+The round is thin. It composes the harness's instruction (:mod:`.instruction`), starts
 it in the ticket's workspace as a device command (:mod:`.runs`: the device builds the
 program's argv and credentials from its own table and policy, confines it like any
 command, and streams its events), records the run in the ticket's session as it goes, and
