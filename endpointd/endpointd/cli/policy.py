@@ -80,7 +80,7 @@ def policy_check(
     import shlex
 
     from endpointd.guard.policy import FileOp, expand_path, load_policy
-    from endpointd.model import Command, CredentialRef, Exec
+    from superagent_shared.messages import Command, CredentialRef, Exec
 
     if bool(path) == bool(command):
         raise click.UsageError("give either a COMMAND or --path PATH")

@@ -52,7 +52,11 @@ from endpointd.guard.files import fold as _fold
 from endpointd.guard.files import within as _within
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.harness.table import HARNESSES, NAMES
-from endpointd.model import (
+from endpointd.paths import data_dir, ensure_private_dir, state_dir
+from endpointd.secrets.file_store import DIRECTORY as CREDENTIAL_FILES_DIR
+from endpointd.secrets.store import NAME_RULE, STORES, Store, valid_name
+from endpointd.workspaces.remotes import remote_of
+from superagent_shared.messages import (
     Command,
     Exec,
     Glob,
@@ -66,10 +70,6 @@ from endpointd.model import (
     Search,
     WriteFile,
 )
-from endpointd.paths import data_dir, ensure_private_dir, state_dir
-from endpointd.secrets.file_store import DIRECTORY as CREDENTIAL_FILES_DIR
-from endpointd.secrets.store import NAME_RULE, STORES, Store, valid_name
-from endpointd.workspaces.remotes import remote_of
 
 POLICY_FILE = "policy.toml"
 EXAMPLE_FILE = "policy.example.toml"

@@ -11,7 +11,7 @@ import os
 import re
 
 from endpointd.guard.policy import Refusal
-from endpointd.model import (
+from superagent_shared.messages import (
     Cancel,
     Command,
     Exec,

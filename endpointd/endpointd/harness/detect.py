@@ -34,7 +34,7 @@ from pathlib import Path
 from endpointd.guard.environment import BASE
 from endpointd.guard.policy import HarnessRules, HarnessSettings, Rules
 from endpointd.harness.table import HARNESSES, NAMES, Spec
-from endpointd.model import Harness
+from superagent_shared.messages import Harness
 
 __all__ = ["Found", "Harnesses", "detect", "find_program", "version_of"]
 

@@ -77,7 +77,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from endpointd.guard import environment
-from endpointd.model import CredentialRef, Delivery
 from endpointd.secrets import peer
 from endpointd.secrets.proxy import (
     HTTPS_PORT,
@@ -88,6 +87,7 @@ from endpointd.secrets.proxy import (
     parse_authority,
 )
 from endpointd.spoolformat import TMP_DIR
+from superagent_shared.messages import CredentialRef, Delivery
 
 if TYPE_CHECKING:
     from endpointd.guard.policy import CredentialScope

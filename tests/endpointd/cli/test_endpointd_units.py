@@ -14,11 +14,20 @@ from endpointd.errors import TrustError
 from endpointd.guard.validation import validate
 from endpointd.journal import Journal
 from endpointd.link.trust import is_loopback, parse_server_url
-from endpointd.model import Delivery, Exec, Finished, ReadFile, Reason, Refused, Result, WriteFile
 from endpointd.spool import SpoolReader, SpoolWriter, output_total, spool_dir
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.backoff import Backoff
 from superagent_shared.gateway_tls import format_fingerprint, parse_fingerprint
+from superagent_shared.messages import (
+    Delivery,
+    Exec,
+    Finished,
+    ReadFile,
+    Reason,
+    Refused,
+    Result,
+    WriteFile,
+)
 
 
 def test_spool_reader_reassembles_any_offsets_and_keeps_streams_apart(tmp_path: Path) -> None:

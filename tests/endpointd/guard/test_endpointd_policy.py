@@ -30,7 +30,7 @@ from endpointd.guard.policy import (
     example_text,
     parse_policy,
 )
-from endpointd.model import (
+from superagent_shared.messages import (
     Cancel,
     Command,
     CredentialRef,

@@ -19,9 +19,9 @@ import pytest
 
 from endpointd.guard import sandbox
 from endpointd.guard.policy import Rules
-from endpointd.model import Exec
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, private_tmpdir
 from endpointd.spool import ExitStatus, read_all
+from superagent_shared.messages import Exec
 from tests.support.helpers import assert_eventually
 
 pytestmark = pytest.mark.skipif(

@@ -13,7 +13,7 @@ import pytest
 
 from endpointd.guard.policy import POLICY_FILE, Policy, example_text, parse_policy
 from endpointd.guard.validation import validate
-from endpointd.model import (
+from superagent_shared.messages import (
     Command,
     CredentialRef,
     Delivery,
