@@ -78,22 +78,8 @@ _WORKSPACE_BASES = (
     WorkspaceBase.LOCAL_CHANGES,
 )
 
-# Each command kind's class, by the name ``commands.kind`` stores.
-KINDS: dict[str, type[Spec]] = {
-    c.KIND: c
-    for c in (
-        Exec,
-        ReadFile,
-        WriteFile,
-        ListDir,
-        Cancel,
-        PrepareWorkspace,
-        ReleaseWorkspace,
-        Search,
-        Glob,
-        RunHarness,
-    )
-}
+# Each command kind's class, by the name ``commands.kind`` stores: every kind of the protocol.
+KINDS: dict[str, type[Spec]] = {c.KIND: c for c in typing.get_args(Op)}
 
 # What an absent key meant when each kind was stored with fewer fields than today.
 _STORED_DEFAULTS: dict[str, dict[str, Any]] = {
