@@ -638,7 +638,7 @@ async def test_canary_credentials_never_leave_the_device(
     read_result, read_output = await _run(
         gateway, specs.ReadFile(str(work / "canary-file.txt")), device
     )
-    list_result, list_output = await _run(gateway, specs.ListDir(str(work)), device)
+    list_result, list_output = await _run(gateway, specs.ListDir(str(work), depth=1), device)
 
     # --- each credential reached the command intact ...
     shown = exec_output.decode()
