@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Inbound",
     "Outgoing",
+    "Sent",
     "Stream",
     "Unknown",
     "accepted",
@@ -83,6 +84,8 @@ Outgoing: TypeAlias = pb.DeviceMessage
 
 # What the server sends, as plain data; Unknown for a kind this daemon predates.
 Inbound = ServerMessage
+# What the device sends, as plain data.
+Sent = Hello | Heartbeat | Accepted | OutputChunk | Result | AwaitingApproval | RepositoryReport
 
 _SERVER_KINDS = convert.by_kind(Challenge, Heartbeat, Command, Ack)
 _RESULT_KINDS = convert.by_kind(Finished, Refused)
@@ -122,15 +125,7 @@ def kind_of(message: Inbound | Outgoing) -> str | None:
 # ---------------------------------------------------------------------------- outbound
 
 
-def send(
-    message: Hello
-    | Heartbeat
-    | Accepted
-    | OutputChunk
-    | Result
-    | AwaitingApproval
-    | RepositoryReport,
-) -> Outgoing:
+def send(message: Sent) -> Outgoing:
     """``message`` in its DeviceMessage envelope."""
     return convert.to_envelope(message, pb.DeviceMessage)
 
