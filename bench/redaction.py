@@ -439,7 +439,7 @@ def make_daemon(state_dir: Path, credentials: BenchCredentials | None) -> Daemon
 def arm(daemon: Daemon, spool: Path, total: int) -> None:
     """Put a finished exec whose output is ``spool`` in ``daemon.commands``, nothing sent yet."""
     from endpointd.commands.daemon import Active
-    from endpointd.model import Command, Exec, Finished
+    from superagent_shared.messages import Command, Exec, Finished
 
     command = Command(command_id=COMMAND_ID, seq=1, op=Exec(argv=("bench",)))
     result = Finished(command_id=COMMAND_ID, exit_code=0, total_output_bytes=total)

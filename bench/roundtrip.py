@@ -1448,7 +1448,11 @@ async def measure_workspaces(
     async def prepared() -> float:
         ticket = f"tkt_bench{next(serial):06d}"
         spec = specs.PrepareWorkspace(
-            ticket, repo=WORKSPACE_REPO, path=str(clone), base="default_branch", setup=False
+            ticket,
+            repo=WORKSPACE_REPO,
+            path=str(clone),
+            base=specs.workspace_base("default_branch"),
+            setup=False,
         )
         started = time.perf_counter()
         command_id = await queue.submit(device_id, spec)

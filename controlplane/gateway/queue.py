@@ -211,7 +211,7 @@ class CommandQueue:
             new_id("blb"),
             new_id("cmd"),
             ticket_id,
-            spec.kind,
+            spec.KIND,
             json.dumps(specs.to_json(spec)),
             names,
             self.ttl if ttl is None else ttl,

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.db.pool import Db, transaction
-from controlplane.gateway.messages import Harness, Repository, RepositoryReport
+from superagent_shared.messages import Harness, Repository, RepositoryReport
 
 log = logging.getLogger(__name__)
 

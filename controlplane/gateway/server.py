@@ -22,11 +22,11 @@ from controlplane.errors import SuperagentError
 from controlplane.gateway import pairing, wire
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
-from controlplane.gateway.messages import PairRequest, PairResponse
 from controlplane.gateway.stream import DeviceStream
 from controlplane.gateway.tls import ServerTls
 from controlplane.services import Service
 from controlplane.settings import GrpcSettings
+from superagent_shared.messages import PairRequest, PairResponse
 from superagent_shared.protocol import (
     PROTOCOL_MAX_VERSION,
     PROTOCOL_MIN_VERSION,

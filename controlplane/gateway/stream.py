@@ -38,8 +38,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from controlplane.domain import CommandState
 from controlplane.errors import InvalidInput, NotFound
-from controlplane.gateway import messages, repositories, wire
+from controlplane.gateway import repositories, wire
 from controlplane.gateway.delivery import CommandDelivery, PendingCommand
+from superagent_shared import messages
 from superagent_shared.protocol import (
     MAX_OUTPUT_CHUNK_BYTES,
     Speaker,
@@ -461,8 +462,14 @@ class DeviceStream:
         if held:
             self._device_holds = set(held)
         progress = await self.delivery.progress(self.device_id, held)
-        running = [i.command_id for i in hello.in_flight if i.state == "running"]
-        awaiting = [i.command_id for i in hello.in_flight if i.state == "awaiting_approval"]
+        running = [
+            i.command_id for i in hello.in_flight if i.state == messages.InFlightState.RUNNING
+        ]
+        awaiting = [
+            i.command_id
+            for i in hello.in_flight
+            if i.state == messages.InFlightState.AWAITING_APPROVAL
+        ]
         if running or awaiting:
             await self.delivery.resume_approvals(self.device_id, running=running, awaiting=awaiting)
         for item in hello.in_flight:
@@ -518,7 +525,7 @@ class DeviceStream:
             await self._on_finished(message)
         elif isinstance(message, messages.AwaitingApproval):
             await self._on_awaiting_approval(message)
-        elif message.reason == "duplicate":
+        elif message.reason == messages.Reason.DUPLICATE:
             # Same id, different content: the original command is still the device's,
             # and must not be closed by this refusal.
             log.warning(
@@ -532,7 +539,7 @@ class DeviceStream:
                 refused.command_id,
                 _Result(
                     state=CommandState.REFUSED,
-                    refusal_reason=refused.reason,
+                    refusal_reason=messages.enum_name(refused.reason),
                     error=_text(refused.message) or None,
                 ),
             )
@@ -719,7 +726,7 @@ class DeviceStream:
             self.device_id,
             waiting.command_id,
             rule=_text(waiting.rule)[:MAX_APPROVAL_RULE] or None,
-            deadline=waiting.deadline,
+            deadline=messages.utc(waiting.deadline),
         )
 
     async def _on_finished(self, finished: messages.Finished) -> None:

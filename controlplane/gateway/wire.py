@@ -1,53 +1,56 @@
 """The one module of the control plane that touches protobuf: the device protocol in and out.
 
-Inbound, every DeviceMessage a device sends becomes plain data (:mod:`.messages`) in
-:func:`read`, and a PairRequest in :class:`Servicer`. Outbound, every ServerMessage is
-built here from plain values and travels on as :data:`Outgoing`, which nothing else looks
-into. The generated servicer and its registration live here too (:class:`Servicer`,
-:func:`add_to_server`), so ``server`` and ``stream`` work on dataclasses and grpc's own
-context only; a layering test (tests/test_protobuf_boundary.py) keeps it so.
+Inbound, every DeviceMessage a device sends becomes plain data
+(:mod:`superagent_shared.messages`) in :func:`read`, and a PairRequest in
+:class:`Servicer`. Outbound, every ServerMessage is built here from plain values and
+travels on as :data:`Outgoing`, which nothing else looks into. Both directions convert with
+the protocol's one converter (:mod:`superagent_proto.convert`, by field name), so a new
+command kind needs nothing here. The generated servicer and its registration live here too
+(:class:`Servicer`, :func:`add_to_server`), so ``server`` and ``stream`` work on
+dataclasses and grpc's own context only; a layering test (tests/repo/test_protobuf_boundary.py)
+keeps it so.
 
 What this module must not do is judge: it converts field for field, keeping proto3's
 distinctions (an unset Timestamp is None, an empty or unknown ``msg`` oneof is
-:data:`.messages.UNKNOWN`), and leaves every refusal to the stream and pairing. It runs for
-every message of every device, so each conversion is one dataclass and no copy of output.
+:data:`~superagent_shared.messages.UNKNOWN`), and leaves every refusal to the stream and
+pairing. It runs for every message of every device: each conversion is one dataclass and
+no copy of output.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Coroutine
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
-from google.protobuf.timestamp_pb2 import Timestamp
 
-from controlplane.gateway import specs
-from controlplane.gateway.messages import (
+from superagent_proto import convert
+from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_proto.v1 import endpoint_pb2_grpc
+from superagent_shared.messages import (
     UNKNOWN,
     Accepted,
+    Ack,
     AwaitingApproval,
+    Challenge,
+    Command,
     DeviceMessage,
+    Exec,
     Finished,
-    Harness,
     Heartbeat,
     Hello,
-    InFlight,
-    InFlightState,
+    Op,
     OutputChunk,
     PairRequest,
     PairResponse,
     Refused,
-    Repository,
     RepositoryReport,
 )
-from superagent_proto.v1 import endpoint_pb2 as pb
-from superagent_proto.v1 import endpoint_pb2_grpc
 
 __all__ = [
-    "REFUSAL_REASONS",
     "Outgoing",
     "Servicer",
     "Undecodable",
@@ -58,39 +61,15 @@ __all__ = [
     "device_message",
     "heartbeat",
     "read",
-    "timestamp",
-    "timestamp_now",
+    "send",
 ]
 
 # A ServerMessage on its way to a device. Built only here; everyone else passes it on.
 Outgoing: TypeAlias = pb.ServerMessage
 
-_DELIVERY = {
-    "env": pb.CredentialRef.DELIVERY_ENV,
-    "file": pb.CredentialRef.DELIVERY_FILE,
-    "git_helper": pb.CredentialRef.DELIVERY_GIT_HELPER,
-    # The value never reaches the command: the device's proxy adds it to HTTPS requests for
-    # the credential's hosts (its local policy); env_var is unused.
-    "http": pb.CredentialRef.DELIVERY_HTTP,
-}
-
-_WORKSPACE_BASE = {
-    "default_branch": pb.PrepareWorkspace.BASE_DEFAULT_BRANCH,
-    "pull_request": pb.PrepareWorkspace.BASE_PULL_REQUEST,
-    "local_changes": pb.PrepareWorkspace.BASE_LOCAL_CHANGES,
-}
-
-REFUSAL_REASONS = {
-    value.number: value.name.removeprefix("REASON_").lower()
-    for value in pb.Refused.Reason.DESCRIPTOR.values
-}
-
-_IN_FLIGHT: dict[int, InFlightState] = {
-    pb.InFlight.STATE_ACCEPTED: "accepted",
-    pb.InFlight.STATE_AWAITING_APPROVAL: "awaiting_approval",
-    pb.InFlight.STATE_RUNNING: "running",
-    pb.InFlight.STATE_FINISHED: "finished",
-}
+_DEVICE_KINDS = convert.by_kind(
+    Hello, Heartbeat, Accepted, OutputChunk, Finished, Refused, AwaitingApproval, RepositoryReport
+)
 
 
 # ---------------------------------------------------------------------------- inbound
@@ -116,109 +95,16 @@ async def read(context: grpc.aio.ServicerContext) -> DeviceMessage | None:
 
 
 def device_message(message: pb.DeviceMessage) -> DeviceMessage:
-    kind = message.WhichOneof("msg")
-    # The common kinds first: heartbeats from every device, output from busy ones.
-    if kind == "heartbeat":
-        return Heartbeat(seq=message.heartbeat.seq)
-    if kind == "output":
-        chunk = message.output
-        return OutputChunk(command_id=chunk.command_id, offset=chunk.offset, data=chunk.data)
-    if kind == "accepted":
-        return Accepted(command_id=message.accepted.command_id)
-    if kind == "finished":
-        f = message.finished
-        return Finished(
-            command_id=f.command_id,
-            exit_code=f.exit_code,
-            signal=f.signal,
-            error=f.error,
-            total_output_bytes=f.total_output_bytes,
-            timed_out=f.timed_out,
-            output_truncated=f.output_truncated,
-        )
-    if kind == "refused":
-        refused = message.refused
-        return Refused(
-            command_id=refused.command_id,
-            reason=REFUSAL_REASONS.get(refused.reason, "unspecified"),
-            message=refused.message,
-        )
-    if kind == "awaiting_approval":
-        waiting = message.awaiting_approval
-        return AwaitingApproval(
-            command_id=waiting.command_id, rule=waiting.rule, deadline=_deadline(waiting)
-        )
-    if kind == "hello":
-        return _hello(message.hello)
-    if kind == "repositories":
-        report = message.repositories
-        return RepositoryReport(
-            repositories=tuple(
-                Repository(path=r.path, remote=r.remote, default_branch=r.default_branch)
-                for r in report.repositories
-            ),
-            truncated=report.truncated,
-            scanned_at=_time(report.scanned_at) if report.HasField("scanned_at") else None,
-            harnesses=tuple(
-                Harness(name=h.name, version=h.version, allowed=h.allowed, logged_in=h.logged_in)
-                for h in report.harnesses
-            ),
-            default_harness=report.default_harness,
-        )
-    return UNKNOWN
-
-
-def _hello(hello: pb.Hello) -> Hello:
-    return Hello(
-        device_id=hello.device_id,
-        daemon_version=hello.daemon_version,
-        protocol_version=hello.protocol_version,
-        signature=hello.signature,
-        in_flight=tuple(
-            InFlight(
-                command_id=item.command_id,
-                acked_output_offset=item.acked_output_offset,
-                state=_IN_FLIGHT.get(item.state, "unspecified"),
-            )
-            for item in hello.in_flight
-        ),
-        policy_hash=hello.policy_hash,
-        sandbox=hello.sandbox,
-        min_protocol_version=hello.min_protocol_version,
-        max_protocol_version=hello.max_protocol_version,
-    )
-
-
-def _deadline(waiting: pb.AwaitingApproval) -> datetime | None:
-    """The device's deadline, or None if unset or not a representable time."""
-    if not waiting.HasField("deadline"):
-        return None
-    return _time(waiting.deadline)
-
-
-def _time(stamp: Timestamp) -> datetime | None:
-    """A device's point in time, or None if not a representable (positive) one."""
-    if stamp.seconds <= 0:
-        return None
-    try:
-        return stamp.ToDatetime(tzinfo=UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
+    plain = convert.open_envelope(message, _DEVICE_KINDS)
+    return UNKNOWN if plain is None else plain
 
 
 # ---------------------------------------------------------------------------- outbound
 
 
-def timestamp(when: datetime) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromDatetime(when)
-    return stamp
-
-
-def timestamp_now() -> Timestamp:
-    """The current time; for every heartbeat, so cheaper than ``timestamp(datetime.now())``."""
-    ns = time.time_ns()
-    return Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000)
+def send(message: Challenge | Heartbeat | Command | Ack) -> Outgoing:
+    """``message`` in its ServerMessage envelope."""
+    return convert.to_envelope(message, pb.ServerMessage)
 
 
 def challenge(
@@ -230,10 +116,10 @@ def challenge(
     server_version: str,
     heartbeat_interval_seconds: int,
 ) -> Outgoing:
-    return pb.ServerMessage(
-        challenge=pb.Challenge(
+    return send(
+        Challenge(
             nonce=nonce,
-            server_time=timestamp(server_time),
+            server_time=server_time.timestamp(),
             protocol_version=min_protocol_version,
             max_protocol_version=max_protocol_version,
             server_version=server_version,
@@ -244,99 +130,30 @@ def challenge(
 
 def heartbeat(*, seq: int, ack_seq: int) -> Outgoing:
     """Heartbeat ``seq``, sent now, acknowledging the device's ``ack_seq``."""
-    return pb.ServerMessage(
-        heartbeat=pb.Heartbeat(seq=seq, sent_at=timestamp_now(), ack_seq=ack_seq)
-    )
+    return send(Heartbeat(seq=seq, sent_at=time.time(), ack_seq=ack_seq))
 
 
 def ack(command_id: str, acked_output_offset: int, *, finished: bool) -> Outgoing:
-    return pb.ServerMessage(
-        ack=pb.Ack(
-            command_id=command_id, acked_output_offset=acked_output_offset, finished=finished
-        )
+    return send(
+        Ack(command_id=command_id, acked_output_offset=acked_output_offset, finished=finished)
     )
 
 
 def command_message(
-    *, command_id: str, seq: int, not_after: datetime, origin: str, spec: specs.Spec
+    *, command_id: str, seq: int, not_after: datetime, origin: str, spec: Op
 ) -> Outgoing:
-    command = pb.Command(
-        command_id=command_id, seq=seq, not_after=timestamp(not_after), origin=origin
+    """The command ``spec`` as the device receives it. An exec's credentials, stored with
+    it (``Exec.credentials``), travel in ``Command.credentials``."""
+    return send(
+        Command(
+            command_id=command_id,
+            seq=seq,
+            not_after=not_after.timestamp(),
+            credentials=tuple(spec.credentials) if isinstance(spec, Exec) else (),
+            origin=origin,
+            op=spec,
+        )
     )
-    if isinstance(spec, specs.Exec):
-        command.exec.CopyFrom(
-            pb.ExecCommand(
-                argv=spec.argv, cwd=spec.cwd, env=spec.env, timeout_seconds=spec.timeout_seconds
-            )
-        )
-        if spec.stdin is not None:
-            command.exec.stdin = spec.stdin
-        for use in spec.credentials:
-            command.credentials.append(
-                pb.CredentialRef(
-                    name=use.name, delivery=_DELIVERY[use.delivery], env_var=use.env_var
-                )
-            )
-    elif isinstance(spec, specs.ReadFile):
-        command.read_file.CopyFrom(pb.ReadFile(path=spec.path, offset=spec.offset))
-        if spec.limit is not None:
-            command.read_file.limit = spec.limit
-    elif isinstance(spec, specs.WriteFile):
-        command.write_file.CopyFrom(
-            pb.WriteFile(path=spec.path, content=spec.content, create_parents=spec.create_parents)
-        )
-        if spec.mode is not None:
-            command.write_file.mode = spec.mode
-        if spec.expected_sha256 is not None:
-            command.write_file.expected_sha256 = spec.expected_sha256
-    elif isinstance(spec, specs.ListDir):
-        command.list_dir.CopyFrom(pb.ListDir(path=spec.path, depth=spec.depth))
-    elif isinstance(spec, specs.PrepareWorkspace):
-        command.prepare_workspace.CopyFrom(
-            pb.PrepareWorkspace(
-                ticket_id=spec.ticket_id,
-                repo=spec.repo,
-                base=_WORKSPACE_BASE[spec.base],
-                ref=spec.ref,
-                path=spec.path,
-                setup=spec.setup,
-            )
-        )
-    elif isinstance(spec, specs.ReleaseWorkspace):
-        command.release_workspace.CopyFrom(pb.ReleaseWorkspace(ticket_id=spec.ticket_id))
-    elif isinstance(spec, specs.Search):
-        command.search.CopyFrom(
-            pb.Search(
-                pattern=spec.pattern,
-                path=spec.path,
-                glob=spec.glob,
-                literal=spec.literal,
-                ignore_case=spec.ignore_case,
-                max_matches=spec.max_matches,
-            )
-        )
-    elif isinstance(spec, specs.Glob):
-        command.glob.CopyFrom(
-            pb.Glob(pattern=spec.pattern, path=spec.path, max_entries=spec.max_entries)
-        )
-    elif isinstance(spec, specs.RunHarness):
-        command.run_harness.CopyFrom(
-            pb.RunHarness(
-                harness=spec.harness,
-                cwd=spec.cwd,
-                prompt=spec.prompt,
-                resume_session=spec.resume_session,
-                max_turns=spec.max_turns,
-                timeout_seconds=spec.timeout_seconds,
-            )
-        )
-    else:
-        command.cancel.CopyFrom(
-            pb.CancelCommand(
-                target_command_id=spec.target_command_id, grace_seconds=spec.grace_seconds
-            )
-        )
-    return pb.ServerMessage(command=command)
 
 
 # ---------------------------------------------------------------------------- the service
@@ -352,26 +169,8 @@ class Servicer(endpoint_pb2_grpc.EndpointGatewayServicer):
     async def Pair(
         self, request: pb.PairRequest, context: grpc.aio.ServicerContext
     ) -> pb.PairResponse:
-        answer = await self.pair(
-            PairRequest(
-                pairing_code=request.pairing_code,
-                device_name=request.device_name,
-                public_key=request.public_key,
-                daemon_version=request.daemon_version,
-                protocol_version=request.protocol_version,
-                platform=request.platform,
-                hostname=request.hostname,
-                max_protocol_version=request.max_protocol_version,
-            ),
-            context,
-        )
-        return pb.PairResponse(
-            device_id=answer.device_id,
-            server_cert_sha256=answer.server_cert_sha256,
-            server_name=answer.server_name,
-            server_ca_pem=answer.server_ca_pem,
-            server_version=answer.server_version,
-        )
+        answer = await self.pair(convert.from_message(request, PairRequest), context)
+        return convert.to_message(answer, pb.PairResponse)
 
     # A coroutine using context.read()/write() rather than an async generator: the stream
     # needs one writer task beside its reader, which the generator style cannot express.

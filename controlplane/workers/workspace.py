@@ -77,7 +77,7 @@ def wanted(ticket: Ticket) -> bool:
     )
 
 
-async def base_of(pool: asyncpg.Pool, ticket: Ticket) -> tuple[specs.WorkspaceBase, str]:
+async def base_of(pool: asyncpg.Pool, ticket: Ticket) -> tuple[specs.WorkspaceBaseName, str]:
     """Where the workspace starts: what the router asked for, else an existing pull
     request's head when the ticket came from one (its own branch, not a fork's), else the
     freshly fetched default branch."""
@@ -125,7 +125,7 @@ async def prepare(pool: asyncpg.Pool, queue: CommandQueue, ticket: Ticket) -> Ti
     spec = specs.PrepareWorkspace(
         ticket_id=ticket.id,
         repo=ticket.repo or "",
-        base=base,
+        base=specs.workspace_base(base),
         ref=ref,
         path=ticket.workdir or "",
         setup=True,

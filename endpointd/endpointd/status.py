@@ -135,7 +135,7 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     from endpointd import wire
-    from endpointd.model import (
+    from superagent_shared.messages import (
         Cancel,
         Exec,
         Glob,

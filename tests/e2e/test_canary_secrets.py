@@ -626,11 +626,11 @@ async def test_canary_credentials_never_leave_the_device(
         assert await asyncio.to_thread(_status_with, server.url, "Bearer " + v1[:-1]) == 401
         server.wrong = 0
         uses = [
-            specs.CredentialUse(name=ENV_CRED, delivery="env", env_var="CANARY"),
-            specs.CredentialUse(name=FILE_CRED, delivery="file", env_var="CANARY_FILE"),
+            specs.credential(ENV_CRED, "env", "CANARY"),
+            specs.credential(FILE_CRED, "file", "CANARY_FILE"),
         ]
         if with_git:
-            uses.append(specs.CredentialUse(name=GIT_CRED, delivery="git_helper"))
+            uses.append(specs.credential(GIT_CRED, "git_helper"))
         argv = [sys.executable, "-c", SCRIPT, server.url, *(["git"] if with_git else [])]
         exec_spec = specs.Exec(argv=argv, cwd=str(work), credentials=uses)
         exec_result, exec_output = await _run(gateway, exec_spec, device)
@@ -638,7 +638,7 @@ async def test_canary_credentials_never_leave_the_device(
     read_result, read_output = await _run(
         gateway, specs.ReadFile(str(work / "canary-file.txt")), device
     )
-    list_result, list_output = await _run(gateway, specs.ListDir(str(work)), device)
+    list_result, list_output = await _run(gateway, specs.ListDir(str(work), depth=1), device)
 
     # --- each credential reached the command intact ...
     shown = exec_output.decode()
@@ -867,7 +867,7 @@ async def test_an_http_delivered_token_reaches_the_server_and_nothing_else(
         await _pair(gateway, device, work)
         device.start()
 
-        uses = [specs.CredentialUse(name=HTTP_CRED, delivery="http")]
+        uses = [specs.credential(HTTP_CRED, "http")]
         runs: dict[str, tuple[CommandResult, bytes]] = {}
         for what, argv in (
             ("curl", ["curl", "-sS", "--fail", f"{api}/curl"]),

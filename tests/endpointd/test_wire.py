@@ -6,8 +6,17 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from endpointd import wire
-from endpointd.model import Delivery, Exec, Finished, ReadFile, Reason, Refused, Result, WriteFile
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.messages import (
+    Delivery,
+    Exec,
+    Finished,
+    ReadFile,
+    Reason,
+    Refused,
+    Result,
+    WriteFile,
+)
 
 
 def test_wire_keeps_what_proto3_tells_apart() -> None:

@@ -53,7 +53,11 @@ def test_the_contracts_hold(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("module", "wrong_import", "named"),
     [
-        ("endpointd/model.py", "import controlplane.settings", "endpointd.model -> controlplane"),
+        (
+            "superagent_shared/messages.py",
+            "import controlplane.settings",
+            "superagent_shared.messages -> controlplane",
+        ),
         (
             "endpointd/guard/policy.py",
             "from superagent_proto.v1 import endpoint_pb2",

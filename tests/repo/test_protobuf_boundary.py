@@ -1,7 +1,7 @@
 """The protobuf boundary on both sides of the device protocol: only the two wire modules
 (controlplane/gateway/wire.py, endpointd/endpointd/wire.py) touch the generated stubs or
-protobuf; everything else works on plain data (controlplane.gateway.messages,
-endpointd.model) and passes each side's ``wire.Outgoing`` on.
+protobuf; everything else works on plain data (superagent_shared.messages) and passes each
+side's ``wire.Outgoing`` on.
 """
 
 from __future__ import annotations

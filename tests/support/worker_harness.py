@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
@@ -130,7 +129,7 @@ class LocalDevice:
                 error="this endpointd does not know the command's kind",
             )
             return
-        self.ran.append({"kind": spec.kind, **dataclasses.asdict(spec)})
+        self.ran.append({"kind": spec.KIND, **specs.to_json(spec)})
         out, exit_code, error = b"", 0, None
         if isinstance(spec, specs.Exec):
             proc = await asyncio.create_subprocess_exec(

@@ -171,10 +171,10 @@ async def _push(round_: HarnessRound, convo: session.WorkerSession) -> str | Non
     argv = ["git", "push", "-q", remote, f"HEAD:{ref}"]
     credential = round_.config.push_credential
     args: dict[str, Any] = {"command": " ".join(argv)}
-    uses: list[specs.CredentialUse] = []
+    uses: list[specs.CredentialRef] = []
     if credential:
         args["credentials"] = [{"name": credential, "delivery": "git_helper"}]
-        uses = [specs.CredentialUse(credential, "git_helper")]
+        uses = [specs.credential(credential, "git_helper")]
     held = await round_.toolbox.held("shell", args)
     if held is not None:
         if round_.toolbox.outcome.held_by is not None:

@@ -37,7 +37,7 @@ JobId = Annotated[str, Field(max_length=ID_CHARS), id_of("cmd")]
 
 class Credential(Arguments):
     name: str
-    delivery: specs.Delivery
+    delivery: specs.DeliveryName
     env_var: str | None = None
 
     @model_validator(mode="after")
@@ -83,7 +83,7 @@ async def shell(call: Call, args: Shell) -> dict[str, Any]:
     bench = call.bench
     cwd = args.cwd or bench.ticket.workdir or ""
     credentials = [
-        specs.CredentialUse(c.name, c.delivery, c.env_var or "") for c in args.credentials or ()
+        specs.credential(c.name, c.delivery, c.env_var or "") for c in args.credentials or ()
     ]
     # Credential scopes match the program actually run, and `sh -c "git push"` runs sh:
     # with credentials, the command is the program's own argv.

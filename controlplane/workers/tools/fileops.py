@@ -14,7 +14,7 @@ FILE_WAIT_SECONDS = 30.0  # file operations are quick on a connected device
 
 
 async def file_op(call: Call, spec: specs.Spec) -> CommandResult:
-    return await call.bench.run(spec, FILE_WAIT_SECONDS, call_id=call.id, script=spec.kind)
+    return await call.bench.run(spec, FILE_WAIT_SECONDS, call_id=call.id, script=spec.KIND)
 
 
 def failed(path: str, result: CommandResult) -> dict[str, Any]:

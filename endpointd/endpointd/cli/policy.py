@@ -80,9 +80,9 @@ def policy_check(
     import shlex
 
     from endpointd.guard.policy import load_policy
-    from endpointd.model import Command, CredentialRef, Exec
     from endpointd.rules.reader import expand_path
     from endpointd.rules.terms import FileOp
+    from superagent_shared.messages import Command, CredentialRef, Exec
 
     if bool(path) == bool(command):
         raise click.UsageError("give either a COMMAND or --path PATH")

@@ -20,10 +20,10 @@ from endpointd import wire
 from endpointd.commands.fileops import OpResult
 from endpointd.commands.sender import Sender
 from endpointd.commands.state import Active, finished
-from endpointd.model import Finished, Refused, Result
 from endpointd.process.executor import pid_alive
 from endpointd.secrets import delivery
 from endpointd.spool import ExitStatus, output_total
+from superagent_shared.messages import Finished, Refused, Result
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from endpointd.guard import files
 from endpointd.guard.files import Checker, PathRefused
-from endpointd.model import ListDir, ReadFile, WriteFile
 from endpointd.spool import STREAM_DATA, SpoolWriter
+from superagent_shared.messages import ListDir, ReadFile, WriteFile
 
 # Until the policy file sets one: the most a single read_file returns.
 MAX_READ_BYTES = 64 * 1024 * 1024

@@ -22,11 +22,11 @@ from endpointd.commands.state import Active, refused
 from endpointd.guard.validation import validate
 from endpointd.harness import runs
 from endpointd.journal import Entry
-from endpointd.model import Ack, Challenge, Command, Finished, Reason, RunHarness
 from endpointd.process.executor import pid_alive
 from endpointd.rules.decisions import Decision, Refusal
 from endpointd.secrets import delivery
 from endpointd.spool import SUPERVISOR_PID_FILE, ExitStatus, read_pid, remove_spool, spool_dir
+from superagent_shared.messages import Ack, Challenge, Command, Finished, Reason, RunHarness
 
 log = logging.getLogger(__name__)
 

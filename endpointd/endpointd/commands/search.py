@@ -33,8 +33,8 @@ from endpointd.commands.globs import PathGlob
 from endpointd.commands.ripgrep import Opened
 from endpointd.commands.tree import Checkers, open_checked, walk_files
 from endpointd.guard.files import Checker, PathRefused
-from endpointd.model import Glob, Search
 from endpointd.spool import STREAM_DATA, SpoolWriter
+from superagent_shared.messages import Glob, Search
 
 MAX_TEXT_CHARS = 500
 SEARCH_SECONDS = 120.0

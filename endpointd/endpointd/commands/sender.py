@@ -15,16 +15,16 @@ import logging
 from endpointd import wire
 from endpointd.commands.state import Active, Core, Redacting
 from endpointd.journal import State
-from endpointd.model import InFlight, InFlightState
 from endpointd.spool import SpoolReader
+from superagent_shared.messages import InFlight, InFlightState
 from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
 _IN_FLIGHT: dict[State, InFlightState] = {
-    "accepted": "accepted",
-    "running": "running",
-    "finished": "finished",
+    "accepted": InFlightState.ACCEPTED,
+    "running": InFlightState.RUNNING,
+    "finished": InFlightState.FINISHED,
 }
 
 
@@ -51,7 +51,7 @@ class Sender(Core):
             InFlight(
                 command_id=a.command_id,
                 acked_output_offset=a.acked,
-                state="awaiting_approval"
+                state=InFlightState.AWAITING_APPROVAL
                 if a.approval_deadline is not None
                 else _IN_FLIGHT[a.state],
             )

@@ -37,23 +37,6 @@ from endpointd.guard import sandbox
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
 from endpointd.harness import runs
-from endpointd.model import (
-    Cancel,
-    Command,
-    CredentialRef,
-    Delivery,
-    Exec,
-    Glob,
-    HarnessExec,
-    ListDir,
-    PrepareWorkspace,
-    ReadFile,
-    Reason,
-    ReleaseWorkspace,
-    RunHarness,
-    Search,
-    WriteFile,
-)
 from endpointd.process.executor import (
     ExecLimits,
     ZygoteError,
@@ -76,6 +59,23 @@ from endpointd.workspaces.bases import FetchAuth
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import SetupPlan
 from endpointd.workspaces.store import Setup
+from superagent_shared.messages import (
+    Cancel,
+    Command,
+    CredentialRef,
+    Delivery,
+    Exec,
+    Glob,
+    HarnessExec,
+    ListDir,
+    PrepareWorkspace,
+    ReadFile,
+    Reason,
+    ReleaseWorkspace,
+    RunHarness,
+    Search,
+    WriteFile,
+)
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from endpointd.config import DeviceConfig
 from endpointd.guard.approvals import Approvals
 from endpointd.guard.policy import Policy
 from endpointd.journal import Journal, State
-from endpointd.model import Command, Finished, Refused, Result
 from endpointd.paths import data_dir
 from endpointd.process.executor import ExecLimits, Zygote
 from endpointd.rules.decisions import Refusal
@@ -37,6 +36,7 @@ from endpointd.secrets.store import CredentialError, CredentialStore
 from endpointd.spool import SpoolReader
 from endpointd.status import StatusReporter
 from endpointd.workspaces.manager import Workspaces
+from superagent_shared.messages import Command, Finished, Refused, Result
 from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)

@@ -80,7 +80,8 @@ from typing import Any, Literal
 
 from endpointd.errors import EndpointdError
 from endpointd.fsutil import atomic_write, exclusive_lock
-from endpointd.model import (
+from endpointd.paths import ensure_private_dir
+from superagent_shared.messages import (
     Command,
     CredentialRef,
     Delivery,
@@ -95,7 +96,6 @@ from endpointd.model import (
     WorkspaceBase,
     WriteFile,
 )
-from endpointd.paths import ensure_private_dir
 
 APPROVALS_DIR = "approvals"
 # The daemon's per-start key (see the module doc); a dot file, so never taken for a request.

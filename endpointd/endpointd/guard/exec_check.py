@@ -21,12 +21,12 @@ from endpointd.guard import sandbox
 from endpointd.guard.loaded import Loaded, denied_hit
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.guard.roots import path_refusal
-from endpointd.model import Reason
 from endpointd.rules import environment
 from endpointd.rules.credentials import NAME_RULE, valid_name
 from endpointd.rules.decisions import Decision
 from endpointd.rules.tables import Rules
 from endpointd.rules.terms import Action
+from superagent_shared.messages import Reason
 
 if TYPE_CHECKING:
     from endpointd.guard.policy import Policy

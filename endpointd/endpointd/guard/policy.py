@@ -48,7 +48,11 @@ from endpointd.guard.files import within as _within
 from endpointd.guard.loaded import Loaded, denied_hit, load
 from endpointd.guard.roots import broken_decision
 from endpointd.guard.workspace_check import workspace_decision
-from endpointd.model import (
+from endpointd.paths import data_dir, state_dir
+from endpointd.rules.decisions import Decision
+from endpointd.rules.tables import DeniedPath, Limits, Rules, WorkspaceRules
+from endpointd.rules.terms import POLICY_FILE, FileOp
+from superagent_shared.messages import (
     Command,
     Exec,
     Glob,
@@ -62,10 +66,6 @@ from endpointd.model import (
     Search,
     WriteFile,
 )
-from endpointd.paths import data_dir, state_dir
-from endpointd.rules.decisions import Decision
-from endpointd.rules.tables import DeniedPath, Limits, Rules, WorkspaceRules
-from endpointd.rules.terms import POLICY_FILE, FileOp
 
 _UNSET = object()
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 
-from endpointd.model import (
+from endpointd.rules.decisions import Refusal
+from superagent_shared.messages import (
     Cancel,
     Command,
     Exec,
@@ -24,7 +25,6 @@ from endpointd.model import (
     WorkspaceBase,
     WriteFile,
 )
-from endpointd.rules.decisions import Refusal
 
 # A ticket id names a directory and a git branch: the control plane's shape, nothing else.
 TICKET_ID = re.compile(r"tkt_[0-9a-z]{4,40}\Z")

@@ -31,10 +31,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from endpointd.model import Harness
 from endpointd.rules.environment import BASE
 from endpointd.rules.harnesses import HARNESSES, NAMES, Spec
 from endpointd.rules.tables import HarnessRules, HarnessSettings, Rules
+from superagent_shared.messages import Harness
 
 __all__ = ["Found", "Harnesses", "detect", "find_program", "version_of"]
 

@@ -8,8 +8,9 @@ policy's), the turn limit (the smaller of the request's and the policy's ``max_t
 and the credential (the one ``[harness.NAME] credential`` names: by env in
 ``credential_env``, or with ``delivery = "http"`` through the device's proxy, which adds it
 to the harness's HTTPS requests for the credential's hosts while the harness holds only
-:data:`PLACEHOLDER_KEY`). What it builds is an ordinary :class:`~endpointd.model.HarnessExec`,
-judged and run as every exec is: the owner's ``[[commands]]`` rules see its real argv.
+:data:`PLACEHOLDER_KEY`). What it builds is an ordinary
+:class:`~superagent_shared.messages.HarnessExec`, judged and run as every exec is: the
+owner's ``[[commands]]`` rules see its real argv.
 
 What a harness run may write besides its workspace (``session_dirs``): its session store
 only, so that a later run can resume the session, and of that the narrowest part a run
@@ -34,8 +35,8 @@ from pathlib import Path
 
 from endpointd.guard.policy import Policy
 from endpointd.harness.detect import find_program
-from endpointd.model import CredentialRef, Delivery, HarnessExec, Reason, RunHarness
 from endpointd.rules.harnesses import HARNESSES, NAMES, Run
+from superagent_shared.messages import CredentialRef, Delivery, HarnessExec, Reason, RunHarness
 
 __all__ = ["HarnessRefused", "build", "credential_ref", "unplanned"]
 

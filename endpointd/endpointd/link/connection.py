@@ -35,8 +35,8 @@ from endpointd.guard import sandbox
 from endpointd.harness.detect import Harnesses
 from endpointd.keys import DeviceKey
 from endpointd.link.trust import channel_credentials, channel_options, parse_server_url
-from endpointd.model import Challenge, Harness, Heartbeat, Repository
 from superagent_shared.backoff import Backoff
+from superagent_shared.messages import Challenge, Harness, Heartbeat, Repository
 from superagent_shared.protocol import (
     PROTOCOL_MAX_VERSION,
     PROTOCOL_MIN_VERSION,

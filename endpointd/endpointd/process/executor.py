@@ -31,7 +31,6 @@ from typing import Any
 from endpointd.fsutil import atomic_write
 from endpointd.guard import sandbox
 from endpointd.guard.confinement import Confinement
-from endpointd.model import Exec
 from endpointd.process import zygote as _zygote
 from endpointd.rules import environment
 from endpointd.secrets.delivery import Prepared
@@ -43,6 +42,7 @@ from endpointd.spool import (
     TMP_DIR,
     read_pid,
 )
+from superagent_shared.messages import Exec
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from endpointd.model import Reason
 from endpointd.rules.terms import Action
+from superagent_shared.messages import Reason
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from endpointd.model import CredentialRef, Delivery
 from endpointd.rules import environment
 from endpointd.secrets import peer
 from endpointd.secrets.proxy import (
@@ -88,6 +87,7 @@ from endpointd.secrets.proxy import (
     parse_authority,
 )
 from endpointd.spoolformat import TMP_DIR
+from superagent_shared.messages import CredentialRef, Delivery
 
 if TYPE_CHECKING:
     from endpointd.rules.tables import CredentialScope

@@ -30,12 +30,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from endpointd.model import PrepareWorkspace, WorkspaceBase
 from endpointd.paths import ensure_private_dir
 from endpointd.rules.remotes import default_branch
 from endpointd.workspaces.errors import FetchFailed, GitError, WorkspaceError
 from endpointd.workspaces.git import FETCH_TIMEOUT, git
 from endpointd.workspaces.store import Record
+from superagent_shared.messages import PrepareWorkspace, WorkspaceBase
 
 __all__ = ["FetchAuth", "Start", "start"]
 

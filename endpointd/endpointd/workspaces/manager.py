@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from endpointd.guard.files import within
-from endpointd.model import PrepareWorkspace
 from endpointd.paths import ensure_private_dir
 from endpointd.rules.remotes import matches, normalize, preferred, remotes
 from endpointd.workspaces import bases, grants
@@ -41,6 +40,7 @@ from endpointd.workspaces.errors import GitError, WorkspaceError
 from endpointd.workspaces.git import git, git_ok
 from endpointd.workspaces.store import Record, Setup, Store
 from endpointd.workspaces.usage import disk_usage, index_estimate
+from superagent_shared.messages import PrepareWorkspace
 
 if TYPE_CHECKING:
     from endpointd.guard.policy import Policy

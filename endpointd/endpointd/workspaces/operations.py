@@ -23,11 +23,11 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from endpointd.model import PrepareWorkspace, ReleaseWorkspace
 from endpointd.workspaces.bases import FetchAuth
 from endpointd.workspaces.errors import FetchFailed
 from endpointd.workspaces.manager import Prepared, SetupPlan, Workspaces
 from endpointd.workspaces.store import Setup
+from superagent_shared.messages import PrepareWorkspace, ReleaseWorkspace
 
 if TYPE_CHECKING:
     from endpointd.guard.policy import Policy

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from endpointd.guard.confinement import Confinement
-from endpointd.model import Exec
 from endpointd.process.executor import ExecLimits, exec_spec, start_supervisor
 from endpointd.secrets.delivery import Prepared as Delivery
 from endpointd.spool import HEADER, OUTPUT_FILE, STREAM_DATA, ExitStatus
 from endpointd.workspaces.store import Setup
+from superagent_shared.messages import Exec
 
 __all__ = ["TAIL_CHARS", "run"]
 

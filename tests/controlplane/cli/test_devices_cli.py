@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 import asyncpg
 
 from controlplane.gateway import repositories
-from controlplane.gateway.messages import Repository, RepositoryReport
 from superagent_shared.ids import new_id
+from superagent_shared.messages import Repository, RepositoryReport
 from tests.support.cli_output import one_line_error
 from tests.support.helpers import run_cli
 
@@ -48,7 +48,7 @@ async def test_show_lists_the_reported_repositories(pool: asyncpg.Pool, database
                 Repository("/home/alice/notes", "", ""),
             ),
             truncated=False,
-            scanned_at=datetime.now(UTC),
+            scanned_at=datetime.now(UTC).timestamp(),
         ),
     )
     text = await _show(database_url, "laptop")

@@ -16,10 +16,10 @@ from playwright.async_api import expect
 
 from controlplane.console import devices as console_devices
 from controlplane.gateway import repositories, specs
-from controlplane.gateway.messages import Repository, RepositoryReport
 from controlplane.gateway.repositories import MAX_REPOSITORIES, owner_name
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.ids import new_id
+from superagent_shared.messages import Repository, RepositoryReport
 from tests.support.console_browser import chromium, screenshot
 from tests.support.console_replica import Replica, replica_fixture, sign_in, up  # noqa: F401
 from tests.support.gateway_harness import (  # noqa: F401 - fixtures

@@ -49,7 +49,7 @@ class WorkspaceDevice(LocalDevice):
         if not isinstance(spec, specs.PrepareWorkspace):
             await super()._execute(command_id, spec)
             return
-        self.ran.append({"kind": spec.kind, "base": spec.base, "path": spec.path})
+        self.ran.append({"kind": spec.KIND, "base": specs.to_json(spec)["base"], "path": spec.path})
         if self.failure is not None:
             await self.delivery.finish(
                 self.id, command_id, state="failed", exit_code=1, error=self.failure

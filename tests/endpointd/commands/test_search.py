@@ -22,9 +22,9 @@ from endpointd.commands import ripgrep, search
 from endpointd.commands.fileops import OpResult
 from endpointd.commands.globs import IgnoreFile, Ignores, PathGlob
 from endpointd.guard.policy import Policy
-from endpointd.model import Glob, Search
 from endpointd.spool import STREAM_DATA, SpoolWriter, read_all
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.messages import Glob, Search
 from tests.fakes.endpointd_process import Endpointd, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.helpers import assert_eventually

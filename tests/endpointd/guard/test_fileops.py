@@ -19,9 +19,9 @@ from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.guard import files
 from endpointd.guard.files import Checker
 from endpointd.guard.policy import Policy
-from endpointd.model import ListDir, ReadFile, WriteFile
 from endpointd.spoolformat import OUTPUT_FILE, SpoolWriter
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.messages import ListDir, ReadFile, WriteFile
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.helpers import assert_eventually

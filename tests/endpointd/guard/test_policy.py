@@ -24,7 +24,10 @@ import pytest
 
 from endpointd.guard import sandbox
 from endpointd.guard.policy import Policy
-from endpointd.model import (
+from endpointd.rules.decisions import Decision
+from endpointd.rules.parser import parse_policy
+from endpointd.rules.terms import POLICY_FILE
+from superagent_shared.messages import (
     Cancel,
     Command,
     CredentialRef,
@@ -34,9 +37,6 @@ from endpointd.model import (
     Reason,
     WriteFile,
 )
-from endpointd.rules.decisions import Decision
-from endpointd.rules.parser import parse_policy
-from endpointd.rules.terms import POLICY_FILE
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.cli_output import in_a_terminal, one_line_error, read_until

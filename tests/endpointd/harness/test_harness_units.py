@@ -17,7 +17,9 @@ from endpointd import wire
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.policy import Policy
 from endpointd.harness import detect, runs
-from endpointd.model import (
+from endpointd.rules.parser import parse_policy
+from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.messages import (
     Command,
     CredentialRef,
     Delivery,
@@ -27,8 +29,6 @@ from endpointd.model import (
     Repository,
     RunHarness,
 )
-from endpointd.rules.parser import parse_policy
-from superagent_proto.v1 import endpoint_pb2 as pb
 
 
 def _program(directory: Path, name: str, body: str = "") -> Path:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard import sandbox
-from endpointd.model import Exec
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, private_tmpdir
 from endpointd.rules.tables import Rules
 from endpointd.spool import ExitStatus, read_all
+from superagent_shared.messages import Exec
 from tests.support.helpers import assert_eventually
 
 pytestmark = pytest.mark.skipif(

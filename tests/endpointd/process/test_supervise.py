@@ -27,11 +27,11 @@ from endpointd.commands.daemon import Daemon
 from endpointd.config import DeviceConfig, KeyConfig, TrustConfig
 from endpointd.guard.policy import Policy
 from endpointd.journal import Journal
-from endpointd.model import Command, Finished
 from endpointd.process.executor import ExecLimits, supervisor_argv
 from endpointd.spool import ExitStatus, read_all, spool_dir
 from endpointd.status import StatusReporter
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.messages import Command, Finished
 
 # What importing the supervisor may load beyond a bare `python -I -S`; anything heavier is a
 # cost paid by every command.

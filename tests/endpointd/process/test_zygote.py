@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.model import Exec
 from endpointd.process import zygote as _zygote
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, go, pid_alive, revoke_or_adopt
 from endpointd.spool import ExitStatus, read_all
+from superagent_shared.messages import Exec
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
 from tests.fakes.gateway_server import FakeGateway, exec_command
 from tests.support.helpers import assert_eventually

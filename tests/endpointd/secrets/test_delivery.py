@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
-from endpointd.model import CredentialRef, Delivery, Exec
 from endpointd.process.executor import ExecLimits, Zygote, exec_spec, pid_alive, start_supervisor
 from endpointd.rules.tables import CredentialScope
 from endpointd.secrets import delivery
 from endpointd.secrets.delivery import DeliveryError, GitHelperServer, Prepared
 from endpointd.spool import ExitStatus, read_all
+from superagent_shared.messages import CredentialRef, Delivery, Exec
 from tests.fakes.https_server import HttpsServer
 from tests.support.helpers import assert_eventually
 

@@ -38,7 +38,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from endpointd.config import KeyConfig
 from endpointd.keys import DeviceKey, _write_key_file
-from endpointd.model import CredentialRef, Delivery
 from endpointd.rules.tables import CredentialScope
 from endpointd.secrets import ca as ca_module
 from endpointd.secrets import delivery, environment_secrets, own_secrets, secret_looking
@@ -46,6 +45,7 @@ from endpointd.secrets.ca import DeviceCA, system_trust_pem, write_bundle
 from endpointd.secrets.proxy import CredentialProxy, Egress, Injection, host_matches
 from endpointd.secrets.redact import Redactor, credential_patterns
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared.messages import CredentialRef, Delivery
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.fakes.https_server import HttpsServer, TestCA

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard.policy import Policy
-from endpointd.model import PrepareWorkspace
 from endpointd.rules.terms import POLICY_FILE
 from endpointd.workspaces.manager import Workspaces
+from superagent_shared.messages import PrepareWorkspace
 from tests.endpointd.workspaces.device_world import REPO, make_clone
 
 A, B = "tkt_aaaaaaaaaaaa", "tkt_bbbbbbbbbbbb"

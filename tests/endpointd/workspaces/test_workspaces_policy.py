@@ -13,7 +13,10 @@ import pytest
 
 from endpointd.guard.policy import Policy
 from endpointd.guard.validation import validate
-from endpointd.model import (
+from endpointd.rules.parser import parse_policy
+from endpointd.rules.terms import POLICY_FILE
+from endpointd.rules.writer import example_text
+from superagent_shared.messages import (
     Command,
     CredentialRef,
     Delivery,
@@ -25,9 +28,6 @@ from endpointd.model import (
     WorkspaceBase,
     WriteFile,
 )
-from endpointd.rules.parser import parse_policy
-from endpointd.rules.terms import POLICY_FILE
-from endpointd.rules.writer import example_text
 
 TICKET = "tkt_8f3k2q9m4xw7"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard.policy import Policy
-from endpointd.model import PrepareWorkspace, WorkspaceBase
 from endpointd.rules.terms import POLICY_FILE
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import Workspaces
 from endpointd.workspaces.store import Store
+from superagent_shared.messages import PrepareWorkspace, WorkspaceBase
 from tests.endpointd.workspaces.device_world import REMOTE, REPO, git
 
 A, B, C = "tkt_aaaaaaaaaaaa", "tkt_bbbbbbbbbbbb", "tkt_cccccccccccc"

@@ -8,12 +8,12 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.gateway.messages import Harness, RepositoryReport
 from controlplane.gateway.repositories import checked_harnesses, replace
 from controlplane.tickets import store
 from controlplane.workers.harness import choice
 from controlplane.workers.harness.repo_config import RepoConfig, parse
 from superagent_shared.ids import new_id
+from superagent_shared.messages import Harness, RepositoryReport
 
 
 async def _device(pool: asyncpg.Pool, harnesses: list[dict[str, Any]] | None, default: str) -> str:
