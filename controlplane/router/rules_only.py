@@ -52,7 +52,7 @@ from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
-from controlplane.tickets import control, explain
+from controlplane.tickets import control, explain, subscriptions
 from superagent_shared.ids import id_prefix, new_id, stable_id
 
 NOTICE = (
@@ -261,7 +261,7 @@ async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[st
         ]
         if was in CLOSED_TICKET_STATES:
             return False, commands
-        await conn.execute("DELETE FROM subscriptions WHERE ticket_id = $1", ticket_id)
+        await subscriptions.unsubscribe_all(conn, ticket_id)
         return True, commands
 
 

@@ -22,7 +22,7 @@ from controlplane.domain import CLOSED_TICKET_STATES, LIVE_COMMAND_SQL, Notify, 
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import queue as commands
 from controlplane.gateway.queue import CommandQueue
-from controlplane.tickets import device_grant, events, slots, store
+from controlplane.tickets import device_grant, events, mandates, slots, store
 from controlplane.tickets.retries import HOLD as RETRYING
 
 
@@ -40,10 +40,7 @@ async def stop(conn: Conn, ticket_id: str, *, by: str) -> str:
     if state in CLOSED_TICKET_STATES:
         return state
     await store.stop(conn, ticket_id, f"stopped by {by}")
-    await conn.execute(
-        "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
-        ticket_id,
-    )
+    await mandates.revoke(conn, ticket_id)
     await access.cancel_pending(conn, ticket_id, by=f"stopped by {by}")
     active = await conn.fetchval(
         "SELECT id FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL", ticket_id

@@ -18,7 +18,7 @@ from controlplane.channels.github.events import SOURCE
 from controlplane.channels.outbound import WAIT_FOR_ADAPTER_SECONDS
 from controlplane.effects.handlers import ClaimedEffect, Handler, Permanent, Postpone
 from controlplane.pause import hold_while_paused
-from controlplane.tickets import events, store
+from controlplane.tickets import events, store, subscriptions
 from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,5 @@ async def _record(pool: asyncpg.Pool, ticket_id: str, repo: str, url: str, title
             title,
             url,
         )
-        await conn.execute(
-            "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2) "
-            "ON CONFLICT DO NOTHING",
-            thread_id,
-            ticket_id,
-        )
+        await subscriptions.subscribe(conn, ticket_id, thread_id)
         await events.add(conn, ticket_id, "pull_request_opened", f"{url} is open")
