@@ -15,7 +15,7 @@ Which repository a clone is: the last two segments of its remote, ``owner/name``
 case (:func:`owner_name`). The host is kept for people to read but not compared: the same
 GitHub repository is reached through SSH aliases (``github-work:acme/app``), GitHub
 Enterprise hosts and test git servers, and a device can only attract the work of people
-already allowed to use it (``authorization.devices``), whatever it claims to have.
+already allowed to use it (``gateway.authorization``), whatever it claims to have.
 """
 
 from __future__ import annotations

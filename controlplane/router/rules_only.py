@@ -4,7 +4,7 @@ Explicit requests can still do four things, as slash commands (after a mention o
 
 * ``/run <device> <command>``: queue a command on a device; the result is posted back
   when it is final. Only on the requester's own device or one shared with them; on any
-  other, nothing runs until its owner approves in chat (controlplane.authorization).
+  other, nothing runs until its owner approves in chat (controlplane.gateway.authorization).
 * ``/tickets``: the active tickets.
 * ``/devices``: paired devices, online or not.
 * ``/stop <ticket>``: stop a ticket. Its mandate is revoked, its subscriptions end, and its
@@ -24,7 +24,6 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.domain import (
     CLOSED_TICKET_SQL,
     CLOSED_TICKET_STATES,
@@ -35,6 +34,7 @@ from controlplane.domain import (
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import NotFound, SuperagentError
+from controlplane.gateway import authorization as access
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue

@@ -29,9 +29,9 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn
 from controlplane.domain import Notify
+from controlplane.gateway import authorization as access
 from controlplane.ingest.intake import PolicySource
 from controlplane.tickets import device_grant, mandates, placement, store, subscriptions
 from superagent_shared.ids import stable_id

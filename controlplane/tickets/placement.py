@@ -10,7 +10,7 @@ repository, when exactly one has it.
 A request that names a repository (``repo`` in create_ticket, or the GitHub thread's own
 ``owner/name``) and no device is placed on a device that reports a clone of it
 (:mod:`controlplane.gateway.repositories`) and that the requester may use
-(:mod:`controlplane.authorization.devices`: their own, or shared with them). A device they
+(:mod:`controlplane.gateway.authorization`: their own, or shared with them). A device they
 may use only with its owner's approval is never picked on its own: it is named, so they
 can ask for it by name.
 
@@ -36,9 +36,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn, Db
 from controlplane.errors import NotFound
+from controlplane.gateway import authorization as access
 from controlplane.gateway import devices as registry
 from controlplane.gateway import repositories
 from controlplane.ingest.policy import OfflineOwnerDevice

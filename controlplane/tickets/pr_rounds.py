@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import TicketState, sql_list
+from controlplane.gateway import authorization as access
 from controlplane.ingest import inbox
 from controlplane.ingest.inbox import IS_STOP
 from controlplane.replies import enqueue_reply

@@ -39,11 +39,11 @@ from datetime import timedelta
 import asyncpg
 import openai
 
-from controlplane.authorization import devices as access
 from controlplane.db import outage
 from controlplane.db.listen import listen
 from controlplane.domain import Notify, TicketState
 from controlplane.errors import SuperagentError
+from controlplane.gateway import authorization as access
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest import inbox
