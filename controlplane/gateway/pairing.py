@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from controlplane.db.pool import Conn, Db, transaction
 from controlplane.errors import SuperagentError
 from controlplane.gateway import authorization as access
+from controlplane.gateway import devices as registry
 from controlplane.peers import peer_group
 from superagent_shared.ids import new_id
 
@@ -282,9 +283,8 @@ async def redeem(
             "name_taken", f"a device named {name!r} was paired meanwhile", counts=False
         )
     device = Paired(new_id("dev"), name)
-    await conn.execute(
-        "INSERT INTO devices (id, name, owner, public_key, version, labels, next_seq) "
-        "VALUES ($1, $2, $3, $4, $5, CAST($6 AS text)::jsonb, 1)",
+    await registry.add(
+        conn,
         device.id,
         name,
         row["owner"] or access.ADMIN,

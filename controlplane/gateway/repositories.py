@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.db.pool import Db, transaction
+from controlplane.gateway import devices as registry
 from controlplane.gateway.messages import Harness, Repository, RepositoryReport
 
 log = logging.getLogger(__name__)
@@ -196,14 +197,7 @@ async def replace(db: Db, device_id: str, report: RepositoryReport) -> Checked:
                 [c.default_branch for c in clones],
             )
         harnesses, default = checked_harnesses(report)
-        await conn.execute(
-            "UPDATE devices SET repositories_reported_at = now(), repositories_truncated = $2, "
-            "harnesses = $3, default_harness = $4 WHERE id = $1",
-            device_id,
-            checked.truncated,
-            harnesses,
-            default,
-        )
+        await registry.reported(conn, device_id, checked.truncated, harnesses, default)
     return checked
 
 

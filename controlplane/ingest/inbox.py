@@ -17,6 +17,7 @@ import asyncpg
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import CLOSED_TICKET_SQL, Notify
 from controlplane.errors import NotFound
+from controlplane.ingest import routing
 
 # An explicit "/stop" on a ticket's thread is carried out by the worker service, never
 # read by the worker (see controlplane.workers.service). SQL over triggers aliased ``g``.
@@ -165,13 +166,7 @@ async def hand_back(pool: asyncpg.Pool, ticket_id: str, trigger_id: str) -> str:
         if holders:
             return "held"
         routed = trigger["verdict"] in ("explicit", "candidate")
-        await conn.execute(
-            "UPDATE triggers SET route = $2::text, "
-            "routed_at = CASE WHEN $2::text = 'router' THEN NULL ELSE now() END, "
-            "digested_at = now() WHERE id = $1",
-            trigger_id,
-            "router" if routed else "dropped",
-        )
+        await routing.hand_back(conn, trigger_id, to_router=routed)
         if routed:
             await conn.execute("SELECT pg_notify($1, $2)", Notify.ROUTER, trigger_id)
         return "router" if routed else "dropped"

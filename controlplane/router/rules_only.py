@@ -50,10 +50,11 @@ from controlplane.replies import (
 )
 from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
+from controlplane.router.tools import toolbox
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
 from controlplane.tickets import control, explain, subscriptions
-from superagent_shared.ids import id_prefix, new_id, stable_id
+from superagent_shared.ids import id_prefix, stable_id
 
 NOTICE = (
     "No model is configured, so I can only follow commands: /run <device> <command>, "
@@ -145,16 +146,7 @@ class RulesOnlyRouter:
     async def _record(
         self, event: batches.Event, tool: str, args: dict[str, Any], outcome: str, ok: bool = True
     ) -> None:
-        await self.pool.execute(
-            "INSERT INTO router_decisions (id, tool, arguments, trigger_ids, outcome, ok) "
-            "VALUES ($1, $2, $3::text::jsonb, $4, $5, $6)",
-            new_id("dec"),
-            tool,
-            json.dumps(args),
-            [event.id],
-            outcome[:2000],
-            ok,
-        )
+        await toolbox.record(self.pool, tool, json.dumps(args), [event.id], outcome[:2000], ok)
 
     # -- the commands ----------------------------------------------------------------------
 
