@@ -1,6 +1,7 @@
 """The repositories each device reports: checked, stored, read back.
 
-The only writer of ``device_repositories`` (and of ``devices.repositories_*``). A device
+The only writer of ``device_repositories`` (and, through :mod:`.devices`, of
+``devices.repositories_*``). A device
 reports the git clones under its allowed roots (``RepositoryReport``) after its Hello and
 whenever they change; each report replaces the device's previous rows, and is stored for
 the device whose stream it came on, never for one it names. A daemon older than the report

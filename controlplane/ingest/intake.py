@@ -19,9 +19,9 @@ One short transaction per event, in this order:
 
 4. A NOTIFY wakes whoever it concerns once the transaction commits.
 
-The one writer of ``triggers`` (with :mod:`.inbox` and :mod:`.routing`, which move them on)
-and ``threads``: a thread the agent starts itself (the admin's alerts, a ticket's pull
-request) is opened with :func:`open_thread`.
+The one writer of ``threads`` (a thread the agent starts itself, for the admin's alerts or
+a ticket's pull request, is opened with :func:`open_thread`) and, with :mod:`.routing`
+(which moves them on), of ``triggers``.
 """
 
 from __future__ import annotations

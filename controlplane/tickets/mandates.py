@@ -1,5 +1,5 @@
-"""Mandates: on whose request a ticket's work runs, and its end. The only writer of
-``mandates``.
+"""Mandates: on whose request a ticket's work runs, and its end. The writer of ``mandates``
+(forgetting a person aside: :func:`controlplane.people.remove` unlinks them).
 
 A ticket gets its mandate when it is opened (:mod:`.opening`), from the trigger that asked
 for it; stopping the ticket for good (by a person, a discarded speculative result, a pull
