@@ -89,7 +89,7 @@ async def open_ticket(conn: Conn, request: Request, policy: PolicySource) -> Ope
     except placement.NotNamed as why:
         raise NotOpened(str(why)) from None
     speculative = request.speculative is True or (
-        kind == "inferred" and (await policy.current())[1].for_source(trigger["source"]).speculative
+        kind == "inferred" and await _speculative_source(policy, trigger["source"])
     )
     ticket_id = stable_id("tkt", f"ticket:{trigger['id']}:{request.title}")
     if await conn.fetchval("SELECT 1 FROM tickets WHERE id = $1", ticket_id):
@@ -171,6 +171,11 @@ async def _threads(conn: Conn, ids: Sequence[str], own: str) -> list[str]:
     if own not in wanted:
         wanted.insert(0, own)
     return wanted
+
+
+async def _speculative_source(policy: PolicySource, source: str) -> bool:
+    """Whether the policy has the source's accepted candidates worked quietly."""
+    return (await policy.current())[1].for_source(source).speculative
 
 
 async def _thread_repo(conn: Conn, thread_id: str) -> str | None:
