@@ -257,6 +257,28 @@ def test_the_check_sees_a_write_in_python(source: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("statement", "tables"),
+    [
+        # An upsert's DO UPDATE changes its own table, and names no other.
+        (
+            "INSERT INTO threads (id) VALUES ($1) ON CONFLICT (id) DO UPDATE SET url = $2",
+            {"threads"},
+        ),
+        # One statement, several tables: each of them is written.
+        (
+            "WITH t AS (INSERT INTO triggers (id) VALUES ($1) RETURNING id), "
+            "i AS (INSERT INTO ticket_inbox (trigger_id) SELECT id FROM t) "
+            "UPDATE tickets SET hold = NULL FROM t",
+            {"triggers", "ticket_inbox", "tickets"},
+        ),
+        ("UPDATE tickets SET hold = NULL FROM threads WHERE threads.id = $1", {"tickets"}),
+    ],
+)
+def test_the_check_names_every_table_a_statement_writes(statement: str, tables: set[str]) -> None:
+    assert writes_in_source(f"SQL = {statement!r}\n") == tables
+
+
+@pytest.mark.parametrize(
     "source",
     [
         'sql = f"UPDATE {table} SET person_id = NULL"\n',
