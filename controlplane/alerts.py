@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 
 from controlplane.db.pool import Conn
+from controlplane.ingest.intake import open_thread
 from controlplane.replies import enqueue_reply
-from superagent_shared.ids import new_id, stable_id
+from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +30,7 @@ async def alert_admin(conn: Conn, admin_thread: str | None, key: str, text: str)
     if not admin_thread or ":" not in admin_thread:
         return False
     source, external_id = admin_thread.split(":", 1)
-    thread_id = await conn.fetchval(
-        "INSERT INTO threads (id, source, external_id, title) VALUES ($1, $2, $3, $4) "
-        "ON CONFLICT (source, external_id) DO UPDATE SET source = EXCLUDED.source "
-        "RETURNING id",
-        new_id("thr"),
-        source,
-        external_id,
-        ADMIN_TITLE,
-    )
+    thread_id = await open_thread(conn, source, external_id, ADMIN_TITLE)
     # Its own namespace of message ids: an alert about a thread's message never replaces it.
     reply_id = stable_id("msg", f"admin-alert:{key}")
     await enqueue_reply(conn, str(thread_id), f"⚠ {text}", reply_id, clip=False)

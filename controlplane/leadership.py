@@ -13,6 +13,9 @@ transaction-pooling proxy such as PgBouncer.
 A replica counts itself leader only until its own deadline, measured from *before* it sent
 the renewal and a second short of the lease, so it stops acting before anyone else can take
 over, even if its renewals stall.
+
+The one writer of ``leases``; a process that only says it is alive (the watchdog's mark,
+``superagent status`` reads it) stamps a row of its own with :func:`mark`.
 """
 
 from __future__ import annotations
@@ -62,6 +65,21 @@ async def claim(pool: asyncpg.Pool, name: str, holder: str, seconds: float) -> b
     """Take or renew ``name`` for ``holder``; False if someone else holds it."""
     acquired = await pool.fetchval(_CLAIM, name, holder, timedelta(seconds=seconds))
     return acquired is not None
+
+
+async def mark(pool: asyncpg.Pool, name: str, holder: str, ttl: timedelta) -> None:
+    """``holder`` is alive for ``ttl``: the row ``name`` is theirs, whoever had it."""
+    await pool.execute(
+        "INSERT INTO leases (name, holder, acquired_at, renewed_at, expires_at) "
+        "VALUES ($1, $2, now(), now(), now() + $3::interval) "
+        "ON CONFLICT (name) DO UPDATE SET expires_at = EXCLUDED.expires_at, "
+        "renewed_at = now(), "
+        "acquired_at = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.acquired_at "
+        "ELSE now() END, holder = EXCLUDED.holder",
+        name,
+        holder,
+        ttl,
+    )
 
 
 async def release(pool: asyncpg.Pool, name: str, holder: str) -> None:

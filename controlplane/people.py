@@ -154,11 +154,9 @@ async def remove(pool: asyncpg.Pool, name: str) -> None:
         person_id = await conn.fetchval("SELECT id FROM people WHERE name = $1", name)
         if person_id is None:
             raise NotFound(f"no person {name!r}; `superagent users list` shows them")
-        for table in ("triggers", "mandates"):
-            await conn.execute(
-                f"UPDATE {table} SET person_id = NULL WHERE person_id = $1",
-                person_id,
-            )
+        # Their past requests keep their actors, only the link to the person goes.
+        await conn.execute("UPDATE triggers SET person_id = NULL WHERE person_id = $1", person_id)
+        await conn.execute("UPDATE mandates SET person_id = NULL WHERE person_id = $1", person_id)
         await conn.execute("DELETE FROM people WHERE id = $1", person_id)
 
 

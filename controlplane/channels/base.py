@@ -16,6 +16,9 @@ Outbound, the outbox calls the adapter of a thread's source:
 Adapters raise :class:`ChannelError` for failures that will not pass by themselves (bad
 credentials, a deleted thread): the effect is parked with the message instead of retried.
 Anything else (timeouts, 5xx, rate limits) is retried with backoff by the outbox.
+
+A receiver that polls keeps where it got to in ``channel_state`` (:func:`save_state`, the
+table's one writer), one row per source and key.
 """
 
 from __future__ import annotations
@@ -23,9 +26,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from controlplane.db.pool import Db
 from controlplane.services import Service
+
+
+async def save_state(db: Db, source: str, key: str, value: Any) -> None:
+    """What a receiver of ``source`` keeps under ``key`` (JSON), replacing what it had."""
+    await db.execute(
+        "INSERT INTO channel_state (source, key, value) VALUES ($1, $2, $3) "
+        "ON CONFLICT (source, key) DO UPDATE SET value = excluded.value, updated_at = now()",
+        source,
+        key,
+        value,
+    )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 work.
 
 Work goes to a device only for its owner, for whom it is shared with, or with its owner's
-approval in chat (controlplane.authorization).
+approval in chat (controlplane.gateway.authorization).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import asyncpg
 import click
 
-from controlplane.authorization import devices as access
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.console.devices import pair_command
 from controlplane.deployment import ago
+from controlplane.gateway import authorization as access
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing, repositories
 

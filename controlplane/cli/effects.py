@@ -9,8 +9,7 @@ import click
 
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
-from controlplane.domain import Notify
-from controlplane.errors import InvalidInput, NotFound
+from controlplane.effects import outbox
 
 
 @click.group()
@@ -62,18 +61,7 @@ def retry(effect: str) -> None:
     setup_logging("WARNING")
 
     async def revive(pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow("SELECT dead_at FROM effects WHERE id = $1", effect)
-            if row is None:
-                raise NotFound(f"no effect {effect} (it may have run and been removed)")
-            if row["dead_at"] is None:
-                raise InvalidInput(f"{effect} is not dead; it runs by itself")
-            await conn.execute(
-                "UPDATE effects SET dead_at = NULL, attempts = 0, last_error = NULL, "
-                "locked_by = NULL, next_attempt_at = now() WHERE id = $1",
-                effect,
-            )
-            await conn.execute("SELECT pg_notify($1, $2)", Notify.EFFECTS, effect)
+        await outbox.revive(pool, effect)
 
     run_with_pool(load_settings(), revive)
     click.echo(f"{effect} is back in the outbox; it runs at once.")

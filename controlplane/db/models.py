@@ -452,7 +452,7 @@ class Ticket(Base):
     # Why the requester may use that device, checked in code when it was chosen: rule
     # (owner | delegated | shared | approved, or pending while the owner is asked), what
     # matched, by whom, when. The gateway queues none of the ticket's commands on a device
-    # this does not cover (controlplane.authorization.devices).
+    # this does not cover (controlplane.gateway.authorization).
     device_grant: Mapped[dict[str, Any] | None]
     pr_url: Mapped[str | None] = mapped_column(Text)
     # Why it waits (waiting_device, waiting_human) or what it last reported: "question",

@@ -3,7 +3,9 @@
 Enqueueing is an upsert on (kind, key): enqueueing the same key again replaces the payload
 and bumps the generation, so a runner still executing the old version will not delete the
 new one. A claimed effect keeps its lease when updated: the new version runs after the old
-execution finishes, never beside it.
+execution finishes, never beside it. A dead effect goes back in the outbox only when an
+admin asks (:func:`revive`). With the runner (:mod:`.runner`, which claims, completes and
+fails them), the one writer of ``effects``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import asyncpg
+
 from controlplane.db.pool import Conn
 from controlplane.domain import Notify
+from controlplane.errors import InvalidInput, NotFound
 from superagent_shared.ids import new_id, new_ids
 
 # One round trip: the upsert and the wake-up. Postgres folds identical notifications in one
@@ -111,3 +116,19 @@ async def enqueue_many(
     )
     refs = {(row["kind"], row["key"]): EffectRef(row["id"], row["generation"]) for row in rows}
     return [refs[pair] for pair in order]
+
+
+async def revive(pool: asyncpg.Pool, effect_id: str) -> None:
+    """Run a dead effect again, from its first attempt, at once."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow("SELECT dead_at FROM effects WHERE id = $1", effect_id)
+        if row is None:
+            raise NotFound(f"no effect {effect_id} (it may have run and been removed)")
+        if row["dead_at"] is None:
+            raise InvalidInput(f"{effect_id} is not dead; it runs by itself")
+        await conn.execute(
+            "UPDATE effects SET dead_at = NULL, attempts = 0, last_error = NULL, "
+            "locked_by = NULL, next_attempt_at = now() WHERE id = $1",
+            effect_id,
+        )
+        await conn.execute("SELECT pg_notify($1, $2)", Notify.EFFECTS, effect_id)

@@ -1,5 +1,12 @@
-"""Paired devices as admins see them: list with liveness, queue depth, sandbox and the
-repositories they report; revoke."""
+"""Paired devices: the registry (``devices``, written only here) and the devices as
+admins see them: list with liveness, queue depth, sandbox and the repositories they report;
+revoke.
+
+What the gateway learns of a device is recorded through this module's writers: a device
+paired (:mod:`.pairing`), connected and heard from (:mod:`.stream`, :mod:`.hub`), what it
+reported (:mod:`.repositories`). The queue's ``next_seq`` is the exception: it is taken in
+the statement that queues a command (:mod:`.queue`), so two commands never share one.
+"""
 
 from __future__ import annotations
 
@@ -180,3 +187,85 @@ async def revoke(db: Db, name_or_id: str) -> Revoked:
                 f"SELECT pg_notify('{Notify.DEVICES}', $1)", f"revoked:{device['id']}"
             )
     return Revoked(device["id"], device["name"], revoked_at)
+
+
+# -- the registry's writers ----------------------------------------------------------------
+
+
+async def add(
+    conn: Db, device_id: str, name: str, owner: str, public_key: bytes, version: str, labels: str
+) -> None:
+    """A newly paired device (``labels``: JSON text); its commands are numbered from 1."""
+    await conn.execute(
+        "INSERT INTO devices (id, name, owner, public_key, version, labels, next_seq) "
+        "VALUES ($1, $2, $3, $4, $5, CAST($6 AS text)::jsonb, 1)",
+        device_id,
+        name,
+        owner,
+        public_key,
+        version,
+        labels,
+    )
+
+
+async def connected(
+    db: Db, device_id: str, version: str, policy_hash: str, replica: str, sandbox: str | None
+) -> None:
+    """The device connected to ``replica`` and said who it is (its Hello)."""
+    await db.execute(
+        "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
+        "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1",
+        device_id,
+        version,
+        policy_hash,
+        replica,
+        sandbox,
+    )
+
+
+async def disconnected(db: Db, device_id: str, replica: str) -> None:
+    """The device's stream on ``replica`` ended (unless it is held elsewhere by now)."""
+    await db.execute(
+        "UPDATE devices SET connected_replica = NULL, last_seen_at = now() "
+        "WHERE id = $1 AND connected_replica = $2",
+        device_id,
+        replica,
+    )
+
+
+async def seen(db: Db, device_ids: list[str], replica: str) -> None:
+    """The devices were heard from on ``replica`` (a batch of heartbeats)."""
+    await db.execute(
+        "UPDATE devices SET last_seen_at = now(), connected_replica = $2 "
+        "WHERE id = ANY($1::text[])",
+        device_ids,
+        replica,
+    )
+
+
+async def gone(db: Db, device_ids: list[str], replica: str) -> None:
+    """The devices are no longer held on ``replica``."""
+    await db.execute(
+        "UPDATE devices SET connected_replica = NULL "
+        "WHERE id = ANY($1::text[]) AND connected_replica = $2",
+        device_ids,
+        replica,
+    )
+
+
+async def reported(
+    conn: Db,
+    device_id: str,
+    truncated: bool,
+    harnesses: list[dict[str, object]],
+    default_harness: str,
+) -> None:
+    """When the device last reported its repositories, and the harnesses it has."""
+    await conn.execute(
+        "UPDATE devices SET repositories_reported_at = now(), repositories_truncated = $2, "
+        "harnesses = $3, default_harness = $4 WHERE id = $1",
+        device_id,
+        truncated,
+        harnesses,
+        default_harness,
+    )

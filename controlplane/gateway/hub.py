@@ -21,6 +21,7 @@ import grpc
 
 from controlplane.db.listen import Listener, listen
 from controlplane.domain import Notify
+from controlplane.gateway import devices as registry
 from controlplane.gateway.delivery import CommandDelivery, announced_command
 from controlplane.gateway.stream import DeviceStream
 from controlplane.services import Service, critical_loop, sleep_unless
@@ -65,12 +66,7 @@ class DeviceHub(Service):
         if current is stream:
             del self.streams[stream.device_id]
         with contextlib.suppress(Exception):
-            await self.delivery.pool.execute(
-                "UPDATE devices SET connected_replica = NULL, last_seen_at = now() "
-                "WHERE id = $1 AND connected_replica = $2",
-                stream.device_id,
-                self.replica_id,
-            )
+            await registry.disconnected(self.delivery.pool, stream.device_id, self.replica_id)
 
     def touch(self, device_id: str) -> None:
         self._touched.add(device_id)
@@ -182,22 +178,12 @@ class DeviceHub(Service):
                 touched = [d for d in self._touched if d in self.streams]
                 self._touched = set()
                 last_touch_flush = now
-                await self.delivery.pool.execute(
-                    "UPDATE devices SET last_seen_at = now(), connected_replica = $2 "
-                    "WHERE id = ANY($1::text[])",
-                    touched,
-                    self.replica_id,
-                )
+                await registry.seen(self.delivery.pool, touched, self.replica_id)
                 # A stream that ended during that UPDATE may have been cleared before it ran
                 # (another pool connection): clear it again, or it stays listed as held here.
                 gone = [d for d in touched if d not in self.streams]
                 if gone:
-                    await self.delivery.pool.execute(
-                        "UPDATE devices SET connected_replica = NULL "
-                        "WHERE id = ANY($1::text[]) AND connected_replica = $2",
-                        gone,
-                        self.replica_id,
-                    )
+                    await registry.gone(self.delivery.pool, gone, self.replica_id)
 
         try:
             await critical_loop(self.name, step, self.stopping)

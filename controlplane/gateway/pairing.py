@@ -18,9 +18,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn, Db, transaction
 from controlplane.errors import SuperagentError
+from controlplane.gateway import authorization as access
+from controlplane.gateway import devices as registry
 from controlplane.peers import peer_group
 from superagent_shared.ids import new_id
 
@@ -100,7 +101,7 @@ async def create_code(
     """A code for a device that ``owner`` will own (a person or an account ``SOURCE:ID``;
     by default whoever makes the code: the admin, ``web:admin``, from the CLI and the
     console). ``shared_with`` (``SOURCE:GROUP``) makes it a team device, usable by that
-    group's members (controlplane.authorization.devices)."""
+    group's members (controlplane.gateway.authorization)."""
     device_name = validate_device_name(device_name)
     owner = access.parse(owner, groups=False) if owner and owner.strip() else access.ADMIN
     team = access.parse_group(shared_with) if shared_with and shared_with.strip() else None
@@ -282,9 +283,8 @@ async def redeem(
             "name_taken", f"a device named {name!r} was paired meanwhile", counts=False
         )
     device = Paired(new_id("dev"), name)
-    await conn.execute(
-        "INSERT INTO devices (id, name, owner, public_key, version, labels, next_seq) "
-        "VALUES ($1, $2, $3, $4, $5, CAST($6 AS text)::jsonb, 1)",
+    await registry.add(
+        conn,
         device.id,
         name,
         row["owner"] or access.ADMIN,
@@ -296,12 +296,7 @@ async def redeem(
         ),
     )
     if row["shared_with"]:
-        await conn.execute(
-            "INSERT INTO device_shares (device_id, grantee, created_by) VALUES ($1, $2, $3)",
-            device.id,
-            row["shared_with"],
-            row["created_by"],
-        )
+        await access.add_share(conn, device.id, row["shared_with"], by=row["created_by"])
     await conn.execute(
         "UPDATE pairing_codes SET used_at = $2, device_id = $3 WHERE id = $1",
         row["id"],

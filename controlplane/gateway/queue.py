@@ -24,12 +24,12 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization.devices import covered_sql, refusal
 from controlplane.db.listen import Listener, listen
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import TERMINAL_COMMAND_STATES, CommandState, Notify
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.gateway import specs
+from controlplane.gateway.authorization import covered_sql, refusal
 from controlplane.gateway.devices import ONLINE_WINDOW
 from superagent_shared.ids import new_id
 
@@ -135,7 +135,7 @@ MAX_NOTIFY_PAYLOAD = 7900
 # Allocate the device's next seq, create the output blob, insert the command and wake the
 # replica holding the device's stream: one statement, so one round trip and atomic. A
 # ticket's command is queued only on a device the ticket's recorded grant still covers
-# (defence in depth below every entry point's own check; controlplane.authorization). The
+# (defence in depth below every entry point's own check; controlplane.gateway.authorization). The
 # notification carries the command itself when it fits (see ``delivery.announced_command``),
 # so the replica can send it without a query.
 _SUBMIT = f"""

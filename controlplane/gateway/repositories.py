@@ -1,6 +1,7 @@
 """The repositories each device reports: checked, stored, read back.
 
-The only writer of ``device_repositories`` (and of ``devices.repositories_*``). A device
+The only writer of ``device_repositories`` (and, through :mod:`.devices`, of
+``devices.repositories_*``). A device
 reports the git clones under its allowed roots (``RepositoryReport``) after its Hello and
 whenever they change; each report replaces the device's previous rows, and is stored for
 the device whose stream it came on, never for one it names. A daemon older than the report
@@ -15,7 +16,7 @@ Which repository a clone is: the last two segments of its remote, ``owner/name``
 case (:func:`owner_name`). The host is kept for people to read but not compared: the same
 GitHub repository is reached through SSH aliases (``github-work:acme/app``), GitHub
 Enterprise hosts and test git servers, and a device can only attract the work of people
-already allowed to use it (``authorization.devices``), whatever it claims to have.
+already allowed to use it (``gateway.authorization``), whatever it claims to have.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.db.pool import Db, transaction
+from controlplane.gateway import devices as registry
 from superagent_shared.messages import Harness, Repository, RepositoryReport
 
 log = logging.getLogger(__name__)
@@ -196,14 +198,7 @@ async def replace(db: Db, device_id: str, report: RepositoryReport) -> Checked:
                 [c.default_branch for c in clones],
             )
         harnesses, default = checked_harnesses(report)
-        await conn.execute(
-            "UPDATE devices SET repositories_reported_at = now(), repositories_truncated = $2, "
-            "harnesses = $3, default_harness = $4 WHERE id = $1",
-            device_id,
-            checked.truncated,
-            harnesses,
-            default,
-        )
+        await registry.reported(conn, device_id, checked.truncated, harnesses, default)
     return checked
 
 

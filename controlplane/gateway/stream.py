@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from controlplane.domain import CommandState
 from controlplane.errors import InvalidInput, NotFound
+from controlplane.gateway import devices as registry
 from controlplane.gateway import repositories, wire
 from controlplane.gateway.delivery import CommandDelivery, PendingCommand
 from superagent_shared import messages
@@ -205,7 +206,7 @@ class DeviceStream:
         self._flush_lock: asyncio.Lock | None = None  # see _lock()
         # Set while the reader waits for buffered output to be stored (backpressure).
         self._drained: asyncio.Future[None] | None = None
-        self._marked: asyncio.Future[str] | None = None  # the handshake's "connected here"
+        self._marked: asyncio.Future[None] | None = None  # the handshake's "connected here"
         self._pending_results: dict[str, _Result] | None = None
         self.last_received = time.monotonic()  # read by the hub's liveness sweep
         self.last_sent = self.last_received
@@ -443,9 +444,8 @@ class DeviceStream:
         # Shielded, and awaited again before any undo (run()): a cancelled RPC abandons the
         # await, not the statement, which could otherwise land after the undo.
         self._marked = asyncio.ensure_future(
-            self.delivery.pool.execute(
-                "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
-                "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1",
+            registry.connected(
+                self.delivery.pool,
                 self.device_id,
                 hello.daemon_version,
                 hello.policy_hash.hex(),

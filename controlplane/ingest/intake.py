@@ -18,6 +18,10 @@ One short transaction per event, in this order:
    * ``dropped``: nothing to do; the trigger and its verdict stay on record.
 
 4. A NOTIFY wakes whoever it concerns once the transaction commits.
+
+The one writer of ``threads`` (a thread the agent starts itself, for the admin's alerts or
+a ticket's pull request, is opened with :func:`open_thread`) and, with :mod:`.routing`
+(which moves them on), of ``triggers``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 import asyncpg
 
+from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_SQL, EffectKind, Notify
 from controlplane.errors import InvalidInput, NotFound, TransientError
 from controlplane.ingest import admission
@@ -106,6 +111,24 @@ class AdmissionSource:
     def forget(self) -> None:
         """Read the document again on next use (after a save in this process)."""
         self._loaded_at = float("-inf")
+
+
+async def open_thread(
+    conn: Conn, source: str, external_id: str, title: str, url: str | None = None
+) -> str:
+    """The thread ``source:external_id``, made with ``title`` if there is none yet (and its
+    ``url`` set when one is given); its id."""
+    thread_id = await conn.fetchval(
+        "INSERT INTO threads (id, source, external_id, title, url) VALUES ($1, $2, $3, $4, $5) "
+        "ON CONFLICT (source, external_id) DO UPDATE SET url = coalesce(EXCLUDED.url, threads.url) "
+        "RETURNING id",
+        new_id("thr"),
+        source,
+        external_id,
+        title,
+        url,
+    )
+    return str(thread_id)
 
 
 def _json(value: Any) -> Any:

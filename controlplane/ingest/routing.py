@@ -1,9 +1,9 @@
-"""Every write to ``triggers`` after intake: the router's marks, and events the program
-itself puts in the router's inbox (a worker's report).
+"""Every write to ``triggers`` after intake: the router's marks, an event the tickets gave
+back (:func:`hand_back`), and events the program itself puts in the router's inbox (a
+worker's report).
 
-With :mod:`controlplane.ingest.intake` (new events) and :mod:`controlplane.ingest.inbox`
-(the pass-through route), this package is the only writer of ``triggers``. Callers hold
-the transaction; each function is one statement in it.
+With :mod:`controlplane.ingest.intake` (new events), the only writer of ``triggers``.
+Callers hold the transaction; each function is one statement in it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,18 @@ from superagent_shared.ids import new_id
 # Reports from workers enter the router's inbox as events of this source and verdict.
 REPORT_SOURCE = "agent"
 REPORT_VERDICT = "report"
+
+
+async def hand_back(conn: Conn, trigger_id: str, *, to_router: bool) -> None:
+    """The last ticket that held the event gave it back: it goes to the router's inbox
+    (``to_router``), or it is dropped, on record."""
+    await conn.execute(
+        "UPDATE triggers SET route = $2::text, "
+        "routed_at = CASE WHEN $2::text = 'router' THEN NULL ELSE now() END, "
+        "digested_at = now() WHERE id = $1",
+        trigger_id,
+        "router" if to_router else "dropped",
+    )
 
 
 async def mark_routed(conn: Conn, trigger_ids: list[str]) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import asyncpg
 import openai
 
+from controlplane.llm import sessions
 from controlplane.llm.errors import (
     ContextExceeded,
     LlmError,
@@ -270,11 +271,8 @@ class LlmClient:
             if not (usage.prompt_tokens or usage.completion_tokens):
                 return
             if accounting.session_id is not None:
-                await conn.execute(
-                    "UPDATE sessions SET prompt_tokens = prompt_tokens + $2, "
-                    "completion_tokens = completion_tokens + $3, "
-                    "cached_tokens = cached_tokens + $4, cost_usd = cost_usd + $5, "
-                    "updated_at = now() WHERE id = $1",
+                await sessions.charge(
+                    conn,
                     accounting.session_id,
                     usage.prompt_tokens,
                     usage.completion_tokens,

@@ -35,7 +35,7 @@ import openai
 
 from controlplane import prompts
 from controlplane.ingest.intake import AdmissionSource
-from controlplane.llm import Accounting, LlmClient
+from controlplane.llm import Accounting, LlmClient, sessions
 from controlplane.llm.client import Answer, screen_calls
 from controlplane.llm.errors import ContextExceeded
 from controlplane.router import batch as batches
@@ -43,7 +43,6 @@ from controlplane.router.context import Conversation, TurnRecord
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import SUBAGENT_SPEC, TOOL_SPECS, SubagentRunner, Toolbox
 from controlplane.settings import LlmSettings
-from superagent_shared.ids import new_id, new_ids
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +108,9 @@ class Router:
         self.conversation = Conversation(system=text, budget=self._budget())
         if await self._resume(version):
             return self.conversation
-        self.session_id = new_id("ses")
         self._turns = self._seq = 0
-        await self.pool.execute(
-            "INSERT INTO sessions (id, kind, model, prompt_version_id) "
-            "VALUES ($1, 'router', $2, $3)",
-            self.session_id,
-            self.model,
-            version,
+        self.session_id = await sessions.start(
+            self.pool, "router", self.model, prompt_version_id=version
         )
         return self.conversation
 
@@ -189,17 +183,14 @@ class Router:
             contents.append(json.dumps(content, default=str))
         first = self._seq + 1
         self._seq += len(messages)
-        await self.pool.execute(
-            "INSERT INTO session_messages (id, session_id, seq, role, content, "
-            "prompt_version_id) "
-            "SELECT i, $1, s, r, c::jsonb, $6 "
-            "FROM unnest($2::text[], $3::int[], $4::text[], $5::text[]) AS m(i, s, r, c)",
+        assert self.session_id is not None  # _prepare started one
+        await sessions.append(
+            self.pool,
             self.session_id,
-            new_ids("msg", len(messages)),
-            list(range(first, self._seq + 1)),
+            first,
             [str(m.get("role", "user")) for m in messages],
             contents,
-            self._prompt_version,
+            prompt_version_id=self._prompt_version,
         )
         return self._turns
 

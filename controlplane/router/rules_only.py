@@ -4,7 +4,7 @@ Explicit requests can still do four things, as slash commands (after a mention o
 
 * ``/run <device> <command>``: queue a command on a device; the result is posted back
   when it is final. Only on the requester's own device or one shared with them; on any
-  other, nothing runs until its owner approves in chat (controlplane.authorization).
+  other, nothing runs until its owner approves in chat (controlplane.gateway.authorization).
 * ``/tickets``: the active tickets.
 * ``/devices``: paired devices, online or not.
 * ``/stop <ticket>``: stop a ticket. Its mandate is revoked, its subscriptions end, and its
@@ -24,7 +24,6 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.domain import (
     CLOSED_TICKET_SQL,
     CLOSED_TICKET_STATES,
@@ -35,6 +34,7 @@ from controlplane.domain import (
 from controlplane.effects.handlers import ClaimedEffect, Postpone
 from controlplane.effects.outbox import enqueue
 from controlplane.errors import NotFound, SuperagentError
+from controlplane.gateway import authorization as access
 from controlplane.gateway import specs
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
@@ -50,10 +50,11 @@ from controlplane.replies import (
 )
 from controlplane.router import batch as batches
 from controlplane.router.router import TurnFailed
+from controlplane.router.tools import toolbox
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import Toolbox
-from controlplane.tickets import control, explain
-from superagent_shared.ids import id_prefix, new_id, stable_id
+from controlplane.tickets import control, explain, subscriptions
+from superagent_shared.ids import id_prefix, stable_id
 
 NOTICE = (
     "No model is configured, so I can only follow commands: /run <device> <command>, "
@@ -145,16 +146,7 @@ class RulesOnlyRouter:
     async def _record(
         self, event: batches.Event, tool: str, args: dict[str, Any], outcome: str, ok: bool = True
     ) -> None:
-        await self.pool.execute(
-            "INSERT INTO router_decisions (id, tool, arguments, trigger_ids, outcome, ok) "
-            "VALUES ($1, $2, $3::text::jsonb, $4, $5, $6)",
-            new_id("dec"),
-            tool,
-            json.dumps(args),
-            [event.id],
-            outcome[:2000],
-            ok,
-        )
+        await toolbox.record(self.pool, tool, json.dumps(args), [event.id], outcome[:2000], ok)
 
     # -- the commands ----------------------------------------------------------------------
 
@@ -261,7 +253,7 @@ async def stop_ticket(pool: asyncpg.Pool, ticket_id: str) -> tuple[bool, list[st
         ]
         if was in CLOSED_TICKET_STATES:
             return False, commands
-        await conn.execute("DELETE FROM subscriptions WHERE ticket_id = $1", ticket_id)
+        await subscriptions.unsubscribe_all(conn, ticket_id)
         return True, commands
 
 

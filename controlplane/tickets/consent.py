@@ -37,10 +37,10 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization import devices
 from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES, EffectKind, Notify, TicketState
 from controlplane.effects.outbox import enqueue
+from controlplane.gateway import authorization as devices
 from controlplane.identities import SOURCES
 from controlplane.replies import enqueue_reply
 from controlplane.services import Service, critical_loop, is_transient, sleep_unless

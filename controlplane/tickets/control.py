@@ -3,7 +3,7 @@
 Each is one transaction; the round that was running notices at its next step (its
 assignment ended) and leaves without writing, and its lease is not renewed.
 
-A reroute is checked like any choice of device (controlplane.authorization): the new device
+A reroute is checked like any choice of device (controlplane.gateway.authorization): the new device
 must be the ticket's requester's, shared with them, or directed to by its owner (the CLI and
 the console act as the admin, ``web:admin``); otherwise the ticket waits for the owner's
 approval, and nothing runs there before it.
@@ -16,13 +16,13 @@ from datetime import timedelta
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn
 from controlplane.domain import CLOSED_TICKET_STATES, LIVE_COMMAND_SQL, Notify, TicketState
 from controlplane.errors import InvalidInput, NotFound
+from controlplane.gateway import authorization as access
 from controlplane.gateway import queue as commands
 from controlplane.gateway.queue import CommandQueue
-from controlplane.tickets import device_grant, events, slots, store
+from controlplane.tickets import device_grant, events, mandates, slots, store
 from controlplane.tickets.retries import HOLD as RETRYING
 
 
@@ -40,10 +40,7 @@ async def stop(conn: Conn, ticket_id: str, *, by: str) -> str:
     if state in CLOSED_TICKET_STATES:
         return state
     await store.stop(conn, ticket_id, f"stopped by {by}")
-    await conn.execute(
-        "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
-        ticket_id,
-    )
+    await mandates.revoke(conn, ticket_id)
     await access.cancel_pending(conn, ticket_id, by=f"stopped by {by}")
     active = await conn.fetchval(
         "SELECT id FROM assignments WHERE ticket_id = $1 AND ended_at IS NULL", ticket_id

@@ -1,11 +1,13 @@
-"""A device for a ticket: checked for its requester (``authorization.devices``), asked of
+"""A device for a ticket: checked for its requester (``gateway.authorization``), asked of
 the owner when it must be, and recorded on the ticket."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from controlplane.authorization.devices import (
+from controlplane.db.pool import Conn
+from controlplane.domain import TicketState
+from controlplane.gateway.authorization import (
     HOLD,
     PENDING,
     Device,
@@ -14,8 +16,6 @@ from controlplane.authorization.devices import (
     check,
     dumps,
 )
-from controlplane.db.pool import Conn
-from controlplane.domain import TicketState
 from controlplane.tickets import store
 
 

@@ -4,7 +4,8 @@ Three kinds of event, all durable in Postgres:
 
 * channel events passed through to the ticket (``ticket_inbox``): follow-ups, CI results,
   review comments;
-* background jobs that finished (``jobs`` whose command is final and not yet reported);
+* background jobs that finished (``jobs`` whose command is final and not yet reported;
+  this module writes ``jobs``: a worker's command is one from :func:`start_job`);
 * worker events (``worker_events``): a retry, a reroute, a pull request opened.
 
 :func:`take` runs inside the transaction that appends the message to the session, so an
@@ -166,3 +167,21 @@ async def has_pending(db: Db, ticket_id: str) -> bool:
         _TERMINAL,
     )
     return bool(found)
+
+
+async def start_job(
+    db: Db, ticket_id: str, command_id: str, tool_call_id: str | None, script: str
+) -> None:
+    """A command the ticket's worker ran (its tool call, the script it ran)."""
+    await db.execute(
+        "INSERT INTO jobs (command_id, ticket_id, tool_call_id, script) VALUES ($1, $2, $3, $4)",
+        command_id,
+        ticket_id,
+        tool_call_id,
+        script[:2000],
+    )
+
+
+async def run_in_background(db: Db, command_id: str) -> None:
+    """The job outlived its wait: its end becomes an event for the worker (:func:`take`)."""
+    await db.execute("UPDATE jobs SET background = true WHERE command_id = $1", command_id)

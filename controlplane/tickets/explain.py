@@ -12,9 +12,9 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.domain import TERMINAL_COMMAND_STATES
 from controlplane.findings import open_findings
+from controlplane.gateway import authorization as access
 from controlplane.gateway.devices import ONLINE_WINDOW
 
 

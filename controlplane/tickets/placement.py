@@ -1,10 +1,16 @@
-"""Which device a ticket for a known repository goes to, chosen in code (docs/architecture.md,
-*Workers*, workspaces), never guessed by the model.
+"""Which device a ticket goes to: the one its request names (:func:`named`), or, for a
+known repository, one chosen in code (docs/architecture.md, *Workers*, workspaces), never
+guessed by the model.
+
+A request may name a device by name or id, or as "my laptop": one its requester owns
+(owned by their person, ``superagent users link``, or by their account, never matched by
+a display name or a handle). Of several that fit, the one with a clone of the request's
+repository, when exactly one has it.
 
 A request that names a repository (``repo`` in create_ticket, or the GitHub thread's own
 ``owner/name``) and no device is placed on a device that reports a clone of it
 (:mod:`controlplane.gateway.repositories`) and that the requester may use
-(:mod:`controlplane.authorization.devices`: their own, or shared with them). A device they
+(:mod:`controlplane.gateway.authorization`: their own, or shared with them). A device they
 may use only with its owner's approval is never picked on its own: it is named, so they
 can ask for it by name.
 
@@ -30,9 +36,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.authorization import devices as access
-from controlplane.db.pool import Db
+from controlplane.db.pool import Conn, Db
 from controlplane.errors import NotFound
+from controlplane.gateway import authorization as access
 from controlplane.gateway import devices as registry
 from controlplane.gateway import repositories
 from controlplane.ingest.admission import OfflineOwnerDevice
@@ -83,6 +89,11 @@ class Unplaced:
     others: tuple[str, ...]
 
 
+class NotNamed(Exception):
+    """The device a request names is not a paired one, or "my …" fits none or several of
+    the requester's; the message says what to name instead."""
+
+
 class AskWhich(Exception):
     """The choice is the requester's: two equally good devices, or an offline device of
     their own and the policy says to ask. The message names the candidates."""
@@ -94,6 +105,49 @@ class AskWhich(Exception):
             f"{names}. Ask them, then call create_ticket with the device they name"
         )
         self.candidates = tuple(candidates)
+
+
+async def named(conn: Conn, device: str | None, trigger_id: str, *, repo: str | None) -> str | None:
+    """A device by name or id; "my laptop" (any "my …") is one the trigger's sender owns."""
+    if device is None:
+        return None
+    found = await conn.fetchval(
+        "SELECT id FROM devices WHERE (id = $1 OR name = $1) AND revoked_at IS NULL",
+        device,
+    )
+    if found is not None:
+        return str(found)
+    words = device.strip().casefold().split()
+    if words[0] not in ("my", "mine"):
+        raise NotNamed(f"no paired device {device!r}")
+    requester = await access.requester_of_trigger(conn, trigger_id)
+    owned = await access.owned(conn, requester)
+    who = requester.name
+    if not owned:
+        raise NotNamed(
+            f"{who} owns no paired device (pair one with `superagent devices pair --name "
+            f"NAME --owner {requester.handle}`, or link their accounts to the person who "
+            "owns one with `superagent users link`)"
+        )
+    kind = words[1:]  # "my laptop" → prefer a device called or labelled laptop
+    fitting = [d for d in owned if not kind or any(k in d[1] for k in kind)]
+    if len(fitting) == 1:
+        return fitting[0][0]
+    if len(owned) == 1:
+        return owned[0][0]
+    if repo is not None:
+        clones = await repositories.clones_of(conn, repo)
+        having = [d for d in (fitting or owned) if d[0] in clones]
+        if len(having) == 1:
+            return having[0][0]
+    names = ", ".join(name for _, name in owned)
+    raise NotNamed(f"{who} owns several devices ({names}); name one of them")
+
+
+async def clone_on(db: Db, repo: str, device_id: str) -> str | None:
+    """The named device's own clone of ``repo``, if it reported one."""
+    clones = (await repositories.clones_of(db, repo)).get(device_id)
+    return clones[0] if clones else None
 
 
 def thread_repo(source: str | None, external_id: str | None) -> str | None:

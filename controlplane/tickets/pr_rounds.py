@@ -40,13 +40,14 @@ from typing import Any, Literal
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import TicketState, sql_list
+from controlplane.gateway import authorization as access
+from controlplane.ingest import inbox
 from controlplane.ingest.inbox import IS_STOP
 from controlplane.replies import enqueue_reply
 from controlplane.settings import WorkerSettings
-from controlplane.tickets import events, pr_events, reports, store
+from controlplane.tickets import events, mandates, pr_events, reports, store
 from controlplane.tickets.authority import CI_KINDS
 from superagent_shared.ids import stable_id
 
@@ -251,14 +252,12 @@ async def hold_bots(pool: asyncpg.Pool, decision: Decision) -> bool:
 async def end_closed(conn: Conn) -> list[asyncpg.Record]:
     """End the tickets whose pull request closed (rows: id, state). One closed without a
     merge is stopped like any stop: its mandate revoked, its device approvals cancelled (its
-    device work is cancelled by the worker service's housekeeping)."""
+    device work is cancelled by the worker service's housekeeping). What their inboxes
+    still hold is read."""
     rows = await store.end_closed_pull_requests(conn)
+    await inbox.read_all(conn, [row["id"] for row in rows])
     for row in rows:
         if row["state"] == TicketState.STOPPED:
-            await conn.execute(
-                "UPDATE mandates SET revoked_at = now() "
-                "WHERE ticket_id = $1 AND revoked_at IS NULL",
-                row["id"],
-            )
+            await mandates.revoke(conn, row["id"])
             await access.cancel_pending(conn, row["id"], by="its pull request was closed")
     return rows

@@ -24,7 +24,7 @@ import asyncpg
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import TicketState
 from controlplane.ingest import routing
-from controlplane.tickets import slots, store
+from controlplane.tickets import mandates, slots, store
 from superagent_shared.ids import new_id
 
 
@@ -139,10 +139,7 @@ async def finish_in(
     if ticket["speculative"]:
         # Nothing confirmed: discarded without a word to anyone.
         await store.stop(conn, ticket_id, "discarded")
-        await conn.execute(
-            "UPDATE mandates SET revoked_at = now() WHERE ticket_id = $1 AND revoked_at IS NULL",
-            ticket_id,
-        )
+        await mandates.revoke(conn, ticket_id)
         await _insert_report(conn, report_id, ticket_id, assignment_id, report, None, used)
         return TicketState.STOPPED
     if status == "ready":

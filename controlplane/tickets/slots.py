@@ -10,7 +10,7 @@ A round keeps its slot while it runs, including while its turn is over but backg
 still run; it gives it back when it ends (a report to people, waiting for a device, a
 limit, a stop). A replica renews the leases of the rounds it runs; a round whose lease
 expires (its replica died) is taken over by another replica, which resumes the same
-session.
+session. The one writer of ``assignments``.
 """
 
 from __future__ import annotations
@@ -157,3 +157,25 @@ async def release(pool: asyncpg.Pool, owner: str, assignment_ids: list[str]) -> 
             owner,
             assignment_ids,
         )
+
+
+async def set_session(conn: Db, assignment_id: str, session_id: str) -> None:
+    """The round's model session (a new one, made at its start)."""
+    await conn.execute(
+        "UPDATE assignments SET session_id = $2 WHERE id = $1", assignment_id, session_id
+    )
+
+
+async def count_turns(conn: Db, assignment_id: str, turns: int) -> None:
+    await conn.execute("UPDATE assignments SET turns = $2 WHERE id = $1", assignment_id, turns)
+
+
+async def hand_over(db: Db, ticket_id: str) -> str | None:
+    """End the holding replica's lease on the ticket's round now (the watchdog's requeue):
+    another replica takes it over. The round's id, None when none runs."""
+    moved = await db.fetchval(
+        "UPDATE assignments SET lease_owner = 'watchdog', lease_expires_at = now() "
+        "WHERE ticket_id = $1 AND ended_at IS NULL RETURNING id",
+        ticket_id,
+    )
+    return None if moved is None else str(moved)

@@ -319,9 +319,9 @@ async def stop(conn: Conn, ticket_id: str, hold: str) -> None:
 # A closed pull request ends its ticket (its events are its last), unless a round runs (the
 # next pass ends it): merged, the ticket is completed; closed without a merge, stopped, as
 # people turned the work down. A close recorded before the adapter said which (no verdict
-# in its text, pr_events) completes, as it always did. The latest close decides; what the
-# inbox still holds is read. The state is checked again in the update itself, so a round
-# that started meanwhile is not overwritten.
+# in its text, pr_events) completes, as it always did. The latest close decides (what the
+# inbox still holds is then read: controlplane.tickets.pr_rounds.end_closed). The state is
+# checked again in the update itself, so a round that started meanwhile is not overwritten.
 _ENDS = sql_list(("ready", "waiting_human", "waiting_device", "open"))
 _CLOSED_PULL_REQUESTS = f"""
 WITH closed AS (
@@ -342,9 +342,6 @@ WITH closed AS (
     FROM closed WHERE tickets.id = closed.id
       AND tickets.state IN ({_ENDS})
     RETURNING tickets.id, tickets.state
-), read AS (
-    UPDATE ticket_inbox SET read_at = now()
-    WHERE ticket_id IN (SELECT id FROM done) AND read_at IS NULL
 )
 SELECT id, state FROM done
 """

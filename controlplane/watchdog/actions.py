@@ -13,7 +13,7 @@ from controlplane.domain import CLOSED_TICKET_STATES
 from controlplane.findings import Open, acted
 from controlplane.replies import enqueue_reply
 from controlplane.settings import WatchdogSettings
-from controlplane.tickets import control, events, reports
+from controlplane.tickets import control, events, reports, slots
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,7 @@ async def nudge(pool: asyncpg.Pool, finding: Open, ticket_id: str, text: str) ->
 async def requeue(pool: asyncpg.Pool, finding: Open, ticket_id: str) -> bool:
     """End the replica's hold on the round: another replica takes it over and resumes the
     same session (its own replica, renewing, finds the lease no longer its and lets go)."""
-    moved = await pool.fetchval(
-        "UPDATE assignments SET lease_owner = 'watchdog', lease_expires_at = now() "
-        "WHERE ticket_id = $1 AND ended_at IS NULL RETURNING id",
-        ticket_id,
-    )
+    moved = await slots.hand_over(pool, ticket_id)
     if moved is not None:
         await acted(pool, finding.id, "requeue", f"round {moved} handed to another replica")
         log.info("watchdog: requeued %s (round %s)", ticket_id, moved)

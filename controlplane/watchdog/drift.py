@@ -19,9 +19,8 @@ import openai
 
 from controlplane import prompts
 from controlplane.findings import Seen
-from controlplane.llm import Accounting, LlmClient, LlmError, transcript
+from controlplane.llm import Accounting, LlmClient, LlmError, sessions, transcript
 from controlplane.settings import Settings
-from superagent_shared.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +109,5 @@ class DriftCheck:
 
     async def _session(self) -> str:
         if self.session_id is None:
-            self.session_id = new_id("ses")
-            await self.pool.execute(
-                "INSERT INTO sessions (id, kind, model) VALUES ($1, 'watchdog', $2)",
-                self.session_id,
-                self.model,
-            )
+            self.session_id = await sessions.start(self.pool, "watchdog", self.model)
         return self.session_id

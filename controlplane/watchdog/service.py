@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import openai
 
-from controlplane import failures, findings
+from controlplane import failures, findings, leadership
 from controlplane.deployment import WATCHDOG_MARK
 from controlplane.findings import Open, Seen
 from controlplane.gateway import queue as commands
@@ -118,13 +118,8 @@ class Watchdog(Service):
     async def _mark_pass(self) -> None:
         """Say the watchdog is alive (``superagent status`` shows it): a row in ``leases``
         that stays valid for three passes."""
-        await self.pool.execute(
-            "INSERT INTO leases (name, holder, acquired_at, renewed_at, expires_at) "
-            "VALUES ($1, $2, now(), now(), now() + $3::interval) "
-            "ON CONFLICT (name) DO UPDATE SET expires_at = EXCLUDED.expires_at, "
-            "renewed_at = now(), "
-            "acquired_at = CASE WHEN leases.holder = EXCLUDED.holder THEN leases.acquired_at "
-            "ELSE now() END, holder = EXCLUDED.holder",
+        await leadership.mark(
+            self.pool,
             WATCHDOG_MARK,
             f"{socket.gethostname()}:{os.getpid()}",
             timedelta(seconds=self.config.interval_seconds * 3),

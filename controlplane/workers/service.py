@@ -40,13 +40,14 @@ from datetime import timedelta
 import asyncpg
 import openai
 
-from controlplane.authorization import devices as access
 from controlplane.db import outage
 from controlplane.db.listen import listen
-from controlplane.domain import CLOSED_TICKET_SQL, Notify, TicketState
+from controlplane.domain import Notify, TicketState
 from controlplane.errors import SuperagentError
+from controlplane.gateway import authorization as access
 from controlplane.gateway.devices import ONLINE_WINDOW
 from controlplane.gateway.queue import CommandQueue
+from controlplane.ingest import inbox
 from controlplane.ingest.inbox import IS_STOP
 from controlplane.replies import enqueue_reply
 from controlplane.services import Service, critical_loop, is_transient_or_database
@@ -96,25 +97,6 @@ WHERE t.state = 'waiting_human'
 LIMIT 100
 """
 
-# Answers on tickets whose device wait expired, from the requester or an explicit request.
-_ANSWERS = """
-UPDATE ticket_inbox i SET read_at = now()
-FROM tickets t, triggers g, mandates m
-WHERE t.state = 'waiting_human' AND t.hold = 'device_expired' AND i.ticket_id = t.id
-  AND i.read_at IS NULL AND i.handed_back_at IS NULL AND g.id = i.trigger_id
-  AND m.ticket_id = t.id AND NOT g.actor_is_bot
-  AND (g.verdict = 'explicit' OR g.actor_id = m.initiator_id)
-RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name, g.text
-"""
-# "/stop" in an explicit request on a thread the ticket handles stops it (never a worker's
-# business: the worker is not woken to read it).
-_STOPS = f"""
-UPDATE ticket_inbox i SET read_at = now()
-FROM tickets t, triggers g
-WHERE i.ticket_id = t.id AND g.id = i.trigger_id AND t.state NOT IN ({CLOSED_TICKET_SQL})
-  AND i.read_at IS NULL AND i.handed_back_at IS NULL AND {IS_STOP}
-RETURNING t.id AS ticket_id, g.id AS trigger_id, g.actor_name
-"""
 _REROUTE = re.compile(r"\breroute\b(?:\s+(?:to\s+)?([\w.\-]+))?", re.IGNORECASE)
 _DROP = re.compile(r"\b(drop|stop|cancel)\b", re.IGNORECASE)
 
@@ -314,9 +296,9 @@ class WorkerService(Service):
                     "to stop it.",
                     stable_id("msg", f"device_expired:{row['id']}:{row['wait_until']}"),
                 )
-        for answer in await self.pool.fetch(_ANSWERS):
+        for answer in await inbox.take_device_answers(self.pool):
             await self._answer(answer)
-        for asked in await self.pool.fetch(_STOPS):
+        for asked in await inbox.take_stops(self.pool):
             async with self.pool.acquire() as conn, conn.transaction():
                 await control.stop(conn, asked["ticket_id"], by=asked["actor_name"])
             await self._say(

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controlplane.db.pool import Conn, Db
+from controlplane.llm import sessions
 from controlplane.llm.transcript import canonical_call, message_content
-from superagent_shared.ids import new_id
 
 INTERRUPTED = (
     "interrupted: the control plane restarted before this call's result was recorded. It "
@@ -87,13 +87,7 @@ class WorkerSession:
                 session.seqs.append(row["seq"])
                 session.ids.append(row["id"])
             return session, False
-        session = cls(new_id("ses"))
-        await conn.execute(
-            "INSERT INTO sessions (id, kind, ticket_id, model) VALUES ($1, 'worker', $2, $3)",
-            session.id,
-            ticket_id,
-            model,
-        )
+        session = cls(await sessions.start(conn, "worker", model, ticket_id=ticket_id))
         return session, True
 
     async def add(self, conn: Db, *messages: dict[str, Any]) -> None:
@@ -101,15 +95,11 @@ class WorkerSession:
             return
         first = self.seq + 1
         self.seq += len(messages)
-        ids = [new_id("msg") for _ in messages]
         seqs = list(range(first, self.seq + 1))
-        await conn.execute(
-            "INSERT INTO session_messages (id, session_id, seq, role, content) "
-            "SELECT i, $1, s, r, c::jsonb "
-            "FROM unnest($2::text[], $3::int[], $4::text[], $5::text[]) AS m(i, s, r, c)",
+        ids = await sessions.append(
+            conn,
             self.id,
-            ids,
-            seqs,
+            first,
             [str(m.get("role", "user")) for m in messages],
             [json.dumps({"message": m}, default=str) for m in messages],
         )
@@ -120,13 +110,8 @@ class WorkerSession:
     async def compact(self, conn: Db, compaction: Compaction, **about: Any) -> None:
         """Record a new compaction state (``about``: what it did, for people) and use it."""
         self.seq += 1
-        await conn.execute(
-            "INSERT INTO session_messages (id, session_id, seq, role, content) "
-            "VALUES ($1, $2, $3, 'system', $4::jsonb)",
-            new_id("msg"),
-            self.id,
-            self.seq,
-            {"compaction": {**asdict(compaction), **about}},
+        await sessions.note(
+            conn, self.id, self.seq, {"compaction": {**asdict(compaction), **about}}
         )
         self.compaction = compaction
 

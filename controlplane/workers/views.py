@@ -9,9 +9,9 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.authorization import devices as access
 from controlplane.domain import CLOSED_TICKET_SQL
 from controlplane.errors import NotFound
+from controlplane.gateway import authorization as access
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class TicketView:
     wait_until: datetime | None
     updated_at: datetime
     initiator: str | None
-    # Why the requester may use the device (controlplane.authorization): rule, match, when.
+    # Why the requester may use the device (controlplane.gateway.authorization): rule, match, when.
     device_grant: dict[str, Any] | None = None
     # Rounds failed in a row, why the last failed, when the next may start
     # (controlplane.tickets.retries).

@@ -315,11 +315,7 @@ class Worker:
                 conn, self.assignment.session_id, ticket_id=ticket.id, model=model
             )
             if new:
-                await conn.execute(
-                    "UPDATE assignments SET session_id = $2 WHERE id = $1",
-                    self.assignment.id,
-                    convo.id,
-                )
+                await slots.set_session(conn, self.assignment.id, convo.id)
                 if harness is None:
                     await convo.add(
                         conn, {"role": "user", "content": await brief(conn, ticket, given)}
@@ -372,9 +368,7 @@ class Worker:
         self.turns += 1
         async with self.pool.acquire() as conn, conn.transaction():
             await convo.add(conn, answer.message())
-            await conn.execute(
-                "UPDATE assignments SET turns = $2 WHERE id = $1", self.assignment.id, self.turns
-            )
+            await slots.count_turns(conn, self.assignment.id, self.turns)
             if not self._answered:
                 # The model answered: the failures in a row that block a ticket start over
                 # (once a round: a round that got this far is not failing in a row).

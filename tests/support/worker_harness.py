@@ -27,8 +27,8 @@ import asyncpg
 import openai
 import pytest
 
-from controlplane.authorization import devices as access
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.gateway import authorization as access
 from controlplane.gateway import specs
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue

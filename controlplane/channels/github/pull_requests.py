@@ -17,9 +17,9 @@ from controlplane.channels.github.adapter import GithubAdapter
 from controlplane.channels.github.events import SOURCE
 from controlplane.channels.outbound import WAIT_FOR_ADAPTER_SECONDS
 from controlplane.effects.handlers import ClaimedEffect, Handler, Permanent, Postpone
+from controlplane.ingest.intake import open_thread
 from controlplane.pause import hold_while_paused
-from controlplane.tickets import events, store
-from superagent_shared.ids import new_id
+from controlplane.tickets import events, store, subscriptions
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +62,6 @@ async def _record(pool: asyncpg.Pool, ticket_id: str, repo: str, url: str, title
     number = url.rstrip("/").rsplit("/", 1)[-1]
     async with pool.acquire() as conn, conn.transaction():
         await store.record_pull_request(conn, ticket_id, url)
-        thread_id = await conn.fetchval(
-            "INSERT INTO threads (id, source, external_id, title, url) "
-            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (source, external_id) "
-            "DO UPDATE SET url = EXCLUDED.url RETURNING id",
-            new_id("thr"),
-            SOURCE,
-            f"{repo}#{number}",
-            title,
-            url,
-        )
-        await conn.execute(
-            "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2) "
-            "ON CONFLICT DO NOTHING",
-            thread_id,
-            ticket_id,
-        )
+        thread_id = await open_thread(conn, SOURCE, f"{repo}#{number}", title, url)
+        await subscriptions.subscribe(conn, ticket_id, thread_id)
         await events.add(conn, ticket_id, "pull_request_opened", f"{url} is open")

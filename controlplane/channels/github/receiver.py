@@ -36,7 +36,7 @@ from urllib.parse import urlencode
 
 import asyncpg
 
-from controlplane.channels.base import ChannelError, Ignored, RateLimited
+from controlplane.channels.base import ChannelError, Ignored, RateLimited, save_state
 from controlplane.channels.github import events
 from controlplane.channels.github.client import GithubClient
 from controlplane.errors import InvalidInput
@@ -174,13 +174,7 @@ class CursorStore:
         return None if value is None else Cursor.from_json(value)
 
     async def save(self, key: str, cursor: Cursor) -> None:
-        await self.pool.execute(
-            "INSERT INTO channel_state (source, key, value) VALUES ($1, $2, $3) "
-            "ON CONFLICT (source, key) DO UPDATE SET value = excluded.value, updated_at = now()",
-            events.SOURCE,
-            key,
-            cursor.to_json(),
-        )
+        await save_state(self.pool, events.SOURCE, key, cursor.to_json())
 
 
 class GithubPoller(Service):

@@ -29,7 +29,7 @@ import asyncpg
 from nio import AsyncClient, MessageDirection
 
 from controlplane import failures
-from controlplane.channels.base import ChannelError, RateLimited
+from controlplane.channels.base import ChannelError, RateLimited, save_state
 from controlplane.channels.matrix import events
 from controlplane.channels.matrix.client import MatrixAccount
 from controlplane.channels.matrix.events import BotIdentity
@@ -80,13 +80,7 @@ class SyncTokens:
         return token if isinstance(token, str) else None
 
     async def save(self, token: str) -> None:
-        await self.pool.execute(
-            "INSERT INTO channel_state (source, key, value) VALUES ($1, $2, $3) "
-            "ON CONFLICT (source, key) DO UPDATE SET value = excluded.value, updated_at = now()",
-            events.SOURCE,
-            self.key,
-            {"next_batch": token},
-        )
+        await save_state(self.pool, events.SOURCE, self.key, {"next_batch": token})
 
 
 class MatrixSync(Service):

@@ -10,10 +10,11 @@ Each tool is a handler beside its pydantic argument model, from which the schema
 is shown is generated (:mod:`controlplane.tools`):
 
 * :mod:`.tickets`: ``create_ticket(title, scope, threads, device, mandate_from, repo?,
-  workdir?, speculative?)``: work, resting on one trigger's authority; a worker picks it
-  up (:mod:`controlplane.workers`). ``explain(ticket)``: the recorded facts behind "why is
-  tkt_x stuck?". ``forward(trigger, ticket)``: give an event to a ticket's worker (used
-  when pass-through is off). ``stop_ticket(ticket, reason)``.
+  workdir?, speculative?)``: work, resting on one trigger's authority, opened by
+  :mod:`controlplane.tickets.opening`; a worker picks it up (:mod:`controlplane.workers`).
+  ``explain(ticket)``: the recorded facts behind "why is tkt_x stuck?".
+  ``forward(trigger, ticket)``: give an event to a ticket's worker (used when pass-through
+  is off). ``stop_ticket(ticket, reason)``.
 * :mod:`.threads`: ``reply(thread, text)`` through the outbox; ``subscribe(thread,
   ticket)`` / ``link(thread, ticket)``: "handled by" (its events go to the ticket) versus
   "related to" (context only); ``recall(id)``: an object with summaries and its

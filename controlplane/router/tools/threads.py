@@ -4,15 +4,17 @@ its events go to the ticket) or note it as related (``link``: context only), and
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from pydantic import Field
 
-from controlplane.db.pool import Conn
+from controlplane.db.pool import Conn, Db
 from controlplane.domain import EffectKind
 from controlplane.effects.outbox import enqueue
 from controlplane.replies import IM_MAX_WORDS, Style, style_of, word_count
 from controlplane.router.tools.core import Call, Done, RouterTools, live_ticket, thread_ids
+from controlplane.tickets import subscriptions
 from controlplane.tickets.recall import recall_thread, recall_ticket, recall_trigger
 from controlplane.tickets.reports import Spent
 from controlplane.tools.fields import ID_CHARS, NON_BLANK, Arguments, ThreadId, TicketId, id_of
@@ -102,24 +104,22 @@ class Relate(Arguments):
     "subscribe", "Make a ticket handle a thread: the thread's events go to the ticket's worker."
 )
 async def subscribe(call: Call, args: Relate) -> Done:
-    return await _relate(call, args, "subscriptions", "subscribed")
+    return await _relate(call, args, subscriptions.subscribe, "subscribed")
 
 
 @tools.tool(
     "link", "Note that a thread is related to a ticket (context only; no events delivered)."
 )
 async def link(call: Call, args: Relate) -> Done:
-    return await _relate(call, args, "links", "linked")
+    return await _relate(call, args, subscriptions.link, "linked")
 
 
-async def _relate(call: Call, args: Relate, table: str, done: str) -> Done:
+async def _relate(
+    call: Call, args: Relate, relate: Callable[[Db, str, str], Awaitable[None]], done: str
+) -> Done:
     await thread_ids(call.conn, [args.thread])
     await live_ticket(call.conn, args.ticket)
-    await call.conn.execute(
-        f"INSERT INTO {table} (thread_id, ticket_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        args.thread,
-        args.ticket,
-    )
+    await relate(call.conn, args.ticket, args.thread)
     return Done({done: True}, f"{args.thread} {done} to {args.ticket}", [])
 
 

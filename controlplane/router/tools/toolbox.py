@@ -1,5 +1,6 @@
 """The router's toolbox: its tools (:data:`TOOLS`, :data:`TOOL_SPECS`), each call run in a
-transaction and recorded in ``router_decisions``, allowed or refused."""
+transaction and recorded in ``router_decisions``, allowed or refused. :func:`record` is the
+one writer of ``router_decisions`` (rules-only mode records its commands with it too)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from controlplane.db.pool import Db
 from controlplane.ingest.intake import AdmissionSource
 from controlplane.router.tools import judgement, threads, tickets
 from controlplane.router.tools.core import Call, Done, Replies, ToolResult, Turn
@@ -54,18 +56,14 @@ class Toolbox:
             ok = not isinstance(done, Refusal)
             if isinstance(done, Refusal):
                 done = Done({"error": done.error}, f"refused: {done.error}", [])
-            decision_id = new_id("dec")
-            await conn.execute(
-                "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
-                "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8)",
-                decision_id,
-                turn.session_id,
-                turn.llm_call_id,
+            decision_id = await record(
+                conn,
                 name[:50],
                 json.dumps(bound.arguments, default=str),  # as the model sent them
                 done.triggers,
                 done.outcome,
                 ok,
+                turn=turn,
             )
         return ToolResult(ok, done.content, decision_id)
 
@@ -78,15 +76,42 @@ class Toolbox:
             return created  # nothing runs before the device's owner approves
         ticket_id = str(created.content["ticket"])
         report = await subagent.run(ticket_id)
-        decision_id = new_id("dec")
-        await self.pool.execute(
-            "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
-            "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, '{}', $6, true)",
-            decision_id,
-            turn.session_id,
-            turn.llm_call_id,
+        decision_id = await record(
+            self.pool,
             SUBAGENT,
             json.dumps({"ticket": ticket_id}),
+            [],
             f"{ticket_id}: {report.get('status') or report.get('outcome')}",
+            True,
+            turn=turn,
         )
         return ToolResult(True, report, decision_id)
+
+
+async def record(
+    db: Db,
+    tool: str,
+    arguments: str,
+    trigger_ids: list[str],
+    outcome: str,
+    ok: bool,
+    *,
+    turn: Turn | None = None,
+) -> str:
+    """One decision on record: the tool, its arguments (JSON text), the triggers it
+    concerns, what came of it; ``turn``: the model's session and call, when a model made
+    it. Its id."""
+    decision_id = new_id("dec")
+    await db.execute(
+        "INSERT INTO router_decisions (id, session_id, llm_call_id, tool, arguments, "
+        "trigger_ids, outcome, ok) VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8)",
+        decision_id,
+        None if turn is None else turn.session_id,
+        None if turn is None else turn.llm_call_id,
+        tool,
+        arguments,
+        trigger_ids,
+        outcome,
+        ok,
+    )
+    return decision_id

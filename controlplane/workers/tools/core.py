@@ -15,7 +15,7 @@ from controlplane.domain import CommandState
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue, CommandResult
 from controlplane.settings import WorkerSettings
-from controlplane.tickets import authority, output
+from controlplane.tickets import authority, events, output
 from controlplane.tools.registry import Refused, Registry
 from controlplane.workers.devices import device_online
 
@@ -96,20 +96,11 @@ class Workbench:
         command_id = await self.queue.submit(
             self.device(), spec, ticket_id=self.ticket.id, origin=f"worker {self.ticket.id}"
         )
-        await self.pool.execute(
-            "INSERT INTO jobs (command_id, ticket_id, tool_call_id, script) "
-            "VALUES ($1, $2, $3, $4)",
-            command_id,
-            self.ticket.id,
-            call_id,
-            script[:2000],
-        )
+        await events.start_job(self.pool, self.ticket.id, command_id, call_id, script)
         result = await self.queue.wait(command_id, 0.05 if not await self.online() else wait)
         if not result.done:
             # Its completion becomes an event for this worker (events.take).
-            await self.pool.execute(
-                "UPDATE jobs SET background = true WHERE command_id = $1", command_id
-            )
+            await events.run_in_background(self.pool, command_id)
             if result.state == CommandState.QUEUED and not await self.online():
                 self.outcome.device_away = True
         return result

@@ -5,15 +5,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
+from controlplane.db.pool import Db
 from controlplane.errors import SuperagentError
 from controlplane.ingest import inbox
 from controlplane.llm import transcript
-from controlplane.tickets import reports
+from controlplane.tickets import reports, subscriptions
 from controlplane.tickets.recall import recall_thread, recall_ticket, recall_trigger
 from controlplane.tools.fields import ID_CHARS, NON_BLANK, Arguments, ThreadId, TriggerId, id_of
 from controlplane.tools.problems import rule_problem
@@ -86,26 +88,22 @@ class Thread(Arguments):
     thread: ThreadId
 
 
-_SUBSCRIBE = (
-    "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-)
-_UNSUBSCRIBE = "DELETE FROM subscriptions WHERE thread_id = $1 AND ticket_id = $2"
-
-
 @tools.tool("subscribe", "Handle a thread: its events come to you.")
 async def subscribe(call: Call, args: Thread) -> dict[str, Any]:
-    return await _subscription(call, args.thread, _SUBSCRIBE, "subscribed")
+    return await _subscription(call, args.thread, subscriptions.subscribe, "subscribed")
 
 
 @tools.tool("unsubscribe", "Stop handling a thread.")
 async def unsubscribe(call: Call, args: Thread) -> dict[str, Any]:
-    return await _subscription(call, args.thread, _UNSUBSCRIBE, "unsubscribed")
+    return await _subscription(call, args.thread, subscriptions.unsubscribe, "unsubscribed")
 
 
-async def _subscription(call: Call, thread: str, change: str, done: str) -> dict[str, Any]:
+async def _subscription(
+    call: Call, thread: str, change: Callable[[Db, str, str], Awaitable[None]], done: str
+) -> dict[str, Any]:
     if not await call.bench.pool.fetchval("SELECT 1 FROM threads WHERE id = $1", thread):
         raise Refused(f"no thread {thread}")
-    await call.bench.pool.execute(change, thread, call.bench.ticket.id)
+    await change(call.bench.pool, call.bench.ticket.id, thread)
     return {done: thread}
 
 

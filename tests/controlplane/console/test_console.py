@@ -25,9 +25,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import versions
-from controlplane.authorization import devices as access
 from controlplane.console.hub import TOPICS, ConsoleHub, Watcher
 from controlplane.findings import Seen, record
+from controlplane.gateway import authorization as access
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.specs import Exec

@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.authorization import devices as access
+from controlplane.gateway import authorization as access
 from controlplane.ingest.admission import (
     Admission,
     DevicePlacement,

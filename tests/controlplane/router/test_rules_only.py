@@ -10,9 +10,9 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.authorization import devices as access
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect, Postpone
+from controlplane.gateway import authorization as access
 from controlplane.gateway import specs
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.queue import CommandQueue

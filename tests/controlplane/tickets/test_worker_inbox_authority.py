@@ -34,9 +34,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane import doctor
-from controlplane.authorization import devices as access
 from controlplane.channels.github import events
 from controlplane.domain import EffectKind
+from controlplane.gateway import authorization as access
 from controlplane.gateway.queue import CommandQueue
 from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Ingested, Intake

@@ -1,6 +1,11 @@
 """Who may direct work to a device: checked in code wherever work is pointed at one, never
 by the model, and once more in the gateway's queue below every entry point.
 
+The device registry's side of the gateway (``devices``, :mod:`.devices`) says which devices
+there are; this module says whose they are and who else may use them. It is the writer of
+``device_shares``, and of the ``device_approvals`` a check asks for (the owners' answers are
+recorded by :mod:`controlplane.tickets.consent`).
+
 A device has an owner (``devices.owner``). Work goes to it only
 
 * for its owner (rule ``owner``);
@@ -8,9 +13,9 @@ A device has an owner (``devices.owner``). Work goes to it only
   ``superagent devices share DEVICE --with PERSON``);
 * for the members of a group it is shared with (``shared``: ``--with group:SOURCE:ID``, or a
   team device paired with ``--shared SOURCE:ID``);
-* or per request, with the owner's approval in chat (``approved``, :mod:`.approvals`). The
-  owner directing the work to their device themselves (a reroute they ask for) is their
-  approval too.
+* or per request, with the owner's approval in chat (``approved``,
+  :mod:`controlplane.tickets.consent`). The owner directing the work to their device
+  themselves (a reroute they ask for) is their approval too.
 
 Who someone is comes only from what the channel verified about their event, as principals:
 
@@ -285,7 +290,8 @@ async def ask(
     resume: str | None = None,
     thread_id: str | None = None,
 ) -> str:
-    """Record an approval for ``grant`` (the owner is asked by :mod:`.approvals`), or, for
+    """Record an approval for ``grant`` (the owner is asked by
+    :mod:`controlplane.tickets.consent`), or, for
     one the owner gave by directing the work themselves, record it as given. Its id."""
     approval_id = new_id("apr")
     given = grant["rule"] == "approved"
@@ -377,14 +383,20 @@ async def share(pool: asyncpg.Pool, name_or_id: str, grantee: str, *, by: str) -
     principal = parse(grantee)
     async with pool.acquire() as conn, conn.transaction():
         found = await device(conn, name_or_id)
-        await conn.execute(
-            "INSERT INTO device_shares (device_id, grantee, created_by) VALUES ($1, $2, $3) "
-            "ON CONFLICT DO NOTHING",
-            found.id,
-            principal,
-            by,
-        )
+        await add_share(conn, found.id, principal, by=by)
         return await device(conn, found.id)
+
+
+async def add_share(conn: Conn, device_id: str, principal: str, *, by: str) -> None:
+    """``principal`` (already parsed) may direct work to the device; a second time changes
+    nothing. Also how a team device's group gets its share when it is paired."""
+    await conn.execute(
+        "INSERT INTO device_shares (device_id, grantee, created_by) VALUES ($1, $2, $3) "
+        "ON CONFLICT DO NOTHING",
+        device_id,
+        principal,
+        by,
+    )
 
 
 async def unshare(pool: asyncpg.Pool, name_or_id: str, grantee: str) -> Device:
