@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
+from controlplane.access import authentication
 from controlplane.access.admin_token import loopback_host
 from controlplane.errors import Unauthorized
 from controlplane.settings import Settings
@@ -53,3 +54,15 @@ def check_origin(conn: HTTPConnection, surface: str = "") -> None:
     if urlsplit(origin).netloc.lower() not in {h.strip().lower() for h in hosts if h.strip()}:
         what = f"cross-origin {surface} requests" if surface else "cross-origin requests"
         raise Unauthorized(f"{what} are refused")
+
+
+def require_admin(conn: HTTPConnection, surface: str, how: str) -> None:
+    """Raise Unauthorized unless ``conn`` comes from this site and holds the admin token
+    or a session made from it; ``how`` tells a refused caller the ways to present it."""
+    check_origin(conn, surface)
+    try:
+        authentication.principal(conn)
+    except Unauthorized:
+        raise Unauthorized(
+            f"the {surface} needs the admin token (SUPERAGENT_ADMIN_TOKEN): {how}"
+        ) from None

@@ -13,8 +13,8 @@ import re
 
 from starlette.requests import HTTPConnection
 
-from controlplane.access import authentication, browsers
-from controlplane.errors import InvalidInput, Unauthorized
+from controlplane.access import browsers
+from controlplane.errors import InvalidInput
 from controlplane.settings import Settings
 
 DEFAULT_NAME = "admin"
@@ -29,14 +29,7 @@ def check_origin(conn: HTTPConnection) -> None:
 
 def check(conn: HTTPConnection, settings: Settings) -> None:
     """Raise Unauthorized unless ``conn`` may use the chat."""
-    check_origin(conn)
-    try:
-        authentication.principal(conn)
-    except Unauthorized:
-        raise Unauthorized(
-            "the chat needs the admin token (SUPERAGENT_ADMIN_TOKEN): send it as "
-            "'Authorization: Bearer …' or sign in on /chat"
-        ) from None
+    browsers.require_admin(conn, "chat", "send it as 'Authorization: Bearer …' or sign in on /chat")
 
 
 def display_name(raw: str | None) -> str:

@@ -27,14 +27,9 @@ def check_origin(conn: HTTPConnection) -> None:
 
 def check(conn: HTTPConnection, settings: Settings) -> None:
     """Raise Unauthorized, saying what to do, unless ``conn`` may use the console."""
-    check_origin(conn)
-    try:
-        authentication.principal(conn)
-    except Unauthorized:
-        raise Unauthorized(
-            "the console needs the admin token (SUPERAGENT_ADMIN_TOKEN): sign in on "
-            f"{LOGIN}, or send it as 'Authorization: Bearer …'"
-        ) from None
+    browsers.require_admin(
+        conn, "console", f"sign in on {LOGIN}, or send it as 'Authorization: Bearer …'"
+    )
 
 
 def allowed(conn: HTTPConnection, settings: Settings) -> bool:
