@@ -155,6 +155,7 @@ class DeviceStream:
         "_wake_again",
         "_writing",
         "close_reason",
+        "connected_at_us",
         "context",
         "delivery",
         "device_id",
@@ -179,6 +180,9 @@ class DeviceStream:
         self.heartbeat_seconds = heartbeat_seconds
         self.device_id = ""
         self.stream_id = os.urandom(6).hex()
+        # When the handshake marked the device connected, in microseconds by the database's
+        # clock (one clock for every replica): which of two streams of a device is the newer.
+        self.connected_at_us = 0
         self.close_reason: StreamClosed | None = None
         self._failure: BaseException | None = None  # why the stream failed, if it did
         self._task: asyncio.Task[object] | None = None  # the RPC's task, which reads
@@ -204,7 +208,7 @@ class DeviceStream:
         self._flush_lock: asyncio.Lock | None = None  # see _lock()
         # Set while the reader waits for buffered output to be stored (backpressure).
         self._drained: asyncio.Future[None] | None = None
-        self._marked: asyncio.Future[str] | None = None  # the handshake's "connected here"
+        self._marked: asyncio.Future[int | None] | None = None  # the handshake's "connected here"
         self._pending_results: dict[str, _Result] | None = None
         self.last_received = time.monotonic()  # read by the hub's liveness sweep
         self.last_sent = self.last_received
@@ -442,9 +446,10 @@ class DeviceStream:
         # Shielded, and awaited again before any undo (run()): a cancelled RPC abandons the
         # await, not the statement, which could otherwise land after the undo.
         self._marked = asyncio.ensure_future(
-            self.delivery.pool.execute(
+            self.delivery.pool.fetchval(
                 "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
-                "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1",
+                "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1 "
+                "RETURNING (extract(epoch FROM connected_at) * 1000000)::bigint",
                 self.device_id,
                 hello.daemon_version,
                 hello.policy_hash.hex(),
@@ -454,7 +459,8 @@ class DeviceStream:
                 _line(hello.sandbox)[:MAX_SANDBOX] or None,
             )
         )
-        await asyncio.shield(self._marked)
+        marked_at: int | None = await asyncio.shield(self._marked)  # None: device deleted
+        self.connected_at_us = marked_at or 0
         self._marked = None  # landed; only needed for the undo above
         # Resume: tell the device what is durable, so it resends only what is missing.
         held = [item.command_id for item in hello.in_flight if _valid_id(item.command_id)]
