@@ -351,9 +351,22 @@ class DeviceStream:
                 batch, self._outbox = self._outbox, None
                 for message in batch:
                     self.last_sent = time.monotonic()
-                    await self.context.write(message)
+                    await self._write(message)
         finally:
             self._writing = False
+
+    async def _write(self, message: wire.Outgoing) -> None:
+        """Write ``message`` to the device.
+
+        A write that gRPC fails (InternalError: the batch failed; UsageError: the call has
+        ended) means the device has gone: it cancelled the call, or the connection broke,
+        and the cancellation of this RPC may reach us after the write failed. That is the
+        device closing the stream, as a read finding its end is, not a gateway error.
+        """
+        try:
+            await self.context.write(message)
+        except (grpc.aio.InternalError, grpc.aio.UsageError) as exc:
+            raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream") from exc
 
     async def _write_now(self, message: wire.Outgoing) -> None:
         """Write from the reader itself if no write is in flight (no task to start or wake)."""
@@ -363,7 +376,7 @@ class DeviceStream:
         self._writing = True
         try:
             self.last_sent = time.monotonic()
-            await self.context.write(message)
+            await self._write(message)
         finally:
             self._writing = False
         if self._outbox and self._reading:  # queued while we wrote
@@ -395,7 +408,7 @@ class DeviceStream:
 
     async def _handshake(self, speaks: Speaker) -> None:
         nonce = os.urandom(32)
-        await self.context.write(
+        await self._write(
             wire.challenge(
                 nonce=nonce,
                 server_time=datetime.now(UTC),

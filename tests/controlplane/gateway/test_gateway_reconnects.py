@@ -6,11 +6,17 @@ Postgres and can arrive late: after the device has closed that stream and opened
 one. A late notice must never close a newer stream, on the replica that sent it or on
 another one. (Seen as `test_random_device_messages_never_break_the_gateway` getting
 ABORTED "replaced by a newer connection" under load.)
+
+Likewise a device that goes away while the gateway writes to it: the write fails before
+the call's cancellation reaches the stream, and that is the device's close, not a gateway
+error (seen in the same test as "stream of dev_… failed: ExecuteBatchError").
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any, cast
 
 import asyncpg
 import grpc
@@ -120,3 +126,42 @@ async def test_another_replicas_notice_closes_only_an_older_stream(
         finally:
             await device.close()
             await marker.close()
+
+
+class _GoneOnWrite:
+    """The stream's gRPC context, whose writes fail as they do once the device has cancelled
+    the call but that cancellation has not reached the stream yet."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def write(self, message: object) -> None:
+        raise grpc.aio.InternalError('Failed "execute_batch"')  # as grpc says it
+
+
+async def test_a_write_to_a_device_that_went_away_is_its_close_not_a_gateway_error(
+    db: async_sessionmaker[AsyncSession],
+    database_url: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="controlplane.gateway")
+    async with running_gateway(database_url, db, tmp_path) as gateway:
+        device = await paired(gateway, "laptop")
+        await device.connect()
+        try:
+            stream = await _registered(gateway, device)
+            stream.context = cast("grpc.aio.ServicerContext", _GoneOnWrite(stream.context))
+            await device.send(heartbeat=pb.Heartbeat(seq=1))  # answered: a write
+            await assert_eventually(
+                lambda: device.device_id not in gateway.hub.streams, message="stream ended"
+            )
+        finally:
+            await device.close()
+    assert stream.close_reason is not None
+    assert stream.close_reason.code == grpc.StatusCode.CANCELLED, stream.close_reason
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert not failed, failed
