@@ -101,7 +101,8 @@ class Notify(StrEnum):
     COMMANDS = "superagent_commands"
     # The id of a command that reached a final state, or its result as JSON (gateway/queue.py).
     COMMAND_DONE = "superagent_command_done"
-    DEVICES = "superagent_devices"  # "revoked:<device>" | "connected:<device>:<stream>"
+    # "revoked:<device>" | "connected:<device>:<stream>:<connected at, µs, database clock>"
+    DEVICES = "superagent_devices"
     WEBCHAT = "superagent_webchat"  # a conversation id whose messages changed
 
 

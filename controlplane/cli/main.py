@@ -1,27 +1,54 @@
-"""The ``superagent`` entry point: registers each command group."""
+"""The ``superagent`` entry point: names each command group and imports it when used."""
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
 from controlplane import __version__
-from controlplane.cli.config import config
-from controlplane.cli.db import migrate
-from controlplane.cli.devices import devices
-from controlplane.cli.doctor import doctor
-from controlplane.cli.effects import effects
-from controlplane.cli.pausing import pause, resume
-from controlplane.cli.say import say
-from controlplane.cli.status import status
-from controlplane.cli.tickets import tickets
-from controlplane.cli.triggers import triggers
-from controlplane.cli.up import serve_command, up
-from controlplane.cli.users import users
-from controlplane.cli.versioned import policy, prompts_group
-from controlplane.cli.watchdog import watchdog
+
+# Each command's module, imported only when that command runs (or help lists it): importing
+# them all costs about 2 s of CPU (openai, sqlalchemy, the router's and workers' modules),
+# paid by every `superagent` call, while most commands need a fraction of it.
+COMMANDS = {
+    "up": "controlplane.cli.up:up",
+    "serve": "controlplane.cli.up:serve_command",
+    "migrate": "controlplane.cli.db:migrate",
+    "config": "controlplane.cli.config:config",
+    "devices": "controlplane.cli.devices:devices",
+    "status": "controlplane.cli.status:status",
+    "pause": "controlplane.cli.pausing:pause",
+    "resume": "controlplane.cli.pausing:resume",
+    "policy": "controlplane.cli.versioned:policy",
+    "prompts": "controlplane.cli.versioned:prompts_group",
+    "users": "controlplane.cli.users:users",
+    "tickets": "controlplane.cli.tickets:tickets",
+    "triggers": "controlplane.cli.triggers:triggers",
+    "watchdog": "controlplane.cli.watchdog:watchdog",
+    "say": "controlplane.cli.say:say",
+    "doctor": "controlplane.cli.doctor:doctor",
+    "effects": "controlplane.cli.effects:effects",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """A group whose commands are imported by name, from :data:`COMMANDS`, when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, _, attribute = COMMANDS[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{COMMANDS[cmd_name]} is not a click command")
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="superagent")
 def cli() -> None:
     """Super-agent: the always-on coding agent for your team.
@@ -32,25 +59,6 @@ def cli() -> None:
     Start here: `superagent up` runs everything on this machine with an embedded database.
     Configuration comes from the environment; `superagent config` shows it.
     """
-
-
-cli.add_command(up)
-cli.add_command(serve_command, name="serve")
-cli.add_command(migrate)
-cli.add_command(config)
-cli.add_command(devices)
-cli.add_command(status)
-cli.add_command(pause)
-cli.add_command(resume)
-cli.add_command(policy)
-cli.add_command(prompts_group)
-cli.add_command(users)
-cli.add_command(tickets)
-cli.add_command(triggers)
-cli.add_command(watchdog)
-cli.add_command(say)
-cli.add_command(doctor)
-cli.add_command(effects)
 
 
 def main() -> None:

@@ -210,17 +210,21 @@ async def add(
 
 async def connected(
     db: Db, device_id: str, version: str, policy_hash: str, replica: str, sandbox: str | None
-) -> None:
-    """The device connected to ``replica`` and said who it is (its Hello)."""
-    await db.execute(
+) -> int | None:
+    """The device connected to ``replica`` and said who it is (its Hello). Returns when, in
+    microseconds of the database's clock (which every replica shares, so connections of one
+    device are ordered across replicas by it), or None when the device is gone."""
+    connected_at: int | None = await db.fetchval(
         "UPDATE devices SET version = $2, policy_hash = $3, last_seen_at = now(), "
-        "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1",
+        "connected_replica = $4, connected_at = now(), sandbox = $5 WHERE id = $1 "
+        "RETURNING (extract(epoch FROM connected_at) * 1000000)::bigint",
         device_id,
         version,
         policy_hash,
         replica,
         sandbox,
     )
+    return connected_at
 
 
 async def disconnected(db: Db, device_id: str, replica: str) -> None:

@@ -2,9 +2,12 @@
 
 One LISTEN connection per replica (never one per device) carries two channels: new
 commands for a device (wake its stream) and device events (revoked: close its stream at
-once; connected elsewhere: close the older stream here). A once-a-second poll covers lost
-notifications, and heartbeats' ``last_seen_at`` updates are written in one batch every few
-seconds instead of once per heartbeat.
+once; connected elsewhere: close the older stream here). Which stream is older is decided by
+when each was marked connected, not by when its notice arrives: a notice can arrive after
+the device has closed that stream and opened a newer one, here or on another replica.
+
+A once-a-second poll covers lost notifications, and heartbeats' ``last_seen_at`` updates are
+written in one batch every few seconds instead of once per heartbeat.
 
 Liveness is swept here too, once a second over every stream, by a plain timer rather than a
 timer per stream, and apart from the poll so that a slow database cannot delay it.
@@ -56,7 +59,7 @@ class DeviceHub(Service):
             older.close(grpc.StatusCode.ABORTED, "replaced by a newer connection")
         self.streams[stream.device_id] = stream
         # Other replicas close their stream of this device, if they still hold one.
-        self._notify(f"connected:{stream.device_id}:{stream.stream_id}")
+        self._notify(f"connected:{stream.device_id}:{stream.stream_id}:{stream.connected_at_us}")
 
     async def unregister(self, stream: DeviceStream) -> None:
         """Forget ``stream``; also for one that ended mid-handshake, before :meth:`register`."""
@@ -98,14 +101,23 @@ class DeviceHub(Service):
 
     def _on_devices(self, payload: str) -> None:
         event, _, rest = payload.partition(":")
-        device_id, _, stream_id = rest.partition(":")
+        device_id, _, rest = rest.partition(":")
         stream = self.streams.get(device_id)
         if stream is None:
             return
         if event == "revoked":
             stream.close(grpc.StatusCode.PERMISSION_DENIED, "this device has been revoked")
-        elif event == "connected" and stream_id != stream.stream_id:
-            stream.close(grpc.StatusCode.ABORTED, "replaced by a newer connection")
+        elif event == "connected":
+            stream_id, _, connected_at = rest.partition(":")
+            try:
+                connected_at_us = int(connected_at)
+            except ValueError:
+                log.warning("unreadable device notification: %.200r", payload)
+                return
+            # Only a connection made after this stream's replaces it: the notice of an older
+            # one (this replica's own included) can arrive after this stream was registered.
+            if stream_id != stream.stream_id and connected_at_us > stream.connected_at_us:
+                stream.close(grpc.StatusCode.ABORTED, "replaced by a newer connection")
 
     def _wake_streams(self) -> None:
         """Listening (again): every stream looks for what it missed meanwhile."""

@@ -157,6 +157,7 @@ class DeviceStream:
         "_wake_again",
         "_writing",
         "close_reason",
+        "connected_at_us",
         "context",
         "delivery",
         "device_id",
@@ -181,6 +182,9 @@ class DeviceStream:
         self.heartbeat_seconds = heartbeat_seconds
         self.device_id = ""
         self.stream_id = os.urandom(6).hex()
+        # When the handshake marked the device connected, in microseconds by the database's
+        # clock (one clock for every replica): which of two streams of a device is the newer.
+        self.connected_at_us = 0
         self.close_reason: StreamClosed | None = None
         self._failure: BaseException | None = None  # why the stream failed, if it did
         self._task: asyncio.Task[object] | None = None  # the RPC's task, which reads
@@ -206,7 +210,7 @@ class DeviceStream:
         self._flush_lock: asyncio.Lock | None = None  # see _lock()
         # Set while the reader waits for buffered output to be stored (backpressure).
         self._drained: asyncio.Future[None] | None = None
-        self._marked: asyncio.Future[None] | None = None  # the handshake's "connected here"
+        self._marked: asyncio.Future[int | None] | None = None  # the handshake's "connected here"
         self._pending_results: dict[str, _Result] | None = None
         self.last_received = time.monotonic()  # read by the hub's liveness sweep
         self.last_sent = self.last_received
@@ -349,9 +353,22 @@ class DeviceStream:
                 batch, self._outbox = self._outbox, None
                 for message in batch:
                     self.last_sent = time.monotonic()
-                    await self.context.write(message)
+                    await self._write(message)
         finally:
             self._writing = False
+
+    async def _write(self, message: wire.Outgoing) -> None:
+        """Write ``message`` to the device.
+
+        A write that gRPC fails (InternalError: the batch failed; UsageError: the call has
+        ended) means the device has gone: it cancelled the call, or the connection broke,
+        and the cancellation of this RPC may reach us after the write failed. That is the
+        device closing the stream, as a read finding its end is, not a gateway error.
+        """
+        try:
+            await self.context.write(message)
+        except (grpc.aio.InternalError, grpc.aio.UsageError) as exc:
+            raise StreamClosed(grpc.StatusCode.CANCELLED, "device closed the stream") from exc
 
     async def _write_now(self, message: wire.Outgoing) -> None:
         """Write from the reader itself if no write is in flight (no task to start or wake)."""
@@ -361,7 +378,7 @@ class DeviceStream:
         self._writing = True
         try:
             self.last_sent = time.monotonic()
-            await self.context.write(message)
+            await self._write(message)
         finally:
             self._writing = False
         if self._outbox and self._reading:  # queued while we wrote
@@ -393,7 +410,7 @@ class DeviceStream:
 
     async def _handshake(self, speaks: Speaker) -> None:
         nonce = os.urandom(32)
-        await self.context.write(
+        await self._write(
             wire.challenge(
                 nonce=nonce,
                 server_time=datetime.now(UTC),
@@ -455,7 +472,8 @@ class DeviceStream:
                 _line(hello.sandbox)[:MAX_SANDBOX] or None,
             )
         )
-        await asyncio.shield(self._marked)
+        marked_at: int | None = await asyncio.shield(self._marked)  # None: device deleted
+        self.connected_at_us = marked_at or 0
         self._marked = None  # landed; only needed for the undo above
         # Resume: tell the device what is durable, so it resends only what is missing.
         held = [item.command_id for item in hello.in_flight if _valid_id(item.command_id)]

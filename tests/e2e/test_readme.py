@@ -9,7 +9,8 @@ Where a user would type something of their own, the test does instead, and only 
 * ``export OPENAI_BASE_URL=… OPENAI_API_KEY=…`` points at the fake OpenAI server, which
   plays the router and the worker;
 * a command ending in ``&`` runs in the background, and the next one waits until the
-  control plane it started answers (a user waits for the sign-in link);
+  control plane it started answers and, with ``--device``, until it says this machine is
+  a device (a user waits for those lines);
 * ``kill %1`` stops that background job as Ctrl-C would.
 
 The machine has no OS keyring (most CI boxes and containers do not), so `up --device` keeps
@@ -40,6 +41,7 @@ pytestmark = pytest.mark.slow
 README = Path(__file__).resolve().parents[2] / "README.md"
 SECTION = "## Your first ticket in five minutes"
 COMMIT = "Add CONTRIBUTORS"
+DEVICE_READY = "This machine is now device"  # what `up --device` says once it has paired
 
 
 def section_commands() -> list[str]:
@@ -113,7 +115,10 @@ class Shell:
         while True:
             assert job.poll() is None, f"`{line}` exited {job.returncode}:\n{self.job_log()}"
             try:
-                if httpx.get(url, timeout=2).status_code == 200:
+                # Answering comes first; pairing this machine as a device (slow on a loaded
+                # machine) after it, and `say "/run laptop …"` needs the device paired.
+                ready = httpx.get(url, timeout=2).status_code == 200
+                if ready and ("--device" not in line or DEVICE_READY in self.job_log()):
                     return
             except httpx.TransportError:
                 pass

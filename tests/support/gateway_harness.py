@@ -159,7 +159,7 @@ class FakeDevice:
         stub = endpoint_pb2_grpc.EndpointGatewayStub(self._channel)
         self.received = asyncio.Queue()
         self.outgoing = asyncio.Queue()
-        self.status = None
+        self.status, self.details = None, ""
 
         async def requests() -> AsyncIterator[pb.DeviceMessage]:
             while True:
@@ -193,21 +193,24 @@ class FakeDevice:
                 )
             )
         )
-        self._reader = asyncio.create_task(self._read())
+        self._reader = asyncio.create_task(self._read(self.call, self.received))
 
-    async def _read(self) -> None:
-        assert self.call is not None
+    async def _read(
+        self, call: grpc.aio.StreamStreamCall, received: asyncio.Queue[pb.ServerMessage]
+    ) -> None:
+        """Read ``call`` into ``received``; its status becomes :attr:`status` only while it
+        is still this device's current call (a connection's end never reads as the next's)."""
+        code, details = grpc.StatusCode.OK, ""
         try:
             # read() rather than `async for`: the challenge was already taken with read(),
             # and gRPC forbids mixing the two styles on one call.
-            while (message := await self.call.read()) is not grpc.aio.EOF:
+            while (message := await call.read()) is not grpc.aio.EOF:
                 assert isinstance(message, pb.ServerMessage)
-                await self.received.put(message)
+                await received.put(message)
         except grpc.aio.AioRpcError as err:
-            self.status = err.code()
-            self.details = err.details() or ""
-        else:
-            self.status = grpc.StatusCode.OK
+            code, details = err.code(), err.details() or ""
+        if call is self.call:
+            self.status, self.details = code, details
 
     async def next(self, kind: str, timeout: float = 10) -> pb.ServerMessage:
         """The next server message of ``kind`` (heartbeats are skipped unless asked for)."""

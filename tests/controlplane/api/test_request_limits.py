@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -45,6 +46,7 @@ from controlplane.settings import GrpcSettings, HttpSettings, Settings
 from controlplane.web.state import AppState
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_shared.protocol import PROTOCOL_VERSION_NUMBER
+from tests.support.database import with_database
 from tests.support.gateway_harness import FakeDevice, Gateway, running_gateway
 from tests.support.helpers import assert_eventually, free_port
 from tests.support.replica_process import ReplicaProcess
@@ -82,16 +84,17 @@ class Server:
         return fields["VmRSS"], fields["VmHWM"]
 
 
-@pytest.fixture
-async def server(empty_database: str, tmp_path: Path) -> AsyncIterator[Server]:
-    """`superagent serve` on its own database, with GitHub, Slack, Lark and the web chat on."""
-    await migrate.upgrade(empty_database)
+@contextlib.asynccontextmanager
+async def serving(database: str, state: Path) -> AsyncIterator[Server]:
+    """`superagent serve` on ``database`` (empty), with GitHub, Slack, Lark and the web chat
+    on; its state and log under ``state``."""
+    await migrate.upgrade(database)
     port = free_port()
     nowhere = "http://127.0.0.1:9"  # no outbound call is needed; none may reach the internet
     env = {
         **os.environ,
-        "DATABASE_URL": empty_database,
-        "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
+        "DATABASE_URL": database,
+        "SUPERAGENT_STATE_DIR": str(state / "state"),
         "SUPERAGENT_HTTP__PORT": str(port),
         "SUPERAGENT_GRPC__PORT": str(free_port()),
         "SUPERAGENT_ADMIN_TOKEN": TOKEN,
@@ -108,7 +111,7 @@ async def server(empty_database: str, tmp_path: Path) -> AsyncIterator[Server]:
     }
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
         env.pop(name, None)
-    replica = ReplicaProcess(env, tmp_path / "serve.log", port)
+    replica = ReplicaProcess(env, state / "serve.log", port)
     replica.start()
     try:
         await assert_eventually(
@@ -117,6 +120,39 @@ async def server(empty_database: str, tmp_path: Path) -> AsyncIterator[Server]:
         yield Server(replica, port)
     finally:
         replica.stop()
+
+
+@pytest.fixture
+async def server(empty_database: str, tmp_path: Path) -> AsyncIterator[Server]:
+    """A server of the test's own: for the tests that measure its memory, which no earlier
+    test may have grown."""
+    async with serving(empty_database, tmp_path) as fresh:
+        yield fresh
+
+
+@pytest.fixture(scope="module")
+async def shared_server(
+    pg_server_url: str, worker_id: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Server]:
+    """One server for this module's tests that measure no memory: starting one (a database
+    migrated, a process importing everything) is most of what each of them costs."""
+    name = f"sa_limits_{worker_id}_{os.getpid()}"
+    admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    try:
+        state = tmp_path_factory.mktemp("shared-server")
+        async with serving(with_database(pg_server_url, name), state) as shared:
+            yield shared
+    finally:
+        admin = await asyncpg.connect(asyncpg_dsn(pg_server_url))
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
 
 
 def body_routes() -> list[tuple[str, str]]:
@@ -338,8 +374,9 @@ async def test_a_40_mib_body_to_any_route_gets_413_and_memory_stays_flat(
 
 
 async def test_a_declared_oversize_is_refused_before_one_byte_of_it_is_sent(
-    server: Server,
+    shared_server: Server,
 ) -> None:
+    server = shared_server
     """``Expect: 100-continue``: a client that waits for the go-ahead never has to send."""
     wire = await Wire.open(server.port)
     try:
@@ -358,8 +395,9 @@ async def test_a_declared_oversize_is_refused_before_one_byte_of_it_is_sent(
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_each_route_has_its_cap_and_a_body_within_it_reaches_the_route(
-    server: Server, chunked: bool
+    shared_server: Server, chunked: bool
 ) -> None:
+    server = shared_server
     cases = [
         ("/webhooks/github", 25 * MiB),
         ("/webhooks/slack", 1 * MiB),
@@ -425,7 +463,8 @@ async def test_an_endless_request_head_gets_431_and_memory_stays_flat(server: Se
 # -- websocket messages -------------------------------------------------------------------
 
 
-async def test_an_oversized_websocket_message_closes_the_socket(server: Server) -> None:
+async def test_an_oversized_websocket_message_closes_the_socket(shared_server: Server) -> None:
+    server = shared_server
     """The chat's frames are at most 64 Ki characters; far bigger is refused by the server.
 
     Signed in (with a header, as scripts do) so that the socket stays open long enough to

@@ -18,7 +18,9 @@ from tests.support.helpers import assert_eventually
 
 
 async def test_one_holder_at_a_time_until_the_lease_expires(pool: asyncpg.Pool) -> None:
-    assert await claim(pool, "test", "a", 0.5)
+    # Held for long enough that b's claim comes well within it however slow the machine;
+    # the renewal then shortens it, so that it runs out during the sleep below.
+    assert await claim(pool, "test", "a", 30)
     assert not await claim(pool, "test", "b", 0.5)
     assert await claim(pool, "test", "a", 0.5)  # renewed
     before = await current(pool, "test")
