@@ -34,6 +34,7 @@ from controlplane.access import admin_token
 from controlplane.cli.common import fail, load_settings, setup_logging
 
 OPEN_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 2.0  # seconds for the closing handshake when say leaves
 DEFAULT_WAIT = 120.0
 EXIT_PENDING = 3  # replies came, but something they promised did not within --wait
 MORE_REPLIES_SECONDS = 1.0  # after a reply, how long to wait for another one of the same turn
@@ -127,6 +128,9 @@ async def _converse(
         _socket_url(url, name),
         additional_headers=headers,
         open_timeout=OPEN_TIMEOUT,
+        # Leaving (Ctrl-C, or done) need not wait long for the server's half of the
+        # closing handshake: nothing more is read, and the server cleans up on its own.
+        close_timeout=CLOSE_TIMEOUT,
         proxy=None if _loopback(url) else True,
         max_size=4 * 1024 * 1024,
     ) as ws:

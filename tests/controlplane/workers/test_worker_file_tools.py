@@ -245,7 +245,7 @@ async def test_edit_refuses_a_file_changed_after_it_was_read(
 
     async def racing(call: Any, spec: Any) -> Any:
         result = await real_op(call, spec)
-        if spec.kind == "read_file":
+        if spec.KIND == "read_file":
             calc.write_text(SOURCE + "# a person's change\n")
         return result
 
