@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import time
 import uuid
@@ -241,19 +242,45 @@ async def _stream(
     said: bool,
     client_id: str | None = None,
 ) -> None:
-    """Every later reply on the conversation, until Ctrl-C (or the connection ends)."""
-    while True:
-        frame = json.loads(await ws.recv())
-        if not isinstance(frame, dict) or frame.get("type") != "message":
-            continue
-        if frame.get("thread") != thread or frame.get("id") in heard:
-            continue
-        if client_id is not None and frame.get("client_id") == client_id:
-            said = True
-        elif said and frame.get("role") == "agent":
-            heard[str(frame.get("id"))] = frame
-            outcome.replies.append(frame)
-            _print(frame)
+    """Every later reply on the conversation, until Ctrl-C (or the connection ends).
+
+    Ctrl-C ends the stream here, as a plain return, rather than by cancelling the run: a
+    cancellation has to travel through the websocket library's receive and close, and one
+    swallowed on the way would leave the follower running after the person asked it to
+    stop. A second Ctrl-C interrupts outright (the default handler is back by then)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_ctrl_c() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals here
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            receiving = asyncio.ensure_future(ws.recv())
+            await asyncio.wait({receiving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not receiving.done():
+                receiving.cancel()
+                await asyncio.gather(receiving, return_exceptions=True)
+                return
+            frame = json.loads(receiving.result())
+            if not isinstance(frame, dict) or frame.get("type") != "message":
+                continue
+            if frame.get("thread") != thread or frame.get("id") in heard:
+                continue
+            if client_id is not None and frame.get("client_id") == client_id:
+                said = True
+            elif said and frame.get("role") == "agent":
+                heard[str(frame.get("id"))] = frame
+                outcome.replies.append(frame)
+                _print(frame)
+    finally:
+        stopped.cancel()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
 
 
 async def _latest_replies(
@@ -430,6 +457,8 @@ def say(
         target,
         following=follow,
     )
+    if follow:
+        sys.exit(0)  # Ctrl-C is how following ends: not a failure
     if as_json:
         click.echo(
             json.dumps(
