@@ -248,6 +248,9 @@ async def _stream(
     cancellation has to travel through the websocket library's receive and close, and one
     swallowed on the way would leave the follower running after the person asked it to
     stop. A second Ctrl-C interrupts outright (the default handler is back by then)."""
+    # A blocked SIGINT is inherited across exec: a follower started by a process that
+    # blocks it would never hear Ctrl-C. Ctrl-C is how following ends, so take it.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -246,9 +247,15 @@ async def test_say_follow_streams_later_replies_until_ctrl_c(
             await reply(pool, served.channels, trigger["thread"], "And one more thing.")
             async with asyncio.timeout(20):
                 assert await process.stdout.readline() == b"And one more thing.\n"
+            # What the follower's signals were, for a failure to show (blocked, ignored).
+            status = await asyncio.to_thread(Path(f"/proc/{process.pid}/status").read_text)
+            signals = [line for line in status.splitlines() if line.startswith("Sig")]
             process.send_signal(signal.SIGINT)
-            async with asyncio.timeout(20):
-                rest, err = await process.communicate()
+            try:
+                async with asyncio.timeout(20):
+                    rest, err = await process.communicate()
+            except TimeoutError:
+                raise AssertionError(f"say --follow did not end on Ctrl-C: {signals}") from None
         finally:
             if process.returncode is None:
                 process.kill()
