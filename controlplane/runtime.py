@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 
 import openai
 import uvicorn
 
+from controlplane import listening
 from controlplane.access import sessions
 from controlplane.api.app import create_app
 from controlplane.api.request_head import BoundedHttpToolsProtocol
@@ -83,7 +85,17 @@ class HttpService(Service):
         self.server = _Uvicorn(config)
 
     async def run(self) -> None:
-        serving = asyncio.create_task(self.server.serve())
+        http = self.server.config
+        sock = listening.bind(
+            http.host, http.port, what="HTTP", setting="SUPERAGENT_HTTP__PORT or --http-port"
+        )
+        try:
+            await self._serve(sock)
+        finally:
+            sock.close()
+
+    async def _serve(self, sock: socket.socket) -> None:
+        serving = asyncio.create_task(self.server.serve(sockets=[sock]))
         stop = asyncio.create_task(self.stopping.wait())
         if self.on_listening is not None:
             await self._announce(serving)

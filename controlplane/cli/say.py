@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from ipaddress import ip_address
 from typing import Any, NoReturn
@@ -123,6 +124,53 @@ async def _converse(
     follow: bool,
     echo: bool,
 ) -> Outcome:
+    stop = asyncio.Event()  # Ctrl-C, while following
+    if not follow:
+        return await _talk(url, token, name, text, thread, wait, stop, echo=echo)
+    # Taken before anything is printed: one who has seen a reply may press Ctrl-C at once.
+    with _ctrl_c_sets(stop):
+        return await _talk(url, token, name, text, thread, None, stop, echo=echo)
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: asyncio.Event) -> Iterator[None]:
+    """While following, Ctrl-C sets ``stop``, and following ends as a plain return.
+
+    Not the default KeyboardInterrupt: raised wherever the loop happens to be (inside the
+    websocket library's receive or close, or before the stream began), it left the follower
+    running after the person asked it to stop. A second Ctrl-C interrupts outright (the
+    default handler is back by then)."""
+    # A blocked SIGINT is inherited across exec: a follower started by a process that
+    # blocks it would never hear Ctrl-C. Ctrl-C is how following ends, so take it.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    loop = asyncio.get_running_loop()
+
+    def on_ctrl_c() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals here
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _talk(
+    url: str,
+    token: str | None,
+    name: str,
+    text: str | None,
+    thread: str | None,
+    wait: float | None,
+    stop: asyncio.Event,
+    *,
+    echo: bool,
+) -> Outcome:
+    """Say ``text`` (or only watch ``thread``), then wait up to ``wait`` seconds for the
+    replies, or (``wait`` None) stream them until ``stop``."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
     outcome = Outcome(thread=thread or "")
     async with connect(
@@ -144,7 +192,9 @@ async def _converse(
             click.echo(f"conversation {thread} (following it; Ctrl-C stops)", err=True)
             heard = await _latest_replies(url, headers, thread)
             await ws.send(json.dumps({"type": "watch", "thread": thread}))
-            await _stream(ws, thread, outcome, heard, said=True)
+            await _stream(ws, thread, outcome, heard, stop, said=True)
+            return outcome
+        if stop.is_set():  # Ctrl-C before the message went: it is not sent
             return outcome
         client_id = str(uuid.uuid4())
         await ws.send(
@@ -164,8 +214,8 @@ async def _converse(
             f"{outcome.thread} TEXT)",
             err=True,
         )
-        if follow:
-            await _stream(ws, outcome.thread, outcome, {}, said=False, client_id=client_id)
+        if wait is None:
+            await _stream(ws, outcome.thread, outcome, {}, stop, said=False, client_id=client_id)
         elif wait > 0:
             await _await_replies(ws, outcome, client_id, wait, echo)
         return outcome
@@ -238,36 +288,19 @@ async def _stream(
     thread: str,
     outcome: Outcome,
     heard: dict[str, dict[str, Any]],
+    stop: asyncio.Event,
     *,
     said: bool,
     client_id: str | None = None,
 ) -> None:
-    """Every later reply on the conversation, until Ctrl-C (or the connection ends).
-
-    Ctrl-C ends the stream here, as a plain return, rather than by cancelling the run: a
-    cancellation has to travel through the websocket library's receive and close, and one
-    swallowed on the way would leave the follower running after the person asked it to
-    stop. A second Ctrl-C interrupts outright (the default handler is back by then)."""
-    # A blocked SIGINT is inherited across exec: a follower started by a process that
-    # blocks it would never hear Ctrl-C. Ctrl-C is how following ends, so take it.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_ctrl_c() -> None:
-        stop.set()
-        loop.remove_signal_handler(signal.SIGINT)
-
-    with contextlib.suppress(NotImplementedError, RuntimeError):  # no signals here
-        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    """Every later reply on the conversation, until ``stop`` (Ctrl-C) or the connection ends."""
     stopped = asyncio.ensure_future(stop.wait())
+    receiving: asyncio.Future[Any] | None = None
     try:
         while True:
             receiving = asyncio.ensure_future(ws.recv())
             await asyncio.wait({receiving, stopped}, return_when=asyncio.FIRST_COMPLETED)
             if not receiving.done():
-                receiving.cancel()
-                await asyncio.gather(receiving, return_exceptions=True)
                 return
             frame = json.loads(receiving.result())
             if not isinstance(frame, dict) or frame.get("type") != "message":
@@ -281,9 +314,11 @@ async def _stream(
                 outcome.replies.append(frame)
                 _print(frame)
     finally:
-        stopped.cancel()
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)
+        # Neither left behind: a receive the close ends would report its error at exit.
+        for pending in (stopped, receiving):
+            if pending is not None and not pending.done():
+                pending.cancel()
+        await asyncio.gather(stopped, *([receiving] if receiving else []), return_exceptions=True)
 
 
 async def _latest_replies(

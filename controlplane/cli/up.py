@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from controlplane import logs
+from controlplane import listening, logs
 from controlplane.access import admin_token
 from controlplane.cli.common import (
     clear_errors,
@@ -20,6 +20,7 @@ from controlplane.cli.common import (
     setup_logging,
 )
 from controlplane.db.database import open_database
+from controlplane.errors import ConfigError
 from controlplane.gateway.local_device import (
     LocalDeviceRequest,
     default_device_name,
@@ -39,6 +40,11 @@ def _settings(
     if grpc_port is not None:
         settings.grpc = settings.grpc.model_copy(update={"port": grpc_port})
     with clear_errors():
+        clash = listening.clash(
+            (settings.http.host, settings.http.port), (settings.grpc.host, settings.grpc.port)
+        )
+        if clash is not None:
+            raise ConfigError(clash)
         # Before anything starts: a server beyond loopback without a token never listens.
         return admin_token.for_server(settings), settings.admin_token is None
 

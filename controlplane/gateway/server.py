@@ -18,6 +18,7 @@ import asyncpg
 import grpc
 
 import controlplane
+from controlplane import listening
 from controlplane.errors import SuperagentError
 from controlplane.gateway import pairing, wire
 from controlplane.gateway.delivery import CommandDelivery
@@ -213,11 +214,19 @@ class GatewayService(Service):
             f"[{host}]:{self.settings.port}" if ":" in host else f"{host}:{self.settings.port}"
         )
         tls = self.gateway.tls
-        if tls is None:
-            self.port = server.add_insecure_port(address)
-        else:
-            credentials = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
-            self.port = server.add_secure_port(address, credentials)
+        try:
+            if tls is None:
+                self.port = server.add_insecure_port(address)
+            else:
+                credentials = grpc.ssl_server_credentials([(tls.key_pem, tls.cert_pem)])
+                self.port = server.add_secure_port(address, credentials)
+        except RuntimeError:  # gRPC's "Failed to bind": it does not say why
+            raise listening.cannot_listen(
+                host,
+                self.settings.port,
+                what="the device gateway",
+                setting="SUPERAGENT_GRPC__PORT or --grpc-port",
+            ) from None
         await server.start()
         log.info(
             "device gateway listening on %s:%d (%s)",

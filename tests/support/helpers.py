@@ -52,12 +52,41 @@ async def assert_eventually(
         await asyncio.sleep(interval)
 
 
+# Ports for servers a test starts and must name before they listen. Asking the kernel for a
+# free one (bind to 0, close, hand it on) once gave the same port twice in a row, to a
+# replica's HTTP and gRPC listeners. So each xdist worker takes ports in turn from a range of
+# its own, below the kernel's ephemeral range (32768 and up on Linux), which the kernel's own
+# choices (outgoing connections, servers bound to port 0) never enter.
+_PORTS_BASE = 20_000
+_PORTS_PER_WORKER = 1_000
+_MAX_WORKERS = 12
+_next_port: list[int] = []
+
+
+def _worker_ports() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % _MAX_WORKERS if worker.isdigit() else 0
+    start = _PORTS_BASE + index * _PORTS_PER_WORKER
+    return range(start, start + _PORTS_PER_WORKER)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        assert isinstance(port, int)
+    """A port on 127.0.0.1 nothing listens on, never the same twice in one test process
+    (until a worker's thousand come round again)."""
+    ports = _worker_ports()
+    if not _next_port:
+        # Another run's servers may linger on the first ports: start somewhere else each time.
+        _next_port.append(ports.start + os.getpid() % len(ports))
+    for _ in range(len(ports)):
+        port = _next_port[0]
+        _next_port[0] = port + 1 if port + 1 < ports.stop else ports.start
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
         return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 async def save_policy(

@@ -67,7 +67,8 @@ async def _serving(env: dict[str, str], process: subprocess.Popen[bytes]) -> Non
     url = f"http://127.0.0.1:{env['SUPERAGENT_HTTP__PORT']}/healthz"
 
     async def healthy() -> bool:
-        assert process.poll() is None, "the replica exited while starting"
+        if process.poll() is not None:  # not an AssertionError: that would mean "not yet"
+            pytest.fail(f"the replica exited with {process.returncode} while starting")
         try:
             async with httpx.AsyncClient() as client:
                 return (await client.get(url, timeout=2)).status_code == 200
