@@ -33,7 +33,7 @@ from endpointd.commands import search
 from endpointd.commands.exits import Exits
 from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.commands.state import Active, finished, refused
-from endpointd.guard import sandbox
+from endpointd.guard import sandbox, view
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
 from endpointd.harness import runs
@@ -404,7 +404,19 @@ class Starter(Exits):
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
         proxy = active.delivery.proxy_port if active.delivery is not None else None
         extra = self._session_dirs(ex) if isinstance(ex, HarnessExec) else ()
-        planned = self._plan_sandbox(cwd, private_tmpdir(active.spool), proxy, extra)
+        # In view besides: the git credential helper's socket; a harness's own files.
+        read: tuple[str, ...] = ()
+        unhidden: tuple[str, ...] = ()
+        git = active.delivery.git if active.delivery is not None else None
+        if git is not None:
+            read += (os.path.dirname(git.socket_path),)
+        if isinstance(ex, HarnessExec) and ex.request is not None and ex.argv:
+            shown = view.harness_grants(ex.request.harness, str(self.policy.home), ex.argv[0])
+            read += shown[0]
+            unhidden = shown[1]
+        planned = self._plan_sandbox(
+            cwd, private_tmpdir(active.spool), proxy, extra, read=read, unhidden=unhidden
+        )
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
             return None
@@ -427,7 +439,14 @@ class Starter(Exits):
         return tuple(out)
 
     def _plan_sandbox(
-        self, cwd: str, tmpdir: Path, proxy: int | None, extra: tuple[str, ...] = ()
+        self,
+        cwd: str,
+        tmpdir: Path,
+        proxy: int | None,
+        extra: tuple[str, ...] = (),
+        *,
+        read: tuple[str, ...] = (),
+        unhidden: tuple[str, ...] = (),
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
@@ -439,6 +458,7 @@ class Starter(Exits):
             refusal = Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root")
             return refusal, "allowed_roots"
         dirs, files = self.workspaces.write_grants(workspace)
+        read += self.workspaces.read_grants(workspace)
         try:
             return sandbox.plan(
                 rules,
@@ -448,6 +468,8 @@ class Starter(Exits):
                 proxy_port=proxy,
                 extra_write=[*dirs, *extra],
                 extra_write_files=files,
+                extra_read=read,
+                unhidden=unhidden,
             )
         except sandbox.SandboxUnavailable as exc:
             return Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox"

@@ -41,6 +41,15 @@ class Confinement:
     # namespace; Landlock cannot stop a connect() by path): directories and single files.
     hidden_dirs: tuple[str, ...] = ()
     hidden_files: tuple[str, ...] = ()
+    # Linux with namespaces: the command sees an allow-listed view of the machine
+    # (endpointd.guard.view): ``read`` (read-only roots beyond the workspace and the
+    # writable ones), ``read_extra`` (this command's own: its clone's git directory),
+    # ``never`` (masked wherever in view), ``homes`` (empty in view, but for grants).
+    view: bool = False
+    read: tuple[str, ...] = ()
+    read_extra: tuple[str, ...] = ()
+    never: tuple[str, ...] = ()
+    homes: tuple[str, ...] = ()
 
 
 # Character devices every command may write to (and read), whatever its workspace.

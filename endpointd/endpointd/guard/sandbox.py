@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from endpointd.guard import landlock, namespaces, seccomp
+from endpointd.guard import landlock, namespaces, seccomp, view
 from endpointd.guard.confinement import DEVICE_FILES, Confinement
 from endpointd.guard.files import within as _within
 
@@ -118,11 +118,15 @@ def plan(
     proxy_port: int | None = None,
     extra_write: Sequence[str] = (),
     extra_write_files: Sequence[str] = (),
+    extra_read: Sequence[str] = (),
+    unhidden: Sequence[str] = (),
 ) -> Confinement:
     """The confinement of one command; :class:`SandboxUnavailable` when it is required
     and this machine cannot enforce it. ``extra_write``: more directories it may write
     (whole), ``extra_write_files``: single files it may write (not replace); neither ever
-    opens a denied path."""
+    opens a denied path. ``extra_read``: what this command may read beyond the view every
+    command has (its clone's git directory, a harness's own files), ``unhidden``: what of
+    :data:`endpointd.guard.view.NEVER_IN_VIEW` it may see (a harness's own login)."""
     if rules.sandbox == "off":
         return Confinement(network="allow", mechanism="")
     here = support()
@@ -143,7 +147,27 @@ def plan(
     extra = [p for p in extra if not any(_within(p, d) for d in denied_real)]
     files = [_real(p) for p in extra_write_files]
     files = [p for p in files if not any(_within(p, d) for d in denied_real)]
+    # The allow-listed view (endpointd.guard.view), where namespaces make one.
+    shown = here.mechanism == "landlock" and here.private_proc
+    never: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()
+    read_extra: tuple[str, ...] = ()
+    if shown:
+        never = view.never_in_view(denied_real, [_real(p) for p in unhidden])
+        readable = rules.readable_paths
+        grants = view.HOME_TOOLCHAINS if readable is None else [str(p) for p in readable]
+        read = view.toolchains(grants)
+        read_extra = tuple(
+            p
+            for p in (_real(str(e)) for e in extra_read)
+            if os.path.exists(p) and not any(_within(p, d) for d in denied_real)
+        )
     return Confinement(
+        view=shown,
+        read=read,
+        read_extra=read_extra,
+        never=never,
+        homes=view.homes() if shown else (),
         hidden_dirs=_socket_dirs(),
         hidden_files=_socket_files(),
         # Only Seatbelt can carve these out of a writable root; Landlock cannot (module doc).
@@ -223,21 +247,11 @@ def _real_denied_cached(paths: tuple[str, ...], _stamps: tuple[int, ...]) -> tup
 
 def landlock_spec(c: Confinement) -> dict[str, object]:
     """What the supervisor needs to confine the command with Landlock (plain JSON)."""
-    denied = _outermost(c.denied)
-    grants: list[tuple[str, int]] = []
-    for root in c.write:
-        if os.path.isdir(root):
-            grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
-    grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
     if c.network == "allow":
         connect: list[int] | None = None
     else:
         connect = [c.proxy_port] if c.network == "proxy" and c.proxy_port else []
-    return {
-        # Reads: the same for every command until a listed directory changes, so a spare
-        # builds them into its ruleset before the command is known (process/nsinit.py).
-        "read": _complement("/", landlock.READ, denied),
-        "grants": grants,
+    spec: dict[str, object] = {
         "connect_ports": connect,
         "bind_ports": None if c.network == "allow" else [],
         "seccomp": "" if c.network == "allow" else c.network,
@@ -245,6 +259,67 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         "hidden_dirs": list(c.hidden_dirs),
         "hidden_files": list(c.hidden_files),
     }
+    if c.view:
+        spec.update(_view_spec(c))
+        return spec
+    denied = _outermost(c.denied)
+    grants: list[tuple[str, int]] = []
+    for root in c.write:
+        if os.path.isdir(root):
+            grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
+    grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
+    # Reads: the same for every command until a listed directory changes, so a spare
+    # builds them into its ruleset before the command is known (process/nsinit.py).
+    spec.update(read=_complement("/", landlock.READ, denied), grants=grants)
+    return spec
+
+
+def _view_spec(c: Confinement) -> dict[str, object]:
+    """The allow-listed view and the Landlock grants of the same list (in view paths):
+    ``view`` (the same for every command until the grants change: built ahead), ``read``
+    (its grants, also ahead), ``view_command`` and ``grants`` (this command's), ``beside``
+    (the private tmpfs areas: what lies there but for the mounts in them, worked out by
+    the init once they are all made)."""
+    never = _outermost(c.never)
+    base = view.base(c.read, never, c.homes)
+    files = [f for f in c.write_files if f not in DEVICE_FILES]
+    command = view.command(_collapse(c.write), files, c.read_extra, never)
+    read: list[tuple[str, int]] = [("/", landlock.READ_DIR), ("/proc", landlock.READ)]
+    read += [(f"/dev/{name}", _DEVICE) for name in ("null", "zero", "full", "random", "urandom")]
+    read += [("/dev/tty", _DEVICE), ("/dev/pts", _DEVICE | landlock.READ_DIR)]
+    read += [("/dev/shm", _ALL)]  # noqa: S108 (its own, private)
+    for kind, path, _ in base:
+        if kind == "ro":
+            read += _complement(path, landlock.READ, [n for n in never if _within(n, path)])
+    grants: list[tuple[str, int]] = []
+    for root in c.write:
+        if os.path.isdir(root):
+            grants += _complement(root, _ALL, [n for n in never if _within(n, root)])
+    grants += [(f, _DEVICE) for f in files if os.path.exists(f)]
+    for root in c.read_extra:
+        grants += _complement(root, landlock.READ, [n for n in never if _within(n, root)])
+    beside = [[p, _ALL] for p in ("/tmp", "/var/tmp")]  # noqa: S108
+    beside += [[h, landlock.READ] for h in c.homes]
+    return {
+        "view": base,
+        "view_command": command,
+        "read": read,
+        "grants": grants,
+        "beside": beside,
+    }
+
+
+def _collapse(dirs: Sequence[str]) -> list[str]:
+    """The writable directories as mounts: many siblings (a clone's 256 loose-object
+    directories) as their parent, since a mount each would cost a millisecond. Landlock
+    still grants the siblings alone."""
+    by_parent: dict[str, list[str]] = {}
+    for d in dirs:
+        by_parent.setdefault(os.path.dirname(d), []).append(d)
+    out: list[str] = []
+    for parent, children in by_parent.items():
+        out += [parent] if len(children) >= 16 else children
+    return list(dict.fromkeys(out))
 
 
 @lru_cache(maxsize=16)

@@ -429,6 +429,7 @@ class Zygote:
             "read": confine.get("read") or [],
             "hidden_dirs": confine.get("hidden_dirs") or [],
             "hidden_files": confine.get("hidden_files") or [],
+            "view": confine.get("view") or None,
         }
         if lesson == self._taught:
             return

@@ -34,7 +34,7 @@ import signal
 import socket
 import struct
 
-from endpointd.guard import landlock, namespaces
+from endpointd.guard import landlock, mountview, namespaces, seccomp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -165,16 +165,21 @@ def _receive(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
 
 
 class _Ahead:
-    """What the init did before its command was known: the sockets it hid, and a ruleset
-    (not yet enforced) holding the read grants."""
+    """What the init did before its command was known: the sockets it hid, or the view it
+    staged (:mod:`endpointd.guard.mountview`), and a ruleset (not yet enforced) holding
+    the read grants."""
 
-    __slots__ = ("hidden", "read", "ruleset")
+    __slots__ = ("hidden", "read", "ruleset", "view")
 
     def __init__(self, preparation: dict[str, Any]) -> None:
         self.hidden = (preparation["hidden_dirs"], preparation["hidden_files"])
         self.read = preparation["read"]
-        namespaces.hide(*self.hidden)
-        self.ruleset = landlock.create(_filesystem_rules(), _grants(self.read))
+        self.view = preparation.get("view")
+        if self.view:
+            mountview.stage(self.view)
+        else:
+            namespaces.hide(*self.hidden)
+        self.ruleset = landlock.create(_filesystem_rules(), _grants(self.read, self.view))
 
 
 def _filesystem_rules() -> landlock.Ruleset:
@@ -183,8 +188,10 @@ def _filesystem_rules() -> landlock.Ruleset:
     return landlock.Ruleset(connect_ports=None, bind_ports=None)
 
 
-def _grants(pairs: list[list[Any]]) -> list[tuple[str, int]]:
-    return [(str(path), int(rights)) for path, rights in pairs]
+def _grants(pairs: list[list[Any]], view: Any = None) -> list[tuple[str, int]]:
+    """(path, rights); while a view is staged, its paths are where it is staged."""
+    where = mountview.inside if view else str
+    return [(where(str(path)), int(rights)) for path, rights in pairs]
 
 
 def _init_main(
@@ -247,29 +254,47 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
     step = "private /proc"
     if confine is None:  # (an unconfined command in a prepared spare: see the module doc)
         try:
+            if ahead is not None and ahead.view:
+                mountview.leave()
             os.chdir(cwd)
         except OSError as exc:
             raise _Failed(exc.errno, "cwd") from None
         if ahead is not None:
             os.close(ahead.ruleset)
         return
+    network = str(confine.get("seccomp") or "")
     try:
-        hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
-        if ahead is None or ahead.hidden != hidden:
-            namespaces.hide(*hidden)  # (over what was hidden ahead: more hiding, never less)
-        step = "cwd"
-        os.chdir(cwd)
+        view = confine.get("view")
+        if view:
+            step = "view"
+            if ahead is None or ahead.view != view:
+                if ahead is not None:
+                    os.close(ahead.ruleset)
+                ahead = None
+                mountview.restage(view)  # (a view of its own: staged afresh)
+            mountview.apply(confine.get("view_command") or [])
+        else:
+            hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
+            if ahead is None or ahead.hidden != hidden:
+                namespaces.hide(*hidden)  # (over what was hidden ahead: more, never less)
         step = "landlock"
         read = confine.get("read") or []
+        grants = _grants(confine.get("grants") or [], view)
+        if view:
+            grants += mountview.beside(confine.get("beside") or [], view, confine["view_command"])
         if ahead is not None and ahead.read == read:
             ruleset = ahead.ruleset
-            landlock.add(ruleset, _grants(confine.get("grants") or []))
+            landlock.add(ruleset, grants)
         else:
             if ahead is not None:
                 os.close(ahead.ruleset)
-            ruleset = landlock.create(
-                _filesystem_rules(), _grants([*read, *(confine.get("grants") or [])])
-            )
+            ruleset = landlock.create(_filesystem_rules(), [*_grants(read, view), *grants])
+        if view:
+            step = "view"
+            mountview.finish()
+        step = "cwd"
+        os.chdir(cwd)
+        step = "landlock"
         ports = landlock.Ruleset(
             connect_ports=confine.get("connect_ports"), bind_ports=confine.get("bind_ports")
         )
@@ -280,11 +305,8 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         landlock.enforce(ruleset)
         if ports_layer >= 0:
             landlock.enforce(ports_layer)
-        network = str(confine.get("seccomp") or "")
         if network:
             step = "seccomp"
-            from endpointd.guard import seccomp
-
             seccomp.install(network)
     except OSError as exc:
         raise _Failed(exc.errno, step) from None

@@ -89,7 +89,7 @@ def load_libc() -> Any:
 def load_sandbox() -> None:
     """Import what confining a command needs; the zygote calls this once so that forks
     inherit it instead of importing it per command."""
-    from endpointd.guard import landlock, namespaces, seccomp  # noqa: F401
+    from endpointd.guard import landlock, mountview, namespaces, seccomp  # noqa: F401
 
 
 _subreaper = False

@@ -194,6 +194,9 @@ class Rules:
     network: NetworkMode = "allow"
     proxy_hosts: tuple[str, ...] = ()  # [proxy] allow_hosts: where network = "proxy" may go
     writable_paths: tuple[Path, ...] = ()  # beyond the workspace and the private TMPDIR
+    # What commands may read besides the system and their workspace (read-only); None:
+    # the built-in toolchain directories (endpointd.guard.view.HOME_TOOLCHAINS).
+    readable_paths: tuple[Path, ...] | None = None
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
     workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)

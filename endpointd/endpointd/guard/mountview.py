@@ -1,0 +1,292 @@
+"""The command's root filesystem: built from an allow-list in its own mount namespace
+(Linux), the way bubblewrap builds one, through ctypes.
+
+In the command's init (:mod:`endpointd.process.nsinit`), in two stages:
+
+1. :func:`stage`, before the command is known: a mount namespace of the init's own (so
+   the supervisor keeps the real one), a tmpfs ``/`` to stage in, the real root moved
+   beneath it (``pivot_root``) to bind from, and in a fresh tmpfs at ``NEW`` what every
+   command sees (the ``base`` operations: system directories read-only, a private
+   ``/tmp``, a ``/dev`` of its own, ``/proc``, the hidden home directory with its grants).
+2. :func:`finish`, with the command: its own operations (the workspace read-write, its
+   TMPDIR, its clone's git directory...), then the real root is let go and ``NEW`` becomes
+   ``/``. Nothing outside the operations is reachable afterwards, by any path: not the
+   owner's other files, not another terminal, not a Unix socket nobody granted.
+
+Each operation is ``[kind, path, arg]``, applied in the order given (parents first; the
+daemon sorts them, :mod:`endpointd.guard.view`):
+
+* ``ro`` / ``rw``: bind the real ``path`` (directory or file) at the same path, read-only or
+  not (recursively: mounts beneath come along);
+* ``link``: a symlink to ``arg`` (``/bin -> usr/bin``);
+* ``tmpfs``: an empty tmpfs of mode ``arg`` (octal);
+* ``mask``: nothing there: an empty read-only tmpfs over a directory, an empty file no
+  grant names over a file; what lies beneath a bound directory but must never be seen (a
+  credential file);
+* ``dev``: a ``/dev`` with the usual character devices, a fresh ``devpts`` instance (only
+  the ptys the command opens itself) and a private ``/dev/shm``;
+* ``proc``: a ``/proc`` of the init's PID namespace.
+
+Standard library only (the supervisor runs in a bare interpreter).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MNT_DETACH = 2
+# statvfs flags (ST_*) that a bind remount must keep: in a user namespace the kernel
+# refuses to clear them on a mount inherited from outside.
+_KEEP = (
+    (os.ST_NOSUID, MS_NOSUID),
+    (os.ST_NODEV, MS_NODEV),
+    (os.ST_NOEXEC, MS_NOEXEC),
+    (os.ST_NOATIME, MS_NOATIME),
+    (os.ST_NODIRATIME, MS_NODIRATIME),
+    (os.ST_RELATIME, MS_RELATIME),
+)
+
+# Where the view is staged, in the staging root; the real root is beneath it at OLD.
+NEW = "/newroot"
+OLD = "/oldroot"
+MASK = "/mask"
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+
+_libc: ctypes.CDLL | None = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    _check(
+        _c().mount(
+            source.encode() if source is not None else None,
+            target.encode(),
+            fstype.encode() if fstype is not None else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target[len(NEW) :] or '/'}" if target.startswith(NEW) else f"mount {target}",
+    )
+
+
+def _pivot(new: str, old: str) -> None:
+    _check(_c().syscall(_PIVOT_ROOT, new.encode(), old.encode()), "pivot_root")
+
+
+def _umount(target: str) -> None:
+    _check(_c().umount2(target.encode(), MNT_DETACH), f"umount {target}")
+
+
+# pivot_root has no libc wrapper everywhere; its number per architecture.
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "armv7l": 218, "ppc64le": 203}.get(
+    os.uname().machine, 155
+)
+
+
+def inside(path: str) -> str:
+    """Where ``path`` of the view is while it is staged (before :func:`finish`)."""
+    return NEW + path if path != "/" else NEW
+
+
+_staged = False
+
+
+def stage(base: list[list[Any]]) -> None:
+    """Stage 1 (see the module doc), in the init; OSError says what failed."""
+    global _staged
+    _check(_c().unshare(CLONE_NEWNS), "unshare(mount)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # A staging root of its own; the real root beneath it at OLD, to bind from.
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700")  # noqa: S108
+    os.mkdir("/tmp" + OLD, 0o700)  # noqa: S108
+    os.mkdir("/tmp" + NEW, 0o755)  # noqa: S108
+    # What masks a file: empty, and no Landlock grant ever names it (unlike /dev/null).
+    os.close(os.open("/tmp" + MASK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0))  # noqa: S108
+    _pivot("/tmp", "/tmp" + OLD)  # noqa: S108
+    os.chdir("/")
+    _staged = True
+    _mount("tmpfs", NEW, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    apply(base)
+
+
+def restage(base: list[list[Any]]) -> None:
+    """Stage 1 again, for a command whose base differs from what was staged ahead."""
+    if not _staged:
+        stage(base)
+        return
+    _umount(NEW)
+    _mount("tmpfs", NEW, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    apply(base)
+
+
+def apply(operations: list[list[Any]]) -> None:
+    """The operations (see the module doc) in the staged view, in order."""
+    for kind, path, arg in operations:
+        target = inside(path)
+        source = OLD + path
+        if kind in ("ro", "rw"):
+            try:
+                st = os.stat(source)
+            except OSError:
+                continue  # gone since it was planned: nothing to see
+            _mountpoint(target, directory=stat.S_ISDIR(st.st_mode))
+            _mount(source, target, None, MS_BIND | MS_REC)
+            if kind == "ro":
+                _readonly(target)
+        elif kind == "link":
+            _parents(target)
+            if not os.path.lexists(target):
+                os.symlink(arg, target)
+        elif kind == "tmpfs":
+            _mountpoint(target, directory=True)
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={arg}")
+        elif kind == "mask":
+            _mask(source, target)
+        elif kind == "dev":
+            _dev(target)
+        elif kind == "proc":
+            _mountpoint(target, directory=True)
+            _mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        else:
+            raise OSError(22, f"unknown view operation {kind!r}")
+
+
+def finish() -> None:
+    """Stage 2 (see the module doc), once the command's operations are applied: the view
+    becomes ``/`` and the real root is let go. The view's own root is read-only from here
+    on (only the tmpfs areas and read-write binds within it can be written)."""
+    _umount(OLD)
+    _mount(None, NEW, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(NEW)
+    _pivot(".", ".")  # the staging root now lies over the view: let it go
+    _umount(".")
+    os.chdir("/")
+
+
+def leave() -> None:
+    """For an unconfined command in a staged init: back to the real root (chroot)."""
+    os.chdir(OLD)
+    os.chroot(".")
+    os.chdir("/")
+
+
+def beside(
+    areas: list[list[Any]], base: list[list[Any]], command: list[list[Any]]
+) -> list[tuple[str, int]]:
+    """Landlock grants (staged paths) for the private tmpfs areas (``[path, rights]``):
+    ``rights`` on what lies there, except the mounts made beneath them and what is on the
+    way to those, which may only be listed (so a workspace bound beneath ``/tmp`` keeps its
+    own grants, and ``/tmp``'s do not reach it)."""
+    mounted = {op[1] for op in (*base, *command)}
+    out: list[tuple[str, int]] = []
+    for path, rights in areas:
+        inner = [m for m in mounted if m.startswith(path.rstrip("/") + "/")]
+        out += _beside(path, int(rights), inner)
+    return out
+
+
+def _beside(path: str, rights: int, inner: list[str]) -> list[tuple[str, int]]:
+    if not inner:
+        return [(inside(path), rights)]
+    out = [(inside(path), _READ_DIR)]
+    try:
+        names = os.listdir(inside(path))
+    except OSError:
+        return out
+    for name in names:
+        child = path.rstrip("/") + "/" + name
+        if child in inner:
+            continue  # a mount of its own, with its own grants
+        out += _beside(child, rights, [m for m in inner if m.startswith(child + "/")])
+    return out
+
+
+_READ_DIR = 1 << 3  # (landlock.READ_DIR)
+
+
+def _parents(target: str) -> None:
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, 0o755, exist_ok=True)
+
+
+def _mountpoint(target: str, *, directory: bool) -> None:
+    _parents(target)
+    if directory:
+        if not os.path.isdir(target):
+            os.mkdir(target, 0o755)
+    elif not os.path.lexists(target):
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+
+
+def _readonly(target: str) -> None:
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    have = os.statvfs(target).f_flag
+    for st_flag, ms_flag in _KEEP:
+        if have & st_flag:
+            flags |= ms_flag
+    _mount(None, target, None, flags)
+
+
+def _mask(source: str, target: str) -> None:
+    if not os.path.lexists(target):
+        return  # not in view anyway
+    if os.path.isdir(target) and not os.path.islink(target):
+        _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0000")
+    elif not os.path.islink(target):
+        _mount(MASK, target, None, MS_BIND)
+
+
+def _dev(target: str) -> None:
+    _mountpoint(target, directory=True)
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755")
+    for name in DEVICES:
+        path = os.path.join(target, name)
+        if os.path.exists(OLD + "/dev/" + name):
+            _mountpoint(path, directory=False)
+            _mount(OLD + "/dev/" + name, path, None, MS_BIND)
+    for name, to in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ):
+        os.symlink(to, os.path.join(target, name))
+    pts = os.path.join(target, "pts")
+    os.mkdir(pts, 0o755)
+    # A devpts of its own: the command's own ptys only, never the owner's terminals.
+    _mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    shm = os.path.join(target, "shm")
+    os.mkdir(shm, 0o755)
+    _mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
