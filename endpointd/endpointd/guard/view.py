@@ -277,7 +277,15 @@ def harness_grants(harness: str, home: str, program: str) -> tuple[tuple[str, ..
     read = [os.path.join(home, f) for f in sorted(own)]
     if harness == "claude":
         read.append(os.path.join(home, ".claude.json"))  # its settings, beside ~/.claude
-    resolved = os.path.realpath(program) if os.path.isabs(program) else ""
-    if resolved:
-        read.append(os.path.dirname(resolved))
+    if os.path.isabs(program):
+        # Its directory (a link in node_modules/.bin, ~/.local/bin), and where that
+        # leads: an npm package with its dependencies (the node_modules holding it), or
+        # the directory of a single binary.
+        read.append(os.path.dirname(program))
+        resolved = os.path.realpath(program)
+        parts = resolved.split(os.sep)
+        if "node_modules" in parts:
+            read.append(os.sep.join(parts[: parts.index("node_modules") + 1]))
+        else:
+            read.append(os.path.dirname(resolved))
     return tuple(read), (*login, *(r for r in read if r.endswith(".claude.json")))

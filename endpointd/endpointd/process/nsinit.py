@@ -80,6 +80,11 @@ class Init:
     ) -> None:
         """Hand the command over (see the module doc); the report pipe, ``fds[3]``, says
         whether it started."""
+        if confine and confine.get("view"):
+            # The view binds directories where they really are, not the links on the way
+            # (a checkout's .tools -> elsewhere): the program by its real path (argv[0]
+            # stays as given).
+            program = os.path.realpath(program)
         body = json.dumps(
             {"program": program, "argv": argv, "env": env, "cwd": os.getcwd(), "confine": confine}
         ).encode("utf-8")
