@@ -9,8 +9,8 @@ In the command's init (:mod:`endpointd.process.nsinit`), in two stages:
    command sees (the ``base`` operations: system directories read-only, a private
    ``/tmp``, a ``/dev`` of its own, ``/proc``, the hidden home directory with its grants).
 2. :func:`finish`, with the command: its own operations (the workspace read-write, its
-   TMPDIR, its clone's git directory...), then the real root is let go and ``NEW`` becomes
-   ``/``. Nothing outside the operations is reachable afterwards, by any path: not the
+   TMPDIR, its clone's git directory...), then ``NEW`` becomes ``/`` and the real root
+   goes out of reach. Nothing outside the operations is reachable afterwards, by any path: not the
    owner's other files, not another terminal, not a Unix socket nobody granted.
 
 Each operation is ``[kind, path, arg]``, applied in the order given (parents first; the
@@ -68,6 +68,7 @@ _KEEP = (
 NEW = "/newroot"
 OLD = "/oldroot"
 MASK = "/mask"
+PUT_OLD = "/.staging"  # in the view: where the staging root lies, covered (see finish)
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 _libc: ctypes.CDLL | None = None
@@ -183,14 +184,20 @@ def apply(operations: list[list[Any]]) -> None:
 
 def finish() -> None:
     """Stage 2 (see the module doc), once the command's operations are applied: the view
-    becomes ``/`` and the real root is let go. The view's own root is read-only from here
-    on (only the tmpfs areas and read-write binds within it can be written)."""
-    _umount(OLD)
+    becomes ``/`` and the real root goes out of reach. The view's own root is read-only
+    from here on (only the tmpfs areas and read-write binds within it can be written).
+
+    The staging root (the real one beneath it) is moved to :data:`PUT_OLD` and covered by
+    an empty read-only tmpfs rather than unmounted: an unmount waits for an RCU grace
+    period (milliseconds on a busy VM, on every command's path), a mount does not. Nothing
+    reaches what is covered: no path leads there, and a Landlock-confined process (every
+    command in a view) may not unmount, mount or pivot anything.
+    """
+    os.mkdir(NEW + PUT_OLD, 0)
     _mount(None, NEW, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.chdir(NEW)
-    _pivot(".", ".")  # the staging root now lies over the view: let it go
-    _umount(".")
+    _pivot(NEW, NEW + PUT_OLD)
     os.chdir("/")
+    _mount("tmpfs", PUT_OLD, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0000")
 
 
 def leave() -> None:

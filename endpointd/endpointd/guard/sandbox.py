@@ -284,20 +284,14 @@ def _view_spec(c: Confinement) -> dict[str, object]:
     base = view.base(c.read, never, c.homes)
     files = [f for f in c.write_files if f not in DEVICE_FILES]
     command = view.command(_collapse(c.write), files, c.read_extra, never)
-    read: list[tuple[str, int]] = [("/", landlock.READ_DIR), ("/proc", landlock.READ)]
-    read += [(f"/dev/{name}", _DEVICE) for name in ("null", "zero", "full", "random", "urandom")]
-    read += [("/dev/tty", _DEVICE), ("/dev/pts", _DEVICE | landlock.READ_DIR)]
-    read += [("/dev/shm", _ALL)]  # noqa: S108 (its own, private)
-    for kind, path, _ in base:
-        if kind == "ro":
-            read += _complement(path, landlock.READ, [n for n in never if _within(n, path)])
+    read = _view_reads(c.read, never, c.homes)
     grants: list[tuple[str, int]] = []
     for root in c.write:
         if os.path.isdir(root):
-            grants += _complement(root, _ALL, [n for n in never if _within(n, root)])
+            grants += _complement(root, _ALL, _inside(never, root))
     grants += [(f, _DEVICE) for f in files if os.path.exists(f)]
     for root in c.read_extra:
-        grants += _complement(root, landlock.READ, [n for n in never if _within(n, root)])
+        grants += _complement(root, landlock.READ, _inside(never, root))
     beside = [[p, _ALL] for p in ("/tmp", "/var/tmp")]  # noqa: S108
     beside += [[h, landlock.READ] for h in c.homes]
     return {
@@ -307,6 +301,26 @@ def _view_spec(c: Confinement) -> dict[str, object]:
         "grants": grants,
         "beside": beside,
     }
+
+
+def _view_reads(
+    read: tuple[str, ...], never: tuple[str, ...], homes: tuple[str, ...]
+) -> list[tuple[str, int]]:
+    """The Landlock read grants of the view's base: the same for every command until a
+    directory listed for them changes (:func:`_complement` is cached the same way)."""
+    out: list[tuple[str, int]] = [("/", landlock.READ_DIR), ("/proc", landlock.READ)]
+    out += [(f"/dev/{name}", _DEVICE) for name in ("null", "zero", "full", "random", "urandom")]
+    out += [("/dev/tty", _DEVICE), ("/dev/pts", _DEVICE | landlock.READ_DIR)]
+    out += [("/dev/shm", _ALL)]  # noqa: S108 (its own, private)
+    for kind, path, _ in view.base(read, never, homes):
+        if kind == "ro":
+            out += _complement(path, landlock.READ, _inside(never, path))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _inside(paths: tuple[str, ...], root: str) -> list[str]:
+    return [p for p in paths if _within(p, root)]
 
 
 def _collapse(dirs: Sequence[str]) -> list[str]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 from endpointd.guard.files import within as _within
 
@@ -155,6 +156,11 @@ _TOO_WIDE = ("/", "/home", "/root", "/tmp", "/var", "/run", "/mnt", "/media", "/
 
 def homes() -> tuple[str, ...]:
     """The home directory (``HOME``) and the account's own, when they differ."""
+    return _homes(os.environ.get("HOME", ""), os.getuid())
+
+
+@lru_cache(maxsize=4)
+def _homes(_home: str, _uid: int) -> tuple[str, ...]:
     out = [os.path.realpath(os.path.expanduser("~"))]
     try:
         import pwd
@@ -179,23 +185,54 @@ def never_in_view(denied: Sequence[str], unhidden: Sequence[str] = ()) -> tuple[
     """The paths masked wherever the view would hold them: ``denied`` (already resolved),
     :data:`NEVER_IN_VIEW`, ``/etc``'s secrets and the control plane's state directory;
     except what ``unhidden`` grants (a harness's own login, for its runs)."""
-    built_in = _expand(NEVER_IN_VIEW, homes())
     state = os.environ.get("SUPERAGENT_STATE_DIR", "")
+    return _never(tuple(denied), tuple(unhidden), homes(), state, _stamp(homes()))
+
+
+@lru_cache(maxsize=32)
+def _never(
+    denied: tuple[str, ...],
+    unhidden: tuple[str, ...],
+    home_dirs: tuple[str, ...],
+    state: str,
+    _stamp: tuple[int, ...],
+) -> tuple[str, ...]:
+    built_in = _expand(NEVER_IN_VIEW, home_dirs)
     if state and os.path.isabs(state):
         built_in.append(os.path.realpath(state))
     built_in = [p for p in built_in if not any(_within(p, u) for u in unhidden)]
     return tuple(dict.fromkeys([*denied, *built_in, *ETC_SECRETS]))
 
 
+def _stamp(dirs: Iterable[str]) -> tuple[int, ...]:
+    """The directories' mtimes: a cache key that changes when an entry is added, removed
+    or replaced in them (a toolchain installed, a link swapped)."""
+    out = []
+    for d in dirs:
+        try:
+            out.append(os.stat(d).st_mtime_ns)
+        except OSError:
+            out.append(-1)
+    return tuple(out)
+
+
 def toolchains(readable: Iterable[str]) -> tuple[str, ...]:
     """Read-only beyond :data:`SYSTEM`: the daemon's interpreter (the git credential
     helper's client runs on it) and package, the directories on its ``PATH``, and what
     the owner grants (``readable``, ``~`` expanded; by default :data:`HOME_TOOLCHAINS`)."""
+    home_dirs = homes()
+    path = os.environ.get("PATH", "")
+    return _toolchains(tuple(readable), path, home_dirs, _stamp(home_dirs))
+
+
+@lru_cache(maxsize=32)
+def _toolchains(
+    readable: tuple[str, ...], path_var: str, home_dirs: tuple[str, ...], _stamp: tuple[int, ...]
+) -> tuple[str, ...]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package
     found = [sys.prefix, sys.base_prefix, sys.exec_prefix, here]
-    found += [p for p in os.environ.get("PATH", "").split(os.pathsep) if os.path.isabs(p)]
+    found += [p for p in path_var.split(os.pathsep) if os.path.isabs(p)]
     out = []
-    home_dirs = homes()
     for path in _expand(found, home_dirs):
         if path in _TOO_WIDE or path in home_dirs or any(_within(h, path) for h in home_dirs):
             continue
@@ -214,8 +251,12 @@ def _contained(path: str, roots: Iterable[str]) -> bool:
     return any(_within(path, r) for r in roots)
 
 
-def base(read: Sequence[str], hidden: Sequence[str], home_dirs: Sequence[str]) -> list[list[Any]]:
-    """The operations every command's view starts from (mountview's ``base``)."""
+@lru_cache(maxsize=16)
+def base(
+    read: tuple[str, ...], hidden: tuple[str, ...], home_dirs: tuple[str, ...]
+) -> list[list[Any]]:
+    """The operations every command's view starts from (mountview's ``base``); cached
+    (the caller must not change what it gets)."""
     ops: list[list[Any]] = []
     roots: list[str] = []
     for path in SYSTEM:
