@@ -3,15 +3,23 @@
 
 In the command's init (:mod:`endpointd.process.nsinit`), in two stages:
 
-1. :func:`stage`, before the command is known: a mount namespace of the init's own (so
-   the supervisor keeps the real one), a tmpfs ``/`` to stage in, the real root moved
-   beneath it (``pivot_root``) to bind from, and in a fresh tmpfs at ``NEW`` what every
-   command sees (the ``base`` operations: system directories read-only, a private
-   ``/tmp``, a ``/dev`` of its own, ``/proc``, the hidden home directory with its grants).
-2. :func:`finish`, with the command: its own operations (the workspace read-write, its
-   TMPDIR, its clone's git directory...), then ``NEW`` becomes ``/`` and the real root
-   goes out of reach. Nothing outside the operations is reachable afterwards, by any path: not the
-   owner's other files, not another terminal, not a Unix socket nobody granted.
+1. :func:`stage`, before the command is known, in the init's own mount namespace
+   (:func:`endpointd.guard.namespaces.mount_proc`): a fresh tmpfs made ``/`` at once
+   (``pivot_root``),
+   the real root beneath it at :data:`OLD` to bind from, and in it what every command sees
+   (the ``base`` operations: system directories read-only, a private ``/tmp``, a ``/dev``
+   of its own, ``/proc``, the hidden home directory with its grants).
+2. :func:`finish`, once the command's own operations are applied (its workspace
+   read-write, its TMPDIR, its clone's git directory...): the real root and the staging
+   area are covered and ``/`` turns read-only. Nothing outside the operations is reachable
+   afterwards, by any path: not the owner's other files, not another terminal, not a Unix
+   socket nobody granted.
+
+Cheap by design, since a mount namespace is made and torn down per command: three
+filesystems (the root tmpfs, ``/proc``, a ``devpts``); everything else is a bind (the
+private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are directories of the root tmpfs bound in
+place, masks are binds of one empty directory or file); nothing is unmounted on a
+command's path (an unmount waits for an RCU grace period).
 
 Each operation is ``[kind, path, arg]``, applied in the order given (parents first; the
 daemon sorts them, :mod:`endpointd.guard.view`):
@@ -19,8 +27,9 @@ daemon sorts them, :mod:`endpointd.guard.view`):
 * ``ro`` / ``rw``: bind the real ``path`` (directory or file) at the same path, read-only or
   not (recursively: mounts beneath come along);
 * ``link``: a symlink to ``arg`` (``/bin -> usr/bin``);
-* ``tmpfs``: an empty tmpfs of mode ``arg`` (octal);
-* ``mask``: nothing there: an empty read-only tmpfs over a directory, an empty file no
+* ``tmpfs``: an empty private directory of mode ``arg`` (octal), writable;
+* ``dir``: an empty directory of mode ``arg``, read-only like the root (the home directory);
+* ``mask``: nothing there: an empty read-only directory over a directory, an empty file no
   grant names over a file; what lies beneath a bound directory but must never be seen (a
   credential file);
 * ``dev``: a ``/dev`` with the usual character devices, a fresh ``devpts`` instance (only
@@ -40,7 +49,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-CLONE_NEWNS = 0x00020000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -50,7 +58,6 @@ MS_NOATIME = 1024
 MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MNT_DETACH = 2
 # statvfs flags (ST_*) that a bind remount must keep: in a user namespace the kernel
@@ -64,11 +71,12 @@ _KEEP = (
     (os.ST_RELATIME, MS_RELATIME),
 )
 
-# Where the view is staged, in the staging root; the real root is beneath it at OLD.
-NEW = "/newroot"
-OLD = "/oldroot"
-MASK = "/mask"
-PUT_OLD = "/.staging"  # in the view: where the staging root lies, covered (see finish)
+# In the view while it is staged: the real root (to bind from), and the staging area (the
+# private directories, an empty directory and file for masks); both covered by finish().
+OLD = "/.oldroot"
+STAGING = "/.staging"
+EMPTY = STAGING + "/empty"
+MASK = STAGING + "/mask"
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 
 _libc: ctypes.CDLL | None = None
@@ -96,7 +104,7 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int, data
             flags,
             data.encode() if data else None,
         ),
-        f"mount {target[len(NEW) :] or '/'}" if target.startswith(NEW) else f"mount {target}",
+        f"mount {target}",
     )
 
 
@@ -104,100 +112,111 @@ def _pivot(new: str, old: str) -> None:
     _check(_c().syscall(_PIVOT_ROOT, new.encode(), old.encode()), "pivot_root")
 
 
-def _umount(target: str) -> None:
-    _check(_c().umount2(target.encode(), MNT_DETACH), f"umount {target}")
-
-
 # pivot_root has no libc wrapper everywhere; its number per architecture.
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "armv7l": 218, "ppc64le": 203}.get(
     os.uname().machine, 155
 )
 
-
-def inside(path: str) -> str:
-    """Where ``path`` of the view is while it is staged (before :func:`finish`)."""
-    return NEW + path if path != "/" else NEW
-
-
-_staged = False
+_staged: list[list[Any]] | None = None  # the base operations applied, once staged
+_private = 0  # private directories made so far (their names in STAGING)
 
 
 def stage(base: list[list[Any]]) -> None:
     """Stage 1 (see the module doc), in the init; OSError says what failed."""
     global _staged
-    _check(_c().unshare(CLONE_NEWNS), "unshare(mount)")
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    # A staging root of its own; the real root beneath it at OLD, to bind from.
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700")  # noqa: S108
-    os.mkdir("/tmp" + OLD, 0o700)  # noqa: S108
-    os.mkdir("/tmp" + NEW, 0o755)  # noqa: S108
-    # What masks a file: empty, and no Landlock grant ever names it (unlike /dev/null).
-    os.close(os.open("/tmp" + MASK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0))  # noqa: S108
+    # (In the init's own mount namespace, made private by namespaces.mount_proc.)
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")  # noqa: S108
+    os.mkdir("/tmp" + OLD, 0)  # noqa: S108
     _pivot("/tmp", "/tmp" + OLD)  # noqa: S108
     os.chdir("/")
-    _staged = True
-    _mount("tmpfs", NEW, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    os.mkdir(STAGING, 0)
+    os.mkdir(EMPTY, 0)
+    os.close(os.open(MASK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0))
+    _staged = []
     apply(base)
+    _staged = base
 
 
 def restage(base: list[list[Any]]) -> None:
-    """Stage 1 again, for a command whose base differs from what was staged ahead."""
-    if not _staged:
+    """Stage 1 again, for a command whose base differs from what was staged ahead: what
+    was mounted is taken away (unmounted: off the usual path, this is the rare case)."""
+    global _staged
+    if _staged is None:
         stage(base)
         return
-    _umount(NEW)
-    _mount("tmpfs", NEW, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    for kind, path, _ in reversed(_staged):
+        if kind in ("ro", "rw", "tmpfs", "mask", "proc"):
+            _check(_c().umount2(path.encode(), MNT_DETACH), f"umount {path}")
+        elif kind == "dev":
+            for name in ("shm", "pts", *DEVICES):
+                _check(_c().umount2(f"{path}/{name}".encode(), MNT_DETACH), f"umount {path}")
+    for name in os.listdir("/"):
+        if "/" + name not in (OLD, STAGING):
+            _remove("/" + name)
+    _staged = []
     apply(base)
+    _staged = base
+
+
+def _remove(path: str) -> None:
+    """What staging made on the root tmpfs (directories, links, files; no mounts left)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
 
 
 def apply(operations: list[list[Any]]) -> None:
     """The operations (see the module doc) in the staged view, in order."""
     for kind, path, arg in operations:
-        target = inside(path)
         source = OLD + path
         if kind in ("ro", "rw"):
             try:
                 st = os.stat(source)
             except OSError:
                 continue  # gone since it was planned: nothing to see
-            _mountpoint(target, directory=stat.S_ISDIR(st.st_mode))
-            _mount(source, target, None, MS_BIND | MS_REC)
+            _mountpoint(path, directory=stat.S_ISDIR(st.st_mode))
+            _mount(source, path, None, MS_BIND | MS_REC)
             if kind == "ro":
-                _readonly(target)
+                _readonly(path)
         elif kind == "link":
-            _parents(target)
-            if not os.path.lexists(target):
-                os.symlink(arg, target)
+            _parents(path)
+            if not os.path.lexists(path):
+                os.symlink(arg, path)
         elif kind == "tmpfs":
-            _mountpoint(target, directory=True)
-            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={arg}")
+            _mountpoint(path, directory=True)
+            _mount(_private_dir(int(arg, 8)), path, None, MS_BIND)
+        elif kind == "dir":
+            _mountpoint(path, directory=True)
+            os.chmod(path, int(arg, 8))
         elif kind == "mask":
-            _mask(source, target)
+            _mask(path)
         elif kind == "dev":
-            _dev(target)
+            _dev(path)
         elif kind == "proc":
-            _mountpoint(target, directory=True)
-            _mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            _mountpoint(path, directory=True)
+            _mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         else:
             raise OSError(22, f"unknown view operation {kind!r}")
 
 
 def finish() -> None:
-    """Stage 2 (see the module doc), once the command's operations are applied: the view
-    becomes ``/`` and the real root goes out of reach. The view's own root is read-only
-    from here on (only the tmpfs areas and read-write binds within it can be written).
+    """Stage 2 (see the module doc): the real root and the staging area covered by an
+    empty read-only directory, the root read-only (only the private directories and the
+    read-write binds within it can be written).
 
-    The staging root (the real one beneath it) is moved to :data:`PUT_OLD` and covered by
-    an empty read-only tmpfs rather than unmounted: an unmount waits for an RCU grace
-    period (milliseconds on a busy VM, on every command's path), a mount does not. Nothing
-    reaches what is covered: no path leads there, and a Landlock-confined process (every
-    command in a view) may not unmount, mount or pivot anything.
+    Covered rather than unmounted: an unmount waits for an RCU grace period (milliseconds
+    on a busy VM, on every command's path), a mount does not. Nothing reaches what is
+    covered: no path leads there, and a Landlock-confined process (every command in a
+    view) may not unmount, mount or pivot anything.
     """
-    os.mkdir(NEW + PUT_OLD, 0)
-    _mount(None, NEW, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    _pivot(NEW, NEW + PUT_OLD)
+    for path in (OLD, STAGING):
+        _mount(EMPTY, path, None, MS_BIND)
+        _readonly(path)
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir("/")
-    _mount("tmpfs", PUT_OLD, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0000")
 
 
 def leave() -> None:
@@ -210,10 +229,10 @@ def leave() -> None:
 def beside(
     areas: list[list[Any]], base: list[list[Any]], command: list[list[Any]]
 ) -> list[tuple[str, int]]:
-    """Landlock grants (staged paths) for the private tmpfs areas (``[path, rights]``):
-    ``rights`` on what lies there, except the mounts made beneath them and what is on the
-    way to those, which may only be listed (so a workspace bound beneath ``/tmp`` keeps its
-    own grants, and ``/tmp``'s do not reach it)."""
+    """Landlock grants for the private areas (``[path, rights]``): ``rights`` on what lies
+    there, except the mounts made beneath them and what is on the way to those, which may
+    only be listed (so a workspace bound beneath ``/tmp`` keeps its own grants, and
+    ``/tmp``'s do not reach it)."""
     mounted = {op[1] for op in (*base, *command)}
     out: list[tuple[str, int]] = []
     for path, rights in areas:
@@ -224,10 +243,10 @@ def beside(
 
 def _beside(path: str, rights: int, inner: list[str]) -> list[tuple[str, int]]:
     if not inner:
-        return [(inside(path), rights)]
-    out = [(inside(path), _READ_DIR)]
+        return [(path, rights)]
+    out = [(path, _READ_DIR)]
     try:
-        names = os.listdir(inside(path))
+        names = os.listdir(path)
     except OSError:
         return out
     for name in names:
@@ -239,6 +258,15 @@ def _beside(path: str, rights: int, inner: list[str]) -> list[tuple[str, int]]:
 
 
 _READ_DIR = 1 << 3  # (landlock.READ_DIR)
+
+
+def _private_dir(mode: int) -> str:
+    global _private
+    _private += 1
+    path = f"{STAGING}/{_private}"
+    os.mkdir(path)
+    os.chmod(path, mode)  # (past the umask)
+    return path
 
 
 def _parents(target: str) -> None:
@@ -265,18 +293,18 @@ def _readonly(target: str) -> None:
     _mount(None, target, None, flags)
 
 
-def _mask(source: str, target: str) -> None:
-    if not os.path.lexists(target):
+def _mask(target: str) -> None:
+    if not os.path.lexists(target) or os.path.islink(target):
         return  # not in view anyway
-    if os.path.isdir(target) and not os.path.islink(target):
-        _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0000")
-    elif not os.path.islink(target):
+    if os.path.isdir(target):
+        _mount(EMPTY, target, None, MS_BIND)
+        _readonly(target)
+    else:
         _mount(MASK, target, None, MS_BIND)
 
 
 def _dev(target: str) -> None:
     _mountpoint(target, directory=True)
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755")
     for name in DEVICES:
         path = os.path.join(target, name)
         if os.path.exists(OLD + "/dev/" + name):
@@ -296,4 +324,4 @@ def _dev(target: str) -> None:
     _mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     shm = os.path.join(target, "shm")
     os.mkdir(shm, 0o755)
-    _mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    _mount(_private_dir(0o1777), shm, None, MS_BIND)

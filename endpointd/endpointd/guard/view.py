@@ -272,7 +272,7 @@ def base(
         ops.append(["tmpfs", path, "1777"])
     ops += [["dev", "/dev", None], ["proc", "/proc", None]]
     for home in home_dirs:
-        ops.append(["tmpfs", home, "0700"])
+        ops.append(["dir", home, "0700"])
     for path in read:
         # Not beneath a read-only root already in view; never a hidden path itself.
         if _contained(path, roots) or _contained(path, hidden):

@@ -7,8 +7,10 @@ interpreter (with its copy-on-write faults) and a mount: about two milliseconds,
 spare supervisor spends while it waits for a request (:func:`prepare`), so that a command's
 path holds only what depends on the command: confining and spawning it (:meth:`Init.start`).
 
-How: the supervisor ``unshare``s (a mount namespace of its own, a PID namespace for its
-children) and forks the init, which mounts ``/proc`` and blocks on a socketpair. From then
+How: the supervisor ``unshare``s (a PID namespace for its children) and forks the init,
+which takes a mount namespace of its own, mounts ``/proc``, stages the command's view
+(:mod:`endpointd.guard.mountview`, where the spare was taught one) and blocks on a
+socketpair. From then
 on every process the supervisor starts lands in that namespace, so the daemon hands a
 prepared spare confined commands only (``Zygote.launch``); one that gets an unconfined
 command anyway starts it through the init too, without Landlock but still in the
@@ -184,7 +186,7 @@ class _Ahead:
             mountview.stage(self.view)
         else:
             namespaces.hide(*self.hidden)
-        self.ruleset = landlock.create(_filesystem_rules(), _grants(self.read, self.view))
+        self.ruleset = landlock.create(_filesystem_rules(), _grants(self.read))
 
 
 def _filesystem_rules() -> landlock.Ruleset:
@@ -193,10 +195,8 @@ def _filesystem_rules() -> landlock.Ruleset:
     return landlock.Ruleset(connect_ports=None, bind_ports=None)
 
 
-def _grants(pairs: list[list[Any]], view: Any = None) -> list[tuple[str, int]]:
-    """(path, rights); while a view is staged, its paths are where it is staged."""
-    where = mountview.inside if view else str
-    return [(where(str(path)), int(rights)) for path, rights in pairs]
+def _grants(pairs: list[list[Any]]) -> list[tuple[str, int]]:
+    return [(str(path), int(rights)) for path, rights in pairs]
 
 
 def _init_main(
@@ -284,7 +284,7 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
                 namespaces.hide(*hidden)  # (over what was hidden ahead: more, never less)
         step = "landlock"
         read = confine.get("read") or []
-        grants = _grants(confine.get("grants") or [], view)
+        grants = _grants(confine.get("grants") or [])
         if view:
             grants += mountview.beside(confine.get("beside") or [], view, confine["view_command"])
         if ahead is not None and ahead.read == read:
@@ -293,7 +293,7 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         else:
             if ahead is not None:
                 os.close(ahead.ruleset)
-            ruleset = landlock.create(_filesystem_rules(), [*_grants(read, view), *grants])
+            ruleset = landlock.create(_filesystem_rules(), [*_grants(read), *grants])
         if view:
             step = "view"
             mountview.finish()
