@@ -8,7 +8,7 @@ The view holds, and nothing else:
   interpreter, the directories on its ``PATH``), with ``/etc``'s secrets masked;
 * a private ``/tmp`` and ``/var/tmp``, a ``/dev`` of its own (the usual character devices,
   its own ptys, a private ``/dev/shm``), its own ``/proc`` and ``/sys`` read-only;
-* the home directory as an empty private tmpfs holding only what the owner grants
+* the home directory as an empty read-only directory holding only what the owner grants
   (``readable_paths``, by default toolchains and caches, :data:`HOME_TOOLCHAINS`),
   read-only;
 * per command: its workspace and TMPDIR and the owner's ``writable_paths`` read-write; in

@@ -266,10 +266,15 @@ async def test_credential_files_and_the_control_planes_state_are_out_of_view(
     cwd = home / "src" if root == "home" else work
     cwd.mkdir(exist_ok=True)
     device = await _device(gw, endpointd, [allowed, work] if root == "home" else [work])
-    _, out = await _run(gw, device, _python(READ_EACH, cwd, *_reversed(*planted)))
+    # Also through where the view was staged from (the real root lies covered there).
+    staged = [f"/.oldroot{p}" for p in planted]
+    _, out = await _run(gw, device, _python(READ_EACH, cwd, *_reversed(*planted, *staged)))
     assert b"done" in out, out
-    assert out.count(b"blocked") == len(planted), out
+    assert out.count(b"blocked") == 2 * len(planted), out
     _nowhere(gw, *planted.values())
+    listing = "import os\nfor d in ('/.oldroot', '/.staging'):\n    print(d, os.listdir(d))\n"
+    _, out = await _run(gw, device, _python(listing, cwd))
+    assert out == b"/.oldroot []\n/.staging []\n", out
 
 
 TICKET_A, TICKET_B = "tkt_aaaaaaaaaaaa", "tkt_bbbbbbbbbbbb"
