@@ -133,3 +133,27 @@ def load(state_directory: Path) -> CheckResult | None:
         return CheckResult.from_json(raw)
     except CheckRecordError as exc:
         raise CheckRecordError(f"{path}: {exc}") from None
+
+
+def describe(
+    state_directory: Path, current_policy_sha256: str | None
+) -> tuple[str, dict[str, Any]]:
+    """What `endpointd status` and `superagent doctor` show of the last check: one line,
+    and the same as JSON (``ran``, ``passed``, ``stale``, the classes…). ``stale``: the
+    policy hash has changed since, so the result may no longer hold."""
+    try:
+        result = load(state_directory)
+    except CheckRecordError as exc:
+        return f"unreadable: {exc} (run `endpointd sandbox check` again)", {
+            "ran": False,
+            "error": str(exc),
+        }
+    if result is None:
+        return "never run (`endpointd sandbox check` tries to escape the sandbox here)", {
+            "ran": False
+        }
+    stale = bool(current_policy_sha256) and current_policy_sha256 != result.policy_sha256
+    line = result.summary()
+    if stale:
+        line += "; the policy has changed since: run `endpointd sandbox check` again"
+    return line, {**result.to_json(), "ran": True, "stale": stale}

@@ -18,7 +18,11 @@ EXIT_ESCAPED = 3
 
 @cli.group("sandbox")
 def sandbox_group() -> None:
-    """Check the sandbox that confines the commands this device runs."""
+    """Check the sandbox that confines the commands this device runs.
+
+    `endpointd sandbox check` tries to escape it here, under your own policy, and says per
+    class of escape whether it held; it is safe to run (see its --help).
+    """
 
 
 @sandbox_group.command("check")
