@@ -49,8 +49,10 @@ def probe(action: str, target: str, token: str) -> tuple[bool, str]:
                 "opened, no canary"
             )
         if action == "append":
-            # Opening for writing is what the kernel checks; nothing is written.
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+            # Opening for writing is what the kernel checks; nothing is written. A link is
+            # followed: an owner's ~/.bashrc is often one (a dotfile manager's), and a
+            # command could write through it just the same.
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
             os.close(fd)
             return True, "opened for writing"
         if action == "create":
