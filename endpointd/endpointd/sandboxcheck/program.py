@@ -96,6 +96,8 @@ def probe(action: str, target: str, token: str) -> tuple[bool, str]:
         return False, _errno(exc)
     except ValueError as exc:
         return False, f"bad target: {exc}"
+    except Exception as exc:  # one probe's surprise must not cost the others their result
+        return False, f"failed: {type(exc).__name__}"
     return False, f"unknown action {action!r}"
 
 
