@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 
 import click
 
@@ -66,15 +67,20 @@ def sandbox_check(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"policy:  {policy.path} (sha256 {result.policy_sha256[:12]}…)")
         click.echo(f"sandbox: {result.sandbox}")
         width = max(len(c.name) for c in result.classes)
+        indent = " " * (width + 6)
+
+        def say(text: str) -> None:
+            click.echo(textwrap.fill(text, 100, initial_indent=indent, subsequent_indent=indent))
+
         for c in result.classes:
             words = {"allowed": "allowed by the policy", "error": "not checked"}
             click.echo(f"  {c.name:<{width}}  {words.get(c.outcome, c.outcome)}")
             for what in c.escaped:
-                click.echo(f"  {'':<{width}}    escaped: {what}")
+                say(f"escaped: {what}")
             if c.detail:
-                click.echo(f"  {'':<{width}}    {c.detail}")
+                say(c.detail)
             if c.fix:
-                click.echo(f"  {'':<{width}}    fix: {c.fix}")
+                say(f"fix: {c.fix}")
         if result.escaped:
             click.echo(f"escaped: {', '.join(result.escaped)}")
         elif result.errors:
