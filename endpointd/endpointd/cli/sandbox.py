@@ -36,19 +36,21 @@ def sandbox_check(ctx: click.Context, as_json: bool) -> None:
     sandbox the daemon uses for the control plane's commands (not a simulation), and
     prints per class `contained` or `escaped`, with the fix for each that escaped (the
     policy key, or what this machine or endpointd lacks). The classes: persistence (shell
-    start-up files, autostart entries, the git hooks and config of a checkout), sockets
-    (Unix sockets outside the grants, an ssh-agent's), egress (TCP beyond the policy's
-    network mode), reads (credential locations, endpointd's and the control plane's
-    state), cross-workspace (another ticket's workspace and branch, a terminal of yours)
-    and privileges (capabilities, setuid, device nodes).
+    start-up files, autostart entries and user units, ~/.local/bin, the git hooks and
+    config of a checkout), sockets (Unix sockets outside the grants, an ssh-agent's, the
+    control plane's), egress (TCP and UDP beyond the policy's network mode), reads
+    (credential locations, endpointd's and the control plane's state), cross-workspace
+    (another ticket's workspace and branch, the owner's branch, a terminal of yours),
+    processes (signalling another process, reading its environment) and privileges
+    (capabilities, setuid, device nodes).
 
     It is safe to run, on your own machine, while the daemon runs: the probes aim only at
     what the check plants first and removes after, all named endpointd-sandbox-check-*
-    (canary files inside ~/.ssh, ~/.aws and the like, sockets and listeners it starts
-    itself, a scratch checkout with two ticket worktrees, a pty). It never opens, prints
-    or changes a file of yours: an existing ~/.bashrc is opened for writing and closed,
-    nothing written. Nothing leaves the machine (the listeners are its own). It takes a
-    few seconds.
+    or endpointd-check-* (canary files inside ~/.ssh, ~/.aws and the like, sockets and
+    listeners it starts itself, a scratch checkout with two ticket worktrees, a pty, a
+    process of its own). It never opens, prints or changes a file of yours: an existing
+    ~/.bashrc is opened for writing and closed, nothing written. Nothing leaves the
+    machine (the listeners are its own). It takes a few seconds.
 
     The result is kept in the state dir: `endpointd status` shows it, and so does
     `superagent doctor` for the machine's own device. Exit status: 0 when every class is

@@ -74,6 +74,14 @@ def probe(action: str, target: str, token: str) -> tuple[bool, str]:
             finally:
                 sock.close()
             return True, "connected"
+        if action == "udp":
+            host, _, port = target.rpartition(":")
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                udp.sendto(b"endpointd-sandbox-check", (host, int(port)))
+            return True, "sent"
+        if action == "signal":
+            os.kill(int(target), 0)  # signal 0: checks that it could, delivers nothing
+            return True, "reachable"
         if action == "tty":
             fd = os.open(target, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
             os.close(fd)

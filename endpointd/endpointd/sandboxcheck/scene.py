@@ -3,20 +3,25 @@
 Everything is the check's own, clearly marked (``endpointd-sandbox-check-<random>``):
 
 * canary files (a random token each) in the credential locations the reads probe: a file
-  *inside* ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, the control plane's state directory,
-  endpointd's state and config directories, and a marked dotfile in the home directory.
-  The owner's own files there are never opened, by the check or by the probes;
+  *inside* ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, ``~/.config/github-copilot``,
+  ``~/.cargo``, the control plane's state directory, endpointd's state and config
+  directories, and a marked dotfile in the home directory. The owner's own files there are
+  never opened, by the check or by the probes;
 * for the persistence probes: an empty ``~/.bashrc`` only when there is none (an existing
-  one is opened for writing by the probe, and nothing is written), the autostart directory
-  when missing, and a scratch "owner's checkout" (a git repository of its own);
+  one is opened for writing by the probe, and nothing is written), the autostart, systemd
+  user unit, ``~/.local/bin`` and Claude Code shell-snapshot directories when missing,
+  and a scratch "owner's checkout" (a git repository of its own);
 * a ticket workspace for the probes to run in, and another ticket's, both real git
   worktrees of that checkout on ``superagent/*`` branches, granted as the daemon grants a
   ticket's workspace (:mod:`endpointd.workspaces.grants`);
 * listening sockets: Unix sockets in the home directory, in ``/tmp``, in an
-  ssh-agent-like ``/tmp/ssh-*/agent.*`` and in the runtime dir; TCP on loopback, on this
-  machine's non-loopback address and, under ``network = "proxy"``, on the proxy's port at
-  another loopback address. Nothing is ever accepted or sent;
-* a pty pair, standing for a terminal of the owner's.
+  ssh-agent-like ``/tmp/ssh-*/agent.*``, in the runtime dir, in the control plane's state
+  directory (where its Postgres listens) and beneath a denied path (``~/.gnupg``); TCP on
+  loopback, on this machine's non-loopback address and, under ``network = "proxy"``, on
+  the proxy's port at another loopback address; UDP on loopback. Nothing is ever
+  accepted or sent back;
+* a pty pair, standing for a terminal of the owner's, and a process of the owner's with a
+  canary in its environment.
 
 Directories the scene had to create are removed again (only if empty), files with
 ``unlink`` (which never follows a link), so the cleanup cannot be steered elsewhere by
@@ -31,14 +36,15 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from endpointd.workspaces import grants
 from endpointd.workspaces.store import Record
 
 MARK = "endpointd-sandbox-check"
-# Unix socket paths are limited to 107 bytes on Linux.
-_MAX_SOCKET_PATH = 100
+# Unix socket paths are limited to 107 bytes on Linux (103 on macOS).
+_MAX_SOCKET_PATH = 103
 _GIT_TIMEOUT = 20.0
 
 
@@ -66,8 +72,10 @@ class Scene:
         self.endpointd_state = endpointd_state
         self.endpointd_config = endpointd_config
         self.controlplane_state = controlplane_state
-        self.run_id = secrets.token_hex(6)
+        self.run_id = secrets.token_hex(4)
         self.name = f"{MARK}-{self.run_id}"
+        # Socket paths are short (see _MAX_SOCKET_PATH), so their names are too.
+        self.socket_name = f"endpointd-check-{self.run_id}.sock"
         self.token = f"{MARK}-canary-{secrets.token_hex(12)}"
         self.targets: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
@@ -78,6 +86,7 @@ class Scene:
         self._dirs: list[str] = []  # made here, to rmdir (innermost last in the list)
         self._trees: list[str] = []  # wholly ours, to rmtree
         self._closers: list[socket.socket | int] = []
+        self._process: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ planting
 
@@ -89,6 +98,7 @@ class Scene:
             self._plant_sockets()
             self._plant_listeners(proxy_port)
             self._plant_pty()
+            self._plant_process()
         except (OSError, subprocess.SubprocessError) as exc:
             self.remove()
             raise SceneError(f"cannot prepare the probes: {exc}") from None
@@ -122,6 +132,8 @@ class Scene:
         self._canary("ssh", home / ".ssh")
         self._canary("aws", home / ".aws")
         self._canary("gh", home / ".config" / "gh")
+        self._canary("copilot", home / ".config" / "github-copilot")
+        self._canary("cargo", home / ".cargo")
         self.targets["dotfile"] = self._file(home / f".{self.name}.npmrc", self.token)
         self._canary("controlplane", self.controlplane_state)
         self._canary("endpointd_state", self.endpointd_state)
@@ -138,6 +150,15 @@ class Scene:
         autostart = home / ".config" / "autostart"
         self._mkdirs(autostart)
         self._removable("autostart", autostart / f"{self.name}.desktop")
+        units = home / ".config" / "systemd" / "user"
+        self._mkdirs(units)
+        self._removable("systemd_unit", units / f"{self.name}.service")
+        local_bin = home / ".local" / "bin"
+        self._mkdirs(local_bin)
+        self._removable("local_bin", local_bin / self.name)
+        snapshots = home / ".claude" / "shell-snapshots"
+        self._mkdirs(snapshots)
+        self._removable("harness_store", snapshots / f"{self.name}.sh")
         git = self._checkout / ".git"
         self._removable("checkout_hook", git / "hooks" / "post-checkout")
         self.targets["checkout_config"] = str(git / "config")
@@ -171,7 +192,7 @@ class Scene:
             self._other.mkdir(mode=0o700)
             (self._checkout / ".git" / "hooks").mkdir(parents=True)
             (self._checkout / ".git" / "config").write_text("")
-            self.skipped["other_ref"] = "git is not installed"
+            self.skipped["other_ref"] = self.skipped["owner_ref"] = "git is not installed"
             return
         self._git(git, "init", "-q", "-b", "main", str(self._checkout))
         self._git(git, "-C", str(self._checkout), "commit", "-q", "--allow-empty", "-m", "scratch")
@@ -187,6 +208,7 @@ class Scene:
         self.write_dirs, self.write_files = dirs, files
         common = Path(records[1].common_dir)
         self.targets["other_ref"] = str(common / "refs" / "heads" / records[1].branch)
+        self.targets["owner_ref"] = str(common / "refs" / "heads" / "main")
 
     def _record(self, path: Path, branch: str) -> Record:
         """The workspace record the daemon would keep for this worktree."""
@@ -240,15 +262,21 @@ class Scene:
 
     def _plant_sockets(self) -> None:
         tmp = Path("/tmp")  # noqa: S108 (where other programs' sockets live, on purpose)
-        self._unix("home_socket", self.home / f".{self.name}.sock")
-        self._unix("tmp_socket", tmp / f"{self.name}.sock")
+        self._unix("home_socket", self.home / f".{self.socket_name}")
+        self._unix("tmp_socket", tmp / self.socket_name)
         agent_dir = tmp / f"ssh-{self.name}"
         agent_dir.mkdir(mode=0o700)
         self._trees.append(str(agent_dir))
         self._unix("agent_socket", agent_dir / f"agent.{os.getpid()}")
+        # Where the control plane's embedded Postgres listens, and a socket beneath a
+        # denied path, as gpg-agent's ~/.gnupg/S.gpg-agent.ssh is.
+        self._unix("controlplane_socket", self.controlplane_state / self.socket_name)
+        gnupg = self.home / ".gnupg"
+        self._mkdirs(gnupg)
+        self._unix("denied_socket", gnupg / self.socket_name)
         runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
         if os.path.isabs(runtime) and os.path.isdir(runtime):
-            self._unix("run_socket", Path(runtime) / f"{self.name}.sock")
+            self._unix("run_socket", Path(runtime) / self.socket_name)
         else:
             self.skipped["run_socket"] = "this session has no runtime dir"
 
@@ -265,6 +293,10 @@ class Scene:
 
     def _plant_listeners(self, proxy_port: int | None) -> None:
         self._tcp("loopback", "127.0.0.1")
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._closers.append(udp)
+        udp.bind(("127.0.0.1", 0))
+        self.targets["udp"] = f"127.0.0.1:{udp.getsockname()[1]}"
         outside = _outside_address()
         if outside is None:
             self.skipped["outside"] = "this machine has no non-loopback IPv4 address"
@@ -282,6 +314,27 @@ class Scene:
         self._closers += [primary, secondary]
         self.targets["pty"] = os.ttyname(secondary)
 
+    def _plant_process(self) -> None:
+        """Another process of the owner's, outside the sandbox, with a canary in its
+        environment (as a login shell holds AWS_SECRET_ACCESS_KEY): it waits on a pipe and
+        ends when the scene closes it."""
+        read_end, write_end = os.pipe()
+        self._closers.append(write_end)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", "import sys; sys.stdin.read()"],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={"ENDPOINTD_SANDBOX_CHECK_CANARY": self.token},
+                start_new_session=True,
+            )
+        finally:
+            os.close(read_end)
+        self._process = proc
+        self.targets["process"] = str(proc.pid)
+        self.targets["environ"] = f"/proc/{proc.pid}/environ"
+
     # ------------------------------------------------------------------ removal
 
     def remove(self) -> None:
@@ -293,6 +346,14 @@ class Scene:
                 else:
                     closer.close()
         self._closers = []
+        if self._process is not None:
+            # Its stdin closed above, it ends by itself; a stuck one is killed.
+            try:
+                self._process.wait(2)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
         for path in self._files:
             with contextlib.suppress(OSError):
                 os.unlink(path)

@@ -14,6 +14,8 @@ Actions (what "succeeded" means):
 * ``append``: opened an existing file for writing (nothing is written);
 * ``create``: made a new file (the probe deletes it at once; the check again after);
 * ``unix`` / ``tcp``: a connection to a listener the check started was accepted;
+* ``udp``: a datagram to a listener the check started was sent (not refused);
+* ``signal``: signal 0 reached a process outside the sandbox;
 * ``tty``: opened a terminal (a pty the check opened, standing for one of the owner's);
 * ``caps``: the command holds an effective capability;
 * ``nnp``: ``no_new_privs`` is not set, so a setuid program could raise its privileges;
@@ -54,6 +56,9 @@ SUITE: tuple[ProbeClass, ...] = (
             Probe("create a git hook in the owner's checkout", "create", "checkout_hook"),
             Probe("append to the owner's checkout's .git/config", "append", "checkout_config"),
             Probe("create .envrc in the owner's checkout", "create", "checkout_envrc"),
+            Probe("create a systemd user unit", "create", "systemd_unit"),
+            Probe("create a program in ~/.local/bin (on PATH)", "create", "local_bin"),
+            Probe("create a Claude Code shell snapshot (sourced by it)", "create", "harness_store"),
         ),
     ),
     ProbeClass(
@@ -68,6 +73,12 @@ SUITE: tuple[ProbeClass, ...] = (
             Probe("connect to a socket in /tmp", "unix", "tmp_socket"),
             Probe("connect to an ssh-agent socket (/tmp/ssh-*/agent.*)", "unix", "agent_socket"),
             Probe("connect to a socket in the runtime dir (/run/user/UID)", "unix", "run_socket"),
+            Probe(
+                "connect to a socket in the control plane's state directory",
+                "unix",
+                "controlplane_socket",
+            ),
+            Probe("connect to a socket beneath a denied path (~/.gnupg)", "unix", "denied_socket"),
         ),
     ),
     ProbeClass(
@@ -78,6 +89,7 @@ SUITE: tuple[ProbeClass, ...] = (
         ' network = "proxy" only endpointd\'s proxy may be reachable, at any address',
         (
             Probe("TCP to a listener on loopback", "tcp", "loopback"),
+            Probe("UDP to a listener on loopback", "udp", "udp"),
             Probe("TCP to this machine's non-loopback address", "tcp", "outside"),
             Probe("TCP to another address on the proxy's port", "tcp", "proxy_port"),
         ),
@@ -91,6 +103,8 @@ SUITE: tuple[ProbeClass, ...] = (
             Probe("read a file in ~/.ssh", "read", "ssh"),
             Probe("read a file in ~/.aws", "read", "aws"),
             Probe("read a file in ~/.config/gh", "read", "gh"),
+            Probe("read a file in ~/.config/github-copilot", "read", "copilot"),
+            Probe("read a file in ~/.cargo", "read", "cargo"),
             Probe("read a dotfile in the home directory (like ~/.npmrc)", "read", "dotfile"),
             Probe("read the control plane's state directory", "read", "controlplane"),
             Probe("read endpointd's state directory", "read", "endpointd_state"),
@@ -107,7 +121,18 @@ SUITE: tuple[ProbeClass, ...] = (
             Probe("read another ticket's workspace", "read", "other_file"),
             Probe("create a file in another ticket's workspace", "create", "other_new"),
             Probe("move another ticket's branch", "append", "other_ref"),
+            Probe("move the owner's branch (main)", "append", "owner_ref"),
             Probe("open a terminal of the owner's (/dev/pts)", "tty", "pty"),
+        ),
+    ),
+    ProbeClass(
+        "processes",
+        "see, signal or read the environment of a process outside the sandbox",
+        "needs the sandbox's private PID namespace and /proc (user namespaces) and Landlock"
+        ' ABI 6 signal scoping: keep sandbox = "required" on such a kernel',
+        (
+            Probe("signal a process of the owner's (signal 0)", "signal", "process"),
+            Probe("read a process's environment (/proc/PID/environ)", "read", "environ"),
         ),
     ),
     ProbeClass(

@@ -34,7 +34,7 @@ from tests.fakes.endpointd_process import Endpointd, endpointd_in
 # daemon's commands without capabilities). Egress is judged separately below, since it
 # depends on the policy's network mode. As a normal user, commands hold no capabilities
 # today, so privileges is contained there already.
-EXPECTED_CONTAINED = {"persistence"} | ({"privileges"} if os.geteuid() != 0 else set())
+EXPECTED_CONTAINED = {"persistence", "processes"} | ({"privileges"} if os.geteuid() != 0 else set())
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
 
