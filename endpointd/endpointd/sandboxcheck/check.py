@@ -155,10 +155,23 @@ def _probe(
     prepared: delivery.Prepared | None,
     supervisor: list[int],
 ) -> tuple[Run, tuple[str, ...]]:
-    """Plant the scene, plan the probe command's sandbox as the daemon plans a command's,
-    run it; its outcomes, and what this machine could not enforce."""
+    """Plant the scene, then :func:`run_probes`."""
+    scene.plant(proxy_port=prepared.proxy_port if prepared is not None else None)
+    return run_probes(policy, rules, scene, spool, prepared, supervisor)
+
+
+def run_probes(
+    policy: Policy,
+    rules: Rules,
+    scene: Scene,
+    spool: Path,
+    prepared: delivery.Prepared | None,
+    supervisor: list[int],
+) -> tuple[Run, tuple[str, ...]]:
+    """Plan the probe command's sandbox as the daemon plans a command's, in the planted
+    ``scene``'s ticket workspace, and run it; its outcomes, and what this machine could
+    not enforce."""
     proxy_port = prepared.proxy_port if prepared is not None else None
-    scene.plant(proxy_port=proxy_port)
     workspace = policy.workspace_for(str(scene.workspace))
     if workspace is None:
         raise CheckError(f"{scene.workspace} is not a ticket workspace under this policy")
@@ -175,11 +188,10 @@ def _probe(
         )
     except sandbox.SandboxUnavailable as exc:
         raise CheckError(f"every command is refused on this machine: {exc}") from None
-    plan = _plan(scene, allowed_egress=rules.network == "allow")
     ex = Exec(
-        argv=(_interpreter(), "-I", "-S", "-c", Path(program.__file__).read_text()),
+        argv=probe_argv(),
         cwd=str(workspace),
-        stdin=json.dumps([{"id": i, **p} for i, p in plan.items()]).encode(),
+        stdin=probe_input(scene, allowed_egress=rules.network == "allow"),
         timeout_seconds=COMMAND_TIMEOUT,
     )
     spec = exec_spec(
@@ -192,6 +204,27 @@ def _probe(
         passed_env=rules.env.passed,
     )
     return _run(spool, spec, supervisor), confinement.unenforced
+
+
+def probe_argv() -> tuple[str, ...]:
+    """The probe command: the probe program's source, run by a bare interpreter."""
+    return (_interpreter(), "-I", "-S", "-c", Path(program.__file__).read_text())
+
+
+def probe_input(scene: Scene, *, allowed_egress: bool) -> bytes:
+    """The probe command's stdin: its plan (see :mod:`endpointd.sandboxcheck.program`)."""
+    plan = _plan(scene, allowed_egress=allowed_egress)
+    return json.dumps([{"id": i, **p} for i, p in plan.items()]).encode()
+
+
+def parse_output(stdout: bytes) -> dict[int, tuple[bool, str]]:
+    """The probe program's lines: (succeeded, detail) by probe id; other lines ignored."""
+    outcomes: dict[int, tuple[bool, str]] = {}
+    for line in stdout.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            item = json.loads(line)
+            outcomes[int(item["id"])] = (bool(item["ok"]), str(item["detail"]))
+    return outcomes
 
 
 def _interpreter() -> str:
@@ -230,13 +263,9 @@ def _run(spool: Path, spec: dict[str, Any], supervisor: list[int]) -> Run:
             os.killpg(proc.pid, 9)
         proc.wait()
         return Run(failure="the probe command did not end in time")
-    run = Run()
     stdout = b"".join(data for stream, data in read_all(spool) if stream == STREAM_STDOUT)
     stderr = b"".join(data for stream, data in read_all(spool) if stream == STREAM_STDERR)
-    for line in stdout.splitlines():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            item = json.loads(line)
-            run.outcomes[int(item["id"])] = (bool(item["ok"]), str(item["detail"]))
+    run = Run(outcomes=parse_output(stdout))
     status = ExitStatus.read(spool)
     if status is None or status.exit_code != 0:
         why = (status.error if status is not None else "") or _last_line(stderr)

@@ -242,3 +242,71 @@ def test_the_scene_removes_everything_it_planted(tmp_path: Path, home: Path) -> 
             assert not os.path.lexists(target), target
     with pytest.raises(ConnectionRefusedError), socket.socket() as s:
         s.connect((address[0], int(address[2])))
+
+
+# Probes whose outcome depends on the command's workspace: the check runs in a ticket
+# worktree (its branch directory is granted, and mknod is tried in it), the daemon's
+# command below in the allowed root.
+_WORKSPACE_BOUND = {"other_ref", "mknod"}
+
+
+async def test_the_probes_fare_in_the_check_as_in_a_command_the_daemon_runs(
+    endpointd: Endpointd, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a simulation: the same probe command, against the same planted targets, sent
+    by a gateway to a running daemon, gets the same outcome probe by probe as in the
+    check."""
+    from endpointd.guard.policy import load_policy
+    from endpointd.sandboxcheck import check
+    from superagent_proto.v1 import endpoint_pb2 as pb
+    from tests.fakes.endpointd_process import start_paired
+    from tests.fakes.gateway_server import FakeGateway
+    from tests.support.helpers import assert_eventually
+
+    for name in ("HOME", "XDG_RUNTIME_DIR", *(k for k in endpointd.env if "ENDPOINTD_" in k)):
+        monkeypatch.setenv(name, endpointd.env[name])
+    monkeypatch.delenv("SUPERAGENT_STATE_DIR", raising=False)
+    with FakeGateway() as gw:
+        device = await start_paired(gw, endpointd)  # the default policy, as pairing writes it
+        policy = load_policy(
+            endpointd.config_dir,
+            state_directory=endpointd.state_dir,
+            data_directory=endpointd.data_dir,
+        )
+        assert policy.rules is not None
+        assert policy.rules.network == "allow"
+        scene = Scene(
+            home=home,
+            workspaces_root=policy.workspaces_root,
+            scratch_parent=endpointd.data_dir / MARK,
+            endpointd_state=endpointd.state_dir,
+            endpointd_config=endpointd.config_dir,
+            controlplane_state=check.controlplane_state_dir(endpointd.state_dir),
+        )
+        spool = endpointd.private / "check-spool"
+        scene.plant()
+        try:
+            stdin = check.probe_input(scene, allowed_egress=True)
+            sent = gw.send(
+                device,
+                pb.Command(
+                    exec=pb.ExecCommand(
+                        argv=list(check.probe_argv()), cwd=str(endpointd.root.parent), stdin=stdin
+                    )
+                ),
+            )
+            ended = await assert_eventually(
+                lambda: gw.refused(sent.command_id) or gw.finished(sent.command_id), timeout=60
+            )
+            assert isinstance(ended, pb.Finished), ended
+            by_daemon = check.parse_output(gw.output(sent.command_id))
+            spool.mkdir()
+            run, _ = check.run_probes(policy, policy.rules, scene, spool, None, [])
+        finally:
+            scene.remove()
+    targets = {i: probe.target for i, _, probe in check._probes()}
+    compared = {i for i in by_daemon if targets[i] not in _WORKSPACE_BOUND}
+    assert len(compared) >= 20, by_daemon
+    assert {i: run.outcomes[i][0] for i in compared} == {i: by_daemon[i][0] for i in compared}
+    # Both outcomes occur, so the comparison says something.
+    assert {by_daemon[i][0] for i in compared} == {True, False}
