@@ -37,6 +37,7 @@ from endpointd.checkresult import CheckResult, ClassResult
 from endpointd.errors import EndpointdError
 from endpointd.guard import sandbox
 from endpointd.guard.policy import Policy
+from endpointd.paths import ensure_private_dir
 from endpointd.process.executor import ExecLimits, exec_spec, private_tmpdir, start_supervisor
 from endpointd.sandboxcheck import program
 from endpointd.sandboxcheck.scene import MARK, Scene, SceneError
@@ -100,7 +101,9 @@ def run_check(
         controlplane_state=controlplane_state_dir(state_directory),
     )
     try:
-        spool.mkdir(parents=True, mode=0o700)
+        ensure_private_dir(spool.parent.parent)  # the state dir, 0700 as the daemon makes it
+        ensure_private_dir(spool.parent)
+        spool.mkdir(mode=0o700)
         run, unenforced = asyncio.run(_with_proxy(policy, rules, scene, spool))
     except (SceneError, delivery.DeliveryError, OSError) as exc:
         raise CheckError(str(exc)) from None
