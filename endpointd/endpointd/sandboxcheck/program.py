@@ -63,10 +63,12 @@ def probe(action: str, target: str, token: str) -> tuple[bool, str]:
         if action in ("unix", "tcp"):
             if action == "unix":
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                address: object = target
+                # "@name": an abstract socket (no path, so no file permission guards it).
+                address: object = "\0" + target[1:] if target.startswith("@") else target
             else:
                 host, _, port = target.rpartition(":")
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
                 address = (host, int(port))
             try:
                 sock.settimeout(TIMEOUT)

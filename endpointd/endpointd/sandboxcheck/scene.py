@@ -274,6 +274,11 @@ class Scene:
         gnupg = self.home / ".gnupg"
         self._mkdirs(gnupg)
         self._unix("denied_socket", gnupg / self.socket_name)
+        abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._closers.append(abstract)
+        abstract.bind("\0" + self.socket_name)
+        abstract.listen(8)
+        self.targets["abstract_socket"] = "@" + self.socket_name
         runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
         if os.path.isabs(runtime) and os.path.isdir(runtime):
             self._unix("run_socket", Path(runtime) / self.socket_name)
@@ -281,7 +286,11 @@ class Scene:
             self.skipped["run_socket"] = "this session has no runtime dir"
 
     def _tcp(self, key: str, host: str, port: int = 0) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as exc:
+            self.skipped[key] = f"no socket for {host}: {exc.strerror or exc}"
+            return
         self._closers.append(sock)
         try:
             sock.bind((host, port))
@@ -293,6 +302,7 @@ class Scene:
 
     def _plant_listeners(self, proxy_port: int | None) -> None:
         self._tcp("loopback", "127.0.0.1")
+        self._tcp("loopback6", "::1")
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._closers.append(udp)
         udp.bind(("127.0.0.1", 0))
@@ -304,10 +314,12 @@ class Scene:
             self._tcp("outside", outside)
         if proxy_port is None:
             self.skipped["proxy_port"] = 'only under network = "proxy"'
+            self.skipped["proxy_port6"] = 'only under network = "proxy"'
         else:
             # The proxy listens on 127.0.0.1; the same port at another address must be
             # as unreachable as any other (Landlock's network rule names only a port).
             self._tcp("proxy_port", "127.0.0.2", proxy_port)
+            self._tcp("proxy_port6", "::1", proxy_port)
 
     def _plant_pty(self) -> None:
         primary, secondary = os.openpty()

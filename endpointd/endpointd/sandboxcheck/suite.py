@@ -79,6 +79,7 @@ SUITE: tuple[ProbeClass, ...] = (
                 "controlplane_socket",
             ),
             Probe("connect to a socket beneath a denied path (~/.gnupg)", "unix", "denied_socket"),
+            Probe("connect to an abstract Unix socket", "unix", "abstract_socket"),
         ),
     ),
     ProbeClass(
@@ -89,9 +90,11 @@ SUITE: tuple[ProbeClass, ...] = (
         ' network = "proxy" only endpointd\'s proxy may be reachable, at any address',
         (
             Probe("TCP to a listener on loopback", "tcp", "loopback"),
+            Probe("TCP to a listener on IPv6 loopback", "tcp", "loopback6"),
             Probe("UDP to a listener on loopback", "udp", "udp"),
             Probe("TCP to this machine's non-loopback address", "tcp", "outside"),
             Probe("TCP to another address on the proxy's port", "tcp", "proxy_port"),
+            Probe("TCP to IPv6 loopback on the proxy's port", "tcp", "proxy_port6"),
         ),
     ),
     ProbeClass(
