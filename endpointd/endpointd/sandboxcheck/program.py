@@ -28,8 +28,8 @@ def _errno(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
-def _status_field(name: str) -> str:
-    with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+def _status_field(path: str, name: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
         for line in f:
             if line.startswith(name + ":"):
                 return line.split(":", 1)[1].strip()
@@ -89,11 +89,11 @@ def probe(action: str, target: str, token: str) -> tuple[bool, str]:
             os.close(fd)
             return True, "opened"
         if action == "caps":
-            mask = _status_field("CapEff")
+            mask = _status_field(target, "CapEff")
             held = int(mask or "0", 16) != 0
             return held, f"CapEff {mask or '?'}"
         if action == "nnp":
-            value = _status_field("NoNewPrivs")
+            value = _status_field(target, "NoNewPrivs")
             return value != "1", f"NoNewPrivs {value or '?'}"
         if action == "mknod":
             os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(1, 3))

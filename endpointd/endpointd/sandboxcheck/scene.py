@@ -5,7 +5,8 @@ Everything is the check's own, clearly marked (``endpointd-sandbox-check-<random
 * canary files (a random token each) in the credential locations the reads probe: a file
   *inside* ``~/.ssh``, ``~/.aws``, ``~/.config/gh``, ``~/.config/github-copilot``,
   ``~/.cargo``, the control plane's state directory, endpointd's state and config
-  directories, and a marked dotfile in the home directory. The owner's own files there are
+  directories, a marked dotfile in the home directory, and ``~/.npmrc`` itself only
+  where there is none. The owner's own files there are
   never opened, by the check or by the probes;
 * for the persistence probes: an empty ``~/.bashrc`` only when there is none (an existing
   one is opened for writing by the probe, and nothing is written), the autostart, systemd
@@ -98,6 +99,7 @@ class Scene:
             self._plant_sockets()
             self._plant_listeners(proxy_port)
             self._plant_pty()
+            self._plant_status()
             self._plant_process()
         except (OSError, subprocess.SubprocessError) as exc:
             self.remove()
@@ -135,6 +137,12 @@ class Scene:
         self._canary("copilot", home / ".config" / "github-copilot")
         self._canary("cargo", home / ".cargo")
         self.targets["dotfile"] = self._file(home / f".{self.name}.npmrc", self.token)
+        npmrc = home / ".npmrc"
+        if npmrc.exists() or npmrc.is_symlink():
+            self.skipped["npmrc"] = "yours exists, and is never opened"
+        else:
+            # A comment line, harmless to npm should the file ever be left behind.
+            self.targets["npmrc"] = self._file(npmrc, f"; {self.token}\n")
         self._canary("controlplane", self.controlplane_state)
         self._canary("endpointd_state", self.endpointd_state)
         self._canary("endpointd_config", self.endpointd_config)
@@ -274,11 +282,14 @@ class Scene:
         gnupg = self.home / ".gnupg"
         self._mkdirs(gnupg)
         self._unix("denied_socket", gnupg / self.socket_name)
-        abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._closers.append(abstract)
-        abstract.bind("\0" + self.socket_name)
-        abstract.listen(8)
-        self.targets["abstract_socket"] = "@" + self.socket_name
+        if sys.platform.startswith("linux"):
+            abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._closers.append(abstract)
+            abstract.bind("\0" + self.socket_name)
+            abstract.listen(8)
+            self.targets["abstract_socket"] = "@" + self.socket_name
+        else:
+            self.skipped["abstract_socket"] = "abstract sockets are Linux's"
         runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
         if os.path.isabs(runtime) and os.path.isdir(runtime):
             self._unix("run_socket", Path(runtime) / self.socket_name)
@@ -320,6 +331,13 @@ class Scene:
             # as unreachable as any other (Landlock's network rule names only a port).
             self._tcp("proxy_port", "127.0.0.2", proxy_port)
             self._tcp("proxy_port6", "::1", proxy_port)
+
+    def _plant_status(self) -> None:
+        """Where the privileges probes read what the command holds (Linux's /proc)."""
+        if sys.platform.startswith("linux"):
+            self.targets["proc_status"] = "/proc/self/status"
+        else:
+            self.skipped["proc_status"] = "read from /proc, which is Linux's"
 
     def _plant_pty(self) -> None:
         primary, secondary = os.openpty()

@@ -108,6 +108,7 @@ SUITE: tuple[ProbeClass, ...] = (
             Probe("read a file in ~/.config/gh", "read", "gh"),
             Probe("read a file in ~/.config/github-copilot", "read", "copilot"),
             Probe("read a file in ~/.cargo", "read", "cargo"),
+            Probe("read ~/.npmrc (planted only where there is none)", "read", "npmrc"),
             Probe("read a dotfile in the home directory (like ~/.npmrc)", "read", "dotfile"),
             Probe("read the control plane's state directory", "read", "controlplane"),
             Probe("read endpointd's state directory", "read", "endpointd_state"),
@@ -144,8 +145,8 @@ SUITE: tuple[ProbeClass, ...] = (
         "run endpointd as your own user, not as root (a root daemon's commands keep its"
         ' capabilities), and keep sandbox = "required" (it sets no_new_privs)',
         (
-            Probe("hold an effective capability", "caps"),
-            Probe("gain privileges through a setuid program (no_new_privs unset)", "nnp"),
+            Probe("hold an effective capability", "caps", "proc_status"),
+            Probe("gain privileges through setuid (no_new_privs unset)", "nnp", "proc_status"),
             Probe("make a device node in the workspace", "mknod", "mknod"),
         ),
     ),
