@@ -120,7 +120,10 @@ def run_check(
             _judge(c, run, scene, rules.sandbox, rules.network, unenforced) for c in SUITE
         ),
     )
-    checkresult.save(state_directory, result)
+    try:
+        checkresult.save(state_directory, result)
+    except OSError as exc:
+        raise CheckError(f"cannot save the result in {state_directory}: {exc}") from None
     return result
 
 
