@@ -276,7 +276,8 @@ def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(as_json: bool) -> None:
     """Show where this device is paired, whether the daemon is connected, what runs, how
-    commands are sandboxed, and which store holds the credentials.
+    commands are sandboxed (and the last `endpointd sandbox check`), and which store holds
+    the credentials.
 
     Reads the config, the running daemon's status file (checking that its process is still
     alive) and the command journal; it never contacts the server, so it answers instantly
@@ -288,6 +289,7 @@ def status(as_json: bool) -> None:
         credential_line,
         credential_status,
         print_status,
+        sandbox_check_status,
         sandbox_status,
     )
 
@@ -295,6 +297,7 @@ def status(as_json: bool) -> None:
     report["sandbox"], report["sandbox_from"] = sandbox_status(
         config_dir().path, state_dir().path, running=report["daemon"]["running"]
     )
+    check_line, report["sandbox_check"] = sandbox_check_status(config_dir().path, state_dir().path)
     report["credentials"] = credential_status(config_dir().path, state_dir().path)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -302,6 +305,7 @@ def status(as_json: bool) -> None:
         print_status(report)
         source = "" if report["sandbox_from"] == "daemon" else " (from the policy file)"
         click.echo(f"sandbox:   {report['sandbox']}{source}")
+        click.echo(f"sandbox check: {check_line}")
         click.echo(credential_line(report["credentials"]))
 
 
