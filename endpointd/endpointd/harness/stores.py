@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from endpointd.fsutil import atomic_write
-from endpointd.rules.harnesses import HARNESSES
+from endpointd.rules.harnesses import HARNESSES, moved_state, owner_logins
 from superagent_shared.messages import Reason
 
 __all__ = ["STORES_DIR", "RunStore", "StoreRefused", "finish", "open_for_run", "sweep"]
@@ -102,11 +102,15 @@ def open_for_run(
     command_id: str,
     resume_session: str = "",
     now: float | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> RunStore:
     """The store of ``command_id``'s run of ``harness`` in ``cwd``: a new one, or for
     ``resume_session`` the one holding that session (:class:`StoreRefused` when this
-    project kept none). Made (0700), recorded as in use, its login links renewed."""
+    project kept none). Made (0700), recorded as in use, its login links renewed.
+    ``environ``: endpointd's own (default), where the owner may have moved the harness's
+    state (:func:`endpointd.rules.harnesses.moved_state`)."""
     now = time.time() if now is None else now
+    environ = os.environ if environ is None else environ
     root = _root(state_dir)
     project = os.path.realpath(cwd)
     found = _own(root, command_id)  # (started before a restart: the same store)
@@ -130,7 +134,7 @@ def open_for_run(
     meta = _meta(found) or _Meta(harness=harness, project=project)
     runs = (*(r for r in meta.runs if r != command_id), command_id)
     _write_meta(found, replace(meta, runs=runs, last_used=now))
-    logins = _link_logins(store, harness, home)
+    logins = _link_logins(store, harness, home, environ)
     spec = HARNESSES[harness]
     return RunStore(
         id=found.name,
@@ -267,27 +271,29 @@ def _has_session(store: Path, session: str) -> bool:
     return False
 
 
-def _link_logins(store: Path, harness: str, home: Path) -> tuple[str, ...]:
+def _link_logins(
+    store: Path, harness: str, home: Path, environ: Mapping[str, str]
+) -> tuple[str, ...]:
     """Link the owner's login files of ``harness`` into ``store`` by name; the files the run
     may read (resolved). Only a file that really lies in the harness's own directory is
     linked (a login that is a link elsewhere, say into a denied directory, is not)."""
     spec = HARNESSES[harness]
-    wanted = [*spec.login_files, *((spec.settings_file,) if spec.settings_file else ())]
-    homes = [os.path.realpath(home / entry) for entry in spec.home_state]
+    moved = moved_state(spec, environ)
+    dirs = [home / entry for entry in spec.home_state] + ([moved[1]] if moved else [])
+    homes = [os.path.realpath(d) for d in dirs]
     granted = []
     fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        for relative in wanted:
-            name = os.path.basename(relative)
-            _clear(fd, name)
-            real = os.path.realpath(home / relative)
+        for login in owner_logins(spec, home, environ):
+            _clear(fd, login.name)
+            real = os.path.realpath(login)
             try:
                 regular = stat.S_ISREG(os.stat(real).st_mode)
             except OSError:
                 continue
-            if not regular or not any(_within(real, h) for h in homes):
+            if not regular or not any(_within(real, h) and real != h for h in homes):
                 continue
-            os.symlink(real, name, dir_fd=fd)
+            os.symlink(real, login.name, dir_fd=fd)
             granted.append(real)
     finally:
         os.close(fd)

@@ -53,10 +53,12 @@ lines are unit-tested, not run.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["HARNESSES", "HOME_STATE", "NAMES", "Run", "Spec"]
+__all__ = ["HARNESSES", "HOME_STATE", "NAMES", "Run", "Spec", "moved_state", "owner_logins"]
 
 
 @dataclass(frozen=True)
@@ -211,3 +213,24 @@ NAMES: tuple[str, ...] = tuple(HARNESSES)
 HOME_STATE: tuple[str, ...] = tuple(
     f"~/{entry}" for spec in HARNESSES.values() for entry in spec.home_state
 )
+
+
+def moved_state(spec: Spec, environ: Mapping[str, str]) -> tuple[str, Path] | None:
+    """Where the owner moved the harness's state with its variable (``CLAUDE_CONFIG_DIR``,
+    ``CODEX_HOME``, ``QWEN_HOME``) in endpointd's own environment, which the owner's CLI
+    shares: the variable and the directory; None when it is not moved."""
+    var = spec.store_env[0]
+    value = environ.get(var, "")
+    if not value or "\0" in value or not os.path.isabs(value):
+        return None
+    return var, Path(os.path.normpath(value))
+
+
+def owner_logins(spec: Spec, home: Path, environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """The owner's own login files of the harness (and its settings file, which may hold a
+    key): in its moved directory when the owner moved it, else below home."""
+    wanted = [*spec.login_files, *((spec.settings_file,) if spec.settings_file else ())]
+    moved = moved_state(spec, environ)
+    if moved is None:
+        return tuple(home / relative for relative in wanted)
+    return tuple(moved[1] / Path(relative).name for relative in wanted)

@@ -255,3 +255,23 @@ def test_keep_sessions_hours_is_read_and_checked() -> None:
     for bad in ("-1", '"72"', "1.5", "true"):
         with pytest.raises(PolicyError, match="keep_sessions_hours"):
             parse_policy(f"[harness]\nkeep_sessions_hours = {bad}\n", Path("/p"), home)
+
+
+def test_a_harness_state_the_owner_moved_is_denied_and_its_login_is_linked_from_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = _home(tmp_path)
+    moved = tmp_path / "profiles" / "claude-work"
+    moved.mkdir(parents=True)
+    (moved / ".credentials.json").write_text("{}")
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(moved))
+    store = _open(tmp_path, "claude", "cmd_1")
+    assert store.logins == (str(moved / ".credentials.json"),)
+    assert store.env == {"CLAUDE_CONFIG_DIR": str(store.path)}  # never the owner's
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "policy.toml").write_text(f'allowed_roots = ["{tmp_path}"]\n')
+    (config / "policy.toml").chmod(0o600)
+    policy = Policy(config / "policy.toml", state_dir=tmp_path / "state", home=home)
+    decision = policy.check_path(str(moved / "projects" / "x.jsonl"), "read")
+    assert (decision.action, decision.rule) == ("deny", "denied_paths: $CLAUDE_CONFIG_DIR")

@@ -173,10 +173,13 @@ async def test_a_harness_login_is_readable_by_its_own_runs_only_and_never_writab
     where["qwen"] = "$QWEN_HOME/oauth_creds.json"
     for name in NAMES:
         others = " ".join(str(p) for n, p in owner.logins.items() if n != name)
+        store = where[name].rsplit("/", 1)[0]
         script = f"""
             sha256sum {where[name]}
             echo '{{"stolen": 1}}' > {where[name]}
             echo '{{"stolen": 1}}' > {owner.logins[name]}
+            ln {owner.logins[name]} {store}/hard && echo '{{"stolen": 1}}' > {store}/hard
+            cp -P {where[name]} {store}/copy && echo '{{"stolen": 1}}' > {store}/copy
             cat {others}
             echo run ended
         """
@@ -227,6 +230,12 @@ async def test_a_second_run_cannot_see_the_first_runs_store_unless_it_resumes_it
         assert isinstance(done, pb.Finished), (name, done)
         assert b"looked" in out, out[-2000:]
         assert secret.encode() not in out, (name, cwd)
+
+    # Nor can a plain command read it (the paths out of its argv's sight, in a script).
+    (owner.app / "look.sh").write_text(f"cat {stored}; ls {store.parent}; echo looked\n")
+    done, out = await owner.device.sh("sh ./look.sh", owner.app)
+    assert b"looked" in out
+    assert secret.encode() not in out
 
     # Resuming the first run's session in its workspace continues in its store...
     done, out = await owner.run(
