@@ -6,6 +6,7 @@ and sandbox, is test_harness_stores.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from endpointd.guard import landlock, sandbox, seatbelt
 from endpointd.guard.policy import Policy
 from endpointd.harness import stores
+from endpointd.harness.logins import login_secrets
 from endpointd.rules.errors import PolicyError
 from endpointd.rules.parser import parse_policy
 from endpointd.rules.tables import DEFAULT_DENIED_PATHS
@@ -275,3 +277,28 @@ def test_a_harness_state_the_owner_moved_is_denied_and_its_login_is_linked_from_
     policy = Policy(config / "policy.toml", state_dir=tmp_path / "state", home=home)
     decision = policy.check_path(str(moved / "projects" / "x.jsonl"), "read")
     assert (decision.action, decision.rule) == ("deny", "denied_paths: $CLAUDE_CONFIG_DIR")
+
+
+def test_the_secrets_of_the_owners_logins_are_known_to_the_redactor(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    files = {
+        ".claude/.credentials.json": {
+            "claudeAiOauth": {"accessToken": "sk-ant-oat01-aaaa", "expiresAt": 1799999999999}
+        },
+        ".codex/auth.json": {
+            "OPENAI_API_KEY": None,
+            "tokens": {"id_token": "eyJhbGciOi.x", "account_id": "acct-1234567890"},
+        },
+        ".qwen/oauth_creds.json": {"access_token": "qwen-access-1", "token_type": "Bearer"},
+        ".qwen/settings.json": {"security": {"auth": {"apiKey": "sk-qwen-settings"}}},
+    }
+    for relative, data in files.items():
+        (home / relative).parent.mkdir(parents=True, exist_ok=True)
+        (home / relative).write_text(json.dumps(data))
+    found = set(login_secrets(home, {}).values())
+    assert found == {b"sk-ant-oat01-aaaa", b"eyJhbGciOi.x", b"qwen-access-1", b"sk-qwen-settings"}
+    # Read again when a file changes; a broken file gives nothing, and no error.
+    (home / ".codex/auth.json").write_text('{"tokens": {"refresh_token": "rt-new-value-1"}}')
+    (home / ".qwen/settings.json").write_text("{not json")
+    found = set(login_secrets(home, {}).values())
+    assert found == {b"sk-ant-oat01-aaaa", b"rt-new-value-1", b"qwen-access-1"}
