@@ -114,11 +114,11 @@ def default_denied(
                 )
             )
     for spec in HARNESSES.values():
-        # A harness's state moved by its variable (CLAUDE_CONFIG_DIR, …) is as much the
-        # owner's as its usual place below home.
-        moved = moved_state(spec, os.environ)
-        if moved is not None:
-            out.append(DeniedPath(label=f"${moved[0]}", path=moved[1], default=True))
+        # A harness's state moved by its variables (CLAUDE_CONFIG_DIR, …) is as much the
+        # owner's as its usual place below home (never the home directory itself, nor /).
+        for var, path in moved_state(spec, os.environ):
+            if not _within(str(home), str(path)):
+                out.append(DeniedPath(label=f"${var}", path=path, default=True))
     config = Path(os.path.abspath(config_directory))
     # Inside the config dir, but named on its own: it holds credential values in plain
     # files (the file store), and a refusal should say that is what was reached for.

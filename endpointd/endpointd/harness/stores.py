@@ -278,8 +278,8 @@ def _link_logins(
     may read (resolved). Only a file that really lies in the harness's own directory is
     linked (a login that is a link elsewhere, say into a denied directory, is not)."""
     spec = HARNESSES[harness]
-    moved = moved_state(spec, environ)
-    dirs = [home / entry for entry in spec.home_state] + ([moved[1]] if moved else [])
+    moved = [path for var, path in moved_state(spec, environ) if var == spec.store_env[0]]
+    dirs = [home / entry for entry in spec.home_state] + moved
     homes = [os.path.realpath(d) for d in dirs]
     granted = []
     fd = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

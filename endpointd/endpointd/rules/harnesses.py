@@ -215,22 +215,24 @@ HOME_STATE: tuple[str, ...] = tuple(
 )
 
 
-def moved_state(spec: Spec, environ: Mapping[str, str]) -> tuple[str, Path] | None:
-    """Where the owner moved the harness's state with its variable (``CLAUDE_CONFIG_DIR``,
-    ``CODEX_HOME``, ``QWEN_HOME``) in endpointd's own environment, which the owner's CLI
-    shares: the variable and the directory; None when it is not moved."""
-    var = spec.store_env[0]
-    value = environ.get(var, "")
-    if not value or "\0" in value or not os.path.isabs(value):
-        return None
-    return var, Path(os.path.normpath(value))
+def moved_state(spec: Spec, environ: Mapping[str, str]) -> tuple[tuple[str, Path], ...]:
+    """Where the owner moved the harness's state with its variables (``CLAUDE_CONFIG_DIR``,
+    ``CODEX_HOME`` and ``CODEX_SQLITE_HOME``, ``QWEN_HOME`` and ``QWEN_RUNTIME_DIR``) in
+    endpointd's own environment, which the owner's CLI shares: each variable set to an
+    absolute path, and that directory."""
+    out = []
+    for var in spec.store_env:
+        value = environ.get(var, "")
+        if value and "\0" not in value and os.path.isabs(value):
+            out.append((var, Path(os.path.normpath(value))))
+    return tuple(out)
 
 
 def owner_logins(spec: Spec, home: Path, environ: Mapping[str, str]) -> tuple[Path, ...]:
     """The owner's own login files of the harness (and its settings file, which may hold a
     key): in its moved directory when the owner moved it, else below home."""
     wanted = [*spec.login_files, *((spec.settings_file,) if spec.settings_file else ())]
-    moved = moved_state(spec, environ)
-    if moved is None:
+    main = dict(moved_state(spec, environ)).get(spec.store_env[0])
+    if main is None:
         return tuple(home / relative for relative in wanted)
-    return tuple(moved[1] / Path(relative).name for relative in wanted)
+    return tuple(main / Path(relative).name for relative in wanted)

@@ -302,3 +302,20 @@ def test_the_secrets_of_the_owners_logins_are_known_to_the_redactor(tmp_path: Pa
     (home / ".qwen/settings.json").write_text("{not json")
     found = set(login_secrets(home, {}).values())
     assert found == {b"sk-ant-oat01-aaaa", b"rt-new-value-1", b"qwen-access-1"}
+
+
+def test_a_harness_variable_naming_the_home_directory_denies_only_its_subdirectories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = _home(tmp_path)
+    runtime = tmp_path / "runtime" / "qwen"
+    monkeypatch.setenv("QWEN_HOME", str(home))  # a mistake: never deny the whole home
+    monkeypatch.setenv("QWEN_RUNTIME_DIR", str(runtime))
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "policy.toml").write_text(f'allowed_roots = ["{tmp_path}"]\n')
+    (config / "policy.toml").chmod(0o600)
+    policy = Policy(config / "policy.toml", state_dir=tmp_path / "state", home=home)
+    assert policy.check_path(str(home / "notes.txt"), "read").action == "allow"
+    decision = policy.check_path(str(runtime / "projects" / "x"), "read")
+    assert (decision.action, decision.rule) == ("deny", "denied_paths: $QWEN_RUNTIME_DIR")
