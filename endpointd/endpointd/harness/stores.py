@@ -4,7 +4,8 @@ A coding-agent CLI keeps all its state in one directory below the home directory
 (``~/.claude``, ``~/.codex``, ``~/.qwen``): its login, every project's transcripts, its
 configuration, and things it runs later outside any sandbox (Claude Code sources
 ``~/.claude/shell-snapshots`` before each of the owner's commands). That directory is the
-owner's: every command is denied it (:data:`endpointd.rules.harnesses.HOME_STATE`). Each
+owner's: every command is denied it (:data:`endpointd.rules.harnesses.HOME_STATE`, and
+where the owner's variables moved it: :func:`endpointd.rules.harnesses.moved_state`). Each
 harness run instead gets a store the daemon makes for it, and the harness is pointed there
 by the variables it honours (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``, ``QWEN_HOME``; the
 harness table's ``store_env``).
@@ -15,7 +16,8 @@ can read a store)::
     harness-stores/<id>/meta.json   the daemon's record: harness, project, last use, runs
     harness-stores/<id>/store/      the run's: granted to it alone, read and write
 
-* **A new session** (no ``resume_session``) gets a new store, named after its command.
+* **A new session** (no ``resume_session``) gets a new store, named at random (never by
+  anything the control plane chose).
 * **A resume** continues in the store holding that session, found by the session file the
   harness wrote (``<session>.jsonl``, or ``…-<session>.jsonl`` for Codex), and only among
   the stores of the same harness for the same project directory (the run's resolved cwd).
