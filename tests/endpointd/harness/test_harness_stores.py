@@ -219,9 +219,11 @@ async def test_a_second_run_cannot_see_the_first_runs_store_unless_it_resumes_it
     store = Path(stored).parents[2]
 
     # A new session, in the same workspace and in another one, of the same harness and of
-    # another: the first run's store is out of reach, however it is named.
+    # another: the first run's store is out of reach, however it is named, to read or write.
     steal = f"""
         cat {stored}
+        echo '{{"planted": 1}}' >> {stored}
+        mkdir -p {store}/projects/-work-app && echo '{{}}' > {store}/projects/-work-app/x.jsonl
         cat {store}/projects/*/*.jsonl
         ls -la {store} {store.parent}
         cat "$HOME"/.claude/projects/*/*.jsonl
@@ -246,7 +248,7 @@ async def test_a_second_run_cannot_see_the_first_runs_store_unless_it_resumes_it
         resume_session=sid,
     )
     assert isinstance(done, pb.Finished), done
-    assert secret.encode() in out, out[-2000:]
+    assert out.decode().split() == [secret], out[-2000:]  # as the first run left it
     # ...but not from another workspace, nor as another harness: refused, with the reason.
     for name, cwd in (("claude", owner.other), ("codex", owner.app)):
         done, out = await owner.run(name, "cat /dev/null", cwd=cwd, resume_session=sid)
