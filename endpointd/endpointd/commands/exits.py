@@ -70,11 +70,19 @@ class Exits(Sender):
 
     def _harness_finished(self, command_id: str) -> None:
         """A harness run ended: its session store is kept for a resume, or goes now
-        (``[harness] keep_sessions_hours``; :mod:`endpointd.harness.stores`)."""
+        (``[harness] keep_sessions_hours``; :mod:`endpointd.harness.stores`), as do the
+        other stores no longer kept."""
         rules = self.policy.rules
         keep = rules.harness.keep_sessions_hours if rules is not None else 0
         try:
             stores.finish(self.state_directory, command_id, keep_hours=keep)
+            stores.sweep(
+                self.state_directory,
+                keep_hours=keep,
+                max_run_seconds=min(
+                    self.limits.max_timeout_seconds, self.policy.limits.max_runtime_seconds
+                ),
+            )
         except OSError as exc:
             log.warning("cannot release the session store of %s: %s", command_id, exc)
 

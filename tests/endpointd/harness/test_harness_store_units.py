@@ -15,7 +15,7 @@ import pytest
 
 from endpointd.guard import landlock, sandbox, seatbelt
 from endpointd.guard.policy import Policy
-from endpointd.harness import stores
+from endpointd.harness import detect, stores
 from endpointd.harness.logins import login_secrets
 from endpointd.rules.errors import PolicyError
 from endpointd.rules.parser import parse_policy
@@ -319,3 +319,17 @@ def test_a_harness_variable_naming_the_home_directory_denies_only_its_subdirecto
     assert policy.check_path(str(home / "notes.txt"), "read").action == "allow"
     decision = policy.check_path(str(runtime / "projects" / "x"), "read")
     assert (decision.action, decision.rule) == ("deny", "denied_paths: $QWEN_RUNTIME_DIR")
+
+
+def test_detection_looks_for_a_login_where_the_owner_moved_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    moved = tmp_path / "codex-home"
+    moved.mkdir()
+    rules_ = parse_policy("", Path("/p"), home)
+    environ = {"CODEX_HOME": str(moved)}
+    settings = rules_.harness.settings_for("codex")
+    args = {"home": home, "environ": environ, "passed": (), "stored": ()}
+    assert detect.login_of("codex", settings, **args) == ""  # type: ignore[arg-type]
+    (moved / "auth.json").write_text("{}")
+    assert detect.login_of("codex", settings, **args) == str(moved / "auth.json")  # type: ignore[arg-type]
