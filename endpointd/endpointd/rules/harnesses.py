@@ -47,7 +47,7 @@ Sources the flags rely on (checked against the CLI's help or source, as noted):
   ("Settings", environment variables).
 
 Codex and Claude Code are not installed on the machines the tests run on: their command
-lines are unit-tested, not run.
+lines and store variables are unit-tested, and their runs tested with stand-in programs.
 """
 
 from __future__ import annotations
