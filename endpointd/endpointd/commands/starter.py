@@ -13,7 +13,8 @@ A RunHarness never runs as such: :meth:`Starter._build_harness` turns it into th
 the device's harness table and local policy make of it (:mod:`endpointd.harness.runs`),
 on receipt and again at its start (the policy may have changed), and from there it takes
 the exec's path: the policy judges its real argv, it gets its harness's credential, its
-sandbox (plus its session store), its supervisor.
+session store (:meth:`Starter._harness_store`: its own, never the owner's), its sandbox
+(plus that store and its harness's login, read-only), its supervisor.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -36,7 +36,7 @@ from endpointd.commands.state import Active, finished, refused
 from endpointd.guard import sandbox
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
-from endpointd.harness import runs
+from endpointd.harness import runs, stores
 from endpointd.process.executor import (
     ExecLimits,
     ZygoteError,
@@ -399,40 +399,68 @@ class Starter(Exits):
             kill_grace_seconds=self.limits.kill_grace_seconds,
         )
 
-    def _confinement(self, active: Active, ex: Exec) -> Confinement | None:
-        """The sandbox of this command (None: refused, and already finished as such)."""
+    def _confinement(
+        self, active: Active, ex: Exec, store: stores.RunStore | None = None
+    ) -> Confinement | None:
+        """The sandbox of this command (None: refused, and already finished as such); for a
+        harness run, plus its session store and its login files, read-only."""
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
         proxy = active.delivery.proxy_port if active.delivery is not None else None
-        extra = self._session_dirs(ex) if isinstance(ex, HarnessExec) else ()
-        planned = self._plan_sandbox(cwd, private_tmpdir(active.spool), proxy, extra)
+        planned = self._plan_sandbox(
+            cwd,
+            private_tmpdir(active.spool),
+            proxy,
+            own=(str(store.path),) if store is not None else (),
+            reads=store.logins if store is not None else (),
+        )
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
             return None
         return planned
 
-    def _session_dirs(self, ex: HarnessExec) -> tuple[str, ...]:
-        """A harness run's session-store directories (:func:`endpointd.harness.runs.build`),
-        made now when missing (the sandbox grants only what exists), except where the
-        policy denies: what it may write beyond its workspace, and nothing else."""
-        out = []
-        for directory in ex.session_dirs:
-            if self.policy.denied_rule(directory) is not None:
-                continue
-            try:
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-            except OSError as exc:
-                log.warning("cannot make the harness session directory %s: %s", directory, exc)
-                continue
-            out.append(directory)
-        return tuple(out)
+    def _harness_store(self, active: Active, ex: HarnessExec) -> stores.RunStore | None:
+        """A harness run's own session store (:mod:`endpointd.harness.stores`), after
+        removing the ones no longer kept; None: refused (a resume of a session this project
+        did not keep), and already finished as such."""
+        request = ex.request
+        assert request is not None  # (at its start a run is always built from its request)
+        rules = self.policy.rules
+        keep = rules.harness.keep_sessions_hours if rules is not None else 0
+        try:
+            stores.sweep(
+                self.state_directory,
+                keep_hours=keep,
+                max_run_seconds=self._exec_limits().max_timeout_seconds,
+            )
+            return stores.open_for_run(
+                self.state_directory,
+                harness=request.harness,
+                home=self.policy.home,
+                cwd=ex.cwd,
+                command_id=active.command_id,
+                resume_session=request.resume_session,
+            )
+        except stores.StoreRefused as exc:
+            self._refuse_started(active, Refusal(exc.reason, exc.message), "harness")
+        except OSError as exc:
+            message = f"cannot make the harness run's session store: {exc}"
+            self._refuse_started(active, Refusal(Reason.INVALID, message), "harness")
+        return None
 
     def _plan_sandbox(
-        self, cwd: str, tmpdir: Path, proxy: int | None, extra: tuple[str, ...] = ()
+        self,
+        cwd: str,
+        tmpdir: Path,
+        proxy: int | None,
+        *,
+        own: tuple[str, ...] = (),
+        reads: tuple[str, ...] = (),
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
-        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``extra``:
-        more directories it may write (a harness's session store)."""
+        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``own``:
+        directories endpointd made for it in its state dir (a harness run's session store),
+        ``reads``: files it may read though denied (that run's login)."""
         rules = self.policy.rules
         workspace = self.policy.workspace_for(cwd)
         if rules is None or workspace is None:
@@ -446,8 +474,10 @@ class Starter(Exits):
                 workspace=str(workspace),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
-                extra_write=[*dirs, *extra],
+                extra_write=dirs,
                 extra_write_files=files,
+                own_write=own,
+                read_files=reads,
             )
         except sandbox.SandboxUnavailable as exc:
             return Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox"
@@ -455,7 +485,14 @@ class Starter(Exits):
     async def _launch_exec(self, active: Active, ex: Exec) -> None:
         if not await self._deliver(active):
             return
-        confinement = self._confinement(active, ex)
+        store = None
+        if isinstance(ex, HarnessExec):
+            store = self._harness_store(active, ex)
+            if store is None:
+                await self._make_durable(active)
+                return
+            ex = replace(ex, env={**ex.env, **store.env})
+        confinement = self._confinement(active, ex, store)
         if confinement is None:
             await self._make_durable(active)
             return

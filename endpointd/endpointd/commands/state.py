@@ -26,6 +26,7 @@ from endpointd.audit import AuditLog
 from endpointd.config import DeviceConfig
 from endpointd.guard.approvals import Approvals
 from endpointd.guard.policy import Policy
+from endpointd.harness.logins import login_secrets
 from endpointd.journal import Journal, State
 from endpointd.paths import data_dir
 from endpointd.process.executor import ExecLimits, Zygote
@@ -216,7 +217,8 @@ class Core:
         if now - self._redactor_checked < REDACTOR_RECHECK:
             return self._redactor
         self._redactor_checked = now
-        own = own_secrets(self.config.key)
+        # (The owner's harness logins too: a harness run may read its own.)
+        own = {**own_secrets(self.config.key), **login_secrets(self.policy.home)}
         if self.credentials is None:
             if not self._redactor.covers(own.values()):
                 self._redactor = Redactor(own)

@@ -118,11 +118,15 @@ def plan(
     proxy_port: int | None = None,
     extra_write: Sequence[str] = (),
     extra_write_files: Sequence[str] = (),
+    own_write: Sequence[str] = (),
+    read_files: Sequence[str] = (),
 ) -> Confinement:
     """The confinement of one command; :class:`SandboxUnavailable` when it is required
     and this machine cannot enforce it. ``extra_write``: more directories it may write
     (whole), ``extra_write_files``: single files it may write (not replace); neither ever
-    opens a denied path."""
+    opens a denied path. ``own_write``: directories endpointd made for this command alone
+    inside its own (denied) state dir, granted like its TMPDIR (a harness run's session
+    store); ``read_files``: single files it may read though denied (that run's login)."""
     if rules.sandbox == "off":
         return Confinement(network="allow", mechanism="")
     here = support()
@@ -149,8 +153,9 @@ def plan(
         # Only Seatbelt can carve these out of a writable root; Landlock cannot (module doc).
         protected=_protected(_real(workspace)) if here.mechanism == "seatbelt" else (),
         denied=denied_real,
-        write=(_real(workspace), _real(tmpdir), *extra),
+        write=(_real(workspace), _real(tmpdir), *(_real(p) for p in own_write), *extra),
         write_files=(*DEVICE_FILES, *files),
+        read_files=tuple(_real(p) for p in read_files),
         network=rules.network,
         proxy_port=proxy_port,
         mechanism=here.mechanism,
@@ -229,6 +234,7 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         if os.path.isdir(root):
             grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
     grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
+    grants += [(f, landlock.READ_FILE) for f in c.read_files if os.path.isfile(f)]
     if c.network == "allow":
         connect: list[int] | None = None
     else:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from endpointd.rules.environment import BASE
-from endpointd.rules.harnesses import HARNESSES, NAMES, Spec
+from endpointd.rules.harnesses import HARNESSES, NAMES, Spec, owner_logins
 from endpointd.rules.tables import HarnessRules, HarnessSettings, Rules
 from superagent_shared.messages import Harness
 
@@ -113,12 +113,14 @@ def version_of(program: str, environ: Mapping[str, str] | None = None) -> str:
     return "".join(c for c in first if c.isprintable())[:VERSION_CHARS]
 
 
-def _settings_key(spec: Spec, home: Path) -> bool:
+def _shown(path: Path, home: Path) -> str:
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
+def _settings_key(spec: Spec, settings: Path) -> bool:
     """Does the harness's settings file set a key (at one of its known places)?"""
-    if not spec.settings_file:
-        return False
     try:
-        data = json.loads((home / spec.settings_file).read_text(encoding="utf-8"))
+        data = json.loads(settings.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     for path in spec.settings_keys:
@@ -143,11 +145,13 @@ def login_of(
     spec = HARNESSES[name]
     if settings.credential and settings.credential in stored:
         return f"credential {settings.credential}"
-    for relative in spec.login_files:
-        if (home / relative).is_file():
-            return f"~/{relative}"
-    if _settings_key(spec, home):
-        return f"~/{spec.settings_file}"
+    # Where the owner's CLI keeps them: below home, or where its variable moved them.
+    logins = owner_logins(spec, home, environ)
+    for path in logins[: len(spec.login_files)]:
+        if path.is_file():
+            return _shown(path, home)
+    if spec.settings_file and _settings_key(spec, logins[-1]):
+        return _shown(logins[-1], home)
     for var in spec.key_env:
         if environ.get(var) and var in passed:
             return f"${var}"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from endpointd.rules.credentials import Store
+from endpointd.rules.harnesses import HOME_STATE
 from endpointd.rules.terms import (
     DEFAULT_HEADER,
     FILE_OPS,
@@ -51,6 +52,11 @@ DEFAULT_DENIED_PATHS = (
     "~/Library/Application Support/Firefox",
     "~/Library/Safari",
     "~/Library/Cookies",
+    # Coding-agent CLIs' own state: their logins, every project's transcripts, and what they
+    # run next time the owner starts them (Claude Code sources ~/.claude/shell-snapshots
+    # before each command). A harness run works in a store of its own, with its login
+    # linked in read-only (endpointd.harness.stores).
+    *HOME_STATE,
 )
 
 
@@ -165,6 +171,9 @@ class HarnessRules:
     default: str = ""
     allowed: tuple[str, ...] = ()
     settings: Mapping[str, HarnessSettings] = field(default_factory=dict)
+    # How long a run's session store is kept after its last run, for a resume (0: removed
+    # when the run ends).
+    keep_sessions_hours: int = 72
 
     def allows(self, name: str) -> bool:
         return name in self.allowed or (bool(name) and name == self.default)
