@@ -17,13 +17,20 @@ One :class:`CredentialProxy` per command that needs one, in the daemon's event l
   ALPN ``http/1.1`` only), reads the request head, removes any header of the credential's
   header name the client sent (and the hop-by-hop ones), adds the credential's header line
   and ``Connection: close``, and relays the rest both ways. One request per connection:
-  anything a client sends after the first request travels without the credential.
+  anything a client sends after the first request travels without the credential. That
+  request must be *for* the CONNECT host (:func:`_bound_target`): exactly one ``Host``
+  naming the same host and port, and an origin-form target (``/path``) or an absolute one
+  naming them too; else the proxy answers ``421`` (``400`` when malformed) itself and
+  nothing goes upstream, so a tunnel opened to the credential's host cannot carry its
+  credential (or a request) to another virtual host behind the same address.
 * **``CONNECT`` to any other host**: under ``network = "allow"`` a plain TCP tunnel
   (no interception); under ``network = "proxy"`` only to ``[proxy] allow_hosts``; under
   ``network = "deny"`` never. Refusals are ``403`` with one line naming the host and the
   policy key.
 * **Plain HTTP** (``GET http://host/...``): forwarded under the same egress rules, and
-  never with a credential (a bearer token never travels in clear).
+  never with a credential (a bearer token never travels in clear). A ``Host`` header must
+  name the URL's host and port (``421`` otherwise): the egress rules judge the URL, and a
+  server behind it would route by the header.
 
 Host patterns: ``name`` (exact, case-insensitive), ``*.example.com`` (any name ending in
 ``.example.com``, not ``example.com`` itself), each optionally with ``:port``. Without a
@@ -263,6 +270,45 @@ async def _read_head(reader: asyncio.StreamReader, timeout: float) -> bytes | No
     except TimeoutError:
         raise ProxyError(408, "Request Timeout", "endpointd proxy: no request in time") from None
     return data[:-4]
+
+
+def _bound_target(head: _Head, host: str, port: int, scheme: str, default_port: int) -> str:
+    """The origin-form target of a request that is for ``host:port`` only; ProxyError
+    (421 for another host, 400 when malformed) for anything else.
+
+    ``Host`` must appear once and name ``host:port`` (a missing port meaning
+    ``default_port``); the target must be ``/path`` (not ``//…``, which some servers read
+    as a host) or an absolute ``scheme://host:port/path`` naming the same.
+    """
+    where = f"{host}:{port}"
+    hosts = [value for name, value in head.headers if name.lower() == "host"]
+    if len(hosts) != 1:
+        raise ProxyError(
+            400, "Bad Request", f"endpointd proxy: a request to {where} needs exactly one Host"
+        )
+    target = head.target
+    named = [hosts[0]]
+    if target.lower().startswith(scheme + "://"):
+        url = urlsplit(target)
+        if url.username is not None or url.password is not None:
+            raise ProxyError(400, "Bad Request", "endpointd proxy: malformed request target")
+        named.append(url.netloc)
+        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    if not target.startswith("/") or target.startswith("//"):
+        raise ProxyError(400, "Bad Request", "endpointd proxy: malformed request target")
+    for authority in named:
+        try:
+            same = parse_authority(authority, default_port) == (_normal_host(host), port)
+        except ValueError:
+            same = False
+        if not same:
+            raise ProxyError(
+                421,
+                "Misdirected Request",
+                f"endpointd proxy: this connection is for {where}; the request names "
+                "another host",
+            )
+    return target
 
 
 def _response(status: int, reason: str, message: str, extra: Sequence[str] = ()) -> bytes:
@@ -605,12 +651,14 @@ class CredentialProxy:
                 if raw is None:
                     return up_writer
                 inner = _parse_head(raw)
+                target = _bound_target(inner, host, port, "https", HTTPS_PORT)
             except ProxyError as exc:
+                log.info("credential proxy: refused a request inside %s:%d (%d)", host, port, exc.status)
                 writer.write(_response(exc.status, exc.reason, exc.message))
                 await writer.drain()
                 return up_writer
             up_writer.write(
-                _rewrite(inner, inner.target, (injection.header_name,), (injection.line(),))
+                _rewrite(inner, target, (injection.header_name,), (injection.line(),))
             )
             await up_writer.drain()
             log.debug("credential proxy: added %s's header for %s:%d", injection.name, host, port)
@@ -636,7 +684,11 @@ class CredentialProxy:
         path = url.path or "/"
         if url.query:
             path += "?" + url.query
-        add = [] if head.get("Host") is not None else [f"Host: {url.netloc}".encode("latin-1")]
+        if head.get("Host") is None:
+            add = [f"Host: {url.netloc}".encode("latin-1")]
+        else:
+            add = []
+            _bound_target(head, host, port, "http", HTTP_PORT)
         up_reader, up_writer = await self._open(host, port, None)
         try:
             # Never a credential here: plain HTTP would carry it in clear.

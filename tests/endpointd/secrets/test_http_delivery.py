@@ -642,6 +642,41 @@ async def test_the_proxy_replaces_a_client_supplied_header_and_adds_the_credenti
     assert token not in repr(proxy) + repr(proxy.injections)
 
 
+async def test_an_inner_request_for_another_host_gets_no_credential_and_goes_nowhere(
+    direct: tuple[CredentialProxy, HttpsServer], tmp_path: Path
+) -> None:
+    """CONNECT names the credential's host, then the request inside the tunnel names
+    another (a virtual host behind the same address, or a fronted domain): the proxy
+    answers it itself, and neither the credential nor the request reaches the upstream."""
+    proxy, server = direct
+    authority = f"localhost:{server.port}"
+    misdirected = [
+        f"GET / HTTP/1.1\r\nHost: other-host.example\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: other-host.example:{server.port}\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",  # another port: 443
+        f"GET / HTTP/1.1\r\nHost: localhost:{server.port + 1}\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: {authority}\r\nHost: other-host.example\r\n\r\n",
+        "GET / HTTP/1.1\r\n\r\n",  # no Host at all
+        f"GET https://other-host.example/ HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+        f"GET //other-host.example/ HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+        f"GET * HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+    ]
+    context = _client_context(proxy, tmp_path)
+    for request in misdirected:
+        answer = await _raw_request(proxy, authority, request.encode(), tls=context)
+        assert answer.startswith((b"HTTP/1.1 421 ", b"HTTP/1.1 400 ")), (request, answer)
+        assert b"endpointd proxy" in answer
+    assert server.authorizations == []
+    # The same request naming the CONNECT host, in any case or absolute form, goes through.
+    for request in (
+        f"GET /api/a HTTP/1.1\r\nHost: LOCALHOST:{server.port}\r\n\r\n",
+        f"GET https://{authority}/api/b HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+    ):
+        answer = await _raw_request(proxy, authority, request.encode(), tls=context)
+        assert answer.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")), (request, answer)
+    assert len(server.authorizations) == 2
+
+
 async def test_the_proxy_wants_its_token(
     direct: tuple[CredentialProxy, HttpsServer], tmp_path: Path
 ) -> None:
@@ -673,9 +708,18 @@ async def test_plain_http_never_carries_a_credential(token: str, tmp_path: Path)
             )
             answer = await asyncio.wait_for(reader.read(-1), 30)
             writer.close()
+            # The URL names an allowed host, the Host header another (fronting): refused.
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(
+                f"GET http://127.0.0.1:{plain.port}/x HTTP/1.1\r\nHost: other-host.example\r\n"
+                f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode()
+            )
+            fronted = await asyncio.wait_for(reader.read(-1), 30)
+            writer.close()
         finally:
             proxy.close()
     assert b"plain ok" in answer
+    assert fronted.startswith(b"HTTP/1.1 421 "), fronted
     assert len(plain.server.seen) == 1
     assert "x-api-key" not in plain.server.seen[0].lower()
     assert token not in plain.server.seen[0]
