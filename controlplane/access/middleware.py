@@ -144,7 +144,6 @@ class RequireAccess:
             raise Unauthorized("this sign-in has expired or ended; sign in again")
         return authentication.Principal(authentication.ADMIN, "session")
 
-
     async def _bearer(self, conn: HTTPConnection, presented: str) -> authentication.Principal:
         """A bearer token is counted as an attempt *before* it is compared (TooManyAttempts
         past the limit, without comparing): a burst cannot outrun the count, and a locked

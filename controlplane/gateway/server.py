@@ -20,13 +20,13 @@ import grpc
 import controlplane
 from controlplane import listening
 from controlplane.errors import SuperagentError
-from controlplane.peers import peer_group
 from controlplane.gateway import pairing, wire
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.stream import DeviceStream
 from controlplane.gateway.stream_caps import StreamCaps
 from controlplane.gateway.tls import ServerTls
+from controlplane.peers import peer_group
 from controlplane.services import Service
 from controlplane.settings import GrpcSettings
 from superagent_shared.messages import PairRequest, PairResponse
@@ -163,7 +163,10 @@ class EndpointGateway(wire.Servicer):
         refusal = self.streams.admit(peer)
         if refusal is not None:
             log.info("device stream refused from %s: %s", peer, refusal)
-            return context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            refused: Coroutine[object, object, None] = context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, refusal
+            )
+            return refused
         # Given back when the RPC ends, however it ends (no frame more per stream).
         context.add_done_callback(lambda _: self.streams.release(peer))
         stream = DeviceStream(

@@ -305,8 +305,7 @@ def _bound_target(head: _Head, host: str, port: int, scheme: str, default_port: 
             raise ProxyError(
                 421,
                 "Misdirected Request",
-                f"endpointd proxy: this connection is for {where}; the request names "
-                "another host",
+                f"endpointd proxy: this connection is for {where}; the request names another host",
             )
     return target
 
@@ -653,13 +652,13 @@ class CredentialProxy:
                 inner = _parse_head(raw)
                 target = _bound_target(inner, host, port, "https", HTTPS_PORT)
             except ProxyError as exc:
-                log.info("credential proxy: refused a request inside %s:%d (%d)", host, port, exc.status)
+                log.info(
+                    "credential proxy: refused a request inside %s:%d (%d)", host, port, exc.status
+                )
                 writer.write(_response(exc.status, exc.reason, exc.message))
                 await writer.drain()
                 return up_writer
-            up_writer.write(
-                _rewrite(inner, target, (injection.header_name,), (injection.line(),))
-            )
+            up_writer.write(_rewrite(inner, target, (injection.header_name,), (injection.line(),)))
             await up_writer.drain()
             log.debug("credential proxy: added %s's header for %s:%d", injection.name, host, port)
             await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)

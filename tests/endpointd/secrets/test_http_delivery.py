@@ -651,7 +651,7 @@ async def test_an_inner_request_for_another_host_gets_no_credential_and_goes_now
     proxy, server = direct
     authority = f"localhost:{server.port}"
     misdirected = [
-        f"GET / HTTP/1.1\r\nHost: other-host.example\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: other-host.example\r\n\r\n",
         f"GET / HTTP/1.1\r\nHost: other-host.example:{server.port}\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",  # another port: 443
         f"GET / HTTP/1.1\r\nHost: localhost:{server.port + 1}\r\n\r\n",
