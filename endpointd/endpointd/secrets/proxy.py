@@ -16,8 +16,9 @@ One :class:`CredentialProxy` per command that needs one, in the daemon's event l
   command's TLS with a leaf certificate of the device CA (:mod:`endpointd.secrets.ca`,
   ALPN ``http/1.1`` only), reads the request head, removes any header of the credential's
   header name the client sent (and the hop-by-hop ones), adds the credential's header line
-  and ``Connection: close``, and relays the rest both ways. One request per connection:
-  anything a client sends after the first request travels without the credential. That
+  and ``Connection: close``, and relays the answer back. One request per connection:
+  only that request's body, as its framing delimits it (:class:`_Body`; an ambiguous
+  framing is refused), goes upstream after it, and nothing the client sends after it. That
   request must be *for* the CONNECT host (:func:`_bound_target`): exactly one ``Host``
   naming the same host and port, and an origin-form target (``/path``) or an absolute one
   naming them too; else the proxy answers ``421`` (``400`` when malformed) itself and
@@ -336,19 +337,88 @@ def _rewrite(head: _Head, target: str, drop: Iterable[str], add: Sequence[bytes]
 # ------------------------------------------------------------------------ relaying
 
 
+def _framing(head: _Head) -> int | None:
+    """How long the request's body is: its ``Content-Length`` (0 without one), or None for
+    ``chunked``; ProxyError when its framing is ambiguous (both, several different lengths,
+    another transfer coding), the ground of request smuggling."""
+    lengths = {v.strip() for k, v in head.headers if k.lower() == "content-length"}
+    codings = [v.strip().lower() for k, v in head.headers if k.lower() == "transfer-encoding"]
+    if codings:
+        if lengths or codings != ["chunked"]:
+            raise ProxyError(
+                400, "Bad Request", "endpointd proxy: only one framing, chunked or a length"
+            )
+        return None
+    if not lengths:
+        return 0
+    (length,) = lengths if len(lengths) == 1 else ("",)
+    if not length.isdigit():
+        raise ProxyError(400, "Bad Request", "endpointd proxy: a bad Content-Length")
+    return int(length)
+
+
+class _Body:
+    """The one request's body as its framing delimits it, read from the client: once it has
+    gone, reads end, so nothing the client sends after its request goes upstream (a second,
+    pipelined request naming another host included)."""
+
+    def __init__(self, length: int | None) -> None:
+        self.chunked = length is None
+        self.left = length or 0  # bytes of the body (or of the current chunk and its CRLF)
+        self.done = length == 0
+
+    async def read(self, src: asyncio.StreamReader) -> bytes:
+        if self.done:
+            return b""
+        if self.chunked and self.left == 0:
+            return await self._chunk_line(src)
+        data = await src.read(min(_READ, self.left))
+        self.left -= len(data)
+        if not data or (self.left == 0 and not self.chunked):
+            self.done = True
+        return data
+
+    async def _chunk_line(self, src: asyncio.StreamReader) -> bytes:
+        try:
+            line = await src.readuntil(b"\r\n")
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            self.done = True  # a broken body ends the request here
+            return b""
+        if size > 0:
+            self.left = size + 2
+            return line
+        trailers = line
+        while True:  # the trailer section, up to its blank line
+            try:
+                field = await src.readuntil(b"\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                break
+            trailers += field
+            if field == b"\r\n":
+                break
+        self.done = True
+        return trailers
+
+
 async def _relay(
     client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     idle: float,
+    body: _Body | None = None,
 ) -> None:
-    """Copy bytes both ways until the upstream side ends (or nothing moves for ``idle``)."""
+    """Copy bytes both ways until the upstream side ends (or nothing moves for ``idle``);
+    with ``body``, only that body goes from the client upstream."""
     loop = asyncio.get_running_loop()
     last = [loop.time()]
 
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def pump(
+        src: asyncio.StreamReader, dst: asyncio.StreamWriter, body: _Body | None = None
+    ) -> None:
         while True:
             try:
-                data = await asyncio.wait_for(src.read(_READ), idle)
+                chunk = src.read(_READ) if body is None else body.read(src)
+                data = await asyncio.wait_for(chunk, idle)
             except TimeoutError:
                 if loop.time() - last[0] < idle:
                     continue  # the other direction is busy
@@ -359,7 +429,7 @@ async def _relay(
             dst.write(data)
             await dst.drain()
 
-    up = asyncio.create_task(pump(client[0], upstream[1]))
+    up = asyncio.create_task(pump(client[0], upstream[1], body))
     down = asyncio.create_task(pump(upstream[0], client[1]))
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -651,6 +721,7 @@ class CredentialProxy:
                     return up_writer
                 inner = _parse_head(raw)
                 target = _bound_target(inner, host, port, "https", HTTPS_PORT)
+                body = _Body(_framing(inner))
             except ProxyError as exc:
                 log.info(
                     "credential proxy: refused a request inside %s:%d (%d)", host, port, exc.status
@@ -661,7 +732,7 @@ class CredentialProxy:
             up_writer.write(_rewrite(inner, target, (injection.header_name,), (injection.line(),)))
             await up_writer.drain()
             log.debug("credential proxy: added %s's header for %s:%d", injection.name, host, port)
-            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)
+            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout, body)
         except BaseException:
             _close(up_writer)
             raise
@@ -688,12 +759,13 @@ class CredentialProxy:
         else:
             add = []
             _bound_target(head, host, port, "http", HTTP_PORT)
+        body = _Body(_framing(head))
         up_reader, up_writer = await self._open(host, port, None)
         try:
             # Never a credential here: plain HTTP would carry it in clear.
             up_writer.write(_rewrite(head, path, (), add))
             await up_writer.drain()
-            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)
+            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout, body)
         except BaseException:
             _close(up_writer)
             raise

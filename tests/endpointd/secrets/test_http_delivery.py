@@ -677,6 +677,88 @@ async def test_an_inner_request_for_another_host_gets_no_credential_and_goes_now
     assert len(server.authorizations) == 2
 
 
+class _Recorder:
+    """An HTTPS server that keeps every byte it receives and answers every request head it
+    sees (as a server that ignores ``Connection: close`` would), so a test sees exactly
+    what a proxy forwarded. After its first answer it waits a little for more, then closes."""
+
+    def __init__(self, test_ca: TestCA) -> None:
+        cert, key = test_ca.issue("recorder", ["localhost"])
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        self.received = b""
+        self.port = 0
+
+    async def __aenter__(self) -> _Recorder:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.context)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            self.received += await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            # A forwarded second request would already be on its way (sent in one write).
+            while more := await asyncio.wait_for(reader.read(65536), 2):
+                self.received += more
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_nothing_after_the_one_request_goes_upstream(
+    token: str, tmp_path: Path, test_ca: TestCA
+) -> None:
+    """Behind one Host check, a second request pipelined in the same tunnel (naming another
+    host), or smuggled in a body whose framing is ambiguous, is never forwarded."""
+    async with _Recorder(test_ca) as recorder:
+        authority = f"localhost:{recorder.port}"
+        proxy = CredentialProxy(
+            injections=[
+                Injection(API, [authority], "Authorization: Bearer {secret}", token.encode())
+            ],
+            ca=DeviceCA.generate(),
+            upstream_context=ssl.create_default_context(cafile=str(test_ca.ca_file)),
+        )
+        await proxy.start()
+        try:
+            context = _client_context(proxy, tmp_path)
+            second = "GET /second HTTP/1.1\r\nHost: other-host.example\r\n\r\n"
+            pipelined = (
+                f"POST /first HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 5\r\n\r\nhello"
+                + second
+            )
+            answer = await _raw_request(proxy, authority, pipelined.encode(), tls=context)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            chunked = (
+                f"POST /chunked HTTP/1.1\r\nHost: {authority}\r\nTransfer-Encoding: chunked\r\n"
+                "\r\n5\r\nhello\r\n0\r\n\r\n" + second
+            )
+            answer = await _raw_request(proxy, authority, chunked.encode(), tls=context)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            smuggled = (
+                f"POST /smuggle HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 4\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + second
+            )
+            answer = await _raw_request(proxy, authority, smuggled.encode(), tls=context)
+            assert answer.startswith(b"HTTP/1.1 400"), answer
+        finally:
+            proxy.close()
+    assert b"/first" in recorder.received
+    assert b"hello" in recorder.received
+    assert b"/chunked" in recorder.received
+    assert b"0\r\n\r\n" in recorder.received
+    assert b"/second" not in recorder.received, recorder.received
+    assert b"other-host" not in recorder.received
+    assert b"/smuggle" not in recorder.received
+    assert recorder.received.count(token.encode()) == 2  # the two requests it let through
+
+
 async def test_the_proxy_wants_its_token(
     direct: tuple[CredentialProxy, HttpsServer], tmp_path: Path
 ) -> None:
