@@ -14,6 +14,7 @@ Secrets never travel here in argv: SQL goes to single-user mode over stdin.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shlex
@@ -33,14 +34,15 @@ _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"  # where unshare is taken from: r
 
 
 def bin_dir() -> Path:
-    try:
-        import pgserver
-    except ImportError as exc:  # pragma: no cover - pgserver is a hard dependency
+    """The wheel's Postgres binaries, found without importing it (its import makes a lock
+    file in the user's runtime directory and warns when there is none)."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
             "the embedded database needs the pgserver wheel (pip install pgserver), "
             "or set DATABASE_URL to a Postgres server"
-        ) from exc
-    return Path(pgserver.__file__).parent / "pginstall" / "bin"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
 def _as_server_user() -> list[str]:

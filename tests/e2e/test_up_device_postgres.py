@@ -15,6 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from controlplane.db import embedded_process
 from controlplane.db.pool import create_pool
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
@@ -69,9 +70,7 @@ def _app_url(state: Path) -> str | None:
 async def test_a_device_command_on_the_embedded_postgres_socket_runs_no_program(
     up: Up, tmp_path: Path
 ) -> None:
-    import pgserver
-
-    psql = Path(pgserver.__file__).parent / "pginstall" / "bin" / "psql"
+    psql = embedded_process.bin_dir() / "psql"
     state, src = tmp_path / "state", tmp_path / "src"
     src.mkdir()
     canary = tmp_path / "ran-unconfined"

@@ -23,16 +23,14 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 import psutil
 
-from controlplane.db import migrate
+from controlplane.db import embedded_process, migrate
 from controlplane.db.database import open_database
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.settings import Settings
 
 
 def _psql() -> Path:
-    import pgserver
-
-    return Path(pgserver.__file__).parent / "pginstall" / "bin" / "psql"
+    return embedded_process.bin_dir() / "psql"
 
 
 def _socket_dir(url: str) -> Path:
