@@ -92,8 +92,10 @@ class EmbeddedPostgres:
             if server is None:
                 return
             process.stop(self.data_dir)
-            if server.socket_dir.name.startswith(_PRIVATE_SOCKET_PREFIX):
-                shutil.rmtree(server.socket_dir, ignore_errors=True)
+            if server.socket_dir.parent == _runtime_base() and server.socket_dir.name.startswith(
+                _PRIVATE_SOCKET_PREFIX
+            ):
+                shutil.rmtree(server.socket_dir, ignore_errors=True)  # the one we made for it
 
     # ------------------------------------------------------------------ first start
 
@@ -147,9 +149,7 @@ class EmbeddedPostgres:
         if len(os.fsencode(preferred / ".s.PGSQL.5432")) <= _SUN_PATH_MAX:
             _private_dir(preferred)
             return preferred
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        base = runtime if runtime and Path(runtime).is_dir() else tempfile.gettempdir()
-        made = Path(tempfile.mkdtemp(prefix=_PRIVATE_SOCKET_PREFIX, dir=base))  # 0700
+        made = Path(tempfile.mkdtemp(prefix=_PRIVATE_SOCKET_PREFIX, dir=_runtime_base()))
         if len(os.fsencode(made / ".s.PGSQL.5432")) > _SUN_PATH_MAX:
             made.rmdir()
             raise ConfigError(
@@ -157,6 +157,12 @@ class EmbeddedPostgres:
                 "set SUPERAGENT_STATE_DIR to a shorter path"
             )
         return made
+
+
+def _runtime_base() -> Path:
+    """Where a socket directory is made when the state directory's path is too long."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime if runtime and Path(runtime).is_dir() else tempfile.gettempdir())
 
 
 def _provisioned(data_dir: Path) -> bool:
