@@ -4,7 +4,9 @@ A peer is an IPv4 address or an IPv6 /64 (one host usually holds a whole /64, so
 single IPv6 addresses would give an attacker 2^64 tries). Attempts that carry a token in
 their body (the sign-in form, the chat's sign-in) are counted *before* the token is
 compared, in one atomic upsert, so a burst of concurrent guesses cannot pass the limit; a
-right token clears the count. A wrong ``Authorization: Bearer`` header counts as a failure.
+right token clears the count. ``Authorization: Bearer`` headers are counted before they
+are compared too; a right one takes back only its own count (:func:`uncount`), so the
+admin's scripts neither clear an attacker's count nor add to it.
 """
 
 from __future__ import annotations
@@ -40,3 +42,10 @@ async def count(db: Db, peer: str, *, limit: int, window: float) -> None:
 
 async def clear(db: Db, peer: str) -> None:
     await db.execute("DELETE FROM signin_throttle WHERE peer = $1", peer)
+
+
+async def uncount(db: Db, peer: str) -> None:
+    """Take back one attempt counted by :func:`count` (it proved to be the right token)."""
+    await db.execute(
+        "UPDATE signin_throttle SET failures = greatest(failures - 1, 0) WHERE peer = $1", peer
+    )

@@ -16,14 +16,22 @@ One :class:`CredentialProxy` per command that needs one, in the daemon's event l
   command's TLS with a leaf certificate of the device CA (:mod:`endpointd.secrets.ca`,
   ALPN ``http/1.1`` only), reads the request head, removes any header of the credential's
   header name the client sent (and the hop-by-hop ones), adds the credential's header line
-  and ``Connection: close``, and relays the rest both ways. One request per connection:
-  anything a client sends after the first request travels without the credential.
+  and ``Connection: close``, and relays the answer back. One request per connection:
+  only that request's body, as its framing delimits it (:class:`_Body`; an ambiguous
+  framing is refused), goes upstream after it, and nothing the client sends after it. That
+  request must be *for* the CONNECT host (:func:`_bound_target`): exactly one ``Host``
+  naming the same host and port, and an origin-form target (``/path``) or an absolute one
+  naming them too; else the proxy answers ``421`` (``400`` when malformed) itself and
+  nothing goes upstream, so a tunnel opened to the credential's host cannot carry its
+  credential (or a request) to another virtual host behind the same address.
 * **``CONNECT`` to any other host**: under ``network = "allow"`` a plain TCP tunnel
   (no interception); under ``network = "proxy"`` only to ``[proxy] allow_hosts``; under
   ``network = "deny"`` never. Refusals are ``403`` with one line naming the host and the
   policy key.
 * **Plain HTTP** (``GET http://host/...``): forwarded under the same egress rules, and
-  never with a credential (a bearer token never travels in clear).
+  never with a credential (a bearer token never travels in clear). A ``Host`` header must
+  name the URL's host and port (``421`` otherwise): the egress rules judge the URL, and a
+  server behind it would route by the header.
 
 Host patterns: ``name`` (exact, case-insensitive), ``*.example.com`` (any name ending in
 ``.example.com``, not ``example.com`` itself), each optionally with ``:port``. Without a
@@ -265,6 +273,44 @@ async def _read_head(reader: asyncio.StreamReader, timeout: float) -> bytes | No
     return data[:-4]
 
 
+def _bound_target(head: _Head, host: str, port: int, scheme: str, default_port: int) -> str:
+    """The origin-form target of a request that is for ``host:port`` only; ProxyError
+    (421 for another host, 400 when malformed) for anything else.
+
+    ``Host`` must appear once and name ``host:port`` (a missing port meaning
+    ``default_port``); the target must be ``/path`` (not ``//…``, which some servers read
+    as a host) or an absolute ``scheme://host:port/path`` naming the same.
+    """
+    where = f"{host}:{port}"
+    hosts = [value for name, value in head.headers if name.lower() == "host"]
+    if len(hosts) != 1:
+        raise ProxyError(
+            400, "Bad Request", f"endpointd proxy: a request to {where} needs exactly one Host"
+        )
+    target = head.target
+    named = [hosts[0]]
+    if target.lower().startswith(scheme + "://"):
+        url = urlsplit(target)
+        if url.username is not None or url.password is not None:
+            raise ProxyError(400, "Bad Request", "endpointd proxy: malformed request target")
+        named.append(url.netloc)
+        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    if not target.startswith("/") or target.startswith("//"):
+        raise ProxyError(400, "Bad Request", "endpointd proxy: malformed request target")
+    for authority in named:
+        try:
+            same = parse_authority(authority, default_port) == (_normal_host(host), port)
+        except ValueError:
+            same = False
+        if not same:
+            raise ProxyError(
+                421,
+                "Misdirected Request",
+                f"endpointd proxy: this connection is for {where}; the request names another host",
+            )
+    return target
+
+
 def _response(status: int, reason: str, message: str, extra: Sequence[str] = ()) -> bytes:
     body = (message + "\n").encode("utf-8", "replace")
     lines = [
@@ -291,19 +337,88 @@ def _rewrite(head: _Head, target: str, drop: Iterable[str], add: Sequence[bytes]
 # ------------------------------------------------------------------------ relaying
 
 
+def _framing(head: _Head) -> int | None:
+    """How long the request's body is: its ``Content-Length`` (0 without one), or None for
+    ``chunked``; ProxyError when its framing is ambiguous (both, several different lengths,
+    another transfer coding), the ground of request smuggling."""
+    lengths = {v.strip() for k, v in head.headers if k.lower() == "content-length"}
+    codings = [v.strip().lower() for k, v in head.headers if k.lower() == "transfer-encoding"]
+    if codings:
+        if lengths or codings != ["chunked"]:
+            raise ProxyError(
+                400, "Bad Request", "endpointd proxy: only one framing, chunked or a length"
+            )
+        return None
+    if not lengths:
+        return 0
+    (length,) = lengths if len(lengths) == 1 else ("",)
+    if not length.isdigit():
+        raise ProxyError(400, "Bad Request", "endpointd proxy: a bad Content-Length")
+    return int(length)
+
+
+class _Body:
+    """The one request's body as its framing delimits it, read from the client: once it has
+    gone, reads end, so nothing the client sends after its request goes upstream (a second,
+    pipelined request naming another host included)."""
+
+    def __init__(self, length: int | None) -> None:
+        self.chunked = length is None
+        self.left = length or 0  # bytes of the body (or of the current chunk and its CRLF)
+        self.done = length == 0
+
+    async def read(self, src: asyncio.StreamReader) -> bytes:
+        if self.done:
+            return b""
+        if self.chunked and self.left == 0:
+            return await self._chunk_line(src)
+        data = await src.read(min(_READ, self.left))
+        self.left -= len(data)
+        if not data or (self.left == 0 and not self.chunked):
+            self.done = True
+        return data
+
+    async def _chunk_line(self, src: asyncio.StreamReader) -> bytes:
+        try:
+            line = await src.readuntil(b"\r\n")
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            self.done = True  # a broken body ends the request here
+            return b""
+        if size > 0:
+            self.left = size + 2
+            return line
+        trailers = line
+        while True:  # the trailer section, up to its blank line
+            try:
+                field = await src.readuntil(b"\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                break
+            trailers += field
+            if field == b"\r\n":
+                break
+        self.done = True
+        return trailers
+
+
 async def _relay(
     client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     idle: float,
+    body: _Body | None = None,
 ) -> None:
-    """Copy bytes both ways until the upstream side ends (or nothing moves for ``idle``)."""
+    """Copy bytes both ways until the upstream side ends (or nothing moves for ``idle``);
+    with ``body``, only that body goes from the client upstream."""
     loop = asyncio.get_running_loop()
     last = [loop.time()]
 
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def pump(
+        src: asyncio.StreamReader, dst: asyncio.StreamWriter, body: _Body | None = None
+    ) -> None:
         while True:
             try:
-                data = await asyncio.wait_for(src.read(_READ), idle)
+                chunk = src.read(_READ) if body is None else body.read(src)
+                data = await asyncio.wait_for(chunk, idle)
             except TimeoutError:
                 if loop.time() - last[0] < idle:
                     continue  # the other direction is busy
@@ -314,7 +429,7 @@ async def _relay(
             dst.write(data)
             await dst.drain()
 
-    up = asyncio.create_task(pump(client[0], upstream[1]))
+    up = asyncio.create_task(pump(client[0], upstream[1], body))
     down = asyncio.create_task(pump(upstream[0], client[1]))
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -605,16 +720,19 @@ class CredentialProxy:
                 if raw is None:
                     return up_writer
                 inner = _parse_head(raw)
+                target = _bound_target(inner, host, port, "https", HTTPS_PORT)
+                body = _Body(_framing(inner))
             except ProxyError as exc:
+                log.info(
+                    "credential proxy: refused a request inside %s:%d (%d)", host, port, exc.status
+                )
                 writer.write(_response(exc.status, exc.reason, exc.message))
                 await writer.drain()
                 return up_writer
-            up_writer.write(
-                _rewrite(inner, inner.target, (injection.header_name,), (injection.line(),))
-            )
+            up_writer.write(_rewrite(inner, target, (injection.header_name,), (injection.line(),)))
             await up_writer.drain()
             log.debug("credential proxy: added %s's header for %s:%d", injection.name, host, port)
-            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)
+            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout, body)
         except BaseException:
             _close(up_writer)
             raise
@@ -636,13 +754,18 @@ class CredentialProxy:
         path = url.path or "/"
         if url.query:
             path += "?" + url.query
-        add = [] if head.get("Host") is not None else [f"Host: {url.netloc}".encode("latin-1")]
+        if head.get("Host") is None:
+            add = [f"Host: {url.netloc}".encode("latin-1")]
+        else:
+            add = []
+            _bound_target(head, host, port, "http", HTTP_PORT)
+        body = _Body(_framing(head))
         up_reader, up_writer = await self._open(host, port, None)
         try:
             # Never a credential here: plain HTTP would carry it in clear.
             up_writer.write(_rewrite(head, path, (), add))
             await up_writer.drain()
-            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)
+            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout, body)
         except BaseException:
             _close(up_writer)
             raise
