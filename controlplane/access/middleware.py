@@ -147,26 +147,28 @@ class RequireAccess:
     async def _bearer(self, conn: HTTPConnection, presented: str) -> authentication.Principal:
         """A bearer token is counted as an attempt *before* it is compared (TooManyAttempts
         past the limit, without comparing): a burst cannot outrun the count, and a locked
-        peer's guesses are neither compared nor timed. A right token takes its count back."""
+        peer's guesses are neither compared nor timed. A right token takes its count back.
+
+        With the database away the count is this replica's own, in memory: the admin's
+        monitoring (``/metrics``, ``/readyz``) must still answer in an outage, and guesses
+        are still counted first."""
         settings = self.state.settings
         where = authentication.peer(conn)
+        limit, window = settings.http.signin_attempts, settings.http.signin_window_seconds
         try:
-            await throttle.count(
-                self.state.pool,
-                where,
-                limit=settings.http.signin_attempts,
-                window=settings.http.signin_window_seconds,
-            )
+            await throttle.count(self.state.pool, where, limit=limit, window=window)
+            counted = throttle.uncount
         except Exception as exc:
-            if is_transient(exc):
-                raise TransientError("the database is not answering; see /readyz") from exc
-            raise
+            if not is_transient(exc):
+                raise
+            throttle.HERE.count(where, limit=limit, window=window)
+            counted = throttle.HERE.uncount
         if not authentication.token_matches(settings, presented):
             raise Unauthorized(
                 "that is not the admin token: send 'Authorization: Bearer <SUPERAGENT_ADMIN_TOKEN>'"
             )
         with contextlib.suppress(Exception):  # a count left standing only ever locks sooner
-            await throttle.uncount(self.state.pool, where)
+            await counted(self.state.pool, where)
         return authentication.Principal(authentication.ADMIN, "bearer")
 
 
