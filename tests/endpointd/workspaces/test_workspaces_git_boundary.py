@@ -1,0 +1,218 @@
+"""The attacker's tests for endpointd's own git (issue 31, findings 2 and 3): nothing a
+command could have written in a clone makes the daemon's unconfined git run a program,
+reach another transport, or read a repository the policy denies.
+
+A command working in the owner's clone (an allowed root) can write its ``.git``: config,
+``info/attributes``, a ``.git`` file, ``objects/info/alternates``. Each test plants what
+such a command would, then prepares a workspace with real git in-process, and looks for
+the canary the planted program would leave.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from endpointd.workspaces.errors import WorkspaceError
+from superagent_shared.messages import WorkspaceBase
+from tests.endpointd.workspaces.clone_world import A, B, C, World
+from tests.endpointd.workspaces.device_world import REMOTE, git
+
+BASES = [WorkspaceBase.DEFAULT_BRANCH, WorkspaceBase.PULL_REQUEST, WorkspaceBase.LOCAL_CHANGES]
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    made = World(tmp_path)
+    made.daemon_environment(monkeypatch)
+    return made
+
+
+def _canaries(world: World) -> Path:
+    canaries = world.tmp / "canaries"
+    canaries.mkdir(exist_ok=True)
+    return canaries
+
+
+def _touch(canaries: Path, name: str) -> str:
+    return f"touch {canaries / name}"
+
+
+def plant_program_running_config(world: World) -> Path:
+    """What a confined command in the owner's clone can append to its ``.git/config`` (and
+    ``info/attributes``, an included file): every way we know for git to run a program,
+    each leaving its own canary. Returns the canaries' directory."""
+    c = _canaries(world)
+    git_dir = world.clone / ".git"
+    included = world.tmp / "included.config"
+    included.write_text(f"[core]\n\tfsmonitor = {_touch(c, 'include-fsmonitor')}\n")
+    # The owner's own rewrite goes: the attacker's ext:: rule is the only one for the URL.
+    git("config", "--unset-all", f"url.{world.origin.as_uri()}.insteadOf", cwd=world.clone)
+    planted = f"""
+[protocol]
+\tallow = always
+[protocol "ext"]
+\tallow = always
+[url "ext::sh -c {_touch(c, 'ext').replace(' ', '% ')}% >&2"]
+\tinsteadOf = {REMOTE}
+[core]
+\tsshCommand = {_touch(c, 'ssh-command')}
+\tfsmonitor = {_touch(c, 'fsmonitor')}
+\taskPass = {_touch(c, 'askpass')}
+\talternateRefsCommand = {_touch(c, 'alternate-refs')}
+\tgitProxy = {_touch(c, 'git-proxy')}
+\thooksPath = {world.tmp / 'hooks'}
+[credential]
+\thelper = "!{_touch(c, 'credential-helper')}"
+[credential "https://github.com"]
+\thelper = "!{_touch(c, 'credential-helper-url')}"
+[remote "origin"]
+\tuploadpack = {_touch(c, 'uploadpack')}
+\tvcs = evil
+[filter "evil"]
+\tsmudge = sh -c '{_touch(c, 'smudge')}; cat'
+\tclean = sh -c '{_touch(c, 'clean')}; cat'
+\trequired = true
+[gpg]
+\tprogram = {_touch(c, 'gpg')}
+[commit]
+\tgpgSign = true
+[submodule]
+\trecurse = true
+[include]
+\tpath = {included}
+[uploadpack]
+\tpackObjectsHook = {_touch(c, 'pack-objects-hook')}
+"""
+    with open(git_dir / "config", "a") as f:
+        f.write(planted)
+    (git_dir / "info").mkdir(exist_ok=True)
+    (git_dir / "info" / "attributes").write_text("* filter=evil\n")
+    hooks = world.tmp / "hooks"
+    hooks.mkdir()
+    for hook in ("post-checkout", "reference-transaction", "pre-auto-gc", "post-index-change"):
+        (hooks / hook).write_text(f"#!/bin/sh\n{_touch(c, hook)}\n")
+        (hooks / hook).chmod(0o755)
+    return c
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_config_a_command_planted_in_the_clone_runs_nothing_on_prepare(
+    world: World, base: WorkspaceBase
+) -> None:
+    world.push_to_origin("feature", "feature.py", "z = 3\n")
+    (world.clone / "calc.py").write_text("x = 'modified, so a snapshot cleans it'\n")
+    canaries = plant_program_running_config(world)
+    ref = "feature" if base == WorkspaceBase.PULL_REQUEST else ""
+    error = ""
+    try:
+        answer = world.prepare(base=base, ref=ref)
+    except WorkspaceError as exc:
+        error = str(exc)
+    assert sorted(p.name for p in canaries.iterdir()) == []
+    assert error == ""
+    ws = Path(str(answer["path"]))
+    assert (ws / "README.md").read_text() == "widgets\n"
+    if base == WorkspaceBase.PULL_REQUEST:
+        assert (ws / "feature.py").read_text() == "z = 3\n"
+    # Released and removed again: still nothing runs.
+    world.workspaces.release(A, world.policy)
+    world.policy_text("[workspaces]\nretention_hours = 0\n")
+    world.workspaces.release(A, world.policy)
+    assert not ws.exists()
+    assert sorted(p.name for p in canaries.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ext::sh -c touch% {canaries}/ext-url% >&2",
+        "fd::17",
+        "evil::https://github.com/acme/app.git",
+        "-u{canaries}/dash",
+    ],
+)
+def test_a_remote_url_for_another_transport_is_refused(world: World, url: str) -> None:
+    canaries = _canaries(world)
+    git("config", "protocol.allow", "always", cwd=world.clone)
+    git("remote", "set-url", "origin", url.format(canaries=canaries), cwd=world.clone)
+    with pytest.raises(WorkspaceError, match="transport|not a URL endpointd fetches"):
+        world.prepare(repo="", path=str(world.clone))
+    assert list(canaries.iterdir()) == []
+    assert world.workspaces.list() == []
+
+
+def _denied_repository(world: World) -> tuple[Path, str]:
+    """A repository the owner's policy denies (a password store), holding a secret; the
+    policy written to deny it. (its directory, the secret)"""
+    store = world.tmp / "home" / ".password-store"
+    store.mkdir(parents=True)
+    git("init", "-q", "-b", "main", str(store), cwd=world.tmp)
+    secret = "canary-secret-7f3a"
+    (store / "bank.gpg").write_text(secret)
+    (store / "README.md").write_text("widgets\n")
+    git("add", "-A", cwd=store)
+    git("commit", "-qm", "secrets", cwd=store)
+    world.policy_text(f"denied_paths = [{json.dumps(str(store))}]\n")
+    return store, secret
+
+
+def _nowhere(world: World, secret: str) -> None:
+    """The secret was checked out nowhere endpointd made, and nothing is recorded."""
+    assert world.workspaces.list() == []
+    for path in (world.data / "workspaces").rglob("*") if world.data.exists() else ():
+        if path.is_file():
+            assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_planted_gitfile_never_checks_a_denied_repository_out(
+    world: World, base: WorkspaceBase
+) -> None:
+    store, secret = _denied_repository(world)
+    folder = world.src / "harmless"
+    folder.mkdir()
+    (folder / ".git").write_text(f"gitdir: {store / '.git'}\n")
+    with pytest.raises(WorkspaceError, match="denied_paths"):
+        world.prepare(repo="", path=str(folder), base=base, ref="main")
+    _nowhere(world, secret)
+
+
+def test_a_gitdir_whose_commondir_is_a_denied_repository_is_refused(world: World) -> None:
+    store, secret = _denied_repository(world)
+    fake = world.src / "fake-admin"
+    fake.mkdir()
+    (fake / "commondir").write_text(f"{store / '.git'}\n")
+    (fake / "HEAD").write_text("ref: refs/heads/main\n")
+    (fake / "gitdir").write_text(f"{world.src / 'wt' / '.git'}\n")
+    folder = world.src / "wt"
+    folder.mkdir()
+    (folder / ".git").write_text(f"gitdir: {fake}\n")
+    with pytest.raises(WorkspaceError, match="denied_paths"):
+        world.prepare(repo="", path=str(folder), base=WorkspaceBase.LOCAL_CHANGES)
+    _nowhere(world, secret)
+
+
+def test_alternates_into_a_denied_repository_are_refused(world: World) -> None:
+    store, secret = _denied_repository(world)
+    denied_head = git("rev-parse", "HEAD", cwd=store).strip()
+    alternates = world.clone / ".git" / "objects" / "info" / "alternates"
+    alternates.parent.mkdir(exist_ok=True)
+    alternates.write_text(f"{store / '.git' / 'objects'}\n")
+    # The clone's HEAD moved to the denied commit, as a command could.
+    (world.clone / ".git" / "HEAD").write_text(f"{denied_head}\n")
+    for ticket, base in ((A, WorkspaceBase.LOCAL_CHANGES), (B, WorkspaceBase.DEFAULT_BRANCH)):
+        with pytest.raises(WorkspaceError, match="denied_paths"):
+            world.prepare(ticket, repo="", path=str(world.clone), base=base)
+    _nowhere(world, secret)
+
+
+def test_a_local_remote_in_a_denied_path_is_never_fetched(world: World) -> None:
+    store, secret = _denied_repository(world)
+    git("remote", "set-url", "origin", str(store), cwd=world.clone)
+    git("config", "--unset-all", f"url.{world.origin.as_uri()}.insteadOf", cwd=world.clone)
+    with pytest.raises(WorkspaceError, match="denied_paths"):
+        world.prepare(C, repo="", path=str(world.clone))
+    _nowhere(world, secret)
