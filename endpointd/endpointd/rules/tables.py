@@ -3,6 +3,7 @@ validated by :mod:`endpointd.rules.parser`, and the paths denied whatever the fi
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -131,6 +132,15 @@ class WorkspaceRules:
     retention_hours: int = 72
     max_disk_mb: int = 20 * 1024
     setup: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Repositories (globs) whose own .superagent/setup may run on prepare; none by default:
+    # it is the repository authors' code, not the owner's.
+    repository_setup: tuple[str, ...] = ()
+
+    def runs_repository_setup(self, repo: str) -> bool:
+        """Does the owner let repository ``repo``'s own ``.superagent/setup`` run?"""
+        return bool(repo) and any(
+            fnmatch.fnmatchcase(repo.lower(), glob) for glob in self.repository_setup
+        )
 
     def setup_for(self, repo: str) -> tuple[str, ...] | None:
         """The owner's setup command for the repository ``repo`` (normalised), if any."""

@@ -286,7 +286,10 @@ def test_detection_finds_programs_versions_and_logins(tmp_path: Path) -> None:
         home,
     )
     environ = {"PATH": str(bin_dir), "HOME": str(home), "ANTHROPIC_API_KEY": "x" * 20}
-    found = {f.name: f for f in detect.detect(rules, home=home, environ=environ)}
+    # The fake programs live in a temporary directory: trusted here, for the test's sake.
+    found = {
+        f.name: f for f in detect.detect(rules, home=home, environ=environ, untrusted=lambda _: "")
+    }
     assert found["qwen"].program is None
     assert found["qwen"].version == ""
     assert not found["qwen"].logged_in  # its credential is not stored

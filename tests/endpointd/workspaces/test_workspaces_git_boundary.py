@@ -55,28 +55,28 @@ def plant_program_running_config(world: World) -> Path:
 \tallow = always
 [protocol "ext"]
 \tallow = always
-[url "ext::sh -c {_touch(c, 'ext').replace(' ', '% ')}% >&2"]
+[url "ext::sh -c {_touch(c, "ext").replace(" ", "% ")}% >&2"]
 \tinsteadOf = {REMOTE}
 [core]
-\tsshCommand = {_touch(c, 'ssh-command')}
-\tfsmonitor = {_touch(c, 'fsmonitor')}
-\taskPass = {_touch(c, 'askpass')}
-\talternateRefsCommand = {_touch(c, 'alternate-refs')}
-\tgitProxy = {_touch(c, 'git-proxy')}
-\thooksPath = {world.tmp / 'hooks'}
+\tsshCommand = {_touch(c, "ssh-command")}
+\tfsmonitor = {_touch(c, "fsmonitor")}
+\taskPass = {_touch(c, "askpass")}
+\talternateRefsCommand = {_touch(c, "alternate-refs")}
+\tgitProxy = {_touch(c, "git-proxy")}
+\thooksPath = {world.tmp / "hooks"}
 [credential]
-\thelper = "!{_touch(c, 'credential-helper')}"
+\thelper = "!{_touch(c, "credential-helper")}"
 [credential "https://github.com"]
-\thelper = "!{_touch(c, 'credential-helper-url')}"
+\thelper = "!{_touch(c, "credential-helper-url")}"
 [remote "origin"]
-\tuploadpack = {_touch(c, 'uploadpack')}
+\tuploadpack = {_touch(c, "uploadpack")}
 \tvcs = evil
 [filter "evil"]
-\tsmudge = sh -c '{_touch(c, 'smudge')}; cat'
-\tclean = sh -c '{_touch(c, 'clean')}; cat'
+\tsmudge = "sh -c '{_touch(c, "smudge")}; cat'"
+\tclean = "sh -c '{_touch(c, "clean")}; cat'"
 \trequired = true
 [gpg]
-\tprogram = {_touch(c, 'gpg')}
+\tprogram = {_touch(c, "gpg")}
 [commit]
 \tgpgSign = true
 [submodule]
@@ -84,7 +84,7 @@ def plant_program_running_config(world: World) -> Path:
 [include]
 \tpath = {included}
 [uploadpack]
-\tpackObjectsHook = {_touch(c, 'pack-objects-hook')}
+\tpackObjectsHook = {_touch(c, "pack-objects-hook")}
 """
     with open(git_dir / "config", "a") as f:
         f.write(planted)
@@ -117,6 +117,8 @@ def test_config_a_command_planted_in_the_clone_runs_nothing_on_prepare(
     assert (ws / "README.md").read_text() == "widgets\n"
     if base == WorkspaceBase.PULL_REQUEST:
         assert (ws / "feature.py").read_text() == "z = 3\n"
+    if base == WorkspaceBase.LOCAL_CHANGES:
+        assert "modified" in (ws / "calc.py").read_text()
     # Released and removed again: still nothing runs.
     world.workspaces.release(A, world.policy)
     world.policy_text("[workspaces]\nretention_hours = 0\n")
@@ -137,8 +139,10 @@ def test_config_a_command_planted_in_the_clone_runs_nothing_on_prepare(
 def test_a_remote_url_for_another_transport_is_refused(world: World, url: str) -> None:
     canaries = _canaries(world)
     git("config", "protocol.allow", "always", cwd=world.clone)
-    git("remote", "set-url", "origin", url.format(canaries=canaries), cwd=world.clone)
-    with pytest.raises(WorkspaceError, match="transport|not a URL endpointd fetches"):
+    config = world.clone / ".git" / "config"
+    planted = url.format(canaries=canaries).replace("\\", "\\\\").replace('"', '\\"')
+    config.write_text(config.read_text().replace(f"url = {REMOTE}", f'url = "{planted}"'))
+    with pytest.raises(WorkspaceError, match=r"transport|not a URL endpointd fetches"):
         world.prepare(repo="", path=str(world.clone))
     assert list(canaries.iterdir()) == []
     assert world.workspaces.list() == []

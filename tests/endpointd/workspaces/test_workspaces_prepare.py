@@ -15,6 +15,7 @@ from superagent_shared.messages import WorkspaceBase
 from tests.endpointd.workspaces.clone_world import A, B, C, World
 from tests.endpointd.workspaces.device_world import git
 
+
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
     made = World(tmp_path)

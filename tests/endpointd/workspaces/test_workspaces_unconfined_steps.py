@@ -28,6 +28,14 @@ A, B, C = "tkt_aaaaaaaaaaaa", "tkt_bbbbbbbbbbbb", "tkt_cccccccccccc"
 REPO_URL = f"https://{REPO}.git"
 
 
+def _read(path: object, *names: str) -> str:
+    return Path(str(path), *names).read_text()
+
+
+def _exists(path: object, *names: str) -> bool:
+    return Path(str(path), *names).exists()
+
+
 async def test_config_written_by_a_command_in_the_clone_is_not_run_by_the_next_prepare(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
@@ -56,9 +64,12 @@ async def test_config_written_by_a_command_in_the_clone_is_not_run_by_the_next_p
     done, out = await device.sh(rules, clone)
     assert done.exit_code == 0, out
     assert out.strip().endswith(b"1"), out
-    for ticket, base in ((A, pb.BASE_DEFAULT_BRANCH), (B, pb.BASE_LOCAL_CHANGES)):
+    for ticket, base in (
+        (A, pb.PrepareWorkspace.BASE_DEFAULT_BRANCH),
+        (B, pb.PrepareWorkspace.BASE_LOCAL_CHANGES),
+    ):
         _, answer = await device.prepare(ticket, repo="", path=str(clone), base=base)
-        assert Path(str(answer["path"]), "README.md").read_text() == "widgets\n"
+        assert _read(answer["path"], "README.md") == "widgets\n"
     assert sorted(p.name for p in canaries.iterdir()) == []
 
 
@@ -85,7 +96,7 @@ async def test_programs_planted_on_the_daemons_path_are_never_run(
     endpointd.env["PATH"] = f"{planted}:{endpointd.env.get('PATH', os.defpath)}"
     device = await start_device(gw, endpointd, [clone.parent])
     _, answer = await device.prepare(A, repo="", path=str(clone))
-    assert Path(str(answer["path"]), "README.md").read_text() == "widgets\n"
+    assert _read(answer["path"], "README.md") == "widgets\n"
     search = pb.Command(search=pb.Search(pattern="needle", path=str(clone)))
     done, out = await device.finish(search)
     assert done.exit_code == 0, done.error
@@ -94,9 +105,9 @@ async def test_programs_planted_on_the_daemons_path_are_never_run(
 
     def reported() -> bool:
         return any(
-            m.WhichOneof("msg") == "repository_report"
-            and any(h.name == "claude" for h in m.repository_report.harnesses)
-            for m in gw.messages()
+            h.name == "claude" and not h.version
+            for m in gw.messages("repositories")
+            for h in m.repositories.harnesses
         )
 
     await assert_eventually(reported, timeout=20, message=endpointd.log()[-3000:])
@@ -119,14 +130,14 @@ async def test_a_repositorys_setup_runs_only_where_the_owner_opts_it_in(
     assert isinstance(setup, dict)
     assert setup["ran"] is False
     assert "[workspaces] repository_setup" in setup["output_tail"]
-    assert not Path(str(answer["path"]), "setup-ran").exists()
+    assert not _exists(answer["path"], "setup-ran")
     # Opted in by another repository's glob: still not this one.
     extra = '[workspaces]\nrepository_setup = ["github.com/other/*"]\n'
     (endpointd.config_dir / "policy.toml").write_text(
         (endpointd.config_dir / "policy.toml").read_text() + extra
     )
     _, answer = await device.prepare(B, setup=True)
-    assert not Path(str(answer["path"]), "setup-ran").exists()
+    assert not _exists(answer["path"], "setup-ran")
     # The owner opts this repository in.
     text = (endpointd.config_dir / "policy.toml").read_text()
     (endpointd.config_dir / "policy.toml").write_text(
@@ -136,5 +147,5 @@ async def test_a_repositorys_setup_runs_only_where_the_owner_opts_it_in(
     setup = answer["setup"]
     assert isinstance(setup, dict)
     assert (setup["ran"], setup["exit_code"]) == (True, 0), setup
-    assert Path(str(answer["path"]), "setup-ran").read_text() == "ran\n"
+    assert _read(answer["path"], "setup-ran") == "ran\n"
     assert git("status", "--porcelain", cwd=clone) == ""
