@@ -14,8 +14,11 @@ without touching their checkout, index or stashes.
   nothing is stashed; untracked files are not included), committed as one commit on top of
   their HEAD; their HEAD itself when there is nothing uncommitted.
 
-Fetching uses the user's own git setup (credential helper, ssh agent). When that fails,
-the daemon may try once more with ``auth`` (:class:`FetchAuth`): endpointd's own git
+Fetching, checking out and snapshotting run in a git directory endpointd writes itself
+(:mod:`endpointd.workspaces.shadow`), so nothing a command wrote in the clone's config or
+attributes applies; the remote is named by its URL (:mod:`endpointd.workspaces.remote_url`).
+A fetch first runs without a credential (ssh uses the agent). When that fails, the daemon
+may try once more with ``auth`` (:class:`FetchAuth`): endpointd's own git
 credential helper for a credential the owner stored for the remote's host (see
 :mod:`endpointd.workspaces.operations`). git's messages reach the control plane only as a
 one-line error, with any ``user:password@`` removed.
@@ -133,6 +136,11 @@ def _remote(where: _Where, *args: str, what: str) -> str:
     env = where.shadow.env()
     if auth is not None:
         env.update(auth.env)
+        # With a stored credential on offer, TLS is checked whatever else says otherwise.
+        count = int(env.get("GIT_CONFIG_COUNT", "0"))
+        env[f"GIT_CONFIG_KEY_{count}"] = "http.sslVerify"
+        env[f"GIT_CONFIG_VALUE_{count}"] = "true"
+        env["GIT_CONFIG_COUNT"] = str(count + 1)
     try:
         return git(
             *args[:-1],

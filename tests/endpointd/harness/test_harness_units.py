@@ -417,7 +417,9 @@ def test_harness_list_shows_each_and_how_to_fix_what_is_missing(tmp_path: Path) 
         "ALLOWED",
         "DEFAULT",
     ]
-    assert lines[1].split() == ["qwen", "0.24.4", str(bin_dir / "qwen"), "no", "yes", "yes"]
+    # Installed, but in a directory others may write (a temporary one): its --version, which
+    # would run outside any sandbox, is not asked.
+    assert lines[1].split() == ["qwen", "-", str(bin_dir / "qwen"), "no", "yes", "yes"]
     assert lines[2].split()[:3] == ["codex", "-", "no"]
     assert "`npm install -g @openai/codex`" in shown.stdout
     assert "`npm install -g @anthropic-ai/claude-code`" in shown.stdout
