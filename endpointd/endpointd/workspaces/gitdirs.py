@@ -8,7 +8,8 @@ could be led into a repository the owner's policy denies (``~/.password-store``)
 workspace would check that repository out, readable by the ticket's commands.
 
 :func:`judge` takes what git resolved (the git dir and the common dir) and what the object
-store borrows (alternates, followed as git does, 5 levels deep), and refuses with
+store is and borrows (alternates, followed as git does, 5 levels deep; each store must hold
+no symbolic link, which git never makes there), and refuses with
 :class:`WorkspaceError` naming the rule: the git dir and the common dir must lie inside an
 allowed root (endpointd writes there: a worktree, a branch) and outside every denied path;
 an alternate object store outside every denied path (it is only read). A quoted alternate
@@ -85,10 +86,34 @@ def judge(
                 f"the repository's {what} {real} is outside the allowed roots"
                 " (a .git file or commondir leads there)"
             )
-    for store in alternates(os.path.join(common_dir, "objects")):
+    objects = os.path.join(common_dir, "objects")
+    for store in [os.path.realpath(objects), *alternates(objects)]:
         rule = denied_rule(store)
         if rule is not None:
-            raise WorkspaceError(f"the repository borrows objects from {store}, under {rule}")
+            raise WorkspaceError(f"the repository's objects are read from {store}, under {rule}")
+        _no_links(store)
+
+
+def _no_links(store: str) -> None:
+    """Refuse an object store holding a symlink (git never makes one there): a loose
+    object, pack or index linked into a denied repository would be read through it."""
+    subdirs = ["pack", "info", *(f"{i:02x}" for i in range(256))]
+    for sub in subdirs:
+        try:
+            entries = list(os.scandir(os.path.join(store, sub)))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise WorkspaceError(f"cannot list {store}/{sub}: {exc.strerror or exc}") from None
+        for entry in entries:
+            if entry.is_symlink():
+                raise WorkspaceError(
+                    f"the object store {store} holds a symbolic link ({sub}/{entry.name}),"
+                    " which git never makes"
+                )
+    for sub in subdirs:
+        if os.path.islink(os.path.join(store, sub)):
+            raise WorkspaceError(f"the object store {store} holds a symbolic link ({sub})")
 
 
 def local_repository(path: str, denied_rule: Callable[[str], str | None]) -> None:

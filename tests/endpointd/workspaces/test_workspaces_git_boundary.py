@@ -220,3 +220,26 @@ def test_a_local_remote_in_a_denied_path_is_never_fetched(world: World) -> None:
     with pytest.raises(WorkspaceError, match="denied_paths"):
         world.prepare(C, repo="", path=str(world.clone))
     _nowhere(world, secret)
+
+
+def test_an_object_store_linked_into_a_denied_repository_is_refused(world: World) -> None:
+    store, secret = _denied_repository(world)
+    denied_head = git("rev-parse", "HEAD", cwd=store).strip()
+    git("gc", "-q", cwd=store)  # its objects in a pack
+    pack = next((store / ".git" / "objects" / "pack").glob("*.pack"))
+    objects = world.clone / ".git" / "objects" / "pack"
+    for suffix in (".pack", ".idx"):
+        (objects / f"pack-linked{suffix}").symlink_to(pack.with_suffix(suffix))
+    (world.clone / ".git" / "HEAD").write_text(f"{denied_head}\n")
+    with pytest.raises(WorkspaceError, match="symbolic link"):
+        world.prepare(repo="", path=str(world.clone), base=WorkspaceBase.LOCAL_CHANGES)
+    _nowhere(world, secret)
+    # The whole object store, linked: judged where it leads.
+    for suffix in (".pack", ".idx"):
+        (objects / f"pack-linked{suffix}").unlink()
+    linked = world.clone / ".git" / "objects"
+    linked.rename(world.tmp / "owners-objects")
+    linked.symlink_to(store / ".git" / "objects")
+    with pytest.raises(WorkspaceError, match="denied_paths"):
+        world.prepare(B, repo="", path=str(world.clone), base=WorkspaceBase.LOCAL_CHANGES)
+    _nowhere(world, secret)
