@@ -38,6 +38,7 @@ from endpointd.rules.remotes import default_branch, remotes
 from endpointd.workspaces.errors import FetchFailed, GitError, WorkspaceError
 from endpointd.workspaces.git import FETCH_TIMEOUT, git
 from endpointd.workspaces.gitdirs import local_repository
+from endpointd.workspaces.jail import ports_for
 from endpointd.workspaces.remote_url import Transport, transport
 from endpointd.workspaces.shadow import Shadow, shadow
 from endpointd.workspaces.store import Record
@@ -152,6 +153,7 @@ def _remote(where: _Where, *args: str, what: str) -> str:
             on_start=auth.on_start if auth is not None else None,
             what=what,
             protocol=found.protocol,
+            connect_ports=ports_for(url, found.protocol),
         )
     except GitError as exc:
         raise FetchFailed(str(exc), url) from None

@@ -22,6 +22,9 @@ keys to switch off:
   since with a root of ``~`` a command can write ``~/.gitconfig``. Configuration given in
   endpointd's own environment (``GIT_CONFIG_COUNT``/``GIT_CONFIG_KEY_n``/
   ``GIT_CONFIG_VALUE_n``) is the owner's, as its ``PATH`` is, and applies.
+* **Confined while a workspace is prepared** (:mod:`endpointd.workspaces.jail`): Landlock
+  keeps it out of the denied paths, lets it write only what the prepare writes, and
+  connect only to the remote's port.
 * **git is the one resolved at start** from directories no command can write
   (:mod:`endpointd.guard.daemon_programs`), and its ``PATH`` is those directories.
 * The environment is an allow-list of endpointd's own (locale, home, the ssh agent, proxy
@@ -42,6 +45,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
 from endpointd.guard import daemon_programs
+from endpointd.workspaces import jail
 from endpointd.workspaces.errors import GitError
 
 __all__ = ["GitError", "environment", "git", "git_ok"]
@@ -149,6 +153,7 @@ def _run(
     env: Mapping[str, str],
     protocol: str,
     on_start: Callable[[int], None] | None = None,
+    connect_ports: Sequence[int] = (),
 ) -> subprocess.CompletedProcess[str]:
     program = daemon_programs.which("git")
     if program is None:
@@ -157,11 +162,17 @@ def _run(
             " home directory and every place commands may write)"
         )
     safe = [a for key, value in _SAFE for a in ("-c", f"{key}={value}")]
+    argv = [program, *safe, *args]
+    full_env = environment(env, protocol)
+    confinement = jail.current()
+    if confinement is not None:
+        argv, added = jail.wrap(argv, confinement, connect_ports=connect_ports, protocol=protocol)
+        full_env.update(added)
     try:
         proc = subprocess.Popen(
-            [program, *safe, *args],
+            argv,
             cwd=cwd,
-            env=environment(env, protocol),
+            env=full_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -191,12 +202,14 @@ def git(
     what: str = "",
     on_start: Callable[[int], None] | None = None,
     protocol: str = "",
+    connect_ports: Sequence[int] = (),
 ) -> str:
     """git's output (stripped); :class:`GitError` naming ``what`` (else the git command)
     and git's own complaint when it fails. ``on_start``: told git's pid as it starts (the
     credential helper answers only that process tree). ``protocol``: the one transport
-    git may use (none by default)."""
-    done = _run(args, cwd, timeout, env or {}, protocol, on_start)
+    git may use (none by default); ``connect_ports``: the TCP ports it may connect to while
+    confined (:mod:`endpointd.workspaces.jail`; none by default)."""
+    done = _run(args, cwd, timeout, env or {}, protocol, on_start, connect_ports)
     if done.returncode != 0:
         action = what or f"git {args[0]}"
         raise GitError(f"{action} failed: {_complaint(done.stderr, done.stdout)}")

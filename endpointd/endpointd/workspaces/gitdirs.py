@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from endpointd.workspaces.errors import WorkspaceError
 
-__all__ = ["alternates", "judge", "local_repository"]
+__all__ = ["alternates", "judge", "judge_before_git", "local_repository"]
 
 _MAX_DEPTH = 5
 _MAX_ALTERNATES = 64
@@ -149,3 +149,41 @@ def local_repository(path: str, denied_rule: Callable[[str], str | None]) -> Non
                     raise WorkspaceError(
                         f"the remote's repository borrows objects from {store}, under {rule}"
                     )
+
+
+def _read_pointer(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(4096).strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def judge_before_git(path: str, denied_rule: Callable[[str], str | None]) -> None:
+    """Before git looks at ``path``: the ``.git`` of the nearest directory holding one (a
+    file's ``gitdir:`` and that dir's ``commondir`` followed) must not lead into a denied
+    path. (Confined, git could not read it either, and would call it no repository.)"""
+    current = os.path.realpath(path)
+    while True:
+        dot_git = os.path.join(current, ".git")
+        if os.path.lexists(dot_git):
+            break
+        parent = os.path.dirname(current)
+        if parent == current:
+            return
+        current = parent
+    candidates = [dot_git]
+    if os.path.isfile(dot_git):
+        target = _read_pointer(dot_git).removeprefix("gitdir:").strip()
+        if target:
+            candidates.append(os.path.join(current, target))
+    common = _read_pointer(os.path.join(candidates[-1], "commondir"))
+    if common:
+        candidates.append(os.path.join(candidates[-1], common))
+    for candidate in candidates:
+        real = os.path.realpath(candidate)
+        rule = denied_rule(candidate) or denied_rule(real)
+        if rule is not None:
+            raise WorkspaceError(
+                f"{path} is a repository whose git directory {real} is under {rule}"
+            )

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from endpointd.guard.files import within
 from endpointd.paths import ensure_private_dir
 from endpointd.rules.remotes import matches, normalize, preferred, remotes
-from endpointd.workspaces import bases, gitdirs, grants
+from endpointd.workspaces import bases, gitdirs, grants, jail
 from endpointd.workspaces.discovery import Repositories, Scan
 from endpointd.workspaces.errors import GitError, WorkspaceError
 from endpointd.workspaces.git import git, git_ok
@@ -177,7 +177,9 @@ class Workspaces:
             records[op.ticket_id] = record
             self.store.save(records)  # "creating": a crash from here is cleaned up next time
             try:
-                self._create(record, op, auth, policy)
+                # Confined: it writes only the clone's git dir, the workspace, the scratch.
+                with jail.confined(policy, [record.common_dir, self.root, self.scratch]):
+                    self._create(record, op, auth, policy)
             except BaseException:
                 try:
                     self._remove(record)
@@ -205,7 +207,12 @@ class Workspaces:
         return os.path.isfile(os.path.join(record.path, ".git")) and os.path.isdir(record.admin_dir)
 
     def _source(self, op: PrepareWorkspace, policy: Policy, approved: bool) -> _Source:
+        with jail.confined(policy, ()):  # git only reads here
+            return self._judged_source(op, policy, approved)
+
+    def _judged_source(self, op: PrepareWorkspace, policy: Policy, approved: bool) -> _Source:
         if op.path:
+            gitdirs.judge_before_git(op.path, policy.denied_rule)
             source = self._source_at(os.path.realpath(op.path), op.path)
             if op.repo and source.repo and not matches(source.repo, op.repo):
                 raise WorkspaceError(f"{op.path} is a clone of {source.repo}, not of {op.repo}")

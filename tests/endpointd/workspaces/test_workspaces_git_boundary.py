@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from endpointd.guard import landlock
+from endpointd.workspaces import gitdirs
 from endpointd.workspaces.errors import WorkspaceError
 from superagent_shared.messages import WorkspaceBase
 from tests.endpointd.workspaces.clone_world import A, B, C, World
@@ -164,8 +166,8 @@ def _denied_repository(world: World) -> tuple[Path, str]:
 
 
 def _nowhere(world: World, secret: str) -> None:
-    """The secret was checked out nowhere endpointd made, and nothing is recorded."""
-    assert world.workspaces.list() == []
+    """The secret was checked out nowhere endpointd made, and no workspace is recorded."""
+    assert [r for r in world.workspaces.list() if not r.in_place] == []
     for path in (world.data / "workspaces").rglob("*") if world.data.exists() else ():
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), path
@@ -243,3 +245,33 @@ def test_an_object_store_linked_into_a_denied_repository_is_refused(world: World
     with pytest.raises(WorkspaceError, match="denied_paths"):
         world.prepare(B, repo="", path=str(world.clone), base=WorkspaceBase.LOCAL_CHANGES)
     _nowhere(world, secret)
+
+
+@pytest.mark.skipif(landlock.abi_version() < 1, reason="needs Landlock")
+def test_the_kernel_keeps_git_out_of_a_denied_repository_when_the_check_is_raced(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command may change what the git dirs and alternates say between endpointd's check
+    and git's read: as if it won that race (the check sees nothing), the confined git
+    still cannot read the denied repository."""
+    store, secret = _denied_repository(world)
+    monkeypatch.setattr(gitdirs, "judge", lambda *a, **k: None)
+    monkeypatch.setattr(gitdirs, "judge_before_git", lambda *a, **k: None)
+    denied_head = git("rev-parse", "HEAD", cwd=store).strip()
+    alternates = world.clone / ".git" / "objects" / "info" / "alternates"
+    alternates.parent.mkdir(exist_ok=True)
+    alternates.write_text(f"{store / '.git' / 'objects'}\n")
+    (world.clone / ".git" / "HEAD").write_text(f"{denied_head}\n")
+    with pytest.raises(WorkspaceError):
+        world.prepare(repo="", path=str(world.clone), base=WorkspaceBase.LOCAL_CHANGES)
+    _nowhere(world, secret)
+    # A planted .git file: git, confined, cannot read where it leads.
+    folder = world.src / "harmless"
+    folder.mkdir()
+    (folder / ".git").write_text(f"gitdir: {store / '.git'}\n")
+    try:
+        answer = world.prepare(B, repo="", path=str(folder), base=WorkspaceBase.LOCAL_CHANGES)
+    except WorkspaceError:
+        answer = {}
+    assert answer.get("in_place", True) is True  # no checkout of it was made
+    assert not (world.data / "workspaces" / B).exists()
