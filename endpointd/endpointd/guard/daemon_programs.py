@@ -6,7 +6,8 @@ A confined command may write its workspace, its allowed root and the owner's
 would turn a planted ``git`` into code the daemon runs as the owner, unconfined. So the
 daemon's ``PATH`` is filtered, once, when the daemon starts (:func:`configure`): a
 directory is kept only when it is absolute and, resolved, lies outside the home
-directory, the allowed roots, the writable paths and endpointd's own directories, and it
+directory (but for the directories the owner lists in the policy's ``program_paths``),
+the allowed roots, the writable paths and endpointd's own directories, and it
 and every directory above it belong to root or to the daemon's user and are writable by
 no one else. A program found there is kept only if its resolved file passes the same test
 (a symlink out of ``/usr/bin`` into a writable place does not count). Each name is looked
@@ -57,8 +58,10 @@ class DaemonPrograms:
     """The daemon's trusted ``PATH`` and the programs found on it."""
 
     directories: tuple[str, ...]
-    untrusted: tuple[str, ...]
+    untrusted: tuple[str, ...]  # where commands may write, and endpointd's directories
     skipped: tuple[tuple[str, str], ...] = ()  # (directory, why it is not used)
+    home: str = ""  # never used, but for what the owner lists in program_paths
+    home_allowed: tuple[str, ...] = ()
     _found: dict[str, str | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -73,9 +76,13 @@ class DaemonPrograms:
         real = os.path.realpath(path)
         for place in self.untrusted:
             if _within(real, place):
-                return (
-                    f"{real} is inside {place}, which commands may write or is the home directory"
-                )
+                return f"{real} is inside {place}, where commands may write"
+        if (
+            self.home
+            and _within(real, self.home)
+            and not any(_within(real, a) for a in self.home_allowed)
+        ):
+            return f"{real} is inside the home directory (and not in the policy's program_paths)"
         return _owned_safely(real)
 
     def which(self, name: str) -> str | None:
@@ -97,20 +104,24 @@ class DaemonPrograms:
         return found
 
 
-def _untrusted_places(extra: Iterable[Path | str]) -> tuple[str, ...]:
-    places = {os.path.realpath(Path.home())}
-    for p in extra:
-        if str(p):
-            places.add(os.path.realpath(p))
-    return tuple(sorted(places))
-
-
-def resolve(path_var: str | None, untrusted: Iterable[Path | str]) -> DaemonPrograms:
-    """The trusted subset of ``path_var``, given the places commands may write."""
-    places = _untrusted_places(untrusted)
+def resolve(
+    path_var: str | None,
+    untrusted: Iterable[Path | str],
+    home_allowed: Iterable[Path | str] = (),
+) -> DaemonPrograms:
+    """The trusted subset of ``path_var``, given the places commands may write; of the
+    home directory only ``home_allowed`` (the policy's ``program_paths``), and of those
+    only the ones holding no place commands may write."""
+    places = tuple(sorted({os.path.realpath(p) for p in untrusted if str(p)}))
+    allowed = tuple(
+        a
+        for a in (os.path.realpath(p) for p in home_allowed if str(p))
+        if not any(_within(a, w) or _within(w, a) for w in places)
+    )
+    home = os.path.realpath(Path.home())
     kept: list[str] = []
     skipped: list[tuple[str, str]] = []
-    probe = DaemonPrograms((), places)
+    probe = DaemonPrograms((), places, home=home, home_allowed=allowed)
     for entry in (path_var if path_var is not None else os.defpath).split(os.pathsep):
         if not entry or not os.path.isabs(entry):
             skipped.append((entry, "not an absolute directory"))
@@ -123,19 +134,25 @@ def resolve(path_var: str | None, untrusted: Iterable[Path | str]) -> DaemonProg
             skipped.append((entry, why))
         elif real not in kept:
             kept.append(real)
-    return DaemonPrograms(tuple(kept), places, tuple(skipped))
+    return DaemonPrograms(tuple(kept), places, tuple(skipped), home, allowed)
 
 
 _current: DaemonPrograms | None = None
 _current_lock = threading.Lock()
 
 
-def configure(untrusted: Sequence[Path | str], path_var: str | None = None) -> DaemonPrograms:
+def configure(
+    untrusted: Sequence[Path | str],
+    home_allowed: Sequence[Path | str] = (),
+    path_var: str | None = None,
+) -> DaemonPrograms:
     """Resolve the daemon's programs now (at start): ``untrusted`` are the places commands
     may write (allowed roots, writable paths) and endpointd's own directories; the home
-    directory is always among them. git, ripgrep and ssh are looked up at once."""
+    directory is untrusted too, but for ``home_allowed`` (the policy's ``program_paths``).
+    git, ripgrep and ssh are looked up at once."""
     global _current
-    found = resolve(os.environ.get("PATH") if path_var is None else path_var, untrusted)
+    path = os.environ.get("PATH") if path_var is None else path_var
+    found = resolve(path, untrusted, home_allowed)
     for name in ("git", "rg", "ssh"):
         found.which(name)
     with _current_lock:

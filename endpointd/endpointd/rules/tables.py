@@ -204,6 +204,10 @@ class Rules:
     network: NetworkMode = "allow"
     proxy_hosts: tuple[str, ...] = ()  # [proxy] allow_hosts: where network = "proxy" may go
     writable_paths: tuple[Path, ...] = ()  # beyond the workspace and the private TMPDIR
+    # Directories in the home directory the daemon may run its own programs from (git, rg,
+    # a harness's --version), read at its start; never one inside an allowed root or a
+    # writable path.
+    program_paths: tuple[Path, ...] = ()
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
     workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)

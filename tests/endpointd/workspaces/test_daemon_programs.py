@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from endpointd.guard import daemon_programs
+from endpointd.rules.errors import PolicyError
+from endpointd.rules.parser import parse_policy
 
 GIT = shutil.which("git", path="/usr/bin:/bin")
 
@@ -30,12 +32,14 @@ def test_a_directory_inside_an_allowed_root_or_the_home_directory_is_never_used(
     inside = daemon_programs.resolve(system, (root,))
     assert inside.directories == ()
     assert inside.which("git") is None
-    assert inside.skipped == (
-        (system, f"{system} is inside {root}, which commands may write or is the home directory"),
-    )
-    # Under the home directory: never (~/.local/bin under a root of ~).
+    assert inside.skipped == ((system, f"{system} is inside {root}, where commands may write"),)
+    # Under the home directory: not unless the owner lists it in program_paths, and then
+    # not if it holds a place commands may write (~/.local/bin under a root of ~).
     monkeypatch.setenv("HOME", root)
     assert daemon_programs.resolve(system, ()).which("git") is None
+    assert daemon_programs.resolve(system, (), (system,)).which("git") == os.path.realpath(GIT)
+    assert daemon_programs.resolve(system, (root,), (system,)).which("git") is None
+    assert daemon_programs.resolve(system, (system + "/x",), (system,)).which("git") is None
 
 
 def test_a_directory_others_can_write_is_never_used(tmp_path: Path) -> None:
@@ -49,3 +53,13 @@ def test_a_directory_others_can_write_is_never_used(tmp_path: Path) -> None:
     assert "relative/bin" in reasons
     # tmp_path lies under the world-writable /tmp (or belongs to no trusted owner).
     assert str(planted) in reasons
+
+
+def test_program_paths_is_the_owners_list_of_home_directories(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    text = 'allowed_roots = ["~/src"]\nprogram_paths = ["~/.local/bin"]\n'
+    rules = parse_policy(text, tmp_path / "policy.toml", home)
+    assert rules.program_paths == (home / ".local" / "bin",)
+    assert parse_policy("allowed_roots = []\n", tmp_path / "p.toml", home).program_paths == ()
+    with pytest.raises(PolicyError, match="program_paths"):
+        parse_policy('program_paths = "~/bin"\n', tmp_path / "policy.toml", home)
