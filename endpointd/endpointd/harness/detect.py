@@ -91,6 +91,9 @@ def version_of(program: str, environ: Mapping[str, str] | None = None) -> str:
     node script's children too)."""
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in BASE if k in environ}
+    # An interpreter the program names through `env` (#!/usr/bin/env node) is found where
+    # the daemon finds its own programs, never in a directory a command could write.
+    env["PATH"] = daemon_programs.trusted_path() or os.defpath
     try:
         proc = subprocess.Popen(
             [program, "--version"],
