@@ -148,10 +148,7 @@ async def run_daemon(
 
 def _resolve_programs(policy: Policy, config_directory: Path, state_directory: Path) -> None:
     """git, ripgrep, ssh and the rest, found now on directories no command can write."""
-    rules = policy.rules
-    untrusted = [*policy.allowed_roots, *(rules.writable_paths if rules is not None else ())]
-    untrusted += [config_directory, state_directory, policy.workspaces_root]
-    found = daemon_programs.configure(untrusted, rules.program_paths if rules is not None else ())
+    found = daemon_programs.configure_for(policy, config_directory, state_directory)
     for directory, why in found.skipped:
         log.info("not running programs from %s on PATH: %s", directory, why)
     log.info("git: %s; rg: %s", found.which("git") or "none", found.which("rg") or "none")

@@ -24,6 +24,10 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from endpointd.guard.policy import Policy
 
 __all__ = ["DaemonPrograms", "configure", "current", "trusted_path", "which"]
 
@@ -158,6 +162,16 @@ def configure(
     with _current_lock:
         _current = found
     return found
+
+
+def configure_for(policy: Policy, *own_directories: Path) -> DaemonPrograms:
+    """:func:`configure` from the policy: its allowed roots, writable paths, the tickets'
+    workspaces and ``own_directories`` (endpointd's config and state) are untrusted; its
+    ``program_paths`` are the home directories allowed."""
+    rules = policy.rules
+    untrusted: list[Path | str] = [*policy.allowed_roots, policy.workspaces_root]
+    untrusted += [*(rules.writable_paths if rules is not None else ()), *own_directories]
+    return configure(untrusted, rules.program_paths if rules is not None else ())
 
 
 def current() -> DaemonPrograms:
