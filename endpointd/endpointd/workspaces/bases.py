@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -159,10 +160,22 @@ def _remote(where: _Where, *args: str, what: str) -> str:
         raise FetchFailed(str(exc), url) from None
 
 
+# A branch or remote name endpointd puts in a refspec: read from files a command can write
+# (the clone's config, refs/remotes/<remote>/HEAD) or sent by the control plane.
+_NAME = re.compile(r"(?!-)(?!.*\.\.)(?!.*//)(?!.*@\{)[A-Za-z0-9._@+/-]{1,200}(?<![/.])\Z")
+
+
+def _checked(kind: str, name: str) -> str:
+    if not _NAME.match(name) or name.endswith(".lock") or name.startswith("/"):
+        raise WorkspaceError(f"the {kind} name {name!r} is not one endpointd fetches")
+    return name
+
+
 def _fetch(where: _Where, branch: str) -> str:
     """Fetch ``branch`` of the record's remote into its remote-tracking ref; its commit."""
     record = where.record
-    remote = record.remote
+    remote = _checked("remote", record.remote)
+    branch = _checked("branch", branch)
     tracking = f"refs/remotes/{remote}/{branch}"
     # What the clone already has, offered to the remote so that only the new is sent.
     have = git(

@@ -275,3 +275,19 @@ def test_the_kernel_keeps_git_out_of_a_denied_repository_when_the_check_is_raced
         answer = {}
     assert answer.get("in_place", True) is True  # no checkout of it was made
     assert not (world.data / "workspaces" / B).exists()
+
+
+@pytest.mark.parametrize(
+    "head", ["../../heads/main", "main:refs/heads/main", "-main", "x/../../../heads/main"]
+)
+def test_a_default_branch_name_planted_in_the_clone_cannot_move_the_owners_refs(
+    world: World, head: str
+) -> None:
+    main = git("rev-parse", "refs/heads/main", cwd=world.clone)
+    world.push_to_origin("main", "new.py", "moved\n")
+    (world.clone / ".git" / "refs" / "remotes" / "origin" / "HEAD").write_text(
+        f"ref: refs/remotes/origin/{head}\n"
+    )
+    with pytest.raises(WorkspaceError, match="not one endpointd fetches"):
+        world.prepare()
+    assert git("rev-parse", "refs/heads/main", cwd=world.clone) == main
