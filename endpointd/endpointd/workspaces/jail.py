@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import sys
@@ -116,14 +117,17 @@ def ports_for(url: str, protocol: str) -> list[int]:
     return sorted(set(ports))
 
 
-def wrap(
-    argv: Sequence[str], jail: Jail, *, connect_ports: Sequence[int], protocol: str
-) -> tuple[list[str], dict[str, str]]:
-    """The trampoline's argv for ``argv`` and what its environment must add."""
-    denied = tuple(
-        d for d in jail.denied if not (protocol == "ssh" and os.path.realpath(d) == jail.ssh_dir)
-    )
+def _filesystem(jail: Jail, ssh: bool) -> dict[str, object]:
+    # A root that does not exist yet grants nothing: computed again once it does.
+    return _filesystem_cached(jail, ssh, tuple(os.path.isdir(w) for w in jail.write))
+
+
+@functools.lru_cache(maxsize=16)
+def _filesystem_cached(jail: Jail, ssh: bool, _present: tuple[bool, ...]) -> dict[str, object]:
+    """The filesystem grants of ``jail`` (the same for every git of one prepare)."""
+    denied = tuple(d for d in jail.denied if not (ssh and os.path.realpath(d) == jail.ssh_dir))
     confinement = Confinement(
+        # The sandbox's own resolution of the denied paths (cached there).
         denied=sandbox._real_denied(denied),
         write=jail.write,
         write_files=DEVICE_FILES,
@@ -131,10 +135,13 @@ def wrap(
         mechanism="landlock",
     )
     spec = sandbox.landlock_spec(confinement)
-    payload = {
-        "read": spec["read"],
-        "grants": spec["grants"],
-        "connect_ports": sorted(set(connect_ports)),
-    }
+    return {"read": spec["read"], "grants": spec["grants"]}
+
+
+def wrap(
+    argv: Sequence[str], jail: Jail, *, connect_ports: Sequence[int], protocol: str
+) -> tuple[list[str], dict[str, str]]:
+    """The trampoline's argv for ``argv`` and what its environment must add."""
+    payload = {**_filesystem(jail, protocol == "ssh"), "connect_ports": sorted(set(connect_ports))}
     wrapped = [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, _PACKAGE_ROOT, *argv]
     return wrapped, {"ENDPOINTD_GIT_JAIL": json.dumps(payload)}
