@@ -1,6 +1,6 @@
-"""The attacker's tests for endpointd's own git (issue 31, findings 2 and 3): nothing a
-command could have written in a clone makes the daemon's unconfined git run a program,
-reach another transport, or read a repository the policy denies.
+"""The attacker's tests for endpointd's own git (issue 31: the daemon's git, a planted
+gitfile): nothing a command could have written in a clone makes the daemon's git run a
+program, reach another transport, or read a repository the policy denies.
 
 A command working in the owner's clone (an allowed root) can write its ``.git``: config,
 ``info/attributes``, a ``.git`` file, ``objects/info/alternates``. Each test plants what
