@@ -1,5 +1,6 @@
 """The attacker's tests for what the real endpointd runs unconfined (issue 31: its own git,
-programs on its PATH, a repository's setup step), played through a scripted gateway against a real daemon and its real sandbox:
+programs on its PATH, a repository's setup step), played through a scripted gateway
+against a real daemon and its real sandbox:
 
 * a confined command in the owner's clone writes program-running git config there, and the
   next PrepareWorkspace must not run it;
