@@ -18,6 +18,7 @@ import pytest
 from endpointd.guard import landlock
 from endpointd.workspaces import gitdirs
 from endpointd.workspaces.errors import WorkspaceError
+from endpointd.workspaces.remote_url import transport
 from superagent_shared.messages import WorkspaceBase
 from tests.endpointd.workspaces.clone_world import A, B, C, World
 from tests.endpointd.workspaces.device_world import REMOTE, git
@@ -291,3 +292,46 @@ def test_a_default_branch_name_planted_in_the_clone_cannot_move_the_owners_refs(
     with pytest.raises(WorkspaceError, match="not one endpointd fetches"):
         world.prepare()
     assert git("rev-parse", "refs/heads/main", cwd=world.clone) == main
+
+
+@pytest.mark.parametrize(
+    ("url", "protocol"),
+    [
+        ("https://github.com/acme/app.git", "https"),
+        ("HTTPS://github.com/acme/app", "https"),
+        ("http://git.example.com/app.git", "http"),
+        ("ssh://git@github.com:2222/acme/app.git", "ssh"),
+        ("git+ssh://github.com/acme/app", "ssh"),
+        ("git@github.com:acme/app.git", "ssh"),
+        ("git://example.com/app.git", "git"),
+        ("file:///srv/git/app.git", "file"),
+        ("/srv/git/app.git", "file"),
+    ],
+)
+def test_the_transports_endpointd_fetches_over(url: str, protocol: str) -> None:
+    assert transport(url, lambda _: None).protocol == protocol
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ext::sh -c id",
+        "fd::3",
+        "hg::https://example.com/app",
+        "ftp://example.com/app.git",
+        "rsync://example.com/app.git",
+        "-oProxyCommand=id:app",
+        "relative/path",
+        "https://example.com/app\nfetch = evil",
+        "",
+    ],
+)
+def test_every_other_url_is_refused(url: str) -> None:
+    with pytest.raises(WorkspaceError):
+        transport(url, lambda _: None)
+    # A local path the policy denies, however it is spelled.
+    for spelled in ("/home/o/.password-store", "file:///home/o/.password-store/.git"):
+        with pytest.raises(WorkspaceError, match="denied_paths"):
+            transport(
+                spelled, lambda p: "denied_paths: ~/.password-store" if "password" in p else None
+            )
