@@ -275,7 +275,11 @@ class Workspaces:
             for clone in self.scan(policy, force=force).repositories:
                 if matches(clone.remote, repo):
                     # Resolved by git as a given path is, so judged the same way.
-                    return self._source_at(os.path.realpath(clone.path), clone.path)
+                    gitdirs.judge_before_git(clone.path, policy.denied_rule)
+                    source = self._source_at(os.path.realpath(clone.path), clone.path)
+                    if source.in_place:
+                        raise WorkspaceError(f"{clone.path} is no longer a clone git can read")
+                    return source
         raise WorkspaceError(f"no clone of {repo} under this device's allowed roots")
 
     def _create(

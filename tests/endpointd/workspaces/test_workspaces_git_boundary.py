@@ -335,3 +335,15 @@ def test_every_other_url_is_refused(url: str) -> None:
             transport(
                 spelled, lambda p: "denied_paths: ~/.password-store" if "password" in p else None
             )
+
+
+def test_a_clone_found_by_its_remote_is_judged_where_its_git_dir_leads(world: World) -> None:
+    store, secret = _denied_repository(world)
+    git("remote", "add", "origin", "https://github.com/acme/secrets.git", cwd=store)
+    found = world.src / "secrets"
+    found.mkdir()
+    (found / ".git").symlink_to(store / ".git")
+    # The scan follows no symlink, and what it finds is judged where git resolves it.
+    with pytest.raises(WorkspaceError, match="denied_paths|no clone of"):
+        world.prepare(repo="github.com/acme/secrets", base=WorkspaceBase.LOCAL_CHANGES)
+    _nowhere(world, secret)
