@@ -344,6 +344,6 @@ def test_a_clone_found_by_its_remote_is_judged_where_its_git_dir_leads(world: Wo
     found.mkdir()
     (found / ".git").symlink_to(store / ".git")
     # The scan follows no symlink, and what it finds is judged where git resolves it.
-    with pytest.raises(WorkspaceError, match="denied_paths|no clone of"):
+    with pytest.raises(WorkspaceError, match=r"denied_paths|no clone of"):
         world.prepare(repo="github.com/acme/secrets", base=WorkspaceBase.LOCAL_CHANGES)
     _nowhere(world, secret)
