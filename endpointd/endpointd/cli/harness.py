@@ -53,11 +53,14 @@ def harness() -> None:
 def _rows() -> tuple[list[dict[str, Any]], str | None, str, tuple[str, ...]]:
     """The harnesses as found now; why the policy cannot be used (None: it can); its path;
     its ``[harness] allowed`` list."""
+    from endpointd.guard import daemon_programs
     from endpointd.guard.policy import load_policy
     from endpointd.harness.detect import detect
     from endpointd.secrets.store import CredentialError, CredentialStore
 
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    # --version runs only for programs where the daemon would run them.
+    daemon_programs.configure_for(policy, config_dir().path, state_dir().path)
     try:
         stored = CredentialStore(config_dir().path).names()
     except CredentialError as exc:

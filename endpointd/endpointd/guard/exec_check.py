@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from endpointd.guard import sandbox
+from endpointd.guard import daemon_programs, sandbox
 from endpointd.guard.loaded import Loaded, denied_hit
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.guard.roots import path_refusal
@@ -239,7 +239,9 @@ def _credentials_refusal(
                 f' to any command: add [credentials.{name}] with allow = ["<command glob>"]',
                 Reason.CREDENTIAL_UNAVAILABLE,
             )
-        trusted = os.environ.get("PATH", os.defpath)
+        # A scope's program word is looked up where the daemon finds its own programs:
+        # never in a directory a command could have planted a `git` in.
+        trusted = daemon_programs.trusted_path()
         matched = next((g for g in scope.allow if scope_matches(g, program, argv, trusted)), None)
         if matched is None:
             globs = ", ".join(json.dumps(g) for g in scope.allow) or "none"

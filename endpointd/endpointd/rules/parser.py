@@ -45,6 +45,7 @@ _TOP_KEYS = (
     "allowed_roots",
     "denied_paths",
     "writable_paths",
+    "program_paths",
     "default_action",
     "sandbox",
     "network",
@@ -75,6 +76,7 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
         for raw, p in reader.path_list(data, "denied_paths")
     )
     writable = tuple(p for _, p in reader.path_list(data, "writable_paths"))
+    program_paths = tuple(p for _, p in reader.path_list(data, "program_paths"))
     default_action = reader.choice(data, "default_action", ACTIONS, "allow")
     sandbox = reader.choice(data, "sandbox", SANDBOX_MODES, "required")
     network = reader.choice(data, "network", NETWORK_MODES, "allow")
@@ -101,6 +103,7 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
         network=cast(NetworkMode, network),
         proxy_hosts=proxy_hosts,
         writable_paths=writable,
+        program_paths=program_paths,
         env=env,
         files=files,
         workspaces=workspaces,

@@ -3,6 +3,7 @@ validated by :mod:`endpointd.rules.parser`, and the paths denied whatever the fi
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -137,6 +138,15 @@ class WorkspaceRules:
     retention_hours: int = 72
     max_disk_mb: int = 20 * 1024
     setup: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Repositories (globs) whose own .superagent/setup may run on prepare; none by default:
+    # it is the repository authors' code, not the owner's.
+    repository_setup: tuple[str, ...] = ()
+
+    def runs_repository_setup(self, repo: str) -> bool:
+        """Does the owner let repository ``repo``'s own ``.superagent/setup`` run?"""
+        return bool(repo) and any(
+            fnmatch.fnmatchcase(repo.lower(), glob) for glob in self.repository_setup
+        )
 
     def setup_for(self, repo: str) -> tuple[str, ...] | None:
         """The owner's setup command for the repository ``repo`` (normalised), if any."""
@@ -203,6 +213,10 @@ class Rules:
     network: NetworkMode = "allow"
     proxy_hosts: tuple[str, ...] = ()  # [proxy] allow_hosts: where network = "proxy" may go
     writable_paths: tuple[Path, ...] = ()  # beyond the workspace and the private TMPDIR
+    # Directories in the home directory the daemon may run its own programs from (git, rg,
+    # a harness's --version), read at its start; never one inside an allowed root or a
+    # writable path.
+    program_paths: tuple[Path, ...] = ()
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
     workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)
