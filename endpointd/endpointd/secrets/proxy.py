@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from endpointd.secrets import peer
+from endpointd.secrets.proxy_door import Door
 
 if TYPE_CHECKING:
     from endpointd.rules.terms import NetworkMode
@@ -377,6 +378,9 @@ class CredentialProxy:
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # Listeners inside commands' network namespaces, received through the door.
+        self._door: Door | None = None
+        self._inside: list[asyncio.Server] = []
         self.check_peers = root_pid is not None and peer.proc_available()
 
     def __repr__(self) -> str:
@@ -401,7 +405,39 @@ class CredentialProxy:
                 raise
             self._socket = sock
             self.port = int(sock.getsockname()[1])
+        if self._door is None and peer.proc_available():
+            self._door = Door(self._serve_inside)
         return self.port
+
+    @property
+    def door(self) -> str:
+        """The abstract name of the door through which a command's network namespace hands
+        this proxy its listener (:mod:`endpointd.secrets.proxy_door`); "" without one."""
+        return self._door.name if self._door is not None else ""
+
+    def _serve_inside(self, listener: socket.socket, sender: int) -> None:
+        """Serve the listener a namespace's init (``sender``) passed through the door."""
+        if self._closed:
+            listener.close()
+            return
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._accept(reader, writer, inside=sender)
+
+        async def serve() -> None:
+            try:
+                server = await asyncio.start_server(accept, sock=listener, limit=MAX_HEAD)
+            except OSError:
+                listener.close()
+                return
+            if self._closed:
+                server.close()
+            else:
+                self._inside.append(server)
+
+        task = asyncio.get_running_loop().create_task(serve())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
         """Serve (in the running event loop) until :meth:`close`."""
@@ -411,6 +447,8 @@ class CredentialProxy:
             self._upstream_context = await asyncio.to_thread(_default_upstream_context)
         self.bind()
         self._server = await asyncio.start_server(self._accept, sock=self._socket, limit=MAX_HEAD)
+        if self._door is not None:
+            self._door.start()
 
     def close(self) -> None:
         """Stop listening and cut every open connection. Idempotent."""
@@ -421,12 +459,25 @@ class CredentialProxy:
             server.close()
         if sock is not None:
             sock.close()
+        if self._door is not None:
+            self._door.close()
+        for inside in self._inside:
+            inside.close()
+        self._inside.clear()
         for task in list(self._tasks):
             task.cancel()
 
     # ------------------------------------------------------------------ a connection
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        inside: int | None = None,
+    ) -> None:
+        """One client; ``inside``: it came through a listener in a command's network
+        namespace, which that pid passed through the door."""
         task = asyncio.current_task()
         if task is None or self._closed or len(self._tasks) >= MAX_CONNECTIONS:
             _close(writer)
@@ -434,7 +485,7 @@ class CredentialProxy:
         self._tasks.add(task)
         upstream: asyncio.StreamWriter | None = None
         try:
-            upstream = await self._serve(reader, writer)
+            upstream = await self._serve(reader, writer, inside)
         except ProxyError as exc:
             with contextlib.suppress(Exception):
                 extra = ['Proxy-Authenticate: Basic realm="endpointd"'] if exc.status == 407 else []
@@ -450,7 +501,7 @@ class CredentialProxy:
             _close(writer)
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, inside: int | None
     ) -> asyncio.StreamWriter | None:
         raw = await _read_head(reader, self.head_timeout)
         if raw is None:
@@ -462,7 +513,7 @@ class CredentialProxy:
                 "Proxy Authentication Required",
                 "endpointd proxy: use the proxy URL this command was given (HTTPS_PROXY)",
             )
-        if not await self._from_the_command(writer):
+        if not await self._from_the_command(writer, inside):
             log.warning("credential proxy: refused a client that is not the command's")
             raise ProxyError(
                 403,
@@ -492,7 +543,12 @@ class CredentialProxy:
             return False
         return hmac.compare_digest(password, self.token.encode())
 
-    async def _from_the_command(self, writer: asyncio.StreamWriter) -> bool:
+    async def _from_the_command(self, writer: asyncio.StreamWriter, inside: int | None) -> bool:
+        if inside is not None:
+            # Only the namespace's processes can reach its listener; the one that passed
+            # it must be the command's (its init).
+            root = self.root_pid() if self.root_pid is not None else None
+            return root is not None and peer.descends_from(inside, root)
         if not self.check_peers or self.root_pid is None:
             return True
         root = self.root_pid()

@@ -1,0 +1,93 @@
+"""A daemon run as root (as CI runs it) against its own commands: they get no capability.
+
+A command of a root daemon ran with every capability (``CapEff 0x1fffeffffff``): it could
+``mknod`` a disk device in its workspace, and the sandbox's other layers assume an
+unprivileged process. Each test runs a real endpointd and reads what the command itself
+sees. The same assertions hold for a daemon run as a normal user.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from endpointd.guard import landlock
+from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
+from tests.fakes.gateway_server import FakeGateway
+from tests.support.helpers import assert_eventually
+
+pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
+
+
+@pytest.fixture
+def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
+    home = tmp_path / "home"
+    home.mkdir()
+    with endpointd_in(tmp_path) as daemon:
+        daemon.env["HOME"] = str(home)
+        yield daemon
+
+
+@pytest.fixture
+def gw() -> Iterator[FakeGateway]:
+    with FakeGateway() as gateway:
+        yield gateway
+
+
+# What the command sees of its own privileges, and whether it can make a device node.
+PROBE = r"""
+import json, os, subprocess, sys
+status = dict(
+    line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line
+)
+result = {k: status[k].strip() for k in
+          ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")}
+try:
+    os.mknod("null-device", 0o666 | 0o020000, os.makedev(1, 3))
+    result["mknod"] = "made"
+except OSError as exc:
+    result["mknod"] = "refused %s" % exc.errno
+# Through a fresh program too (what a shell would do): exec regains nothing.
+child = subprocess.run(["sh", "-c", "grep ^CapEff /proc/self/status; mknod disk b 8 0"],
+                       capture_output=True, text=True)
+result["exec"] = child.stdout.split()[-1] if child.stdout.split() else ""
+result["exec_mknod"] = child.returncode
+print(json.dumps(result), flush=True)
+"""
+
+
+@pytest.mark.parametrize("network", ["allow", "deny", "proxy"])
+async def test_a_command_has_no_capability_and_cannot_make_devices(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, network: str
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(
+        f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n'
+        f'network = "{network}"\n'
+    )
+    policy_file.chmod(0o600)
+    sent = gw.send(
+        device, pb.Command(exec=pb.ExecCommand(argv=[sys.executable, "-c", PROBE], cwd=str(work)))
+    )
+    ended = await assert_eventually(
+        lambda: gw.refused(sent.command_id) or gw.finished(sent.command_id), timeout=60
+    )
+    assert isinstance(ended, pb.Finished), f"refused: {ended}"
+    output = gw.output(sent.command_id)
+    result = json.loads(output.decode().strip().splitlines()[-1])
+    for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(result[field], 16) == 0, (field, result)
+    assert result["NoNewPrivs"] == "1", result
+    assert result["mknod"].startswith("refused"), result
+    assert int(result["exec"], 16) == 0, result
+    assert result["exec_mknod"] != 0, result
+    assert not (work / "null-device").exists()
+    assert not (work / "disk").exists()
