@@ -9,6 +9,7 @@ sees. The same assertions hold for a daemon run as a normal user.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,3 +92,37 @@ async def test_a_command_has_no_capability_and_cannot_make_devices(
     assert result["exec_mknod"] != 0, result
     assert not (work / "null-device").exists()
     assert not (work / "disk").exists()
+
+
+# Starts what it is given as root without CAP_SETPCAP (as in a container that took it):
+# such a daemon cannot take its commands' capabilities away.
+_WITHOUT_SETPCAP = """#!{python}
+import ctypes, os, sys
+if ctypes.CDLL(None, use_errno=True).prctl(24, 8, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+    raise OSError(ctypes.get_errno(), "cannot drop CAP_SETPCAP")
+os.execv({python!r}, [{python!r}, *sys.argv[1:]])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the case of a daemon run as root")
+async def test_a_root_daemon_that_cannot_drop_capabilities_refuses_in_one_line(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrapper = tmp_path / "without-setpcap"
+    wrapper.write_text(_WITHOUT_SETPCAP.format(python=sys.executable))
+    wrapper.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    with monkeypatch.context() as patched:
+        patched.setattr(sys, "executable", str(wrapper))  # how the fixture starts endpointd
+        device = await start_paired(gw, endpointd)
+        status = endpointd.cli("status")
+    policy_file = endpointd.config_dir / "policy.toml"
+    policy_file.write_text(f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n')
+    policy_file.chmod(0o600)
+    sent = gw.send(device, pb.Command(exec=pb.ExecCommand(argv=["true"], cwd=str(work))))
+    refused = await assert_eventually(lambda: gw.refused(sent.command_id), timeout=60)
+    assert "CAP_SETPCAP" in refused.message, refused
+    assert "\n" not in refused.message, refused
+    assert "cannot enforce" in status.stdout, status.stdout
+    assert "CAP_SETPCAP" in status.stdout, status.stdout
