@@ -93,12 +93,26 @@ def _last_cap() -> int:
         return 63  # dropping a capability the kernel does not know fails: see drop_all
 
 
-def drop_all() -> None:
-    """Give up every capability of this process and of all it will ever run (module doc).
-    OSError when a step fails: the caller must not start the command then."""
+_locked = False
+
+
+def prepare() -> None:
+    """Steps 1 and 2 of the module doc, which cost most (a system call per capability) and
+    take nothing this process still uses (they bind what an ``exec`` gets): a namespace's
+    init does them while it waits for its command. OSError when a step fails."""
+    global _locked
+    if _locked:
+        return
     _prctl("securebits", _PR_SET_SECUREBITS, SECUREBITS)
     for cap in range(_last_cap() + 1):
         _prctl(f"dropping capability {cap} from the bounding set", _PR_CAPBSET_DROP, cap)
+    _locked = True
+
+
+def drop_all() -> None:
+    """Give up every capability of this process and of all it will ever run (module doc).
+    OSError when a step fails: the caller must not start the command then."""
+    prepare()
     _prctl("clearing the ambient capabilities", _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
     header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_Data * 2)()

@@ -202,6 +202,8 @@ def _init_main(
         with contextlib.suppress(Exception):  # what fails here is done (and told) later
             ahead = _Ahead(preparation)
         netns.prepare_ahead(preparation)
+    with contextlib.suppress(OSError):  # (done again, and told, with the command)
+        capabilities.prepare()
     try:
         received = _receive(control)
     except BaseException:
