@@ -50,11 +50,15 @@ class _Listener:
 
     def __init__(self, family: socket.AddressFamily, host: str, port: int) -> None:
         self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        self.sock.bind((host, port))
-        self.sock.listen()
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            self.sock.bind((host, port))
+            self.sock.listen()
+        except BaseException:
+            self.sock.close()
+            raise
         self.hits = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -89,10 +93,9 @@ def _own_address() -> str | None:
 def _listeners(port: int) -> list[_Listener]:
     """Listeners on ``port`` at every local address but 127.0.0.1: 127.0.0.2, ::1 and this
     machine's own address."""
-    out = [
-        _Listener(socket.AF_INET, "127.0.0.2", port),
-        _Listener(socket.AF_INET6, "::1", port),
-    ]
+    out = [_Listener(socket.AF_INET, "127.0.0.2", port)]
+    with contextlib.suppress(OSError):  # (a machine without IPv6 has no ::1 to reach)
+        out.append(_Listener(socket.AF_INET6, "::1", port))
     own = _own_address()
     if own is not None:
         out.append(_Listener(socket.AF_INET, own, port))
