@@ -12,7 +12,10 @@ confines itself and starts the command, the process that starts it (a namespace'
    program, grants nothing, and nothing can undo that;
 2. every capability out of the bounding set (nothing can ever be regained by an exec);
 3. the ambient set cleared, then effective, permitted and inheritable emptied (``capset``);
-4. ``no_new_privs``.
+4. ``no_new_privs``;
+5. no file made set-user-ID or set-group-ID (:mod:`endpointd.guard.nosuid`): without a
+   capability, owning a file still lets one set those bits, and a set-user-ID root program
+   left in a workspace would run as root for anyone else.
 
 The first two need ``CAP_SETPCAP``. A normal user's daemon has it in the user namespace
 the sandbox makes (:mod:`endpointd.guard.namespaces`); a root daemon needs it for real,
@@ -29,6 +32,8 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+
+from endpointd.guard import nosuid
 
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECUREBITS = 28
@@ -103,6 +108,7 @@ def prepare() -> None:
     global _locked
     if _locked:
         return
+    nosuid.prepare()
     _prctl("securebits", _PR_SET_SECUREBITS, SECUREBITS)
     for cap in range(_last_cap() + 1):
         _prctl(f"dropping capability {cap} from the bounding set", _PR_CAPBSET_DROP, cap)
@@ -120,6 +126,8 @@ def drop_all() -> None:
         err = ctypes.get_errno()
         raise OSError(err, f"capset: {os.strerror(err)}")
     _prctl("no_new_privs", _PR_SET_NO_NEW_PRIVS, 1)
+    # Owning a file is enough to make it set-user-ID: see guard/nosuid.py.
+    nosuid.install()
 
 
 def unavailable_reason() -> str:

@@ -53,6 +53,31 @@ try:
     result["mknod"] = "made"
 except OSError as exc:
     result["mknod"] = "refused %s" % exc.errno
+# A set-user-ID (or -group-ID) file of its own, which anyone else would run as its owner.
+with open("program", "w") as f:
+    f.write("#!/bin/sh\n")
+setid = {}
+for mode in (0o4755, 0o2755, 0o6755):
+    try:
+        os.chmod("program", mode)
+        setid["chmod %o" % mode] = "made"
+    except OSError as exc:
+        setid["chmod %o" % mode] = "refused %s" % exc.errno
+for name, make in (
+    ("open", lambda: os.close(os.open("opened", os.O_CREAT | os.O_WRONLY, 0o4755))),
+    ("mknod", lambda: os.mknod("made", 0o100000 | 0o4755)),
+):
+    try:
+        make()
+        setid[name] = "made"
+    except OSError as exc:
+        setid[name] = "refused %s" % exc.errno
+os.chmod("program", 0o755)  # an ordinary mode still works
+result["setid"] = setid
+result["setid_files"] = [
+    os.path.join(d, f) for d, _, fs in os.walk(".") for f in fs
+    if os.lstat(os.path.join(d, f)).st_mode & 0o6000
+]
 # Through a fresh program too (what a shell would do): exec regains nothing.
 child = subprocess.run(["sh", "-c", "grep ^CapEff /proc/self/status; mknod disk b 8 0"],
                        capture_output=True, text=True)
@@ -63,7 +88,7 @@ print(json.dumps(result), flush=True)
 
 
 @pytest.mark.parametrize("network", ["allow", "deny", "proxy"])
-async def test_a_command_has_no_capability_and_cannot_make_devices(
+async def test_a_command_has_no_capability_and_cannot_make_devices_or_setid_files(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, network: str
 ) -> None:
     work = tmp_path / "work"
@@ -91,6 +116,9 @@ async def test_a_command_has_no_capability_and_cannot_make_devices(
     assert int(result["exec"], 16) == 0, result
     assert result["exec_mknod"] != 0, result
     assert not (work / "null-device").exists()
+    assert all(v.startswith("refused") for v in result["setid"].values()), result["setid"]
+    assert result["setid_files"] == [], result
+    assert (work / "program").stat().st_mode & 0o7777 == 0o755
     assert not (work / "disk").exists()
 
 
