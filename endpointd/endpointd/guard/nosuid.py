@@ -10,9 +10,9 @@ every way of giving a file those bits fail with ``EPERM``:
 * ``chmod``, ``fchmod``, ``fchmodat``, ``fchmodat2``, and ``open``, ``openat``, ``creat``,
   ``mknod``, ``mknodat`` (which take a mode for a file they create) when the mode holds
   ``S_ISUID`` or ``S_ISGID``;
-* ``openat2`` outright (its mode sits in a struct the filter cannot read: callers fall back
-  to ``openat``), and ``io_uring`` (its operations open files without system calls a filter
-  sees).
+* ``openat2`` outright, as if the kernel had none (``ENOSYS``: its mode sits in a struct the
+  filter cannot read, and its callers fall back to ``openat``), and ``io_uring`` (its
+  operations open files without system calls a filter sees).
 
 Both of a machine's system call ABIs are covered (x86_64 with x32, and i386; aarch64 and
 arm), each with its own numbers. Installed with ``PR_SET_SECCOMP`` once ``no_new_privs`` is
@@ -30,6 +30,7 @@ _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _RET_ALLOW = 0x7FFF0000
 _RET_EPERM = 0x00050000 | errno.EPERM
+_RET_ENOSYS = 0x00050000 | errno.ENOSYS
 _LD_W_ABS, _JEQ, _AND, _RET = 0x20, 0x15, 0x54, 0x06
 _NR, _ARCH, _ARGS = 0, 4, 16  # offsets in struct seccomp_data (low words, little-endian)
 _SETID = 0o6000
@@ -41,8 +42,10 @@ _I386 = (0x40000003, {15: 1, 94: 1, 306: 2, 452: 2, 8: 1, 5: 2, 295: 3, 14: 1, 2
 _AARCH64 = (0xC00000B7, {52: 1, 53: 2, 452: 2, 56: 3, 33: 2})
 _ARM = (0x40000028, {15: 1, 94: 1, 333: 2, 452: 2, 8: 1, 5: 2, 322: 3, 14: 1, 324: 2})
 _ABIS = {"x86_64": (_X86_64, _I386), "aarch64": (_AARCH64, _ARM)}
-# io_uring_setup, io_uring_enter, io_uring_register, openat2: the same on every ABI here.
-_REFUSED = (425, 426, 427, 437)
+# io_uring_setup, io_uring_enter, io_uring_register: the same on every ABI here.
+_REFUSED = (425, 426, 427)
+# openat2, also everywhere: ENOSYS, on which its callers fall back to openat.
+_OPENAT2 = 437
 
 
 class _Filter(ctypes.Structure):
@@ -88,6 +91,7 @@ def program() -> list[tuple[int, int, int, int]] | None:
             op(_AND, 0xFFFFFFFF ^ _X32_BIT)  # x32: the x86_64 numbers plus this bit
         for nr in _REFUSED:
             op(_JEQ, nr, jt="deny")
+        op(_JEQ, _OPENAT2, jt="nosys")
         for nr, arg in sorted(calls.items()):
             op(_JEQ, nr, jt=f"mode{arg}")
         op(_RET, _RET_ALLOW)
@@ -100,6 +104,8 @@ def program() -> list[tuple[int, int, int, int]] | None:
     op(_RET, _RET_ALLOW)
     labels["deny"] = len(ops)
     op(_RET, _RET_EPERM)
+    labels["nosys"] = len(ops)
+    op(_RET, _RET_ENOSYS)
 
     def offset(here: int, target: int | str) -> int:
         return target if isinstance(target, int) else labels[target] - here - 1
