@@ -109,10 +109,25 @@ def prepare() -> None:
     if _locked:
         return
     nosuid.prepare()
+    if os.geteuid() != 0 and not _permitted():
+        # A normal user's process outside any user namespace (the sandbox without one, under
+        # best-effort): it has nothing to give up, nor the right to lock the bits, and with
+        # no_new_privs no exec grants it anything.
+        _locked = True
+        return
     _prctl("securebits", _PR_SET_SECUREBITS, SECUREBITS)
     for cap in range(_last_cap() + 1):
         _prctl(f"dropping capability {cap} from the bounding set", _PR_CAPBSET_DROP, cap)
     _locked = True
+
+
+def _permitted() -> int:
+    """This process's permitted capabilities (a bit mask; all of them if capget fails)."""
+    header = _Header(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_Data * 2)()
+    if _c().capget(ctypes.byref(header), data) != 0:
+        return -1
+    return int(data[0].permitted) | int(data[1].permitted) << 32
 
 
 def drop_all() -> None:

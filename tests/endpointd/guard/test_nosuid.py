@@ -129,3 +129,33 @@ def test_the_filter_reads_every_abis_numbers() -> None:
     machine = os.uname().machine
     expected = {"x86_64": {0xC000003E, 0x40000003}, "aarch64": {0xC00000B7, 0x40000028}}
     assert expected[machine] <= audits
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becomes another user")
+def test_an_unprivileged_process_outside_a_user_namespace_still_gets_the_filter(
+    tmp_path: Path,
+) -> None:
+    """The sandbox without namespaces (best-effort) runs the command as the daemon's user,
+    which has no capability to give up nor the right to lock the bits: dropping must not
+    fail there, and the filter must still come."""
+    tmp_path.chmod(0o777)
+    script = (
+        f"import os, sys\nsys.path.append({ENDPOINTD_DIR!r})\n"
+        "from endpointd.guard import capabilities\n"
+        # Imports first: the interpreter's files may lie where that user cannot read.
+        "os.setgroups([])\nos.setresgid(65534, 65534, 65534)\n"
+        "os.setresuid(65534, 65534, 65534)\n"
+        "capabilities.drop_all()\n"
+        "open('f', 'w').close()\n"
+        "try:\n    os.chmod('f', 0o4755)\n    print('made')\n"
+        "except OSError as exc:\n    print('refused', exc.errno)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", "1"], done.stdout
