@@ -12,8 +12,9 @@ Who may come through: a process of the command's tree only. ``SO_PEERCRED`` name
 connecting pid, which the proxy checks against the command's supervisor for every
 connection the listener brings (the supervisor's pid may not be known yet when the init
 knocks). The door takes one listening TCP socket per connection and nothing else, a few
-connections at most; a command itself cannot reach the door (Landlock scopes abstract Unix
-sockets to the command's domain, and its network namespace has no view of the host's).
+connections at most, from processes of the daemon's user only; a command itself cannot
+reach the door (Landlock scopes abstract Unix sockets to the command's domain, and its
+network namespace has no view of the host's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import logging
 import os
 import socket
+import struct
 from collections.abc import Callable
 
 from endpointd.secrets import peer
@@ -84,7 +86,9 @@ class Door:
             conn, _ = self._sock.accept()
         except OSError:
             return  # (BlockingIOError: another wake-up took it)
-        if self._received + len(self._pending) >= MAX_LISTENERS:
+        # An abstract name has no permissions, and its name shows in /proc/net/unix: another
+        # user's process must not even hold one of the few places.
+        if not _same_user(conn) or self._received + len(self._pending) >= MAX_LISTENERS:
             conn.close()
             return
         conn.setblocking(False)
@@ -117,6 +121,18 @@ class Door:
         self._received += 1
         listener.setblocking(False)
         self._on_listener(listener, sender)
+
+
+_PEERCRED = struct.Struct("3i")
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the process at the other end runs as the daemon's user (SO_PEERCRED)."""
+    try:
+        _, uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except (OSError, AttributeError):
+        return False
+    return bool(uid == os.geteuid())
 
 
 def _is_tcp_listener(sock: socket.socket) -> bool:
