@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from endpointd.secrets import peer
+from endpointd.secrets import egress_address, peer
 from endpointd.secrets.proxy_door import Door
 
 if TYPE_CHECKING:
@@ -599,10 +599,15 @@ class CredentialProxy:
         self, host: str, port: int, context: ssl.SSLContext | None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         where = f"{host}:{port}"
+        address = host
+        if self.egress.network != "allow":
+            # The daemon's side of a command's network namespace: a name must not lead to
+            # this machine's own services (secrets/egress_address.py).
+            address = await self._vetted(host, port)
         try:
             return await asyncio.wait_for(
                 asyncio.open_connection(
-                    host,
+                    address,
                     port,
                     ssl=context,
                     server_hostname=host if context is not None else None,
@@ -626,6 +631,27 @@ class CredentialProxy:
             )
             raise ProxyError(
                 502, "Bad Gateway", f"endpointd proxy: cannot reach {where}: {reason}"
+            ) from None
+
+    async def _vetted(self, host: str, port: int) -> str:
+        where = f"{host}:{port}"
+        try:
+            return await asyncio.wait_for(egress_address.vetted(host, port), CONNECT_TIMEOUT)
+        except egress_address.LocalAddress as exc:
+            log.info("credential proxy: refused %s (%s)", where, exc)
+            raise ProxyError(
+                403,
+                "Forbidden",
+                f"endpointd proxy: {where} is not allowed: {exc}; name the address itself in"
+                " [proxy] allow_hosts if that is meant",
+            ) from None
+        except TimeoutError:
+            raise ProxyError(
+                504, "Gateway Timeout", f"endpointd proxy: {host} did not resolve in time"
+            ) from None
+        except OSError as exc:
+            raise ProxyError(
+                502, "Bad Gateway", f"endpointd proxy: cannot resolve {host}: {exc}"
             ) from None
 
     # ------------------------------------------------------------------ CONNECT

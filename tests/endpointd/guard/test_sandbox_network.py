@@ -286,3 +286,82 @@ async def test_a_command_cannot_leave_its_network_namespace_by_netlink_or_vsock(
     output = await _finished(gw, sent.command_id)
     assert b"opened" not in output, output
     assert b"AF_NETLINK blocked" in output, output
+
+
+def _loopback_name() -> str | None:
+    """A host name (not `localhost`, not an address) this machine resolves to loopback
+    only, as a name under an allowed wildcard might resolve (/etc/hosts, the host name)."""
+    names = [socket.gethostname(), "localhost.localdomain"]
+    with contextlib.suppress(OSError), open("/etc/hosts") as hosts:
+        for line in hosts:
+            fields = line.split("#", 1)[0].split()
+            if fields and fields[0] in ("127.0.0.1", "::1", "127.0.1.1"):
+                names += fields[1:]
+    for name in names:
+        if not name or name.lower() == "localhost" or name.replace(".", "").isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            infos = socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)
+            if infos and all(str(i[4][0]) in ("127.0.0.1", "::1", "127.0.1.1") for i in infos):
+                return name
+    return None
+
+
+NAME_PROBE = r"""
+import json, re, sys, urllib.error, urllib.request
+result = {}
+for kind, url in (("plain", sys.argv[1]), ("tunnel", sys.argv[2])):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            result[kind] = [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        result[kind] = [e.code, e.read().decode()]
+    except urllib.error.URLError as e:
+        found = re.search(r"Tunnel connection failed: (\d+)", str(e.reason))
+        result[kind] = ["tunnel " + found.group(1)] if found else [str(e)]
+print(json.dumps(result), flush=True)
+"""
+
+
+async def test_under_proxy_an_allowed_name_never_leads_to_this_machine(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """The proxy is the namespace's one way out, and it runs on the host: a name the owner
+    allowed that resolves to loopback (or a cloud VM's metadata address, as
+    ``ec2-169-254-169-254.compute-1.amazonaws.com`` under ``*.amazonaws.com`` does) must
+    not lead there. An address named literally still does (the first test)."""
+    name = _loopback_name()
+    if name is None:
+        pytest.skip("no host name resolves to loopback only on this machine")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    hits: list[str] = []
+    server.RequestHandlerClass = type(
+        "Counted", (_Hello,), {"log_request": lambda self, *a: hits.append(self.path)}
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        device = await _device(
+            gw,
+            endpointd,
+            tmp_path,
+            f'network = "proxy"\n[proxy]\nallow_hosts = ["{name}:{port}"]',
+        )
+        argv = [
+            sys.executable,
+            "-c",
+            NAME_PROBE,
+            f"http://{name}:{port}/plain",
+            f"https://{name}:{port}/tunnel",
+        ]
+        sent = gw.send(
+            device, pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(tmp_path / "work")))
+        )
+        output = await _finished(gw, sent.command_id)
+        result = json.loads(output.decode().strip().splitlines()[-1])
+        assert result["plain"][0] == 403, result
+        assert "this machine" in result["plain"][1], result
+        assert result["tunnel"] == ["tunnel 403"], result
+        assert hits == []
+    finally:
+        server.shutdown()
