@@ -17,6 +17,7 @@ from endpointd.cli.root import cli
 from endpointd.errors import EndpointdError
 from endpointd.keys import keyring_status
 from endpointd.paths import config_dir, data_dir, state_dir
+from endpointd.rules.terms import NETWORK_MODES, NetworkMode
 from superagent_shared.protocol import PROTOCOL_VERSION, PROTOCOL_VERSION_NUMBER
 
 
@@ -102,6 +103,13 @@ def info(as_json: bool) -> None:
     help="A directory commands and file operations may use (repeatable). Asked for"
     " interactively when omitted; required when stdin is not a terminal.",
 )
+@click.option(
+    "--network",
+    type=click.Choice(NETWORK_MODES),
+    default=None,
+    help="The network mode of a policy file pairing creates (default: the example's,"
+    ' "allow"); an existing policy file is never changed.',
+)
 def pair(
     url: str,
     code: str,
@@ -109,6 +117,7 @@ def pair(
     key_file: Path | None,
     fingerprint: str | None,
     allow_roots: tuple[str, ...],
+    network: NetworkMode | None,
 ) -> None:
     """Pair this machine with a control plane, using a one-time CODE.
 
@@ -151,6 +160,7 @@ def pair(
         fingerprint=expected,
         config_directory=cfg,
         allowed_roots=roots,
+        network=network,
     )
     where = "OS keyring" if config.key.storage == "keyring" else config.key.path
     click.echo(

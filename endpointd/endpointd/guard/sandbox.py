@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from endpointd.guard import landlock, namespaces, seccomp
+from endpointd.guard import capabilities, landlock, namespaces, netns, seccomp
 from endpointd.guard.confinement import DEVICE_FILES, Confinement
 from endpointd.guard.files import within as _within
 
@@ -60,11 +60,17 @@ class Support:
     landlock_abi: int = 0
     seccomp: bool = False
     private_proc: bool = False
+    # A network namespace per command under deny/proxy (guard/netns.py).
+    netns: bool = False
+    # Why commands could keep a capability ("" when none can: guard/capabilities.py).
+    capabilities: str = ""
 
     def describe(self) -> str:
         if self.mechanism == "landlock":
             extra = " + seccomp" if self.seccomp else ""
             extra += " + private /proc" if self.private_proc else ""
+            extra += " + network namespace" if self.netns else ""
+            extra += " + no capabilities" if not self.capabilities else ""
             return f"Landlock ABI {self.landlock_abi}{extra}"
         if self.mechanism == "seatbelt":
             return "Seatbelt (sandbox-exec)"
@@ -84,6 +90,11 @@ class Support:
         if not self.private_proc:
             why = namespaces.unavailable_reason()
             out.append(f"a private /proc hiding other processes (namespaces: {why})")
+        if network != "allow" and not self.netns:
+            why = netns.unavailable_reason()
+            out.append(f"a network namespace closing every address ({why})")
+        if self.capabilities:
+            out.append(self.capabilities)
         return out
 
 
@@ -92,7 +103,15 @@ def support() -> Support:
     if sys.platform.startswith("linux"):
         abi = landlock.abi_version()
         if abi >= 1:
-            return Support("landlock", abi, seccomp.supported(), namespaces.available())
+            return Support(
+                "landlock",
+                abi,
+                seccomp.supported(),
+                namespaces.available(),
+                # Made by a namespace's init: without a private /proc there is none.
+                netns=namespaces.available() and netns.available(),
+                capabilities=capabilities.unavailable_reason(),
+            )
         return Support("")
     if sys.platform == "darwin" and os.path.exists("/usr/bin/sandbox-exec"):
         return Support("seatbelt")
@@ -239,14 +258,26 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         connect: list[int] | None = None
     else:
         connect = [c.proxy_port] if c.network == "proxy" and c.proxy_port else []
+    bind: list[int] | None = None if c.network == "allow" else []
+    seccomp_mode = "" if c.network == "allow" else c.network
+    isolated = c.network != "allow" and support().netns
+    if isolated and c.network == "deny":
+        # The namespace holds nothing but its own loopback, so ports mean nothing there: a
+        # command may run servers on it. Seccomp still keeps it to TCP and Unix sockets
+        # (vsock, netlink, packet and the like do not stop at a network namespace).
+        connect = bind = None
+        seccomp_mode = "proxy"
     return {
         # Reads: the same for every command until a listed directory changes, so a spare
         # builds them into its ruleset before the command is known (process/nsinit.py).
         "read": _complement("/", landlock.READ, denied),
         "grants": grants,
         "connect_ports": connect,
-        "bind_ports": None if c.network == "allow" else [],
-        "seccomp": "" if c.network == "allow" else c.network,
+        "bind_ports": bind,
+        "seccomp": seccomp_mode,
+        # guard/netns.py: the namespace, and the proxy's address inside it.
+        "netns": c.network if isolated else "",
+        "proxy_port": c.proxy_port if isolated and c.network == "proxy" else None,
         "private_proc": support().private_proc,
         "hidden_dirs": list(c.hidden_dirs),
         "hidden_files": list(c.hidden_files),

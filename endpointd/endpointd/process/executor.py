@@ -140,6 +140,9 @@ def exec_spec(
     }
     if confinement is not None and confinement.mechanism == "landlock":
         spec["landlock"] = sandbox.landlock_spec(confinement)
+        if delivery is not None and delivery.proxy is not None:
+            # Where the init hands the proxy its listener inside the network namespace.
+            spec["landlock"]["proxy_door"] = delivery.proxy.door
     elif confinement is not None and confinement.mechanism == "seatbelt":
         from endpointd.guard import seatbelt
 
@@ -429,6 +432,7 @@ class Zygote:
             "read": confine.get("read") or [],
             "hidden_dirs": confine.get("hidden_dirs") or [],
             "hidden_files": confine.get("hidden_files") or [],
+            "netns": confine.get("netns") or "",
         }
         if lesson == self._taught:
             return

@@ -34,7 +34,7 @@ import signal
 import socket
 import struct
 
-from endpointd.guard import landlock, namespaces
+from endpointd.guard import capabilities, landlock, namespaces, netns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -201,6 +201,9 @@ def _init_main(
     if early is None and preparation:
         with contextlib.suppress(Exception):  # what fails here is done (and told) later
             ahead = _Ahead(preparation)
+        netns.prepare_ahead(preparation)
+    with contextlib.suppress(OSError):  # (done again, and told, with the command)
+        capabilities.prepare()
     try:
         received = _receive(control)
     except BaseException:
@@ -257,6 +260,8 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
         if ahead is None or ahead.hidden != hidden:
             namespaces.hide(*hidden)  # (over what was hidden ahead: more hiding, never less)
+        step = "network namespace"
+        netns.join(confine)
         step = "cwd"
         os.chdir(cwd)
         step = "landlock"
@@ -277,6 +282,9 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         ports_layer = -1
         if limited and landlock.abi_version() >= 4:
             ports_layer = landlock.create(ports, filesystem=False)
+        step = "capabilities"
+        capabilities.drop_all()
+        step = "landlock"
         landlock.enforce(ruleset)
         if ports_layer >= 0:
             landlock.enforce(ports_layer)

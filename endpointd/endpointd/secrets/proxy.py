@@ -62,7 +62,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from endpointd.secrets import peer
+from endpointd.secrets import egress_address, peer
+from endpointd.secrets.proxy_door import Door
 
 if TYPE_CHECKING:
     from endpointd.rules.terms import NetworkMode
@@ -492,6 +493,9 @@ class CredentialProxy:
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # Listeners inside commands' network namespaces, received through the door.
+        self._door: Door | None = None
+        self._inside: list[asyncio.Server] = []
         self.check_peers = root_pid is not None and peer.proc_available()
 
     def __repr__(self) -> str:
@@ -516,7 +520,39 @@ class CredentialProxy:
                 raise
             self._socket = sock
             self.port = int(sock.getsockname()[1])
+        if self._door is None and peer.proc_available():
+            self._door = Door(self._serve_inside)
         return self.port
+
+    @property
+    def door(self) -> str:
+        """The abstract name of the door through which a command's network namespace hands
+        this proxy its listener (:mod:`endpointd.secrets.proxy_door`); "" without one."""
+        return self._door.name if self._door is not None else ""
+
+    def _serve_inside(self, listener: socket.socket, sender: int) -> None:
+        """Serve the listener a namespace's init (``sender``) passed through the door."""
+        if self._closed:
+            listener.close()
+            return
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._accept(reader, writer, inside=sender)
+
+        async def serve() -> None:
+            try:
+                server = await asyncio.start_server(accept, sock=listener, limit=MAX_HEAD)
+            except OSError:
+                listener.close()
+                return
+            if self._closed:
+                server.close()
+            else:
+                self._inside.append(server)
+
+        task = asyncio.get_running_loop().create_task(serve())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
         """Serve (in the running event loop) until :meth:`close`."""
@@ -526,6 +562,8 @@ class CredentialProxy:
             self._upstream_context = await asyncio.to_thread(_default_upstream_context)
         self.bind()
         self._server = await asyncio.start_server(self._accept, sock=self._socket, limit=MAX_HEAD)
+        if self._door is not None:
+            self._door.start()
 
     def close(self) -> None:
         """Stop listening and cut every open connection. Idempotent."""
@@ -536,12 +574,25 @@ class CredentialProxy:
             server.close()
         if sock is not None:
             sock.close()
+        if self._door is not None:
+            self._door.close()
+        for inside in self._inside:
+            inside.close()
+        self._inside.clear()
         for task in list(self._tasks):
             task.cancel()
 
     # ------------------------------------------------------------------ a connection
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        inside: int | None = None,
+    ) -> None:
+        """One client; ``inside``: it came through a listener in a command's network
+        namespace, which that pid passed through the door."""
         task = asyncio.current_task()
         if task is None or self._closed or len(self._tasks) >= MAX_CONNECTIONS:
             _close(writer)
@@ -549,7 +600,7 @@ class CredentialProxy:
         self._tasks.add(task)
         upstream: asyncio.StreamWriter | None = None
         try:
-            upstream = await self._serve(reader, writer)
+            upstream = await self._serve(reader, writer, inside)
         except ProxyError as exc:
             with contextlib.suppress(Exception):
                 extra = ['Proxy-Authenticate: Basic realm="endpointd"'] if exc.status == 407 else []
@@ -565,7 +616,7 @@ class CredentialProxy:
             _close(writer)
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, inside: int | None
     ) -> asyncio.StreamWriter | None:
         raw = await _read_head(reader, self.head_timeout)
         if raw is None:
@@ -577,7 +628,7 @@ class CredentialProxy:
                 "Proxy Authentication Required",
                 "endpointd proxy: use the proxy URL this command was given (HTTPS_PROXY)",
             )
-        if not await self._from_the_command(writer):
+        if not await self._from_the_command(writer, inside):
             log.warning("credential proxy: refused a client that is not the command's")
             raise ProxyError(
                 403,
@@ -607,7 +658,12 @@ class CredentialProxy:
             return False
         return hmac.compare_digest(password, self.token.encode())
 
-    async def _from_the_command(self, writer: asyncio.StreamWriter) -> bool:
+    async def _from_the_command(self, writer: asyncio.StreamWriter, inside: int | None) -> bool:
+        if inside is not None:
+            # Only the namespace's processes can reach its listener; the one that passed
+            # it must be the command's (its init).
+            root = self.root_pid() if self.root_pid is not None else None
+            return root is not None and peer.descends_from(inside, root)
         if not self.check_peers or self.root_pid is None:
             return True
         root = self.root_pid()
@@ -658,10 +714,15 @@ class CredentialProxy:
         self, host: str, port: int, context: ssl.SSLContext | None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         where = f"{host}:{port}"
+        address = host
+        if self.egress.network != "allow":
+            # The daemon's side of a command's network namespace: a name must not lead to
+            # this machine's own services (secrets/egress_address.py).
+            address = await self._vetted(host, port)
         try:
             return await asyncio.wait_for(
                 asyncio.open_connection(
-                    host,
+                    address,
                     port,
                     ssl=context,
                     server_hostname=host if context is not None else None,
@@ -685,6 +746,27 @@ class CredentialProxy:
             )
             raise ProxyError(
                 502, "Bad Gateway", f"endpointd proxy: cannot reach {where}: {reason}"
+            ) from None
+
+    async def _vetted(self, host: str, port: int) -> str:
+        where = f"{host}:{port}"
+        try:
+            return await asyncio.wait_for(egress_address.vetted(host, port), CONNECT_TIMEOUT)
+        except egress_address.LocalAddress as exc:
+            log.info("credential proxy: refused %s (%s)", where, exc)
+            raise ProxyError(
+                403,
+                "Forbidden",
+                f"endpointd proxy: {where} is not allowed: {exc}; name the address itself in"
+                " [proxy] allow_hosts if that is meant",
+            ) from None
+        except TimeoutError:
+            raise ProxyError(
+                504, "Gateway Timeout", f"endpointd proxy: {host} did not resolve in time"
+            ) from None
+        except OSError as exc:
+            raise ProxyError(
+                502, "Bad Gateway", f"endpointd proxy: cannot resolve {host}: {exc}"
             ) from None
 
     # ------------------------------------------------------------------ CONNECT
