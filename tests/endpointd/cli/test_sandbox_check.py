@@ -28,13 +28,11 @@ from tests.fakes.endpointd_process import Endpointd, endpointd_in
 # The classes today's sandbox contains on this machine under the default policy (the
 # shipped example, as `endpointd pair` writes it). Every other class must be reported
 # escaped, so that a class a later change contains makes this test fail until it is
-# added here: when the branches closing issue 31's findings land, move each class they
-# close into this set (sockets: hidden sockets; cross-workspace: the allow-listed view
-# and a private /dev/pts; reads: the home directory allow-list; privileges: a root
-# daemon's commands without capabilities). Egress is judged separately below, since it
-# depends on the policy's network mode. As a normal user, commands hold no capabilities
-# today, so privileges is contained there already.
-EXPECTED_CONTAINED = {"persistence", "processes"} | ({"privileges"} if os.geteuid() != 0 else set())
+# added here: move each class into this set as the change closing it lands (sockets:
+# pathname sockets out of view; cross-workspace: the allow-listed view and a private
+# /dev/pts; reads: the home directory allow-list). Egress is judged separately below,
+# since it depends on the policy's network mode.
+EXPECTED_CONTAINED = {"persistence", "processes", "privileges"}
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
 
@@ -121,13 +119,13 @@ def test_with_the_sandbox_off_the_check_fails_and_names_what_escaped(
 
 
 @pytest.mark.parametrize(
-    ("network", "egress"), [("allow", "allowed"), ("deny", "contained"), ("proxy", "escaped")]
+    ("network", "egress"), [("allow", "allowed"), ("deny", "contained"), ("proxy", "contained")]
 )
 def test_the_default_policy_contains_what_todays_sandbox_contains(
     endpointd: Endpointd, network: str, egress: str
 ) -> None:
-    # "proxy" escapes today: Landlock names only the proxy's port, so another address on
-    # that port is reachable (issue 31, finding 4); flip it to "contained" with the fix.
+    # "proxy" is contained by the command's network namespace, whose only way out is the
+    # proxy: no other address on the proxy's port is reachable (issue 31, finding 4).
     _default_policy(endpointd, replace={'network = "allow"': f'network = "{network}"'})
     code, report, _ = _check(endpointd)
     outcomes = _outcomes(report)
