@@ -2,15 +2,20 @@
 
 A command is checked (validation, ``not_after``, the policy, its credential references) and
 journaled before anything else happens to it: a refused one as finished, the others as
-accepted, or at once as running when the starter takes it next. A redelivery is answered
-from the journal and never run again. An Ack moves the point output is resent from, and
-lets a result go. After a restart (:meth:`Intake.recover`) the journal is the memory: queued
-commands are queued again, running execs re-attached or, gone, finished as unknown.
+accepted, or at once as running when the starter takes it next. One that cannot be judged
+(a check raises: a path no one may resolve, say) is refused as any other, with the reason;
+one that cannot even be read or journaled is refused without a record. Either way the
+server gets its answer and delivers it no more, and no message ends the stream. A
+redelivery is answered from the journal and never run again. An Ack moves the point output
+is resent from, and lets a result go. After a restart (:meth:`Intake.recover`) the journal
+is the memory: queued commands are queued again, running execs re-attached or, gone,
+finished as unknown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -108,12 +113,91 @@ class Intake(Starter):
     # ------------------------------------------------------------------ receiving
 
     def handle_server_message(self, message: wire.Inbound) -> None:
-        if isinstance(message, Command):
-            self.handle_command(message)
-        elif isinstance(message, Ack):
-            self.handle_ack(message)
-        elif isinstance(message, Challenge):
-            log.warning("ignoring an unexpected second Challenge on the stream")
+        """One server message. Never raises: whatever one message does to this daemon (a
+        path the policy cannot resolve, a full disk, a bug) is that message's failure, told
+        back as its command's result, and never the stream's end (an ended stream is opened
+        again and meets the same message: the device would work for no one)."""
+        try:
+            if isinstance(message, Command):
+                self.handle_command(message)
+            elif isinstance(message, wire.Undecodable):
+                log.warning("cannot read a server message: %s", message.error)
+                self._refuse_unjournaled(
+                    message.command_id,
+                    Refusal(
+                        Reason.INVALID, f"endpointd could not read this command: {message.error}"
+                    ),
+                    "undecodable",
+                )
+            elif isinstance(message, Ack):
+                self.handle_ack(message)
+            elif isinstance(message, Challenge):
+                log.warning("ignoring an unexpected second Challenge on the stream")
+        except Exception as exc:
+            log.exception("handling a %s failed", wire.kind_of(message))
+            if isinstance(message, Command) and message.command_id not in self.commands:
+                self._refuse_unjournaled(
+                    message.command_id,
+                    Refusal(
+                        Reason.POLICY_DENIED,
+                        f"endpointd could not take this command: {type(exc).__name__}: {exc}",
+                    ),
+                    "intake",
+                )
+
+    def _refuse_unjournaled(self, command_id: str, refusal: Refusal, rule: str) -> None:
+        """Refuse a command that could not be journaled: the answer is sent, so the server
+        records the refusal and delivers it no more; a redelivery meanwhile is refused
+        again the same way."""
+        refusal = Refusal(refusal.reason, wire.utf8_text(self.redact_text(refusal.message)))
+        with contextlib.suppress(Exception):  # the answer matters more than the record
+            self.audit.record("refused", command_id, rule, refusal.message)
+        self._send(wire.result(refused(command_id, refusal)))
+
+    def _judge(self, command: Command) -> tuple[Command, Refusal | None, str, Decision | None]:
+        """``command`` as it will run (a RunHarness built), and the refusal and its rule, or
+        the policy's decision. A check that raises refuses the command, saying why: a
+        command the daemon cannot judge is not run."""
+        try:
+            # A RunHarness becomes the exec this device builds for it before anything
+            # judges it: validation and the policy see the real argv.
+            built = self._build_harness(command)
+            if isinstance(built, Refusal):
+                return command, built, "harness", None
+            command = built
+            refusal = validate(command)
+            if refusal is not None:
+                return command, refusal, "validation", None
+            if self._expired(command):
+                expired = Refusal(Reason.EXPIRED, "not_after passed before the command arrived")
+                return command, expired, "not_after", None
+            decision = self.policy.check(command)
+            if decision.action == "deny":
+                assert decision.refusal is not None
+                return command, decision.refusal, decision.rule, decision
+            if command.credentials:
+                try:
+                    delivery.check(command.credentials)
+                except delivery.DeliveryError as exc:
+                    return (
+                        command,
+                        Refusal(Reason.CREDENTIAL_UNAVAILABLE, str(exc)),
+                        "credentials",
+                        decision,
+                    )
+            return command, None, "", decision
+        except Exception as exc:
+            log.warning("cannot judge %s", command.command_id, exc_info=True)
+            return (
+                command,
+                Refusal(
+                    Reason.POLICY_DENIED,
+                    "endpointd could not judge this command, so it does not run:"
+                    f" {type(exc).__name__}: {exc}",
+                ),
+                "judging",
+                None,
+            )
 
     def handle_command(self, command: Command) -> None:
         body = command.body
@@ -124,31 +208,7 @@ class Intake(Starter):
             self._redelivered(command, existing, digest)
             return
 
-        # A RunHarness becomes the exec this device builds for it before anything judges
-        # it: validation and the policy see the real argv.
-        built = self._build_harness(command)
-        refusal: Refusal | None
-        if isinstance(built, Refusal):
-            refusal, rule = built, "harness"
-        else:
-            command = built
-            refusal, rule = validate(command), "validation"
-        if refusal is None and self._expired(command):
-            refusal, rule = (
-                Refusal(Reason.EXPIRED, "not_after passed before the command arrived"),
-                "not_after",
-            )
-        decision: Decision | None = None
-        if refusal is None:
-            decision = self.policy.check(command)
-            if decision.action == "deny":
-                refusal, rule = decision.refusal, decision.rule
-        if refusal is None and command.credentials:
-            try:
-                delivery.check(command.credentials)
-            except delivery.DeliveryError as exc:
-                refusal = Refusal(Reason.CREDENTIAL_UNAVAILABLE, str(exc))
-                rule = "credentials"
+        command, refusal, rule, decision = self._judge(command)
         if refusal is not None:
             refusal = Refusal(refusal.reason, self.redact_text(refusal.message))
             log.info("refusing %s: %s", command_id or "(no id)", refusal.message)

@@ -244,7 +244,12 @@ class Session:
             if isinstance(message, Heartbeat):
                 self.peer_heartbeat_seq = max(self.peer_heartbeat_seq, message.seq)
                 continue
-            self.daemon.handle_server_message(message)
+            try:
+                self.daemon.handle_server_message(message)
+            except Exception:
+                # It answers each command itself; a failure left over is logged, never the
+                # stream's end (the server would deliver the same message on the next one).
+                log.exception("handling a %s failed", wire.kind_of(message))
 
     async def _writer(self, stream: wire.Stream) -> None:
         daemon = self.daemon
@@ -319,9 +324,6 @@ class Session:
             try:
                 found = await asyncio.to_thread(daemon.workspaces.scan, daemon.policy)
                 harnesses, default = await asyncio.to_thread(self._harnesses_now)
-            except Exception:
-                log.exception("scanning the allowed roots for repositories failed")
-            else:
                 report = (
                     tuple(
                         Repository(c.path, c.remote, c.default_branch) for c in found.repositories
@@ -330,14 +332,21 @@ class Session:
                     harnesses,
                     default,
                 )
-                if report != sent:
-                    message = wire.repositories(
+                message = (
+                    wire.repositories(
                         report[0],
                         truncated=report[1],
                         scanned_at=found.scanned_at,
                         harnesses=harnesses,
                         default_harness=default,
                     )
+                    if report != sent
+                    else None
+                )
+            except Exception:
+                log.exception("scanning the allowed roots for repositories failed")
+            else:
+                if message is not None:
                     self.control.put_nowait(message)
                     daemon.wake.set()
                     sent = report

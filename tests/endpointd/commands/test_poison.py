@@ -1,0 +1,139 @@
+"""One bad command never stops the device: what the daemon cannot judge or start fails alone.
+
+A command naming ``/proc/1/exe`` once made the argv check's ``realpath`` raise inside the
+stream's reader: the stream ended, the gateway delivered the command again on the next one,
+and the device reconnected about 40 times in 30 s, working for no ticket. Here a real
+endpointd, behind a gateway that redelivers what a device has not answered (as the real one
+does), gets poison commands among good ones: paths whose resolution raises (another
+process's ``/proc/PID/exe`` and ``cwd``), a working directory that cannot be entered, an
+argv the kernel refuses, and a clone under the allowed roots whose name is not UTF-8 (the
+report naming it is a device message that could not be encoded). The good ones finish; each
+poison one gets a result of its own that says why; the stream never reconnects; nothing is
+delivered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from superagent_proto.v1 import endpoint_pb2 as pb
+from tests.fakes.endpointd_process import Endpointd, start_paired
+from tests.fakes.gateway_server import FakeGateway
+from tests.support.helpers import assert_eventually
+
+
+@pytest.fixture
+def gw() -> Iterator[FakeGateway]:
+    with FakeGateway() as gateway:
+        gateway.redeliver_unanswered = True
+        yield gateway
+
+
+@pytest.fixture
+def zombie() -> Iterator[int]:
+    """A child that has exited and is not reaped: its ``/proc/PID/exe`` and ``cwd`` links
+    cannot be read by anyone, root included (``realpath`` raises on them)."""
+    proc = subprocess.Popen(["true"])
+    try:
+        yield proc.pid
+    finally:
+        proc.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _odd_clone(work: Path) -> None:
+    """A clone whose directory name is not UTF-8: the repository report names it."""
+    odd = os.path.join(os.fsencode(work), b"\xff-clone")
+    os.mkdir(odd)
+    subprocess.run(["git", "init", "-q", odd], check=True)
+    subprocess.run(
+        ["git", "-C", odd, "remote", "add", "origin", "https://example.com/acme/odd.git"],
+        check=True,
+    )
+
+
+def _exec(argv: list[str], cwd: Path | str) -> pb.Command:
+    return pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(cwd)))
+
+
+def _result(gw: FakeGateway, command_id: str) -> pb.Finished | pb.Refused | None:
+    return gw.finished(command_id) or gw.refused(command_id)
+
+
+def _why(result: pb.Finished | pb.Refused) -> str:
+    return result.message if isinstance(result, pb.Refused) else result.error
+
+
+async def test_poison_commands_fail_alone_and_the_stream_stays_up(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, zombie: int
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    await asyncio.to_thread(_odd_clone, work)
+    device = await start_paired(gw, endpointd)
+    policy = endpointd.config_dir / "policy.toml"
+    policy.write_text(f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n')
+    policy.chmod(0o600)
+    await assert_eventually(lambda: _is_zombie(zombie), timeout=10)
+    await assert_eventually(lambda: gw.connected(device), timeout=20)
+    sessions = gw.session_count(device)
+
+    poison = [
+        _exec(["cat", "/proc/1/exe"], work),
+        _exec(["cat", f"/proc/{zombie}/exe"], work),
+        _exec(["ls", f"/proc/{zombie}/cwd/x"], work),
+        _exec(["ls"], f"/proc/{zombie}/cwd"),
+        _exec(["ls"], work / "missing"),
+        _exec(["true", "x" * (300 * 1024)], work),  # one argument past MAX_ARG_STRLEN
+        pb.Command(read_file=pb.ReadFile(path=f"/proc/{zombie}/exe")),
+        pb.Command(write_file=pb.WriteFile(path=f"/proc/{zombie}/cwd/.envrc", content=b"x")),
+        pb.Command(list_dir=pb.ListDir(path=f"/proc/{zombie}/root")),
+    ]
+    sent_good: list[str] = []
+    sent_poison: list[str] = []
+    for i, command in enumerate(poison):
+        sent_poison.append(gw.send(device, command).command_id)
+        good = gw.send(device, _exec(["sh", "-c", f"echo good-{i}"], work))
+        sent_good.append(good.command_id)
+
+    for i, command_id in enumerate(sent_good):
+        finished = await assert_eventually(lambda c=command_id: gw.finished(c), timeout=30)
+        assert finished.exit_code == 0, finished
+        assert gw.output(command_id) == f"good-{i}\n".encode()
+    for command_id, command in zip(sent_poison, poison, strict=True):
+        result = await assert_eventually(lambda c=command_id: _result(gw, c), timeout=30)
+        if command.exec.argv[:2] == ["cat", "/proc/1/exe"] and isinstance(result, pb.Finished):
+            continue  # where /proc/1/exe resolves (root with ptrace rights), it is judged
+        assert isinstance(result, pb.Refused) or result.exit_code != 0 or result.error, result
+        assert _why(result) or result.exit_code != 0, result
+
+    # The report of the clone with the odd name reached the gateway, in one piece.
+    reports = await assert_eventually(lambda: gw.messages("repositories"), timeout=20)
+    assert any(r.path.endswith("-clone") for m in reports for r in m.repositories.repositories), (
+        reports
+    )
+
+    # Never a reconnect, never a command delivered twice, never the same result twice.
+    assert gw.session_count(device) == sessions, endpointd.log()
+    for command_id in sent_poison + sent_good:
+        assert gw.result_count(command_id) == 1, (command_id, endpointd.log())
+
+    # A poison command delivered again is answered from the journal, not judged again.
+    gw.redeliver(device, gw.sent_commands[sent_poison[1]])
+    await assert_eventually(lambda: gw.result_count(sent_poison[1]) == 2, timeout=15)
+    assert gw.session_count(device) == sessions
+    after = gw.send(device, _exec(["sh", "-c", "echo still-working"], work))
+    await assert_eventually(lambda: gw.finished(after.command_id), timeout=15)
+    assert gw.output(after.command_id) == b"still-working\n"
+    assert gw.session_count(device) == sessions, endpointd.log()
