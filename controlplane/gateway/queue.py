@@ -154,7 +154,7 @@ WITH dev AS (
     SELECT $3, dev.id, $4, dev.seq, $5, $6::text::jsonb, $7, 'queued', now() + $8::interval,
            $9, blob.id
     FROM dev, blob
-    RETURNING id, device_id, seq, kind, spec, not_after, origin
+    RETURNING id, device_id, ticket_id, seq, kind, spec, not_after, origin
 )
 SELECT cmd.id,
        pg_notify('{Notify.COMMANDS}',
@@ -162,7 +162,8 @@ SELECT cmd.id,
                       THEN told.command ELSE cmd.device_id END)
 FROM cmd, LATERAL (SELECT json_build_object(
     'device_id', cmd.device_id, 'id', cmd.id, 'seq', cmd.seq, 'kind', cmd.kind,
-    'spec', cmd.spec, 'not_after', extract(epoch FROM cmd.not_after), 'origin', cmd.origin
+    'spec', cmd.spec, 'not_after', extract(epoch FROM cmd.not_after), 'origin', cmd.origin,
+    'ticket_id', cmd.ticket_id
 )::text AS command) told
 """
 

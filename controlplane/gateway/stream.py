@@ -638,6 +638,7 @@ class DeviceStream:
                 not_after=command.not_after,
                 origin=command.origin,
                 spec=command.spec,
+                ticket_id=command.ticket_id or "",
             )
         )
         if not isinstance(self._sent, set):

@@ -164,13 +164,17 @@ class Intake(Starter):
             built = self._build_harness(command)
             if isinstance(built, Refusal):
                 return command, built, "harness", None
-            command = built
+            command = self._bind(built)
             refusal = validate(command)
             if refusal is not None:
                 return command, refusal, "validation", None
             if self._expired(command):
                 expired = Refusal(Reason.EXPIRED, "not_after passed before the command arrived")
                 return command, expired, "not_after", None
+            outside = self._outside_ticket(command)
+            if outside is not None:
+                assert outside.refusal is not None
+                return command, outside.refusal, outside.rule, outside
             decision = self.policy.check(command)
             if decision.action == "deny":
                 assert decision.refusal is not None

@@ -54,7 +54,7 @@ from endpointd.secrets.ca import device_ca
 from endpointd.secrets.proxy import Egress, host_matches
 from endpointd.secrets.store import CredentialError
 from endpointd.spool import STREAM_DATA, SpoolWriter
-from endpointd.workspaces import operations, setup
+from endpointd.workspaces import operations, setup, tickets
 from endpointd.workspaces.bases import FetchAuth
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import SetupPlan
@@ -103,6 +103,15 @@ class Starter(Exits):
     def _expired(self, command: Command) -> bool:
         deadline = command.not_after
         return deadline is not None and self.server_now() > deadline
+
+    def _bind(self, command: Command) -> Command:
+        """``command`` as it runs for its ticket: an exec's empty cwd is the ticket's
+        workspace (:mod:`endpointd.workspaces.tickets`)."""
+        return tickets.bind(self.workspaces.store, command)
+
+    def _outside_ticket(self, command: Command) -> Decision | None:
+        """The refusal of a command that reaches past its ticket's workspace, else None."""
+        return tickets.refusal(self.workspaces.store, command, str(self.policy.workspaces_root))
 
     def _build_harness(self, command: Command) -> Command | Refusal:
         """``command`` with its RunHarness (or the HarnessExec built from it earlier) built
@@ -201,6 +210,7 @@ class Starter(Exits):
                 self._refuse_started(active, built, "harness")
                 return
             command = active.command = built
+        command = active.command = self._bind(command)
         if not active.journaled_running and not await self._allowed_now(active, command):
             return
         if not active.journaled_running:
@@ -233,7 +243,7 @@ class Starter(Exits):
         """The policy again, at start: it may have changed since the command arrived (or the
         daemon restarted). An `ask` starts the wait for a human and returns False; the
         command is started later, once approved (:meth:`_await_approval`)."""
-        decision = self.policy.check(command)
+        decision = self._outside_ticket(command) or self.policy.check(command)
         if decision.action == "deny":
             assert decision.refusal is not None
             self._refuse_started(active, decision.refusal, decision.rule)
@@ -404,7 +414,15 @@ class Starter(Exits):
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
         proxy = active.delivery.proxy_port if active.delivery is not None else None
         extra = self._session_dirs(ex) if isinstance(ex, HarnessExec) else ()
-        planned = self._plan_sandbox(cwd, private_tmpdir(active.spool), proxy, extra)
+        # A ticket's command writes in its ticket's workspace, not the root holding it.
+        bound = (
+            tickets.bound_workspace(self.workspaces.store, active.command)
+            if active.command is not None
+            else None
+        )
+        planned = self._plan_sandbox(
+            cwd, private_tmpdir(active.spool), proxy, extra, workspace=bound
+        )
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
             return None
@@ -427,23 +445,31 @@ class Starter(Exits):
         return tuple(out)
 
     def _plan_sandbox(
-        self, cwd: str, tmpdir: Path, proxy: int | None, extra: tuple[str, ...] = ()
+        self,
+        cwd: str,
+        tmpdir: Path,
+        proxy: int | None,
+        extra: tuple[str, ...] = (),
+        *,
+        workspace: str | None = None,
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
         writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``extra``:
-        more directories it may write (a harness's session store)."""
+        more directories it may write (a harness's session store). ``workspace``: where it
+        may write, when its ticket says so (else the ticket workspace or allowed root
+        holding ``cwd``)."""
         rules = self.policy.rules
-        workspace = self.policy.workspace_for(cwd)
-        if rules is None or workspace is None:
+        where = Path(workspace) if workspace is not None else self.policy.workspace_for(cwd)
+        if rules is None or where is None:
             refusal = Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root")
             return refusal, "allowed_roots"
-        dirs, files = self.workspaces.write_grants(workspace)
+        dirs, files = self.workspaces.write_grants(where)
         try:
             return sandbox.plan(
                 rules,
                 denied=[str(d.path) for d in self.policy.denied_paths],
-                workspace=str(workspace),
+                workspace=str(where),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
                 extra_write=[*dirs, *extra],
@@ -554,7 +580,13 @@ class Starter(Exits):
             decision = policy.check_path(real, "list")
             return None if decision.rule == "default_action" else verdict(decision)
 
-        root = root_of(path, policy.operation_roots(path))
+        roots = policy.operation_roots(path)
+        bound = tickets.bound_workspace(self.workspaces.store, command)
+        if bound is not None:
+            # A ticket's operation inside its own workspace walks from there: no link out
+            # of it is followed, even to elsewhere in the allowed root holding it.
+            roots = [bound, *roots]
+        root = root_of(path, roots)
         try:
             if root is None:
                 result = OpResult(1, f"{kind} path {path} is outside the allowed roots")

@@ -686,3 +686,28 @@ async def test_an_idle_queue_lets_its_pool_close(gateway: Gateway, database_url:
     assert not (await queue.wait(command_id, timeout=0.2)).done
     # No queue.close(): the LISTEN connection goes back to the pool by itself when idle.
     await asyncio.wait_for(pool.close(), timeout=10)
+
+
+async def test_a_tickets_command_reaches_the_device_naming_its_ticket(gateway: Gateway) -> None:
+    """The device confines a ticket's command to that ticket's workspace, so the command
+    names its ticket on the wire: sent from its notification and from the query alike."""
+    async with connected(gateway) as device:
+        owner = await gateway.pool.fetchval(
+            "SELECT owner FROM devices WHERE id = $1", device.device_id
+        )
+        grant = {"device_id": device.device_id, "rule": "owner", "principals": [owner]}
+        await gateway.pool.execute(
+            "INSERT INTO tickets (id, title, state, device_grant) VALUES ($1, 'x', 'running',"
+            " $2::jsonb)",
+            "tkt_bound00001",
+            grant,
+        )
+        queue = gateway.queue
+        bound = await queue.submit("laptop", specs.Exec(["one"]), ticket_id="tkt_bound00001")
+        sent = (await device.next("command")).command
+        assert (sent.command_id, sent.ticket_id) == (bound, "tkt_bound00001")
+        unbound = await queue.submit("laptop", specs.Exec(["two"]))
+        sent = (await device.next("command")).command
+        assert (sent.command_id, sent.ticket_id) == (unbound, "")
+        pending = {c.id: c.ticket_id for c in await gateway.delivery.pending(device.device_id)}
+        assert pending == {bound: "tkt_bound00001", unbound: None}

@@ -15,6 +15,7 @@ delivered twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -108,11 +109,11 @@ async def test_poison_commands_fail_alone_and_the_stream_stays_up(
         sent_good.append(good.command_id)
 
     for i, command_id in enumerate(sent_good):
-        finished = await assert_eventually(lambda c=command_id: gw.finished(c), timeout=30)
+        finished = await assert_eventually(functools.partial(gw.finished, command_id), timeout=30)
         assert finished.exit_code == 0, finished
         assert gw.output(command_id) == f"good-{i}\n".encode()
     for command_id, command in zip(sent_poison, poison, strict=True):
-        result = await assert_eventually(lambda c=command_id: _result(gw, c), timeout=30)
+        result = await assert_eventually(functools.partial(_result, gw, command_id), timeout=30)
         if command.exec.argv[:2] == ["cat", "/proc/1/exe"] and isinstance(result, pb.Finished):
             continue  # where /proc/1/exe resolves (root with ptrace rights), it is judged
         assert isinstance(result, pb.Refused) or result.exit_code != 0 or result.error, result
