@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from dataclasses import replace
 
@@ -35,9 +36,17 @@ from superagent_shared.messages import Ack, Challenge, Command, Finished, Reason
 
 log = logging.getLogger(__name__)
 
+# The id of the command being judged, in the state dir: what a daemon that died while
+# judging one (a crash no handler catches) leaves for the next, which then refuses that one
+# command when it is delivered again instead of dying on it once more.
+JUDGING_FILE = "judging"
+
 
 class Intake(Starter):
     """Receiving and recovery, on starting."""
+
+    _judging_fd: int | None = None
+    _died_judging: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ recovery
 
@@ -47,6 +56,7 @@ class Intake(Starter):
         # someone who can read the state dir (the owner, never a sandboxed command) can
         # make new ones.
         self.approvals.renew_key()
+        self._open_judging()
         pruned = self.journal.prune()
         if pruned:
             log.info("pruned %d acknowledged command records", pruned)
@@ -60,6 +70,36 @@ class Intake(Starter):
         if self.commands:
             log.info("resuming %d journaled command(s)", len(self.commands))
         self._publish()
+
+    def _open_judging(self) -> None:
+        """Read what the previous daemon was judging when it stopped, and keep the file
+        open for this one (two small writes per command, no fsync: it must outlive a
+        crash of the process, not of the machine)."""
+        path = self.state_directory / JUDGING_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            log.warning("cannot open %s: %s", path, exc)
+            return
+        try:
+            left = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            os.ftruncate(fd, 0)
+        except OSError as exc:
+            log.warning("cannot read %s: %s", path, exc)
+            left = ""
+        if left:
+            log.error("the previous endpointd stopped while judging %s; it will be refused", left)
+            self._died_judging = frozenset({left})
+        self._judging_fd = fd
+
+    def _mark_judging(self, command_id: str) -> None:
+        fd = self._judging_fd
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            if command_id:
+                os.pwrite(fd, command_id.encode("utf-8", "replace"), 0)
 
     def _from_entry(self, entry: Entry) -> Active:
         command = wire.decode_command(entry.body) if entry.body is not None else None
@@ -212,7 +252,21 @@ class Intake(Starter):
             self._redelivered(command, existing, digest)
             return
 
-        command, refusal, rule, decision = self._judge(command)
+        if command_id in self._died_judging:
+            # It took the previous daemon down: judged again, it might do so again.
+            self._died_judging = self._died_judging - {command_id}
+            refusal: Refusal | None = Refusal(
+                Reason.POLICY_DENIED,
+                "endpointd stopped while judging this command (it crashed or was killed),"
+                " so it is not judged again and does not run",
+            )
+            rule, decision = "judging", None
+        else:
+            self._mark_judging(command_id)
+            try:
+                command, refusal, rule, decision = self._judge(command)
+            finally:
+                self._mark_judging("")
         if refusal is not None:
             refusal = Refusal(refusal.reason, self.redact_text(refusal.message))
             log.info("refusing %s: %s", command_id or "(no id)", refusal.message)

@@ -138,3 +138,36 @@ async def test_poison_commands_fail_alone_and_the_stream_stays_up(
     await assert_eventually(lambda: gw.finished(after.command_id), timeout=15)
     assert gw.output(after.command_id) == b"still-working\n"
     assert gw.session_count(device) == sessions, endpointd.log()
+
+
+async def test_a_command_the_daemon_died_judging_is_refused_when_delivered_again(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """A crash no handler catches (the process killed, a fault in native code) while a
+    command is judged would otherwise repeat on every redelivery: the daemon leaves the
+    command's id in ``<state>/judging``, and the next one refuses that command alone. The
+    death is staged (the file as a daemon killed mid-judgement leaves it): no command
+    known today kills the daemon, which is the point of the rest of this module."""
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy = endpointd.config_dir / "policy.toml"
+    policy.write_text(f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n')
+    policy.chmod(0o600)
+    endpointd.stop()
+    poison = pb.Command(command_id="cmd_diedjudging1", seq=gw.next_seq(device))
+    poison.exec.CopyFrom(pb.ExecCommand(argv=["sh", "-c", "echo ran > ran"], cwd=str(work)))
+    (endpointd.state_dir / "judging").write_text(poison.command_id)
+    endpointd.start()
+    await assert_eventually(lambda: len(gw.hellos(device)) >= 2, timeout=20)
+    sessions = gw.session_count(device)
+
+    gw.send(device, poison)
+    good = gw.send(device, _exec(["sh", "-c", "echo fine"], work))
+    refused = await assert_eventually(lambda: gw.refused(poison.command_id), timeout=15)
+    assert "stopped while judging" in refused.message
+    await assert_eventually(lambda: gw.finished(good.command_id), timeout=15)
+    assert gw.output(good.command_id) == b"fine\n"
+    assert not (work / "ran").exists()
+    assert (endpointd.state_dir / "judging").read_text() == ""
+    assert gw.session_count(device) == sessions
