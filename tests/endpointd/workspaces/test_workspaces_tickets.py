@@ -16,7 +16,7 @@ import pytest
 
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.endpointd.workspaces.device_world import Device, make_clone, start_device
+from tests.endpointd.workspaces.device_world import Device, git, make_clone, start_device
 from tests.fakes.endpointd_process import Endpointd
 from tests.fakes.gateway_server import FakeGateway
 
@@ -116,3 +116,22 @@ async def test_a_tickets_shell_runs_only_in_its_own_workspace(
     assert (ws_a / "mine").read_bytes() == b"ok"
     assert not (clone / ".envrc").exists()
     assert not (ws_b / ".envrc").exists()
+
+
+async def test_a_ticket_cannot_move_another_tickets_branch_through_git(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """``git update-ref`` of another ticket's branch fails: git writes a ref's reflog
+    before the ref, and only the ticket's own reflog is granted. (Writing that ref's file
+    directly still succeeds: Landlock grants ``refs/heads/superagent/`` whole; see
+    docs/endpointd.md, *What a ticket's commands may write*.)"""
+    device, clone, ws_a, _ = await _two_tickets(gw, endpointd, tmp_path)
+    before = git("rev-parse", f"superagent/{B}", cwd=clone).strip()
+    script = (
+        "git -c user.name=a -c user.email=a@example.com commit -q --allow-empty -m mine"
+        f" && git update-ref refs/heads/superagent/{B} HEAD; echo exit=$?"
+    )
+    _, out = await device.finish(_of(A, _sh(script, ws_a)))
+    assert b"exit=0" not in out, out
+    assert git("rev-parse", f"superagent/{B}", cwd=clone).strip() == before
+    assert git("rev-parse", f"superagent/{A}", cwd=clone).strip() != before  # its own moved
