@@ -421,7 +421,12 @@ class Starter(Exits):
             else None
         )
         planned = self._plan_sandbox(
-            cwd, private_tmpdir(active.spool), proxy, extra, workspace=bound
+            cwd,
+            private_tmpdir(active.spool),
+            proxy,
+            extra,
+            workspace=bound,
+            ticket=active.command.ticket_id if active.command is not None else "",
         )
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
@@ -452,13 +457,15 @@ class Starter(Exits):
         extra: tuple[str, ...] = (),
         *,
         workspace: str | None = None,
+        ticket: str = "",
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
         writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``extra``:
         more directories it may write (a harness's session store). ``workspace``: where it
         may write, when its ticket says so (else the ticket workspace or allowed root
-        holding ``cwd``)."""
+        holding ``cwd``). A ``ticket``'s command cannot read the other tickets' workspaces:
+        the directory holding them all is denied to it, less its own (writable) one."""
         rules = self.policy.rules
         where = Path(workspace) if workspace is not None else self.policy.workspace_for(cwd)
         if rules is None or where is None:
@@ -468,7 +475,10 @@ class Starter(Exits):
         try:
             return sandbox.plan(
                 rules,
-                denied=[str(d.path) for d in self.policy.denied_paths],
+                denied=[
+                    *(str(d.path) for d in self.policy.denied_paths),
+                    *([str(self.policy.workspaces_root)] if ticket else []),
+                ],
                 workspace=str(where),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
@@ -569,14 +579,20 @@ class Starter(Exits):
                 return None  # the owner approved this rule for this command
             return decision.rule
 
+        ticket, workspaces_root = command.ticket_id, str(policy.workspaces_root)
+
         def judge(real: str) -> str | None:
             """The rule refusing what the operation really reached, or None: the decision
-            at the start, again, on the real path."""
+            at the start, again, on the real path (never another ticket's workspace)."""
+            if tickets.foreign(ticket, real, workspaces_root) is not None:
+                return tickets.RULE
             return verdict(policy.check_path(real, op))
 
         def entry_judge(real: str) -> str | None:
             """A listing's entries and subdirectories: as :func:`judge`, except that
             default_action, which judged the listing as a whole, does not hide them."""
+            if tickets.foreign(ticket, real, workspaces_root) is not None:
+                return tickets.RULE
             decision = policy.check_path(real, "list")
             return None if decision.rule == "default_action" else verdict(decision)
 
@@ -730,7 +746,13 @@ class Starter(Exits):
                     root_pid=lambda: pid[0] if pid else None,
                 )
                 await egress.start()
-            planned = self._plan_sandbox(plan.cwd, tmp, egress.proxy_port if egress else None)
+            op = active.command.op if active.command is not None else None
+            planned = self._plan_sandbox(
+                plan.cwd,
+                tmp,
+                egress.proxy_port if egress else None,
+                ticket=op.ticket_id if isinstance(op, PrepareWorkspace) else "",
+            )
             if isinstance(planned, tuple):
                 return Setup(ran=False, output_tail=f"not run: {planned[0].message}")
             return await setup.run(

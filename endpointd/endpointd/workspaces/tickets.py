@@ -39,7 +39,7 @@ from superagent_shared.messages import (
     WriteFile,
 )
 
-__all__ = ["RULE", "bind", "bound_workspace", "refusal"]
+__all__ = ["RULE", "bind", "bound_workspace", "foreign", "refusal"]
 
 RULE = "ticket workspace"
 
@@ -50,6 +50,20 @@ def bound_workspace(store: Store, command: Command) -> str | None:
         return None
     record = store.get(command.ticket_id)
     return os.path.realpath(record.path) if record is not None else None
+
+
+def foreign(ticket: str, real: str, workspaces_root: str) -> str | None:
+    """The other ticket whose workspace holds ``real`` (resolved), "" for the directory
+    holding them all, None when neither (or ``ticket`` is empty: no ticket, no others)."""
+    if not ticket:
+        return None
+    root = os.path.realpath(workspaces_root)
+    if real == root:
+        return ""
+    if not within(real, root):
+        return None
+    owner = os.path.relpath(real, root).split(os.sep)[0]
+    return owner if owner != ticket else None
 
 
 def bind(store: Store, command: Command) -> Command:
@@ -87,15 +101,13 @@ def refusal(store: Store, command: Command, workspaces_root: str) -> Decision | 
     if not place:
         return None  # an exec of an unbound ticket: the default root, as before
     real = os.path.realpath(place)
-    root = os.path.realpath(workspaces_root)
-    if real != root and within(real, root):
-        owner = os.path.relpath(real, root).split(os.sep)[0]
-        if owner != ticket:
-            return _deny(
-                f"{what} {place} is inside another ticket's workspace ({owner}); ticket"
-                f" {ticket} works only in its own"
-            )
-    elif real == root:
+    owner = foreign(ticket, real, workspaces_root)
+    if owner:
+        return _deny(
+            f"{what} {place} is inside another ticket's workspace ({owner}); ticket"
+            f" {ticket} works only in its own"
+        )
+    if owner == "":
         return _deny(
             f"{what} {place} holds every ticket's workspace; ticket {ticket} works only in its own"
         )

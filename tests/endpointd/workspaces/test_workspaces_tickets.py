@@ -103,16 +103,18 @@ async def test_a_tickets_shell_runs_only_in_its_own_workspace(
     assert not (clone / ".envrc").exists()
     assert not (ws_b / ".envrc").exists()
 
-    # No cwd: the ticket's workspace. From there the checkout it came from and the other
-    # ticket's worktree are read-only to it.
+    # No cwd: the ticket's workspace. From there the checkout it came from is read-only to
+    # it, and the other ticket's worktree out of its reach.
     _, out = await device.finish(_of(A, _sh("pwd", "")))
     assert out.decode().strip() == str(ws_a)
     script = (
         f"{{ printf x > {clone}/.envrc; }} 2>/dev/null || echo checkout-refused;"
-        f" {{ printf x > {ws_b}/.envrc; }} 2>/dev/null || echo other-refused; printf ok > mine"
+        f" {{ printf x > {ws_b}/.envrc; }} 2>/dev/null || echo other-refused;"
+        f" {{ cat {ws_b}/README.md; }} 2>/dev/null || echo other-unreadable;"
+        " cat README.md; printf ok > mine"
     )
     _, out = await device.finish(_of(A, _sh(script, ws_a)))
-    assert out == b"checkout-refused\nother-refused\n", out
+    assert out == b"checkout-refused\nother-refused\nother-unreadable\nwidgets\n", out
     assert (ws_a / "mine").read_bytes() == b"ok"
     assert not (clone / ".envrc").exists()
     assert not (ws_b / ".envrc").exists()
