@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from endpointd import wire
 from endpointd.commands.starter import Starter
-from endpointd.commands.state import Active, refused
+from endpointd.commands.state import Active, finished, refused
 from endpointd.guard.validation import validate
 from endpointd.harness import runs
 from endpointd.journal import Entry
@@ -61,15 +61,53 @@ class Intake(Starter):
         if pruned:
             log.info("pruned %d acknowledged command records", pruned)
         for entry in self.journal.active():
-            active = self._from_entry(entry)
+            # One journaled command the daemon cannot take up again (a body that no longer
+            # reads, a harness that no longer builds, a spool that fails) is that command's
+            # failure, never the daemon's: an exception here would stop every start.
+            try:
+                active = self._from_entry(entry)
+            except Exception as exc:
+                log.exception("cannot resume %s", entry.command_id)
+                active = self._stand_in(entry)
+                self.commands[active.command_id] = active
+                self._unresumable(active, exc)
+                continue
             self.commands[active.command_id] = active
-            if active.state == "accepted":
-                self._queue_start(active)
-            elif active.state == "running":
-                self._reattach(active)
+            try:
+                if active.state == "accepted":
+                    self._queue_start(active)
+                elif active.state == "running":
+                    self._reattach(active)
+            except Exception as exc:
+                log.exception("cannot resume %s", entry.command_id)
+                self._unresumable(active, exc)
         if self.commands:
             log.info("resuming %d journaled command(s)", len(self.commands))
         self._publish()
+
+    def _stand_in(self, entry: Entry) -> Active:
+        """An entry whose command cannot be read back: its id and place, no command."""
+        return Active(
+            command_id=entry.command_id,
+            seq=entry.seq,
+            command=None,
+            state=entry.state,
+            spool=spool_dir(self.state_directory, entry.command_id),
+            acked=entry.acked_offset,
+            sent=entry.acked_offset,
+        )
+
+    def _unresumable(self, active: Active, exc: Exception) -> None:
+        """Finish ``active``, which this daemon cannot take up again, saying why."""
+        if active.state == "finished" and active.result is not None:
+            return  # its result stands; it is only to be sent
+        error = (
+            "endpointd could not take this command up again after a restart"
+            f" ({type(exc).__name__}: {exc}); if it had started, its outcome is unknown"
+        )
+        total = active.sent
+        result = finished(active.command_id, exit_code=-1, error=error, total=total, seconds=0)
+        self._finish_result(active, result, total=total)
 
     def _open_judging(self) -> None:
         """Read what the previous daemon was judging when it stopped, and keep the file

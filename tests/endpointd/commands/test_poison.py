@@ -18,6 +18,7 @@ import asyncio
 import functools
 import json
 import os
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +172,33 @@ async def test_a_command_the_daemon_died_judging_is_refused_when_delivered_again
     assert not (work / "ran").exists()
     assert (endpointd.state_dir / "judging").read_text() == ""
     assert gw.session_count(device) == sessions
+
+
+async def test_a_journaled_command_that_cannot_be_taken_up_again_fails_alone_at_start(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """After a restart the journal is read back; one row that no longer reads (a body this
+    release cannot decode, say) used to stop every start of the daemon. It fails alone."""
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy = endpointd.config_dir / "policy.toml"
+    policy.write_text(f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n')
+    policy.chmod(0o600)
+    endpointd.stop()
+    journal = sqlite3.connect(endpointd.state_dir / "journal.sqlite3")
+    with journal:
+        journal.execute(
+            "INSERT INTO commands (command_id, seq, body, body_sha256, state, accepted,"
+            " received_at) VALUES ('cmd_unreadable01', 1, X'ffffffff0f', X'00', 'accepted',"
+            " 1, 0)"
+        )
+    journal.close()
+    endpointd.start()
+    await assert_eventually(lambda: len(gw.hellos(device)) >= 2, timeout=20)
+    failed = await assert_eventually(lambda: gw.finished("cmd_unreadable01"), timeout=15)
+    assert failed.exit_code == -1
+    assert "could not take this command up again" in failed.error
+    good = gw.send(device, _exec(["sh", "-c", "echo fine"], work))
+    await assert_eventually(lambda: gw.finished(good.command_id), timeout=15)
+    assert gw.output(good.command_id) == b"fine\n"
