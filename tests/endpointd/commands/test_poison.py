@@ -202,3 +202,29 @@ async def test_a_journaled_command_that_cannot_be_taken_up_again_fails_alone_at_
     good = gw.send(device, _exec(["sh", "-c", "echo fine"], work))
     await assert_eventually(lambda: gw.finished(good.command_id), timeout=15)
     assert gw.output(good.command_id) == b"fine\n"
+
+
+async def test_a_command_whose_end_cannot_be_read_fails_alone(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """The monitor reads each running command's status file; one that does not parse (a
+    disk that filled mid-write, a supervisor of another release) used to end the monitor,
+    and the daemon with it. That command fails alone, saying why."""
+    work = tmp_path / "work"
+    work.mkdir()
+    device = await start_paired(gw, endpointd)
+    policy = endpointd.config_dir / "policy.toml"
+    policy.write_text(f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n')
+    policy.chmod(0o600)
+    sessions = gw.session_count(device)
+    slow = gw.send(device, _exec(["sleep", "30"], work))
+    spool = endpointd.state_dir / "spool" / slow.command_id
+    await assert_eventually(lambda: (spool / "child.pid").exists(), timeout=20)
+    (spool / "status.json").write_text("{not json")
+    failed = await assert_eventually(lambda: gw.finished(slow.command_id), timeout=15)
+    assert failed.exit_code == -1
+    assert "could not follow this command" in failed.error
+    good = gw.send(device, _exec(["sh", "-c", "echo fine"], work))
+    await assert_eventually(lambda: gw.finished(good.command_id), timeout=15)
+    assert gw.output(good.command_id) == b"fine\n"
+    assert gw.session_count(device) == sessions, endpointd.log()
