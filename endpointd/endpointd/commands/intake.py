@@ -200,6 +200,8 @@ class Intake(Starter):
                 self.handle_command(message)
             elif isinstance(message, wire.Undecodable):
                 log.warning("cannot read a server message: %s", message.error)
+                if not message.command_id:
+                    return  # not a command (or one without an id): nothing to answer
                 self._refuse_unjournaled(
                     message.command_id,
                     Refusal(
