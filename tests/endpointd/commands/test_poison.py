@@ -6,7 +6,8 @@ and the device reconnected about 40 times in 30 s, working for no ticket. Here a
 endpointd, behind a gateway that redelivers what a device has not answered (as the real one
 does), gets poison commands among good ones: paths whose resolution raises (another
 process's ``/proc/PID/exe`` and ``cwd``), a working directory that cannot be entered, an
-argv the kernel refuses, and a clone under the allowed roots whose name is not UTF-8 (the
+argv the kernel refuses, a path of megabytes (its refusal quoting it would be a result too
+large for the gateway), and a clone under the allowed roots whose name is not UTF-8 (the
 report naming it is a device message that could not be encoded). The good ones finish; each
 poison one gets a result of its own that says why; the stream never reconnects; nothing is
 delivered twice.
@@ -101,6 +102,8 @@ async def test_poison_commands_fail_alone_and_the_stream_stays_up(
         pb.Command(read_file=pb.ReadFile(path=f"/proc/{zombie}/exe")),
         pb.Command(write_file=pb.WriteFile(path=f"/proc/{zombie}/cwd/.envrc", content=b"x")),
         pb.Command(list_dir=pb.ListDir(path=f"/proc/{zombie}/root")),
+        # Refused quoting its path: a result larger than the gateway takes, were it whole.
+        pb.Command(read_file=pb.ReadFile(path="relative/" + "x" * (5 << 20))),
     ]
     sent_good: list[str] = []
     sent_poison: list[str] = []
