@@ -28,10 +28,11 @@ from controlplane.db.listen import Listener, listen
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import TERMINAL_COMMAND_STATES, CommandState, Notify
 from controlplane.errors import InvalidInput, NotFound
-from controlplane.gateway import specs
+from controlplane.gateway import specs, wire
 from controlplane.gateway.authorization import covered_sql, refusal
 from controlplane.gateway.devices import ONLINE_WINDOW
 from superagent_shared.ids import new_id
+from superagent_shared.protocol import MAX_COMMAND_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,25 @@ FROM cmd, LATERAL (SELECT json_build_object(
 """
 
 
+def check_size(spec: specs.Spec, *, origin: str = "", ticket_id: str | None = None) -> None:
+    """Refuse a command larger than a device can receive (InvalidInput, saying so): it
+    could never be read there, and its delivery would end the device's stream, again on
+    every new one."""
+    size = wire.command_message(
+        command_id=new_id("cmd"),
+        seq=1 << 62,
+        not_after=datetime.now().astimezone(),
+        origin=origin,
+        spec=spec,
+        ticket_id=ticket_id or "",
+    ).ByteSize()
+    if size > MAX_COMMAND_BYTES:
+        raise InvalidInput(
+            f"the {spec.KIND} command is {size} bytes; a device takes at most"
+            f" {MAX_COMMAND_BYTES} in one command: split the content or the input"
+        )
+
+
 class CommandQueue:
     """The workers' side of the command queue, over a raw asyncpg pool."""
 
@@ -201,6 +221,7 @@ class CommandQueue:
     ) -> str:
         """Queue ``spec`` for ``device`` (id or name); returns the command id."""
         specs.validate(spec)
+        check_size(spec, origin=origin, ticket_id=ticket_id)
         names = [c.name for c in spec.credentials] if isinstance(spec, specs.Exec) else []
         # LISTENing since before this statement: its done notification will reach us.
         listening = self._listening()

@@ -38,6 +38,7 @@ from endpointd.link.trust import channel_credentials, channel_options, parse_ser
 from superagent_shared.backoff import Backoff
 from superagent_shared.messages import Challenge, Harness, Heartbeat, Repository
 from superagent_shared.protocol import (
+    MAX_DEVICE_RECEIVE_BYTES,
     PROTOCOL_MAX_VERSION,
     PROTOCOL_MIN_VERSION,
     Speaker,
@@ -57,7 +58,7 @@ HEALTHY_AFTER_SECONDS = 30.0
 # scan itself is redone when it is RESCAN_SECONDS old: see endpointd.workspaces.discovery).
 REPOSITORIES_CHECK_SECONDS = 5.0
 # Room for a 4 MiB WriteFile plus envelope; gRPC's default limit is exactly 4 MiB.
-MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+MAX_RECEIVE_BYTES = MAX_DEVICE_RECEIVE_BYTES
 
 KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
     # HTTP/2 pings notice a dead TCP path (NAT timeout, laptop sleep) without app traffic.
