@@ -339,6 +339,8 @@ class Command:
     not_after: float | None = None
     credentials: tuple[CredentialRef, ...] = ()
     origin: str = ""
+    # The ticket it serves, "" for none: a ticket's command works only in its workspace.
+    ticket_id: str = ""
     # What to do (the ``kind`` oneof); None when the server used a kind this daemon predates.
     op: Op | None = None
     # The Command as received, serialized deterministically (endpointd's wire sets it): what

@@ -248,7 +248,38 @@ class Exits(Sender):
     def check_running(self) -> None:
         self._exiting = [p for p in self._exiting if p.poll() is None]
         for active in list(self.commands.values()):
-            self._check_exec(active)
+            try:
+                self._check_exec(active)
+            except Exception as exc:
+                # One command whose end cannot be read (a status file that does not parse)
+                # fails alone: raised here, it would end the monitor and the daemon with it.
+                log.exception("%s: cannot follow it", active.command_id)
+                self._finish_unfollowable(active, exc)
+
+    def _finish_unfollowable(self, active: Active, exc: Exception) -> None:
+        """Finish ``active`` with why its outcome cannot be known; its output is kept."""
+        error = (
+            f"endpointd could not follow this command ({type(exc).__name__}: {exc});"
+            " its outcome is unknown"
+        )
+        try:
+            total, truncated = self._capped(active, output_total(active.spool))
+        except Exception:
+            total, truncated = active.sent, True
+        try:
+            self._release_child(active)
+            result = finished(
+                active.command_id,
+                exit_code=-1,
+                error=error,
+                total=total,
+                seconds=self._elapsed(active),
+                truncated=truncated,
+            )
+            self._finish_result(active, result, total=total)
+        except Exception:
+            log.exception("%s: cannot record its end", active.command_id)
+            active.state = "finished"  # never looked at again by this loop
 
     def _check_exec(self, active: Active) -> None:
         """Finish a running exec whose supervisor is done; notice new output otherwise."""

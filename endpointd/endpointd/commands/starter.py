@@ -54,7 +54,7 @@ from endpointd.secrets.ca import device_ca
 from endpointd.secrets.proxy import Egress, host_matches
 from endpointd.secrets.store import CredentialError
 from endpointd.spool import STREAM_DATA, SpoolWriter
-from endpointd.workspaces import operations, setup
+from endpointd.workspaces import operations, setup, tickets
 from endpointd.workspaces.bases import FetchAuth
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import SetupPlan
@@ -103,6 +103,15 @@ class Starter(Exits):
     def _expired(self, command: Command) -> bool:
         deadline = command.not_after
         return deadline is not None and self.server_now() > deadline
+
+    def _bind(self, command: Command) -> Command:
+        """``command`` as it runs for its ticket: an exec's empty cwd is the ticket's
+        workspace (:mod:`endpointd.workspaces.tickets`)."""
+        return tickets.bind(self.workspaces.store, command)
+
+    def _outside_ticket(self, command: Command) -> Decision | None:
+        """The refusal of a command that reaches past its ticket's workspace, else None."""
+        return tickets.refusal(self.workspaces.store, command, str(self.policy.workspaces_root))
 
     def _build_harness(self, command: Command) -> Command | Refusal:
         """``command`` with its RunHarness (or the HarnessExec built from it earlier) built
@@ -201,6 +210,7 @@ class Starter(Exits):
                 self._refuse_started(active, built, "harness")
                 return
             command = active.command = built
+        command = active.command = self._bind(command)
         if not active.journaled_running and not await self._allowed_now(active, command):
             return
         if not active.journaled_running:
@@ -233,7 +243,7 @@ class Starter(Exits):
         """The policy again, at start: it may have changed since the command arrived (or the
         daemon restarted). An `ask` starts the wait for a human and returns False; the
         command is started later, once approved (:meth:`_await_approval`)."""
-        decision = self.policy.check(command)
+        decision = self._outside_ticket(command) or self.policy.check(command)
         if decision.action == "deny":
             assert decision.refusal is not None
             self._refuse_started(active, decision.refusal, decision.rule)
@@ -406,12 +416,20 @@ class Starter(Exits):
         harness run, plus its session store and its login files, read-only."""
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
         proxy = active.delivery.proxy_port if active.delivery is not None else None
+        # A ticket's command writes in its ticket's workspace, not the root holding it.
+        bound = (
+            tickets.bound_workspace(self.workspaces.store, active.command)
+            if active.command is not None
+            else None
+        )
         planned = self._plan_sandbox(
             cwd,
             private_tmpdir(active.spool),
             proxy,
             own=(str(store.path),) if store is not None else (),
             reads=store.logins if store is not None else (),
+            workspace=bound,
+            ticket=active.command.ticket_id if active.command is not None else "",
         )
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
@@ -455,23 +473,31 @@ class Starter(Exits):
         *,
         own: tuple[str, ...] = (),
         reads: tuple[str, ...] = (),
+        workspace: str | None = None,
+        ticket: str = "",
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
         writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``own``:
         directories endpointd made for it in its state dir (a harness run's session store),
-        ``reads``: files it may read though denied (that run's login)."""
+        ``reads``: files it may read though denied (that run's login). ``workspace``: where
+        it may write, when its ticket says so (else the ticket workspace or allowed root
+        holding ``cwd``). A ``ticket``'s command cannot read the other tickets' workspaces:
+        the directory holding them all is denied to it, less its own (writable) one."""
         rules = self.policy.rules
-        workspace = self.policy.workspace_for(cwd)
-        if rules is None or workspace is None:
+        where = Path(workspace) if workspace is not None else self.policy.workspace_for(cwd)
+        if rules is None or where is None:
             refusal = Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root")
             return refusal, "allowed_roots"
-        dirs, files = self.workspaces.write_grants(workspace)
+        dirs, files = self.workspaces.write_grants(where)
         try:
             return sandbox.plan(
                 rules,
-                denied=[str(d.path) for d in self.policy.denied_paths],
-                workspace=str(workspace),
+                denied=[
+                    *(str(d.path) for d in self.policy.denied_paths),
+                    *([str(self.policy.workspaces_root)] if ticket else []),
+                ],
+                workspace=str(where),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
                 extra_write=dirs,
@@ -580,18 +606,30 @@ class Starter(Exits):
                 return None  # the owner approved this rule for this command
             return decision.rule
 
+        ticket, workspaces_root = command.ticket_id, str(policy.workspaces_root)
+
         def judge(real: str) -> str | None:
             """The rule refusing what the operation really reached, or None: the decision
-            at the start, again, on the real path."""
+            at the start, again, on the real path (never another ticket's workspace)."""
+            if tickets.foreign(ticket, real, workspaces_root) is not None:
+                return tickets.RULE
             return verdict(policy.check_path(real, op))
 
         def entry_judge(real: str) -> str | None:
             """A listing's entries and subdirectories: as :func:`judge`, except that
             default_action, which judged the listing as a whole, does not hide them."""
+            if tickets.foreign(ticket, real, workspaces_root) is not None:
+                return tickets.RULE
             decision = policy.check_path(real, "list")
             return None if decision.rule == "default_action" else verdict(decision)
 
-        root = root_of(path, policy.operation_roots(path))
+        roots = policy.operation_roots(path)
+        bound = tickets.bound_workspace(self.workspaces.store, command)
+        if bound is not None:
+            # A ticket's operation inside its own workspace walks from there: no link out
+            # of it is followed, even to elsewhere in the allowed root holding it.
+            roots = [bound, *roots]
+        root = root_of(path, roots)
         try:
             if root is None:
                 result = OpResult(1, f"{kind} path {path} is outside the allowed roots")
@@ -735,7 +773,13 @@ class Starter(Exits):
                     root_pid=lambda: pid[0] if pid else None,
                 )
                 await egress.start()
-            planned = self._plan_sandbox(plan.cwd, tmp, egress.proxy_port if egress else None)
+            op = active.command.op if active.command is not None else None
+            planned = self._plan_sandbox(
+                plan.cwd,
+                tmp,
+                egress.proxy_port if egress else None,
+                ticket=op.ticket_id if isinstance(op, PrepareWorkspace) else "",
+            )
             if isinstance(planned, tuple):
                 return Setup(ran=False, output_tail=f"not run: {planned[0].message}")
             return await setup.run(

@@ -119,7 +119,8 @@ class CredentialScope:
 @dataclass(frozen=True)
 class EnvRules:
     """``[env]``: variables of the daemon's own environment passed to commands (``pass``),
-    and reserved names a command's ``exec.env`` may set all the same (``allow``)."""
+    and the names a command's ``exec.env`` may set besides locale and output settings
+    (``allow``)."""
 
     passed: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
