@@ -24,8 +24,8 @@ Every system runs the same no-op job. Measurements:
 
 Every measurement runs in a fresh Python process (``multiprocessing`` spawn) holding the
 runners *and* the producer on one asyncio loop, so no system inherits another's leftovers
-(pools, background tasks, garbage); the parent only orchestrates. By default one embedded
-Postgres (the ``pgserver`` wheel, as in ``superagent up``) is started in a temporary
+(pools, background tasks, garbage); the parent only orchestrates. By default one
+throwaway Postgres (the ``pgserver`` wheel's, as the test suite's) is started in a temporary
 directory; each system gets its own database on it (``bench_ours``, ``bench_pgqueuer``,
 ``bench_procrastinate``, dropped and recreated at start). Before each measurement the
 system's tables are truncated. Throughput runs are interleaved (for each runner count, each
@@ -72,9 +72,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from pgserver.postgres_server import get_server
 
 from controlplane.db import migrate
-from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.effects import ClaimedEffect, Handlers, enqueue
 from controlplane.effects.outbox import enqueue_many
@@ -848,10 +848,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         server_url: str = args.database_url or ""
         if not server_url:
+            # A throwaway server where databases may be created (superagent up's embedded
+            # one admits only its application's role).
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-pg-")))
-            embedded = EmbeddedPostgres(tmp)
-            server_url = embedded.start()
-            stack.callback(embedded.stop)
+            server = get_server(tmp / "pg", cleanup_mode="stop")
+            server_url = str(server.get_uri())
+            stack.callback(server.cleanup)
         version = asyncio.run(server_version(server_url))
         urls = asyncio.run(create_databases(server_url, systems))
         print(f"# {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC", flush=True)

@@ -157,20 +157,21 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> s
 
 @contextlib.contextmanager
 def postgres_server(database_url: str | None) -> Iterator[str]:
-    """A Postgres server URL: ``database_url``, or an embedded server in a temporary dir."""
+    """A Postgres server URL where a benchmark may create databases: ``database_url``, or a
+    throwaway pgserver in a temporary dir (as the test suite's; ``superagent up``'s
+    embedded server admits only its application's role, which creates no databases)."""
     if database_url:
         yield database_url
         return
-    from controlplane.db.embedded import EmbeddedPostgres
-
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+    from pgserver.postgres_server import get_server
+
     with tempfile.TemporaryDirectory(prefix="bench-gateway-pg-") as tmp:
-        embedded = EmbeddedPostgres(Path(tmp))
-        url = embedded.start()
+        server = get_server(Path(tmp) / "pg", cleanup_mode="stop")
         try:
-            yield url
+            yield str(server.get_uri())
         finally:
-            embedded.stop()
+            server.cleanup()
 
 
 async def fresh_database(server_url: str, name: str) -> str:

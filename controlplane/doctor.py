@@ -32,6 +32,7 @@ from controlplane.db.database import Database, open_database
 from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.errors import ConfigError
+from controlplane.gateway.local_device import device_home
 from controlplane.settings import MIN_ADMIN_TOKEN_LENGTH, Settings
 from superagent_shared.gateway_tls import certificate_sha256, format_fingerprint
 
@@ -59,6 +60,36 @@ def failed(name: str, detail: str, fix: str) -> Check:
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- this machine's device
+
+
+def check_device_sandbox(settings: Settings) -> Check | None:
+    """The last `endpointd sandbox check` of this machine's own device (`superagent up
+    --device`), read from its state dir as `endpointd status` reads it; None when this
+    machine has no such device. Other devices are checked on their own machines."""
+    from endpointd.checkresult import describe
+    from endpointd.guard.policy import load_policy
+
+    home = device_home(settings)
+    if not home.paired:
+        return None
+    name = "device sandbox"
+    current = load_policy(home.config, state_directory=home.state).hash().hex()
+    line, report = describe(home.state, current)
+    run = (
+        f"ENDPOINTD_CONFIG_DIR={home.config} ENDPOINTD_STATE_DIR={home.state}"
+        f" ENDPOINTD_DATA_DIR={home.data} endpointd sandbox check"
+    )
+    if "error" in report:
+        return failed(name, line, f"run `{run}`")
+    if not report["ran"]:
+        # Not run is not a failure of this configuration; the line says how to run it.
+        return passed(name, f"{line.split(' (', 1)[0]}: {run}")
+    if report["passed"]:
+        return passed(name, line)
+    return failed(name, line, f"run `{run}` and apply the fix it prints for each class")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -551,6 +582,8 @@ def diagnose() -> list[Check]:
         check_worker_holds(settings),
         check_gateway_tls(settings),
     ]
+    if (device := check_device_sandbox(settings)) is not None:
+        checks.append(device)
     embedded = EmbeddedPostgres(settings.state_dir).data_dir
     if settings.database_url is None and not embedded.exists():
         # Starting it would create it: a check must not change what it checks.

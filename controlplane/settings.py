@@ -141,6 +141,20 @@ class GrpcSettings(BaseModel):
     output_inline_bytes: int = Field(
         8192, ge=0, description="Bytes of a command's output head and tail kept inline."
     )
+    max_streams: int = Field(
+        10_000,
+        ge=1,
+        description="Device streams (Connect) this replica holds at once, authenticated or "
+        "not yet; past it a new stream is refused with RESOURCE_EXHAUSTED (the daemon retries "
+        "with backoff).",
+    )
+    max_streams_per_peer: int = Field(
+        256,
+        ge=1,
+        description="Device streams this replica holds at once from one peer (an IPv4 "
+        "address or IPv6 /64). Raise it when more devices than this share one address (a "
+        "NAT) and the gateway sees that address.",
+    )
     pairing_failures_per_peer: int = Field(
         10,
         ge=1,

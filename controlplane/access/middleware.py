@@ -129,17 +129,7 @@ class RequireAccess:
                 "(`superagent up` generates one)"
             )
         if scheme.lower() == "bearer":
-            if authentication.token_matches(settings, presented.strip()):
-                return authentication.Principal(authentication.ADMIN, "bearer")
-            await throttle.count(
-                self.state.pool,
-                authentication.peer(conn),
-                limit=settings.http.signin_attempts,
-                window=settings.http.signin_window_seconds,
-            )
-            raise Unauthorized(
-                "that is not the admin token: send 'Authorization: Bearer <SUPERAGENT_ADMIN_TOKEN>'"
-            )
+            return await self._bearer(conn, presented.strip())
         secret = conn.cookies.get(sessions.COOKIE)
         if not secret:
             raise Unauthorized(authentication.NEEDS_TOKEN)
@@ -153,6 +143,33 @@ class RequireAccess:
         if not ok:
             raise Unauthorized("this sign-in has expired or ended; sign in again")
         return authentication.Principal(authentication.ADMIN, "session")
+
+    async def _bearer(self, conn: HTTPConnection, presented: str) -> authentication.Principal:
+        """A bearer token is counted as an attempt *before* it is compared (TooManyAttempts
+        past the limit, without comparing): a burst cannot outrun the count, and a locked
+        peer's guesses are neither compared nor timed. A right token takes its count back.
+
+        With the database away the count is this replica's own, in memory: the admin's
+        monitoring (``/metrics``, ``/readyz``) must still answer in an outage, and guesses
+        are still counted first."""
+        settings = self.state.settings
+        where = authentication.peer(conn)
+        limit, window = settings.http.signin_attempts, settings.http.signin_window_seconds
+        try:
+            await throttle.count(self.state.pool, where, limit=limit, window=window)
+            counted = throttle.uncount
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            throttle.HERE.count(where, limit=limit, window=window)
+            counted = throttle.HERE.uncount
+        if not authentication.token_matches(settings, presented):
+            raise Unauthorized(
+                "that is not the admin token: send 'Authorization: Bearer <SUPERAGENT_ADMIN_TOKEN>'"
+            )
+        with contextlib.suppress(Exception):  # a count left standing only ever locks sooner
+            await counted(self.state.pool, where)
+        return authentication.Principal(authentication.ADMIN, "bearer")
 
 
 async def _refuse(

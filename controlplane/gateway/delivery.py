@@ -41,7 +41,7 @@ WITH expired AS (
     WHERE device_id = $1 AND state = 'queued' AND not_after < now()
     RETURNING id, pg_notify('{Notify.COMMAND_DONE}', id)
 )
-SELECT id, seq, kind, spec, not_after, origin, state,
+SELECT id, seq, kind, spec, not_after, origin, state, ticket_id,
        cancel_requested_at IS NOT NULL AS cancel_requested
 FROM commands
 WHERE device_id = $1 AND state IN ('queued', 'delivered')
@@ -92,6 +92,9 @@ class PendingCommand:
     origin: str
     state: str
     cancel_requested: bool = False
+    # The ticket it serves (None: no ticket); the device confines it to that ticket's
+    # workspace.
+    ticket_id: str | None = None
 
 
 def announced_command(payload: str) -> tuple[str, PendingCommand | None]:
@@ -110,6 +113,7 @@ def announced_command(payload: str) -> tuple[str, PendingCommand | None]:
         not_after=datetime.fromtimestamp(float(data["not_after"]), UTC),
         origin=data["origin"],
         state=CommandState.QUEUED,
+        ticket_id=data.get("ticket_id"),
     )
     return str(data["device_id"]), command
 
@@ -135,6 +139,7 @@ class CommandDelivery:
                 origin=row["origin"],
                 state=row["state"],
                 cancel_requested=row["cancel_requested"],
+                ticket_id=row["ticket_id"],
             )
             for row in rows
         ]

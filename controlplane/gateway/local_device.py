@@ -160,7 +160,9 @@ class LocalDevice(SupervisedChild):
             return False
         self.announce(
             f"This machine is now device {name!r}, working in {self.root} "
-            f"(its local policy: {self.home.config / 'policy.toml'}). "
+            f"(its local policy: {self.home.config / 'policy.toml'}). Its commands reach the"
+            " network only through endpointd's proxy, to the hosts listed in [proxy]"
+            " allow_hosts there (none yet). "
             f'Try: superagent say "/run {name} echo hello"'
         )
         return True
@@ -176,7 +178,9 @@ class LocalDevice(SupervisedChild):
         finally:
             await conn.close()
         args = ["pair", self._gateway_url(), issued.code, "--name", name]
-        args += ["--allow-root", str(root)]
+        # A new policy's network: only through endpointd's proxy, to the hosts the owner
+        # lists (docs/security.md, section 7, says why this is the default here).
+        args += ["--allow-root", str(root), "--network", "proxy"]
         tls = await asyncio.to_thread(gateway_tls, self.settings)
         if tls is not None:
             args += ["--fingerprint", tls.fingerprint]

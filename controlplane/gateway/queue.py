@@ -28,10 +28,11 @@ from controlplane.db.listen import Listener, listen
 from controlplane.db.pool import Conn, Db
 from controlplane.domain import TERMINAL_COMMAND_STATES, CommandState, Notify
 from controlplane.errors import InvalidInput, NotFound
-from controlplane.gateway import specs
+from controlplane.gateway import specs, wire
 from controlplane.gateway.authorization import covered_sql, refusal
 from controlplane.gateway.devices import ONLINE_WINDOW
 from superagent_shared.ids import new_id
+from superagent_shared.protocol import MAX_COMMAND_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ WITH dev AS (
     SELECT $3, dev.id, $4, dev.seq, $5, $6::text::jsonb, $7, 'queued', now() + $8::interval,
            $9, blob.id
     FROM dev, blob
-    RETURNING id, device_id, seq, kind, spec, not_after, origin
+    RETURNING id, device_id, ticket_id, seq, kind, spec, not_after, origin
 )
 SELECT cmd.id,
        pg_notify('{Notify.COMMANDS}',
@@ -162,9 +163,29 @@ SELECT cmd.id,
                       THEN told.command ELSE cmd.device_id END)
 FROM cmd, LATERAL (SELECT json_build_object(
     'device_id', cmd.device_id, 'id', cmd.id, 'seq', cmd.seq, 'kind', cmd.kind,
-    'spec', cmd.spec, 'not_after', extract(epoch FROM cmd.not_after), 'origin', cmd.origin
+    'spec', cmd.spec, 'not_after', extract(epoch FROM cmd.not_after), 'origin', cmd.origin,
+    'ticket_id', cmd.ticket_id
 )::text AS command) told
 """
+
+
+def check_size(spec: specs.Spec, *, origin: str = "", ticket_id: str | None = None) -> None:
+    """Refuse a command larger than a device can receive (InvalidInput, saying so): it
+    could never be read there, and its delivery would end the device's stream, again on
+    every new one."""
+    size = wire.command_message(
+        command_id=new_id("cmd"),
+        seq=1 << 62,
+        not_after=datetime.now().astimezone(),
+        origin=origin,
+        spec=spec,
+        ticket_id=ticket_id or "",
+    ).ByteSize()
+    if size > MAX_COMMAND_BYTES:
+        raise InvalidInput(
+            f"the {spec.KIND} command is {size} bytes; a device takes at most"
+            f" {MAX_COMMAND_BYTES} in one command: split the content or the input"
+        )
 
 
 class CommandQueue:
@@ -200,6 +221,7 @@ class CommandQueue:
     ) -> str:
         """Queue ``spec`` for ``device`` (id or name); returns the command id."""
         specs.validate(spec)
+        check_size(spec, origin=origin, ticket_id=ticket_id)
         names = [c.name for c in spec.credentials] if isinstance(spec, specs.Exec) else []
         # LISTENing since before this statement: its done notification will reach us.
         listening = self._listening()

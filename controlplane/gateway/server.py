@@ -24,7 +24,9 @@ from controlplane.gateway import pairing, wire
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.stream import DeviceStream
+from controlplane.gateway.stream_caps import StreamCaps
 from controlplane.gateway.tls import ServerTls
+from controlplane.peers import peer_group
 from controlplane.services import Service
 from controlplane.settings import GrpcSettings
 from superagent_shared.messages import PairRequest, PairResponse
@@ -96,6 +98,7 @@ class EndpointGateway(wire.Servicer):
         self.settings = settings
         self.tls = tls
         self.server_name = server_name
+        self.streams = StreamCaps(settings.max_streams, settings.max_streams_per_peer)
         self.pairing_limits = pairing.Limits(
             per_peer=settings.pairing_failures_per_peer, everyone=settings.pairing_failures_global
         )
@@ -156,6 +159,16 @@ class EndpointGateway(wire.Servicer):
         )
 
     def connect(self, context: grpc.aio.ServicerContext) -> Coroutine[object, object, None]:
+        peer = peer_group(peer_address(context))
+        refusal = self.streams.admit(peer)
+        if refusal is not None:
+            log.info("device stream refused from %s: %s", peer, refusal)
+            refused: Coroutine[object, object, None] = context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, refusal
+            )
+            return refused
+        # Given back when the RPC ends, however it ends (no frame more per stream).
+        context.add_done_callback(lambda _: self.streams.release(peer))
         stream = DeviceStream(
             self.hub, self.delivery, context, heartbeat_seconds=self.settings.heartbeat_seconds
         )

@@ -43,6 +43,7 @@ from controlplane.gateway import repositories, wire
 from controlplane.gateway.delivery import CommandDelivery, PendingCommand
 from superagent_shared import messages
 from superagent_shared.protocol import (
+    MAX_COMMAND_BYTES,
     MAX_OUTPUT_CHUNK_BYTES,
     Speaker,
     hello_signing_payload,
@@ -631,15 +632,26 @@ class DeviceStream:
             self._spawn(self.delivery.mark_delivered([command_id]), "delivered")
 
     def _send_command(self, command: PendingCommand) -> None:
-        self._send(
-            wire.command_message(
-                command_id=command.id,
-                seq=command.seq,
-                not_after=command.not_after,
-                origin=command.origin,
-                spec=command.spec,
-            )
+        message = wire.command_message(
+            command_id=command.id,
+            seq=command.seq,
+            not_after=command.not_after,
+            origin=command.origin,
+            spec=command.spec,
+            ticket_id=command.ticket_id or "",
         )
+        size = message.ByteSize()
+        if size > MAX_COMMAND_BYTES:
+            # Queued before the queue checked sizes (CommandQueue.submit): the device could
+            # not read it, and its stream would end on it, again on every new one.
+            log.error("not sending %s to %s: %d bytes", command.id, self.device_id, size)
+            too_big = _Result(
+                state=CommandState.FAILED,
+                error=f"the command is {size} bytes; a device takes at most {MAX_COMMAND_BYTES}",
+            )
+            self._spawn(self._complete(command.id, too_big), f"too-big:{command.id}")
+            return
+        self._send(message)
         if not isinstance(self._sent, set):
             self._sent = set()
         self._sent.add(command.id)

@@ -140,10 +140,11 @@ def ack(command_id: str, acked_output_offset: int, *, finished: bool) -> Outgoin
 
 
 def command_message(
-    *, command_id: str, seq: int, not_after: datetime, origin: str, spec: Op
+    *, command_id: str, seq: int, not_after: datetime, origin: str, spec: Op, ticket_id: str = ""
 ) -> Outgoing:
     """The command ``spec`` as the device receives it. An exec's credentials, stored with
-    it (``Exec.credentials``), travel in ``Command.credentials``."""
+    it (``Exec.credentials``), travel in ``Command.credentials``; ``ticket_id`` (the ticket
+    it serves) confines it on the device to that ticket's workspace."""
     return send(
         Command(
             command_id=command_id,
@@ -151,6 +152,7 @@ def command_message(
             not_after=not_after.timestamp(),
             credentials=tuple(spec.credentials) if isinstance(spec, Exec) else (),
             origin=origin,
+            ticket_id=ticket_id,
             op=spec,
         )
     )

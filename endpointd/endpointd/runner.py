@@ -23,7 +23,8 @@ from typing import IO
 from endpointd.commands.daemon import Daemon
 from endpointd.config import load_config
 from endpointd.errors import ConfigError, KeyStorageError
-from endpointd.guard.policy import load_policy
+from endpointd.guard import daemon_programs
+from endpointd.guard.policy import Policy, load_policy
 from endpointd.journal import JOURNAL_FILE, Journal
 from endpointd.keys import load_key
 from endpointd.link.connection import connect_forever
@@ -96,11 +97,13 @@ async def run_daemon(
         state_directory, server=config.server_url, device_id=config.device_id, state="starting"
     )
     limits = ExecLimits(max_timeout_seconds=max_timeout_seconds or config.default_timeout_seconds)
+    policy = load_policy(config_directory, state_directory=state_directory)
+    _resolve_programs(policy, config_directory, state_directory)
     daemon = Daemon(
         config,
         state_directory=state_directory,
         journal=journal,
-        policy=load_policy(config_directory, state_directory=state_directory),
+        policy=policy,
         status=status,
         limits=limits,
         credentials=CredentialStore(config_directory),
@@ -141,6 +144,14 @@ async def run_daemon(
             status.update(state="stopped")
         journal.close()
         lock.close()
+
+
+def _resolve_programs(policy: Policy, config_directory: Path, state_directory: Path) -> None:
+    """git, ripgrep, ssh and the rest, found now on directories no command can write."""
+    found = daemon_programs.configure_for(policy, config_directory, state_directory)
+    for directory, why in found.skipped:
+        log.info("not running programs from %s on PATH: %s", directory, why)
+    log.info("git: %s; rg: %s", found.which("git") or "none", found.which("rg") or "none")
 
 
 async def _parent_gone(parent_pid: int) -> None:

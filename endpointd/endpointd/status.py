@@ -77,6 +77,18 @@ def sandbox_status(
     return policy.sandbox_summary, "policy file"
 
 
+def sandbox_check_status(
+    config_directory: Path, state_directory: Path
+) -> tuple[str, dict[str, Any]]:
+    """The last `endpointd sandbox check` (:mod:`endpointd.checkresult`), judged against
+    the policy in effect now."""
+    from endpointd.checkresult import describe
+    from endpointd.guard.policy import load_policy
+
+    policy = load_policy(config_directory, state_directory=state_directory)
+    return describe(state_directory, policy.hash().hex())
+
+
 def credential_status(config_directory: Path, state_directory: Path) -> dict[str, Any]:
     """Which store holds this device's credentials, and what guards each, for `status`.
 

@@ -13,15 +13,24 @@ What this module must not do is judge: it converts field for field, keeping prot
 distinctions (an unset ``optional`` field is None, not a zero; an empty ``kind`` oneof is a
 Command without ``op``), and leaves every refusal to validation and the policy.
 
+Nor may one message it cannot convert end the stream (a stream that ends is opened again
+and meets the same message, for ever): a server message it cannot read arrives as
+:class:`Undecodable` (the Command's id and why), for the daemon to refuse alone; a message
+the device sends whose text is not UTF-8 (a path on disk with a byte that is not, which
+Python carries as a lone surrogate and protobuf refuses) is sent with those bytes written
+as ``\\xNN`` escapes (:func:`send`).
+
 gRPC itself is imported only by the calls that need it: `endpointd status` reads the
 journal through this module and should not pay for loading it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -59,6 +68,7 @@ __all__ = [
     "Outgoing",
     "Sent",
     "Stream",
+    "Undecodable",
     "Unknown",
     "accepted",
     "awaiting_approval",
@@ -82,8 +92,22 @@ __all__ = [
 # A DeviceMessage on its way to the server. Built only here; everyone else passes it on.
 Outgoing: TypeAlias = pb.DeviceMessage
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A server message this daemon could not convert: the Command's id (empty when it was
+    not a Command, or had none) and why. Never the stream's end: the daemon refuses that one
+    command."""
+
+    command_id: str
+    error: str
+    KIND = "undecodable"
+
+
 # What the server sends, as plain data; Unknown for a kind this daemon predates.
-Inbound = ServerMessage
+Inbound = ServerMessage | Undecodable
 # What the device sends, as plain data.
 Sent = Hello | Heartbeat | Accepted | OutputChunk | Result | AwaitingApproval | RepositoryReport
 
@@ -109,9 +133,16 @@ def decode_command(body: bytes) -> Command:
 
 
 def server_message(message: pb.ServerMessage) -> Inbound:
-    if message.WhichOneof("msg") == "command":
-        return command(message.command)  # with its body, which the generic reading lacks
-    plain = convert.open_envelope(message, _SERVER_KINDS)
+    try:
+        if message.WhichOneof("msg") == "command":
+            return command(message.command)  # with its body, which the generic reading lacks
+        plain = convert.open_envelope(message, _SERVER_KINDS)
+    except Exception as exc:  # one unreadable message is that message's failure alone
+        which = message.WhichOneof("msg")
+        command_id = message.command.command_id if which == "command" else ""
+        return Undecodable(
+            command_id, f"{which or 'an empty'} message: {type(exc).__name__}: {exc}"
+        )
     return UNKNOWN if plain is None else plain
 
 
@@ -126,8 +157,44 @@ def kind_of(message: Inbound | Outgoing) -> str | None:
 
 
 def send(message: Sent) -> Outgoing:
-    """``message`` in its DeviceMessage envelope."""
-    return convert.to_envelope(message, pb.DeviceMessage)
+    """``message`` in its DeviceMessage envelope; text that is not UTF-8 with its odd bytes
+    written as ``\\xNN`` (see the module doc), so that it can always be sent."""
+    try:
+        return convert.to_envelope(message, pb.DeviceMessage)
+    except (UnicodeError, ValueError) as exc:
+        log.warning("a %s holds text that is not UTF-8 (%s); sending it escaped", message.KIND, exc)
+        return convert.to_envelope(_utf8(message), pb.DeviceMessage)
+
+
+def utf8_text(text: str) -> str:
+    """``text`` as valid UTF-8: the lone surrogates Python uses for bytes that are not UTF-8
+    (``os.fsdecode``) written as ``\\xNN``, any other lone surrogate as ``\\uDXXX``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def _utf8(value: Any) -> Any:
+    """``value`` (a message's plain data) with every string made valid UTF-8."""
+    if isinstance(value, str):
+        return utf8_text(value)
+    if isinstance(value, tuple | list):
+        return type(value)(_utf8(v) for v in value)
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: _utf8(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
+        }
+        return replace(value, **changes)
+    return value
 
 
 def time_text(seconds: float | None = None) -> str:

@@ -303,15 +303,13 @@ class HarnessExec(Exec):
 
     An :class:`Exec` in every respect (KIND "exec"): the policy judges its real argv, the
     sandbox confines it, the redactor masks its output, a cancel stops its process tree.
-    What it adds says where it came from: the request (for approvals and for building it
-    again at its start), the harness's own credential (named for it in the local policy,
-    so implicitly scoped to its runs), and the session-store directories its sandbox may
-    also write.
+    What it adds says where it came from: the request (for approvals, for building it
+    again at its start, and for its session store) and the harness's own credential (named
+    for it in the local policy, so implicitly scoped to its runs).
     """
 
     request: RunHarness | None = None
     credential: str = ""
-    session_dirs: tuple[str, ...] = ()
 
 
 Op = (
@@ -341,6 +339,8 @@ class Command:
     not_after: float | None = None
     credentials: tuple[CredentialRef, ...] = ()
     origin: str = ""
+    # The ticket it serves, "" for none: a ticket's command works only in its workspace.
+    ticket_id: str = ""
     # What to do (the ``kind`` oneof); None when the server used a kind this daemon predates.
     op: Op | None = None
     # The Command as received, serialized deterministically (endpointd's wire sets it): what

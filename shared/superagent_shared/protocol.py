@@ -29,6 +29,13 @@ UPGRADE_DAEMON: Final = "pip install -U endpointd (or pipx upgrade endpointd)"
 # large message, large enough that bulk output is not dominated by per-message overhead.
 MAX_OUTPUT_CHUNK_BYTES: Final = 64 * 1024
 
+# What a device receives at most in one message (endpointd's gRPC receive limit), and the
+# largest Command the control plane queues, a little under it for the envelope. A larger
+# one could never be read: the device's stream would end on it, and the gateway would
+# deliver it again on every new one, working for no ticket on that device.
+MAX_DEVICE_RECEIVE_BYTES: Final = 16 * 1024 * 1024
+MAX_COMMAND_BYTES: Final = MAX_DEVICE_RECEIVE_BYTES - 64 * 1024
+
 # Domain separation for the Hello signature, so a signature made for this purpose can never
 # be valid for any other message the device key might sign in future.
 HELLO_SIGNING_CONTEXT: Final = b"superagent.endpoint.v1/hello\x00"

@@ -148,6 +148,8 @@ async def test_up_with_a_device_pairs_this_machine_once_and_supervises_it(
     home = tmp_path / "state" / "device"
     policy = tomllib.loads((home / "config" / "policy.toml").read_text())
     assert [Path(r) for r in policy["allowed_roots"]] == [src.resolve()]
+    # Its commands reach the network only through endpointd's proxy, to listed hosts.
+    assert policy["network"] == "proxy"
     # No keyring on this machine: the key is a 0600 file in the device's own config dir.
     key = home / "config" / "device.key"
     assert key.stat().st_mode & 0o777 == 0o600

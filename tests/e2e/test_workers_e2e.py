@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.workers.worker import RECOVERY_NOTE
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.support import github_examples
 from tests.support.e2e_world import (
     CREDENTIAL,
     DEVICE,
@@ -49,12 +49,6 @@ from tests.support.e2e_world import (
 )
 from tests.support.helpers import assert_eventually
 
-FIXTURES = Path(
-    os.environ.get(
-        "SUPERAGENT_GITHUB_FIXTURES",
-        Path(__file__).resolve().parents[3] / "shared/fixtures/github-webhooks",
-    )
-)
 PLAINTEXT_KEYRING = "keyrings.alt.file.PlaintextKeyring"
 CALC_BROKEN = "def add(a, b):\n    return a - b\n"
 TEST_CALC = (
@@ -70,20 +64,9 @@ FIX = (
 
 
 def _comment_payload(comment_id: int, body: str, login: str) -> dict[str, Any]:
-    """An issue_comment.created delivery: the recorded example when the team's fixtures are
-    there, else one of the same shape; pointed at our repository, issue and text."""
-    path = FIXTURES / "issue_comment.created.0.json"
-    if path.is_file():
-        payload: dict[str, Any] = json.loads(path.read_text())
-    else:
-        user = {"login": login, "id": 1, "type": "User"}
-        payload = {
-            "action": "created",
-            "issue": {"number": 1, "title": "", "user": user, "state": "open"},
-            "comment": {"id": comment_id, "body": body, "user": user},
-            "repository": {"full_name": REPO, "name": "widgets", "owner": {"login": "acme"}},
-            "sender": user,
-        }
+    """An issue_comment.created delivery: GitHub's own example, pointed at our repository,
+    issue and text."""
+    payload = github_examples.example("issue_comment", "created")
     payload["repository"]["full_name"] = REPO
     payload["issue"]["number"] = 1
     payload["issue"]["title"] = "calc: add() is broken"

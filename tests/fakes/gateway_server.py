@@ -23,6 +23,9 @@ tests: every message can be scripted, and nothing a device sends is trusted.
   ``silent = True`` stops all server traffic (heartbeats and acks) without closing;
   ``send_heartbeats = False`` stops only heartbeats; ``answer_heartbeats = True`` answers
   each device heartbeat, as the real gateway does (``answer_delay`` seconds later).
+  ``redeliver_unanswered = True`` sends every command the device has neither answered nor
+  listed in its Hello again on each new stream, as the real gateway does with a command
+  still ``delivered``.
 * Acks: ``auto_ack=True`` acks every chunk as it arrives (next contiguous offset) and every
   Finished/Refused once all output up to ``total_output_bytes`` is stored, and answers a
   Hello's in-flight list with one Ack per command (the server's stored offset). With
@@ -154,6 +157,7 @@ class FakeGateway(Lifecycle):
         self.send_heartbeats = True
         self.answer_heartbeats = False  # answer each device heartbeat, as the gateway does
         self.answer_delay = 0.0  # seconds before an answer is sent (a round trip, say)
+        self.redeliver_unanswered = False  # resend unanswered commands on a new stream
         self.certs: GatewayCertificates | None = (
             generate_gateway_certificates(extra_dns_names=["localhost"], extra_ips=["127.0.0.1"])
             if tls
@@ -168,6 +172,7 @@ class FakeGateway(Lifecycle):
         self.sessions: list[Session] = []
         self.violations: list[str] = []
         self.sent_commands: dict[str, pb.Command] = {}
+        self._sent_to: dict[str, str] = {}  # command id -> device id
         self._codes: dict[str, _Pairing] = {}
         self._current: dict[str, Session] = {}
         self._pending: dict[str, list[pb.Command]] = {}
@@ -284,6 +289,7 @@ class FakeGateway(Lifecycle):
         if not sent.seq:
             sent.seq = self.next_seq(device_id)
         self.sent_commands[sent.command_id] = sent
+        self._sent_to[sent.command_id] = device_id
         self._deliver(device_id, sent)
         return sent
 
@@ -452,6 +458,16 @@ class FakeGateway(Lifecycle):
                 )
             )
 
+    def _redeliver_unanswered(self, session: Session, hello: pb.Hello, queued: set[str]) -> None:
+        held = {item.command_id for item in hello.in_flight} | queued
+        for command_id, command in list(self.sent_commands.items()):
+            if (
+                self._sent_to.get(command_id) == hello.device_id
+                and command_id not in self._results
+                and command_id not in held
+            ):
+                session.outbox.put_nowait(pb.ServerMessage(command=command))
+
     def _resume_acks(self, session: Session, hello: pb.Hello) -> None:
         for item in hello.in_flight:
             store = self._outputs.get(item.command_id)
@@ -534,8 +550,11 @@ class _Servicer(endpoint_pb2_grpc.EndpointGatewayServicer):
         gw._current[hello.device_id] = session
         if gw.auto_ack:
             gw._resume_acks(session, hello)
-        for command in gw._pending.pop(hello.device_id, []):
+        pending = gw._pending.pop(hello.device_id, [])
+        for command in pending:
             session.outbox.put_nowait(pb.ServerMessage(command=command))
+        if gw.redeliver_unanswered:
+            gw._redeliver_unanswered(session, hello, {c.command_id for c in pending})
 
         reader = asyncio.create_task(self._read(context, session))
         beats = asyncio.create_task(self._heartbeats(session))

@@ -34,6 +34,7 @@ import itertools
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,9 +68,11 @@ def encrypt(encrypt_key: str, plaintext: bytes, iv: bytes | None = None) -> str:
 
 
 def sign(
-    encrypt_key: str, body: bytes, timestamp: str = "1700000000", nonce: str = "n0nce"
+    encrypt_key: str, body: bytes, timestamp: str | None = None, nonce: str = "n0nce"
 ) -> dict[str, str]:
-    """The headers Lark signs a callback with."""
+    """The headers Lark signs a callback with (sent now, unless ``timestamp`` says when)."""
+    if timestamp is None:
+        timestamp = str(int(time.time()))
     digest = hashlib.sha256((timestamp + nonce + encrypt_key).encode() + body).hexdigest()
     return {
         "X-Lark-Request-Timestamp": timestamp,

@@ -6,7 +6,7 @@ follow from what the test's code reaches, so a new test is marked the day it is 
 ``pg``: the test needs Postgres. It uses a fixture in ``PG_FIXTURES`` (every database
 fixture of ``tests/conftest.py`` builds on ``pg_server_url``, and ``item.fixturenames`` is
 the transitive closure of what a test requests), or code it reaches starts a Postgres of its
-own (anything from ``pgserver``).
+own (anything from ``pgserver``, or the embedded Postgres's ``controlplane.db.embedded_process``).
 
 ``slow``: the test starts processes: code it reaches calls one of ``_spawners()``, the
 standard library's ways to start a process (``subprocess``, ``asyncio``'s subprocesses,
@@ -59,8 +59,9 @@ PG_FIXTURES = frozenset({"pg_server_url"})
 
 SPAWNING_MODULES = ("multiprocessing", "playwright")
 """Packages any use of which starts a process (as a dotted-name prefix)."""
-PG_MODULES = ("pgserver",)
-"""Packages any use of which starts a Postgres."""
+PG_MODULES = ("pgserver", "controlplane.db.embedded_process")
+"""Packages any use of which starts a Postgres (the embedded one runs the wheel's binaries
+without importing it)."""
 SPAWNING_METHODS = frozenset({"subprocess_exec", "subprocess_shell"})
 """Method names that start a process on whatever object (an event loop's)."""
 

@@ -6,7 +6,9 @@ The checks run in this order, each before anything is parsed further:
    before it is read whole (by api/body_limit.py, before this module runs);
 2. signature, when an encrypt key is set: ``X-Lark-Signature`` is the SHA-256 (hex) of
    ``X-Lark-Request-Timestamp + X-Lark-Request-Nonce + encrypt key + raw body``, compared
-   in constant time (401 on a mismatch);
+   in constant time (401 on a mismatch); then the signed timestamp must be within
+   ``MAX_AGE_SECONDS`` of now (401 otherwise), so a captured callback cannot be replayed
+   later (Lark signs each delivery, redeliveries included, anew);
 3. decryption of ``{"encrypt": ...}`` (AES-256-CBC, key SHA-256 of the encrypt key, the IV
    leading the ciphertext; 400 if it cannot be decrypted);
 4. the verification token in the event (``header.token``; ``token`` for the URL check), in
@@ -27,6 +29,7 @@ import binascii
 import hashlib
 import hmac
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,6 +52,7 @@ SIGNATURE = "x-lark-signature"
 TIMESTAMP = "x-lark-request-timestamp"
 NONCE = "x-lark-request-nonce"
 URL_VERIFICATION = "url_verification"
+MAX_AGE_SECONDS = 300  # as Slack's: a signed callback older or newer than this is refused
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ def open_callback(
             )
             if not hmac.compare_digest(expected.encode(), given.encode()):
                 raise Unauthorized("X-Lark-Signature does not match this body and the encrypt key")
+            _check_fresh(headers.get(TIMESTAMP))
             signed = True
     outer = json_object(body, "the body")
     encrypted = "encrypt" in outer
@@ -111,6 +116,20 @@ def open_callback(
     if payload.get("schema") != "2.0" or not isinstance(header, dict):
         raise InvalidInput("only schema 2.0 events are accepted (the event names no header)")
     return Opened(event=payload)
+
+
+def _check_fresh(timestamp: str | None, now: float | None = None) -> None:
+    """Unauthorized unless the signed ``X-Lark-Request-Timestamp`` is a Unix time within
+    ``MAX_AGE_SECONDS`` of now."""
+    try:
+        sent_at = int(timestamp or "")
+    except ValueError:
+        raise Unauthorized("X-Lark-Request-Timestamp is not a Unix time") from None
+    if abs((time.time() if now is None else now) - sent_at) > MAX_AGE_SECONDS:
+        raise Unauthorized(
+            "X-Lark-Request-Timestamp is more than 5 minutes from now (a replay, or this "
+            "host's clock is off)"
+        )
 
 
 def _decrypt(value: Any, encrypt_key: str) -> bytes:

@@ -16,6 +16,7 @@ from endpointd.cli import (  # noqa: F401
     device,
     harness,
     policy,
+    sandbox,
     service,
     workspaces,
 )

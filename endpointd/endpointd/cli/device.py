@@ -17,6 +17,7 @@ from endpointd.cli.root import cli
 from endpointd.errors import EndpointdError
 from endpointd.keys import keyring_status
 from endpointd.paths import config_dir, data_dir, state_dir
+from endpointd.rules.terms import NETWORK_MODES, NetworkMode
 from superagent_shared.protocol import PROTOCOL_VERSION, PROTOCOL_VERSION_NUMBER
 
 
@@ -102,6 +103,13 @@ def info(as_json: bool) -> None:
     help="A directory commands and file operations may use (repeatable). Asked for"
     " interactively when omitted; required when stdin is not a terminal.",
 )
+@click.option(
+    "--network",
+    type=click.Choice(NETWORK_MODES),
+    default=None,
+    help="The network mode of a policy file pairing creates (default: the example's,"
+    ' "allow"); an existing policy file is never changed.',
+)
 def pair(
     url: str,
     code: str,
@@ -109,6 +117,7 @@ def pair(
     key_file: Path | None,
     fingerprint: str | None,
     allow_roots: tuple[str, ...],
+    network: NetworkMode | None,
 ) -> None:
     """Pair this machine with a control plane, using a one-time CODE.
 
@@ -151,6 +160,7 @@ def pair(
         fingerprint=expected,
         config_directory=cfg,
         allowed_roots=roots,
+        network=network,
     )
     where = "OS keyring" if config.key.storage == "keyring" else config.key.path
     click.echo(
@@ -276,7 +286,8 @@ def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(as_json: bool) -> None:
     """Show where this device is paired, whether the daemon is connected, what runs, how
-    commands are sandboxed, and which store holds the credentials.
+    commands are sandboxed (and the last `endpointd sandbox check`), and which store holds
+    the credentials.
 
     Reads the config, the running daemon's status file (checking that its process is still
     alive) and the command journal; it never contacts the server, so it answers instantly
@@ -288,6 +299,7 @@ def status(as_json: bool) -> None:
         credential_line,
         credential_status,
         print_status,
+        sandbox_check_status,
         sandbox_status,
     )
 
@@ -295,6 +307,7 @@ def status(as_json: bool) -> None:
     report["sandbox"], report["sandbox_from"] = sandbox_status(
         config_dir().path, state_dir().path, running=report["daemon"]["running"]
     )
+    check_line, report["sandbox_check"] = sandbox_check_status(config_dir().path, state_dir().path)
     report["credentials"] = credential_status(config_dir().path, state_dir().path)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -302,6 +315,7 @@ def status(as_json: bool) -> None:
         print_status(report)
         source = "" if report["sandbox_from"] == "daemon" else " (from the policy file)"
         click.echo(f"sandbox:   {report['sandbox']}{source}")
+        click.echo(f"sandbox check: {check_line}")
         click.echo(credential_line(report["credentials"]))
 
 

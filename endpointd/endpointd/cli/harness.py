@@ -22,8 +22,10 @@ def harness() -> None:
     workspace. It only names the harness and gives the instruction: the program, its
     flags, its model and its key come from your policy.toml, and the run is an ordinary
     command to endpointd (your [[commands]] rules see its real command line, the sandbox
-    confines it, its output is masked). Beyond its workspace it may write only its own
-    session store (so a session can be resumed), never its settings or login.
+    confines it, its output is masked). Each run keeps its state in a session store of
+    its own that endpointd makes for it, never in your ~/.claude, ~/.codex or ~/.qwen
+    (no command may read or write those); your login for that harness is readable, never
+    writable, by its runs alone.
 
     Nothing runs until you allow it: running a CLI spends your subscription or key.
 
@@ -32,6 +34,7 @@ def harness() -> None:
       [harness]
       default = "qwen"              # the one this machine prefers for its tickets
       allowed = ["qwen", "codex"]   # which the control plane may run here
+      keep_sessions_hours = 72      # how long a run's store is kept for a resume
       [harness.qwen]
       program = "/abs/path/qwen"    # default: `qwen` on endpointd's PATH
       model = "qwen3-coder-plus"    # default: its own setting
@@ -50,11 +53,14 @@ def harness() -> None:
 def _rows() -> tuple[list[dict[str, Any]], str | None, str, tuple[str, ...]]:
     """The harnesses as found now; why the policy cannot be used (None: it can); its path;
     its ``[harness] allowed`` list."""
+    from endpointd.guard import daemon_programs
     from endpointd.guard.policy import load_policy
     from endpointd.harness.detect import detect
     from endpointd.secrets.store import CredentialError, CredentialStore
 
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    # --version runs only for programs where the daemon would run them.
+    daemon_programs.configure_for(policy, config_dir().path, state_dir().path)
     try:
         stored = CredentialStore(config_dir().path).names()
     except CredentialError as exc:

@@ -40,4 +40,6 @@ def cli() -> None:
 
     Start with `endpointd pair URL CODE`, then `endpointd run` (or `endpointd service
     install --now` to start it at every login), and check on it with `endpointd status`.
+    `endpointd sandbox check` tries to escape the sandbox its commands run in, here, under
+    your policy, and says what held.
     """

@@ -132,10 +132,13 @@ def workspaces_prune(all_released: bool, dry_run: bool, as_json: bool) -> None:
     you are done). The rules are [workspaces] retention_hours and max_disk_mb in
     policy.toml (`endpointd policy show`).
     """
+    from endpointd.guard import daemon_programs
     from endpointd.guard.approvals import printable
     from endpointd.guard.policy import load_policy
 
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
+    # The git it runs comes from where the daemon's would (never a root commands write).
+    daemon_programs.configure_for(policy, config_dir().path, state_dir().path)
     removed = _manager().prune(policy.workspace_rules, all_released=all_released, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps([asdict(r) for r in removed], indent=2))

@@ -20,10 +20,11 @@ from endpointd import wire
 from endpointd.commands.fileops import OpResult
 from endpointd.commands.sender import Sender
 from endpointd.commands.state import Active, finished
+from endpointd.harness import stores
 from endpointd.process.executor import pid_alive
 from endpointd.secrets import delivery
 from endpointd.spool import ExitStatus, output_total
-from superagent_shared.messages import Finished, Refused, Result
+from superagent_shared.messages import Finished, HarnessExec, Refused, Result
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class Exits(Sender):
             # The supervisor removes the files it was given; this catches one that was killed
             # (or a daemon restarted meanwhile, which has no Prepared to close).
             delivery.remove(active.spool)
+        if active.command is not None and isinstance(active.command.op, HarnessExec):
+            self._harness_finished(active.command_id)
         if isinstance(result, Finished) and result.error:
             result = replace(result, error=self.redact_text(result.error))
         elif isinstance(result, Refused):
@@ -64,6 +67,24 @@ class Exits(Sender):
                 " (timed out)" if f.timed_out else "",
                 f" error: {f.error}" if f.error else "",
             )
+
+    def _harness_finished(self, command_id: str) -> None:
+        """A harness run ended: its session store is kept for a resume, or goes now
+        (``[harness] keep_sessions_hours``; :mod:`endpointd.harness.stores`), as do the
+        other stores no longer kept."""
+        rules = self.policy.rules
+        keep = rules.harness.keep_sessions_hours if rules is not None else 0
+        try:
+            stores.finish(self.state_directory, command_id, keep_hours=keep)
+            stores.sweep(
+                self.state_directory,
+                keep_hours=keep,
+                max_run_seconds=min(
+                    self.limits.max_timeout_seconds, self.policy.limits.max_runtime_seconds
+                ),
+            )
+        except OSError as exc:
+            log.warning("cannot release the session store of %s: %s", command_id, exc)
 
     def _sync_journal_soon(self) -> None:
         try:
@@ -227,7 +248,38 @@ class Exits(Sender):
     def check_running(self) -> None:
         self._exiting = [p for p in self._exiting if p.poll() is None]
         for active in list(self.commands.values()):
-            self._check_exec(active)
+            try:
+                self._check_exec(active)
+            except Exception as exc:
+                # One command whose end cannot be read (a status file that does not parse)
+                # fails alone: raised here, it would end the monitor and the daemon with it.
+                log.exception("%s: cannot follow it", active.command_id)
+                self._finish_unfollowable(active, exc)
+
+    def _finish_unfollowable(self, active: Active, exc: Exception) -> None:
+        """Finish ``active`` with why its outcome cannot be known; its output is kept."""
+        error = (
+            f"endpointd could not follow this command ({type(exc).__name__}: {exc});"
+            " its outcome is unknown"
+        )
+        try:
+            total, truncated = self._capped(active, output_total(active.spool))
+        except Exception:
+            total, truncated = active.sent, True
+        try:
+            self._release_child(active)
+            result = finished(
+                active.command_id,
+                exit_code=-1,
+                error=error,
+                total=total,
+                seconds=self._elapsed(active),
+                truncated=truncated,
+            )
+            self._finish_result(active, result, total=total)
+        except Exception:
+            log.exception("%s: cannot record its end", active.command_id)
+            active.state = "finished"  # never looked at again by this loop
 
     def _check_exec(self, active: Active) -> None:
         """Finish a running exec whose supervisor is done; notice new output otherwise."""

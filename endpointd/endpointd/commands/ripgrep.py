@@ -22,12 +22,13 @@ import base64
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+
+from endpointd.guard import daemon_programs
 
 BATCH_FILES = 256
 BATCH_BYTES = 64 * 1024 * 1024
@@ -56,10 +57,12 @@ def _reopen_template() -> str | None:
 
 
 def find() -> str | None:
-    """The ``rg`` on the daemon's PATH, if this system can hand it descriptors by name."""
+    """The ``rg`` found at the daemon's start in a directory no command can write
+    (:mod:`endpointd.guard.daemon_programs`), if this system can hand it descriptors by
+    name."""
     if _reopen_template() is None:
         return None
-    return shutil.which("rg")
+    return daemon_programs.which("rg")
 
 
 def batches(files: Iterator[Opened]) -> Iterator[list[Opened]]:

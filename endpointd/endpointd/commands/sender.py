@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from endpointd import wire
 from endpointd.commands.state import Active, Core, Redacting
 from endpointd.journal import State
 from endpointd.spool import SpoolReader
-from superagent_shared.messages import InFlight, InFlightState
+from superagent_shared.messages import Finished, InFlight, InFlightState
 from superagent_shared.protocol import MAX_OUTPUT_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
@@ -72,33 +73,66 @@ class Sender(Core):
         self.control = None
 
     def next_output_message(self) -> wire.Outgoing | None:
-        """The next OutputChunk or result to send on the current stream, if any."""
+        """The next OutputChunk or result to send on the current stream, if any.
+
+        A command whose output cannot be read or sent (a spool that fails) fails alone: its
+        output ends where it could be read, its result says why, and the others go on. An
+        exception here would end the stream, and every new one would meet it again."""
         for active in sorted(self.commands.values(), key=lambda a: a.seq):
-            end = active.total if active.total is not None else active.max_output
-            if active.has_output and (end is None or active.sent < end):
-                got = self._redacted_output(active)
-                if got is not None:
-                    stream, data = got
-                    if end is not None:
-                        data = data[: end - active.sent]
-                    chunk = wire.output(active.command_id, stream, active.sent, data)
-                    active.sent += len(data)
-                    return chunk
-                if active.total is not None and self._spool_exhausted(active):
-                    log.error(
-                        "%s: spool has no output at %d of %d; skipping to the result",
-                        active.command_id,
-                        active.sent,
-                        active.total,
-                    )
-                    active.sent = active.total
-            if (
-                active.result is not None
-                and not active.result_sent
-                and (active.total is None or active.sent >= active.total)
-            ):
-                active.result_sent = True
-                return wire.result(active.result)
+            try:
+                message = self._next_of(active)
+            except Exception as exc:
+                log.exception("%s: cannot send its output", active.command_id)
+                self._unsendable(active, exc)
+                continue
+            if message is not None:
+                return message
+        return None
+
+    def _unsendable(self, active: Active, exc: Exception) -> None:
+        """Cut ``active``'s output where it stopped, and say so in its result (once it has
+        one; until then it is skipped)."""
+        result = active.result
+        if not isinstance(result, Finished):
+            return
+        why = f"endpointd could not send the output past byte {active.sent}: {exc}"
+        active.total = active.sent
+        active.result = replace(
+            result,
+            total_output_bytes=active.sent,
+            output_truncated=True,
+            error=f"{result.error}; {why}" if result.error else why,
+        )
+        active.result_sent = False
+        self.journal.finish(active.command_id, wire.encode_result(active.result), durable=False)
+
+    def _next_of(self, active: Active) -> wire.Outgoing | None:
+        """The next message of ``active``'s (output, then its result), if any."""
+        end = active.total if active.total is not None else active.max_output
+        if active.has_output and (end is None or active.sent < end):
+            got = self._redacted_output(active)
+            if got is not None:
+                stream, data = got
+                if end is not None:
+                    data = data[: end - active.sent]
+                chunk = wire.output(active.command_id, stream, active.sent, data)
+                active.sent += len(data)
+                return chunk
+            if active.total is not None and self._spool_exhausted(active):
+                log.error(
+                    "%s: spool has no output at %d of %d; skipping to the result",
+                    active.command_id,
+                    active.sent,
+                    active.total,
+                )
+                active.sent = active.total
+        if (
+            active.result is not None
+            and not active.result_sent
+            and (active.total is None or active.sent >= active.total)
+        ):
+            active.result_sent = True
+            return wire.result(active.result)
         return None
 
     def _spool_exhausted(self, active: Active) -> bool:

@@ -13,7 +13,8 @@ A RunHarness never runs as such: :meth:`Starter._build_harness` turns it into th
 the device's harness table and local policy make of it (:mod:`endpointd.harness.runs`),
 on receipt and again at its start (the policy may have changed), and from there it takes
 the exec's path: the policy judges its real argv, it gets its harness's credential, its
-sandbox (plus its session store), its supervisor.
+session store (:meth:`Starter._harness_store`: its own, never the owner's), its sandbox
+(plus that store and its harness's login, read-only), its supervisor.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from endpointd.commands.state import Active, finished, refused
 from endpointd.guard import sandbox, view
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
-from endpointd.harness import runs
+from endpointd.harness import runs, stores
 from endpointd.process.executor import (
     ExecLimits,
     ZygoteError,
@@ -54,7 +55,7 @@ from endpointd.secrets.ca import device_ca
 from endpointd.secrets.proxy import Egress, host_matches
 from endpointd.secrets.store import CredentialError
 from endpointd.spool import STREAM_DATA, SpoolWriter
-from endpointd.workspaces import operations, setup
+from endpointd.workspaces import operations, setup, tickets
 from endpointd.workspaces.bases import FetchAuth
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import SetupPlan
@@ -103,6 +104,15 @@ class Starter(Exits):
     def _expired(self, command: Command) -> bool:
         deadline = command.not_after
         return deadline is not None and self.server_now() > deadline
+
+    def _bind(self, command: Command) -> Command:
+        """``command`` as it runs for its ticket: an exec's empty cwd is the ticket's
+        workspace (:mod:`endpointd.workspaces.tickets`)."""
+        return tickets.bind(self.workspaces.store, command)
+
+    def _outside_ticket(self, command: Command) -> Decision | None:
+        """The refusal of a command that reaches past its ticket's workspace, else None."""
+        return tickets.refusal(self.workspaces.store, command, str(self.policy.workspaces_root))
 
     def _build_harness(self, command: Command) -> Command | Refusal:
         """``command`` with its RunHarness (or the HarnessExec built from it earlier) built
@@ -201,6 +211,7 @@ class Starter(Exits):
                 self._refuse_started(active, built, "harness")
                 return
             command = active.command = built
+        command = active.command = self._bind(command)
         if not active.journaled_running and not await self._allowed_now(active, command):
             return
         if not active.journaled_running:
@@ -233,7 +244,7 @@ class Starter(Exits):
         """The policy again, at start: it may have changed since the command arrived (or the
         daemon restarted). An `ask` starts the wait for a human and returns False; the
         command is started later, once approved (:meth:`_await_approval`)."""
-        decision = self.policy.check(command)
+        decision = self._outside_ticket(command) or self.policy.check(command)
         if decision.action == "deny":
             assert decision.refusal is not None
             self._refuse_started(active, decision.refusal, decision.rule)
@@ -399,77 +410,114 @@ class Starter(Exits):
             kill_grace_seconds=self.limits.kill_grace_seconds,
         )
 
-    def _confinement(self, active: Active, ex: Exec) -> Confinement | None:
-        """The sandbox of this command (None: refused, and already finished as such)."""
+    def _confinement(
+        self, active: Active, ex: Exec, store: stores.RunStore | None = None
+    ) -> Confinement | None:
+        """The sandbox of this command (None: refused, and already finished as such); for a
+        harness run, plus its session store and its login files, read-only."""
         cwd = ex.cwd or str(self.default_cwd or self.policy.default_root)
         proxy = active.delivery.proxy_port if active.delivery is not None else None
-        extra = self._session_dirs(ex) if isinstance(ex, HarnessExec) else ()
-        # In view besides: the git credential helper's socket; a harness's own files.
+        # A ticket's command writes in its ticket's workspace, not the root holding it.
+        bound = (
+            tickets.bound_workspace(self.workspaces.store, active.command)
+            if active.command is not None
+            else None
+        )
+        # In its view besides: the git credential helper's socket; a harness's program.
         read: tuple[str, ...] = ()
-        unhidden: tuple[str, ...] = ()
         git = active.delivery.git if active.delivery is not None else None
         if git is not None:
             read += (os.path.dirname(git.socket_path),)
-        if isinstance(ex, HarnessExec) and ex.request is not None and ex.argv:
-            shown = view.harness_grants(ex.request.harness, str(self.policy.home), ex.argv[0])
-            read += shown[0]
-            unhidden = shown[1]
+        if isinstance(ex, HarnessExec) and ex.argv:
+            read += view.harness_program(ex.argv[0])
         planned = self._plan_sandbox(
-            cwd, private_tmpdir(active.spool), proxy, extra, read=read, unhidden=unhidden
+            cwd,
+            private_tmpdir(active.spool),
+            proxy,
+            own=(str(store.path),) if store is not None else (),
+            reads=store.logins if store is not None else (),
+            extra_read=read,
+            workspace=bound,
+            ticket=active.command.ticket_id if active.command is not None else "",
         )
         if isinstance(planned, tuple):
             self._refuse_started(active, *planned)
             return None
         return planned
 
-    def _session_dirs(self, ex: HarnessExec) -> tuple[str, ...]:
-        """A harness run's session-store directories (:func:`endpointd.harness.runs.build`),
-        made now when missing (the sandbox grants only what exists), except where the
-        policy denies: what it may write beyond its workspace, and nothing else."""
-        out = []
-        for directory in ex.session_dirs:
-            if self.policy.denied_rule(directory) is not None:
-                continue
-            try:
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-            except OSError as exc:
-                log.warning("cannot make the harness session directory %s: %s", directory, exc)
-                continue
-            out.append(directory)
-        return tuple(out)
+    def _harness_store(self, active: Active, ex: HarnessExec) -> stores.RunStore | None:
+        """A harness run's own session store (:mod:`endpointd.harness.stores`), after
+        removing the ones no longer kept; None: refused (a resume of a session this project
+        did not keep), and already finished as such."""
+        request = ex.request
+        assert request is not None  # (at its start a run is always built from its request)
+        rules = self.policy.rules
+        keep = rules.harness.keep_sessions_hours if rules is not None else 0
+        try:
+            stores.sweep(
+                self.state_directory,
+                keep_hours=keep,
+                max_run_seconds=self._exec_limits().max_timeout_seconds,
+            )
+            return stores.open_for_run(
+                self.state_directory,
+                harness=request.harness,
+                home=self.policy.home,
+                cwd=ex.cwd,
+                command_id=active.command_id,
+                resume_session=request.resume_session,
+            )
+        except stores.StoreRefused as exc:
+            self._refuse_started(active, Refusal(exc.reason, exc.message), "harness")
+        except OSError as exc:
+            message = f"cannot make the harness run's session store: {exc}"
+            self._refuse_started(active, Refusal(Reason.INVALID, message), "harness")
+        return None
 
     def _plan_sandbox(
         self,
         cwd: str,
         tmpdir: Path,
         proxy: int | None,
-        extra: tuple[str, ...] = (),
         *,
-        read: tuple[str, ...] = (),
-        unhidden: tuple[str, ...] = (),
+        own: tuple[str, ...] = (),
+        reads: tuple[str, ...] = (),
+        extra_read: tuple[str, ...] = (),
+        workspace: str | None = None,
+        ticket: str = "",
     ) -> Confinement | tuple[Refusal, str]:
         """The sandbox of a command working in ``cwd``, or why it cannot have one (the
         refusal and the rule). In a ticket workspace it may also write what a commit
-        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``extra``:
-        more directories it may write (a harness's session store)."""
+        writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``own``:
+        directories endpointd made for it in its state dir (a harness run's session store),
+        ``reads``: files it may read though denied (that run's login), ``extra_read``: what
+        its view holds besides, read-only (the git helper's socket, a harness's program; in a
+        ticket workspace, the clone's git directory too). ``workspace``: where
+        it may write, when its ticket says so (else the ticket workspace or allowed root
+        holding ``cwd``). A ``ticket``'s command cannot read the other tickets' workspaces:
+        the directory holding them all is denied to it, less its own (writable) one."""
         rules = self.policy.rules
-        workspace = self.policy.workspace_for(cwd)
-        if rules is None or workspace is None:
+        where = Path(workspace) if workspace is not None else self.policy.workspace_for(cwd)
+        if rules is None or where is None:
             refusal = Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root")
             return refusal, "allowed_roots"
-        dirs, files = self.workspaces.write_grants(workspace)
-        read += self.workspaces.read_grants(workspace)
+        dirs, files = self.workspaces.write_grants(where)
+        extra_read += self.workspaces.read_grants(where)
         try:
             return sandbox.plan(
                 rules,
-                denied=[str(d.path) for d in self.policy.denied_paths],
-                workspace=str(workspace),
+                denied=[
+                    *(str(d.path) for d in self.policy.denied_paths),
+                    *([str(self.policy.workspaces_root)] if ticket else []),
+                ],
+                workspace=str(where),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
-                extra_write=[*dirs, *extra],
+                extra_write=dirs,
                 extra_write_files=files,
-                extra_read=read,
-                unhidden=unhidden,
+                own_write=own,
+                read_files=reads,
+                extra_read=extra_read,
             )
         except sandbox.SandboxUnavailable as exc:
             return Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox"
@@ -477,7 +525,14 @@ class Starter(Exits):
     async def _launch_exec(self, active: Active, ex: Exec) -> None:
         if not await self._deliver(active):
             return
-        confinement = self._confinement(active, ex)
+        store = None
+        if isinstance(ex, HarnessExec):
+            store = self._harness_store(active, ex)
+            if store is None:
+                await self._make_durable(active)
+                return
+            ex = replace(ex, env={**ex.env, **store.env})
+        confinement = self._confinement(active, ex, store)
         if confinement is None:
             await self._make_durable(active)
             return
@@ -565,18 +620,30 @@ class Starter(Exits):
                 return None  # the owner approved this rule for this command
             return decision.rule
 
+        ticket, workspaces_root = command.ticket_id, str(policy.workspaces_root)
+
         def judge(real: str) -> str | None:
             """The rule refusing what the operation really reached, or None: the decision
-            at the start, again, on the real path."""
+            at the start, again, on the real path (never another ticket's workspace)."""
+            if tickets.foreign(ticket, real, workspaces_root) is not None:
+                return tickets.RULE
             return verdict(policy.check_path(real, op))
 
         def entry_judge(real: str) -> str | None:
             """A listing's entries and subdirectories: as :func:`judge`, except that
             default_action, which judged the listing as a whole, does not hide them."""
+            if tickets.foreign(ticket, real, workspaces_root) is not None:
+                return tickets.RULE
             decision = policy.check_path(real, "list")
             return None if decision.rule == "default_action" else verdict(decision)
 
-        root = root_of(path, policy.operation_roots(path))
+        roots = policy.operation_roots(path)
+        bound = tickets.bound_workspace(self.workspaces.store, command)
+        if bound is not None:
+            # A ticket's operation inside its own workspace walks from there: no link out
+            # of it is followed, even to elsewhere in the allowed root holding it.
+            roots = [bound, *roots]
+        root = root_of(path, roots)
         try:
             if root is None:
                 result = OpResult(1, f"{kind} path {path} is outside the allowed roots")
@@ -720,7 +787,13 @@ class Starter(Exits):
                     root_pid=lambda: pid[0] if pid else None,
                 )
                 await egress.start()
-            planned = self._plan_sandbox(plan.cwd, tmp, egress.proxy_port if egress else None)
+            op = active.command.op if active.command is not None else None
+            planned = self._plan_sandbox(
+                plan.cwd,
+                tmp,
+                egress.proxy_port if egress else None,
+                ticket=op.ticket_id if isinstance(op, PrepareWorkspace) else "",
+            )
             if isinstance(planned, tuple):
                 return Setup(ran=False, output_tail=f"not run: {planned[0].message}")
             return await setup.run(

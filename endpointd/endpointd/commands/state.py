@@ -26,6 +26,7 @@ from endpointd.audit import AuditLog
 from endpointd.config import DeviceConfig
 from endpointd.guard.approvals import Approvals
 from endpointd.guard.policy import Policy
+from endpointd.harness.logins import login_secrets
 from endpointd.journal import Journal, State
 from endpointd.paths import data_dir
 from endpointd.process.executor import ExecLimits, Zygote
@@ -120,8 +121,24 @@ class Active:
         return self.kind in ("exec", "read_file", "list_dir", "search", "glob", "prepare_workspace")
 
 
+# A result's text (Refused.message, Finished.error) is cut here: a message quoting what
+# the server sent (a path of megabytes) must never make a result the gateway cannot take
+# (it ends a stream for a message over its size limit, and the result would be resent on
+# every new one).
+MAX_RESULT_TEXT = 16 * 1024
+
+
+def result_text(text: str) -> str:
+    """``text``, cut to :data:`MAX_RESULT_TEXT` characters, saying how long it was."""
+    if len(text) <= MAX_RESULT_TEXT:
+        return text
+    return f"{text[:MAX_RESULT_TEXT]}… (cut; {len(text)} characters in all)"
+
+
 def refused(command_id: str, refusal: Refusal) -> Refused:
-    return Refused(command_id=command_id, reason=refusal.reason, message=refusal.message)
+    return Refused(
+        command_id=command_id, reason=refusal.reason, message=result_text(refusal.message)
+    )
 
 
 def finished(
@@ -139,7 +156,7 @@ def finished(
         command_id=command_id,
         exit_code=exit_code,
         signal=signal,
-        error=error,
+        error=result_text(error),
         total_output_bytes=total,
         duration_ns=max(0, int(seconds * 1e9)),
         timed_out=timed_out,
@@ -216,7 +233,8 @@ class Core:
         if now - self._redactor_checked < REDACTOR_RECHECK:
             return self._redactor
         self._redactor_checked = now
-        own = own_secrets(self.config.key)
+        # (The owner's harness logins too: a harness run may read its own.)
+        own = {**own_secrets(self.config.key), **login_secrets(self.policy.home)}
         if self.credentials is None:
             if not self._redactor.covers(own.values()):
                 self._redactor = Redactor(own)

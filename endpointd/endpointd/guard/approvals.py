@@ -66,7 +66,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
@@ -80,6 +79,7 @@ from typing import Any, Literal
 
 from endpointd.errors import EndpointdError
 from endpointd.fsutil import atomic_write, exclusive_lock
+from endpointd.guard import daemon_programs
 from endpointd.paths import ensure_private_dir
 from superagent_shared.messages import (
     Command,
@@ -605,10 +605,11 @@ def _process(pid: int) -> tuple[int, bytes] | None:
             return int(stat_line.rsplit(b")", 1)[1].split()[1]), cmdline
         except (OSError, ValueError, IndexError):
             return None
-    if sys.platform == "darwin" and shutil.which("ps"):
+    ps = daemon_programs.which("ps") if sys.platform == "darwin" else None
+    if ps is not None:
         try:
             done = subprocess.run(
-                ["ps", "-ww", "-o", "ppid=", "-o", "command=", "-p", str(pid)],
+                [ps, "-ww", "-o", "ppid=", "-o", "command=", "-p", str(pid)],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=10,
@@ -998,18 +999,21 @@ def notify(request: ApprovalRequest) -> bool:
         f" `endpointd approve {printable(request.command_id, 80)}` or `endpointd deny …`."
     )
     argv: list[str] | None = None
-    if sys.platform == "darwin" and shutil.which("osascript"):
+    # Found where no command can plant a program of the same name (this runs unconfined).
+    osascript = daemon_programs.which("osascript") if sys.platform == "darwin" else None
+    notify_send = daemon_programs.which("notify-send")
+    if osascript is not None:
 
         def applescript(s: str) -> str:
             return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
         argv = [
-            "osascript",
+            osascript,
             "-e",
             f"display notification {applescript(body)} with title {applescript(title)}",
         ]
-    elif shutil.which("notify-send"):
-        argv = ["notify-send", "--app-name=endpointd", title, body]
+    elif notify_send is not None:
+        argv = [notify_send, "--app-name=endpointd", title, body]
     if argv is None:
         return False
     try:

@@ -8,7 +8,8 @@ plain data; the daemon turns it into what the supervisor's JSON spec carries.
 
 The model, whatever the OS:
 
-* **reads**: everything except ``denied`` (and what lies beneath them);
+* **reads**: everything except ``denied`` (and what lies beneath them), plus the single
+  files in ``read_files`` even there (a harness's login, for that harness's runs only);
 * **writes**: only beneath ``write`` (the command's workspace, its private TMPDIR, the
   owner's ``writable_paths``) and the device files in ``write_files``, except beneath
   ``protected`` (``.git/hooks``, ``.git/config`` inside the workspace), which stay
@@ -50,6 +51,9 @@ class Confinement:
     read_extra: tuple[str, ...] = ()
     never: tuple[str, ...] = ()
     homes: tuple[str, ...] = ()
+    # Single files readable (never writable) though denied: a harness run's login files
+    # (endpointd.harness.stores).
+    read_files: tuple[str, ...] = ()
 
 
 # Character devices every command may write to (and read), whatever its workspace.

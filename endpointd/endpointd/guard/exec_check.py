@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from endpointd.guard import sandbox
+from endpointd.guard import daemon_programs, sandbox
 from endpointd.guard.loaded import Loaded, denied_hit
 from endpointd.guard.programs import code_running_reason, resolve_program, scope_matches
 from endpointd.guard.roots import path_refusal
@@ -65,10 +65,14 @@ def exec_decision(
     steps: list[str] | None,
     *,
     env: Mapping[str, str],
+    env_from_device: bool = False,
 ) -> Decision:
+    """``env_from_device``: the environment was built by this device (a harness run's, from
+    its harness table), not asked for by the control plane, so the allow-list of names the
+    control plane may set does not apply to it."""
     assert loaded.rules is not None
     rules = loaded.rules
-    refused = _env_refusal(policy, rules, env, steps)
+    refused = None if env_from_device else _env_refusal(policy, rules, env, steps)
     if refused is not None:
         return refused
     if is_endpointd(argv, cwd, env):
@@ -100,18 +104,23 @@ def exec_decision(
 def _env_refusal(
     policy: Policy, rules: Rules, env: Mapping[str, str], steps: list[str] | None
 ) -> Decision | None:
-    """exec.env may not set a name that steers how programs start, unless the owner allows it."""
+    """exec.env may set only the names of an allow-list: presentation and locale
+    (:data:`endpointd.rules.environment.SETTABLE`) and what the owner allows by name. Almost
+    any other variable can make some program load or run code (``MAKEFILES``,
+    ``RUSTC_WRAPPER``, ``npm_config_*``, …), and no list of those is ever complete."""
     refused_env = environment.refused_names(env, rules.env.allow)
     if refused_env:
         names = ", ".join(refused_env)
         return Decision(
             "deny",
             "env.allow",
-            f"exec.env sets {names}, which could change what the command loads or runs;"
+            f"exec.env sets {names}, which the control plane may not set here: a variable"
+            " can change what a program loads or runs, so only names the owner allows are"
+            f" accepted (besides locale and output settings such as LANG, TZ, NO_COLOR);"
             f" the owner may allow a name with [env] allow = [...] in {policy.path}",
         )
     if steps is not None and env:
-        steps.append(f"env: {', '.join(sorted(env))} (none reserved, or allowed by [env])")
+        steps.append(f"env: {', '.join(sorted(env))} (settable, or allowed by [env])")
     return None
 
 
@@ -239,7 +248,9 @@ def _credentials_refusal(
                 f' to any command: add [credentials.{name}] with allow = ["<command glob>"]',
                 Reason.CREDENTIAL_UNAVAILABLE,
             )
-        trusted = os.environ.get("PATH", os.defpath)
+        # A scope's program word is looked up where the daemon finds its own programs:
+        # never in a directory a command could have planted a `git` in.
+        trusted = daemon_programs.trusted_path()
         matched = next((g for g in scope.allow if scope_matches(g, program, argv, trusted)), None)
         if matched is None:
             globs = ", ".join(json.dumps(g) for g in scope.allow) or "none"

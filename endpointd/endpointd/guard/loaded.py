@@ -18,6 +18,7 @@ from pathlib import Path
 from endpointd.guard.files import within as _within
 from endpointd.rules.credentials import FILES_DIRECTORY as CREDENTIAL_FILES_DIR
 from endpointd.rules.errors import PolicyError
+from endpointd.rules.harnesses import HARNESSES, moved_state
 from endpointd.rules.parser import parse_policy
 from endpointd.rules.reader import expand_path
 from endpointd.rules.tables import DEFAULT_DENIED_PATHS, DeniedPath, Rules
@@ -96,8 +97,9 @@ def _broken(error: str, data: bytes, denied: Iterable[DeniedPath]) -> Loaded:
 def default_denied(
     config_directory: Path, home: Path, state_directory: Path
 ) -> tuple[DeniedPath, ...]:
-    """The paths denied whatever the file says: keys, keyrings, browser profiles, and
-    endpointd's own files (its config and state dirs, its credential files, its key file)."""
+    """The paths denied whatever the file says: keys, keyrings, browser profiles, the
+    harnesses' own state (also where their variables moved it), and endpointd's own files
+    (its config and state dirs, its credential files, its key file)."""
     out = [
         DeniedPath(label=p, path=expand_path(p, home), default=True) for p in DEFAULT_DENIED_PATHS
     ]
@@ -111,6 +113,12 @@ def default_denied(
                     default=True,
                 )
             )
+    for spec in HARNESSES.values():
+        # A harness's state moved by its variables (CLAUDE_CONFIG_DIR, …) is as much the
+        # owner's as its usual place below home (never the home directory itself, nor /).
+        for var, path in moved_state(spec, os.environ):
+            if not _within(str(home), str(path)):
+                out.append(DeniedPath(label=f"${var}", path=path, default=True))
     config = Path(os.path.abspath(config_directory))
     # Inside the config dir, but named on its own: it holds credential values in plain
     # files (the file store), and a refusal should say that is what was reached for.

@@ -268,7 +268,16 @@ class Policy:
                 # attached by this device (never by the control plane): scoped to its runs
                 # by that, so it needs no [credentials.NAME] allow entry.
                 names = [n for n in names if n != op.credential]
-            return exec_decision(self, loaded, list(op.argv), op.cwd, names, None, env=dict(op.env))
+            return exec_decision(
+                self,
+                loaded,
+                list(op.argv),
+                op.cwd,
+                names,
+                None,
+                env=dict(op.env),
+                env_from_device=isinstance(op, HarnessExec),
+            )
         if isinstance(op, RunHarness):
             return Decision(
                 "deny",

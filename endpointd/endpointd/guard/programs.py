@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
+from endpointd.guard import daemon_programs
+
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -100,12 +102,17 @@ _GIT_NEVER = ("filter-branch", "filter-repo", "instaweb", "daemon", "web--browse
 _GIT_VALUE_OPTIONS = ("-C", "--git-dir", "--work-tree", "--namespace", "--super-prefix")
 
 
-@lru_cache(maxsize=8)
-def git_builtins(git: str) -> frozenset[str]:
-    """The subcommands built into ``git`` (anything else is an alias or a ``git-*`` program)."""
+@lru_cache(maxsize=1)
+def git_builtins() -> frozenset[str]:
+    """The subcommands built into git (anything else is an alias or a ``git-*`` program),
+    as the daemon's own git says (:mod:`endpointd.guard.daemon_programs`): the git a
+    command runs may be anything a command wrote, and is never run here."""
+    trusted = daemon_programs.which("git")
+    if trusted is None:
+        return frozenset()
     try:
         out = subprocess.run(
-            [git, "--list-cmds=builtins"],
+            [trusted, "--list-cmds=builtins"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -150,7 +157,7 @@ def code_running_reason(program: str, argv: Sequence[str]) -> str | None:
     sub = argv[i]
     if sub in _GIT_NEVER:
         return f"git {sub} runs programs it is given"
-    builtins = git_builtins(program)
+    builtins = git_builtins()
     if builtins and sub not in builtins:
         return (
             f"git {sub!r} is not a built-in git command (an alias or a git-{sub} program"

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from endpointd.guard import landlock, namespaces, seccomp, view
+from endpointd.guard import capabilities, landlock, namespaces, netns, seccomp, view
 from endpointd.guard.confinement import DEVICE_FILES, Confinement
 from endpointd.guard.files import within as _within
 
@@ -60,11 +60,17 @@ class Support:
     landlock_abi: int = 0
     seccomp: bool = False
     private_proc: bool = False
+    # A network namespace per command under deny/proxy (guard/netns.py).
+    netns: bool = False
+    # Why commands could keep a capability ("" when none can: guard/capabilities.py).
+    capabilities: str = ""
 
     def describe(self) -> str:
         if self.mechanism == "landlock":
             extra = " + seccomp" if self.seccomp else ""
             extra += " + private /proc" if self.private_proc else ""
+            extra += " + network namespace" if self.netns else ""
+            extra += " + no capabilities" if not self.capabilities else ""
             return f"Landlock ABI {self.landlock_abi}{extra}"
         if self.mechanism == "seatbelt":
             return "Seatbelt (sandbox-exec)"
@@ -84,6 +90,11 @@ class Support:
         if not self.private_proc:
             why = namespaces.unavailable_reason()
             out.append(f"a private /proc hiding other processes (namespaces: {why})")
+        if network != "allow" and not self.netns:
+            why = netns.unavailable_reason()
+            out.append(f"a network namespace closing every address ({why})")
+        if self.capabilities:
+            out.append(self.capabilities)
         return out
 
 
@@ -92,7 +103,15 @@ def support() -> Support:
     if sys.platform.startswith("linux"):
         abi = landlock.abi_version()
         if abi >= 1:
-            return Support("landlock", abi, seccomp.supported(), namespaces.available())
+            return Support(
+                "landlock",
+                abi,
+                seccomp.supported(),
+                namespaces.available(),
+                # Made by a namespace's init: without a private /proc there is none.
+                netns=namespaces.available() and netns.available(),
+                capabilities=capabilities.unavailable_reason(),
+            )
         return Support("")
     if sys.platform == "darwin" and os.path.exists("/usr/bin/sandbox-exec"):
         return Support("seatbelt")
@@ -119,14 +138,18 @@ def plan(
     extra_write: Sequence[str] = (),
     extra_write_files: Sequence[str] = (),
     extra_read: Sequence[str] = (),
-    unhidden: Sequence[str] = (),
+    own_write: Sequence[str] = (),
+    read_files: Sequence[str] = (),
 ) -> Confinement:
     """The confinement of one command; :class:`SandboxUnavailable` when it is required
     and this machine cannot enforce it. ``extra_write``: more directories it may write
     (whole), ``extra_write_files``: single files it may write (not replace); neither ever
     opens a denied path. ``extra_read``: what this command may read beyond the view every
-    command has (its clone's git directory, a harness's own files), ``unhidden``: what of
-    :data:`endpointd.guard.view.NEVER_IN_VIEW` it may see (a harness's own login)."""
+    command has (its clone's git directory, a harness's program), ``own_write``:
+    directories endpointd made for this command alone inside its own (denied) state dir,
+    granted like its TMPDIR (a harness run's session store); ``read_files``: single files
+    it may read though denied (that run's login), in its view at their own paths (the
+    store's links name them there)."""
     if rules.sandbox == "off":
         return Confinement(network="allow", mechanism="")
     here = support()
@@ -153,7 +176,13 @@ def plan(
     read: tuple[str, ...] = ()
     read_extra: tuple[str, ...] = ()
     if shown:
-        never = view.never_in_view(denied_real, [_real(p) for p in unhidden])
+        # A run's login files are in its view (though denied): its store links to them.
+        logins = [_real(p) for p in read_files]
+        never = tuple(
+            p
+            for p in view.never_in_view(denied_real, logins)
+            if not any(_within(p, f) for f in logins)
+        )
         readable = rules.readable_paths
         grants = view.HOME_TOOLCHAINS if readable is None else [str(p) for p in readable]
         read = view.toolchains(grants)
@@ -173,8 +202,9 @@ def plan(
         # Only Seatbelt can carve these out of a writable root; Landlock cannot (module doc).
         protected=_protected(_real(workspace)) if here.mechanism == "seatbelt" else (),
         denied=denied_real,
-        write=(_real(workspace), _real(tmpdir), *extra),
+        write=(_real(workspace), _real(tmpdir), *(_real(p) for p in own_write), *extra),
         write_files=(*DEVICE_FILES, *files),
+        read_files=tuple(_real(p) for p in read_files),
         network=rules.network,
         proxy_port=proxy_port,
         mechanism=here.mechanism,
@@ -251,10 +281,22 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         connect: list[int] | None = None
     else:
         connect = [c.proxy_port] if c.network == "proxy" and c.proxy_port else []
+    bind: list[int] | None = None if c.network == "allow" else []
+    seccomp_mode = "" if c.network == "allow" else c.network
+    isolated = c.network != "allow" and support().netns
+    if isolated and c.network == "deny":
+        # The namespace holds nothing but its own loopback, so ports mean nothing there: a
+        # command may run servers on it. Seccomp still keeps it to TCP and Unix sockets
+        # (vsock, netlink, packet and the like do not stop at a network namespace).
+        connect = bind = None
+        seccomp_mode = "proxy"
     spec: dict[str, object] = {
         "connect_ports": connect,
-        "bind_ports": None if c.network == "allow" else [],
-        "seccomp": "" if c.network == "allow" else c.network,
+        "bind_ports": bind,
+        "seccomp": seccomp_mode,
+        # guard/netns.py: the namespace, and the proxy's address inside it.
+        "netns": c.network if isolated else "",
+        "proxy_port": c.proxy_port if isolated and c.network == "proxy" else None,
         "private_proc": support().private_proc,
         "hidden_dirs": list(c.hidden_dirs),
         "hidden_files": list(c.hidden_files),
@@ -268,6 +310,7 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         if os.path.isdir(root):
             grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
     grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
+    grants += [(f, landlock.READ_FILE) for f in c.read_files if os.path.isfile(f)]
     # Reads: the same for every command until a listed directory changes, so a spare
     # builds them into its ruleset before the command is known (process/nsinit.py).
     spec.update(read=_complement("/", landlock.READ, denied), grants=grants)
@@ -283,7 +326,7 @@ def _view_spec(c: Confinement) -> dict[str, object]:
     never = _outermost(c.never)
     base = view.base(c.read, never, c.homes)
     files = [f for f in c.write_files if f not in DEVICE_FILES]
-    command = view.command(_collapse(c.write), files, c.read_extra, never)
+    command = view.command(_collapse(c.write), files, c.read_extra, never, c.read_files)
     read = _view_reads(c.read, never, c.homes)
     grants: list[tuple[str, int]] = []
     for root in c.write:
@@ -292,6 +335,7 @@ def _view_spec(c: Confinement) -> dict[str, object]:
     grants += [(f, _DEVICE) for f in files if os.path.exists(f)]
     for root in c.read_extra:
         grants += _complement(root, landlock.READ, _inside(never, root))
+    grants += [(f, landlock.READ_FILE) for f in c.read_files if os.path.isfile(f)]
     beside = [[p, _ALL] for p in ("/tmp", "/var/tmp")]  # noqa: S108
     beside += [[h, landlock.READ] for h in c.homes]
     return {

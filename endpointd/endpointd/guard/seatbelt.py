@@ -218,6 +218,13 @@ def profile(c: Confinement) -> str:
         "",
         *_last_word(denied, protected, write, write_files),
     ]
+    read_files = _flat(_spellings(p) for p in c.read_files)
+    if read_files:
+        # After the last word, for reading only: a harness run's own login files.
+        out += [
+            "; Readable though denied, and only readable: this harness run's login files.",
+            _rule("allow", ["file-read*"], _filters("literal", read_files)),
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -14,7 +14,9 @@ The view holds, and nothing else:
 * per command: its workspace and TMPDIR and the owner's ``writable_paths`` read-write; in
   a ticket workspace its clone's git directory read-only with what a commit writes there
   read-write (never the clone's working tree, never another ticket's worktree); the git
-  credential helper's socket when it has one.
+  credential helper's socket when it has one; for a harness run, its program, its session
+  store read-write and its login files read-only, at their own paths (the store links to
+  them: :mod:`endpointd.harness.stores`).
 
 What is in no view, even beneath a granted or writable directory (masked): the denied
 paths, the credential files of :data:`NEVER_IN_VIEW` and the control plane's state
@@ -284,15 +286,22 @@ def base(
 
 
 def command(
-    write: Sequence[str], write_files: Sequence[str], read: Sequence[str], hidden: Sequence[str]
+    write: Sequence[str],
+    write_files: Sequence[str],
+    read: Sequence[str],
+    hidden: Sequence[str],
+    read_files: Sequence[str] = (),
 ) -> list[list[Any]]:
     """One command's own operations (mountview's ``finish``): what it writes, then what it
-    reads beyond the base (its clone's git directory), masked as the base is."""
+    reads beyond the base (its clone's git directory), masked as the base is; and the
+    single files granted to it though hidden (a harness run's login, which its session
+    store links to by their own paths)."""
     ops: list[list[Any]] = []
     rw: list[str] = []
     for path in read:
         if not _contained(path, hidden):
             ops.append(["ro", path, None])
+    ops += [["ro", path, None] for path in read_files if os.path.isfile(path)]
     # (What it writes was judged by the caller: its TMPDIR lies in endpointd's own state
     # directory, hidden from every other command, on purpose.)
     for path in [*write, *write_files]:
@@ -304,29 +313,19 @@ def command(
     return sorted(ops, key=_key)
 
 
-def harness_grants(harness: str, home: str, program: str) -> tuple[tuple[str, ...], ...]:
-    """(read, unhidden) for a run of ``harness``: its program's directory, its own
-    directory beneath the home directory (``~/.claude``) and its login, which no other
-    command sees."""
-    from endpointd.rules.harnesses import HARNESSES
-
-    spec = HARNESSES.get(harness)
-    if spec is None:
-        return (), ()
-    login = tuple(os.path.join(home, f) for f in spec.login_files)
-    own = {f.split("/", 1)[0] for f in (*spec.login_files, spec.settings_file) if f}
-    read = [os.path.join(home, f) for f in sorted(own)]
-    if harness == "claude":
-        read.append(os.path.join(home, ".claude.json"))  # its settings, beside ~/.claude
-    if os.path.isabs(program):
-        # Its directory (a link in node_modules/.bin, ~/.local/bin), and where that
-        # leads: an npm package with its dependencies (the node_modules holding it), or
-        # the directory of a single binary.
-        read.append(os.path.dirname(program))
-        resolved = os.path.realpath(program)
-        parts = resolved.split(os.sep)
-        if "node_modules" in parts:
-            read.append(os.sep.join(parts[: parts.index("node_modules") + 1]))
-        else:
-            read.append(os.path.dirname(resolved))
-    return tuple(read), (*login, *(r for r in read if r.endswith(".claude.json")))
+def harness_program(program: str) -> tuple[str, ...]:
+    """What a harness run reads of its program beyond the base view: the program's
+    directory (a link in node_modules/.bin, ~/.local/bin), and where that leads: an npm
+    package with its dependencies (the node_modules holding it), or the directory of a
+    single binary. (Its state is a session store of its own, its login the owner's files
+    granted to the run alone: :mod:`endpointd.harness.stores`.)"""
+    if not os.path.isabs(program):
+        return ()
+    read = [os.path.dirname(program)]
+    resolved = os.path.realpath(program)
+    parts = resolved.split(os.sep)
+    if "node_modules" in parts:
+        read.append(os.sep.join(parts[: parts.index("node_modules") + 1]))
+    else:
+        read.append(os.path.dirname(resolved))
+    return tuple(read)

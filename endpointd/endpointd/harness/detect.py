@@ -7,9 +7,11 @@ callers run this in a thread) and is remembered per executable until it changes 
 rescan interval passes.
 
 A harness is *installed* when its program is found: ``[harness.NAME] program`` in the
-policy, else its usual name on the daemon's PATH. It is *logged in* when it has something
-to authenticate with: the credential the policy names for it is stored, its own login file
-exists (``~/.qwen/oauth_creds.json``, ``~/.codex/auth.json``,
+policy, else its usual name on the daemon's PATH. Its ``--version`` runs only when
+the program lies in a directory no command can write (see :func:`detect`). It is
+*logged in* when it has something to authenticate with: the credential the policy names
+for it is stored, its own login file exists (``~/.qwen/oauth_creds.json``,
+``~/.codex/auth.json``,
 ``~/.claude/.credentials.json``), its settings hold a key, or its key variable is in the
 daemon's environment and passed to commands (``[env] pass``: a run starts from a minimal
 environment, so a key the daemon has but does not pass never reaches it). Only existence
@@ -27,12 +29,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from endpointd.guard import daemon_programs
 from endpointd.rules.environment import BASE
-from endpointd.rules.harnesses import HARNESSES, NAMES, Spec
+from endpointd.rules.harnesses import HARNESSES, NAMES, Spec, owner_logins
 from endpointd.rules.tables import HarnessRules, HarnessSettings, Rules
 from superagent_shared.messages import Harness
 
@@ -88,6 +91,9 @@ def version_of(program: str, environ: Mapping[str, str] | None = None) -> str:
     node script's children too)."""
     environ = os.environ if environ is None else environ
     env = {k: environ[k] for k in BASE if k in environ}
+    # An interpreter the program names through `env` (#!/usr/bin/env node) is found where
+    # the daemon finds its own programs, never in a directory a command could write.
+    env["PATH"] = daemon_programs.trusted_path() or os.defpath
     try:
         proc = subprocess.Popen(
             [program, "--version"],
@@ -113,12 +119,14 @@ def version_of(program: str, environ: Mapping[str, str] | None = None) -> str:
     return "".join(c for c in first if c.isprintable())[:VERSION_CHARS]
 
 
-def _settings_key(spec: Spec, home: Path) -> bool:
+def _shown(path: Path, home: Path) -> str:
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
+def _settings_key(spec: Spec, settings: Path) -> bool:
     """Does the harness's settings file set a key (at one of its known places)?"""
-    if not spec.settings_file:
-        return False
     try:
-        data = json.loads((home / spec.settings_file).read_text(encoding="utf-8"))
+        data = json.loads(settings.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     for path in spec.settings_keys:
@@ -143,11 +151,13 @@ def login_of(
     spec = HARNESSES[name]
     if settings.credential and settings.credential in stored:
         return f"credential {settings.credential}"
-    for relative in spec.login_files:
-        if (home / relative).is_file():
-            return f"~/{relative}"
-    if _settings_key(spec, home):
-        return f"~/{spec.settings_file}"
+    # Where the owner's CLI keeps them: below home, or where its variable moved them.
+    logins = owner_logins(spec, home, environ)
+    for path in logins[: len(spec.login_files)]:
+        if path.is_file():
+            return _shown(path, home)
+    if spec.settings_file and _settings_key(spec, logins[-1]):
+        return _shown(logins[-1], home)
     for var in spec.key_env:
         if environ.get(var) and var in passed:
             return f"${var}"
@@ -185,9 +195,16 @@ def detect(
     environ: Mapping[str, str] | None = None,
     stored: Collection[str] = (),
     versions: _Versions | None = None,
+    untrusted: Callable[[str], str] | None = None,
 ) -> tuple[Found, ...]:
     """Every harness endpointd knows, as found here under ``rules`` (None: a broken policy,
-    so none is allowed). ``stored``: the names of the stored credentials."""
+    so none is allowed). ``stored``: the names of the stored credentials. ``untrusted``:
+    why a program may not be run by the daemon itself ("" when it may; by default, unless
+    it lies in a directory no command can write, :mod:`endpointd.guard.daemon_programs`):
+    such a program is reported without asking its version, since ``--version`` runs
+    outside the sandbox."""
+    if untrusted is None:
+        untrusted = daemon_programs.current().why_untrusted
     home = Path.home() if home is None else home
     environ = os.environ if environ is None else environ
     harness = rules.harness if rules is not None else HarnessRules()
@@ -198,7 +215,7 @@ def detect(
         settings = harness.settings_for(name)
         program = find_program(name, settings, path_var)
         version = ""
-        if program is not None:
+        if program is not None and not untrusted(program):
             version = versions.get(program, environ) if versions else version_of(program, environ)
         out.append(
             Found(

@@ -12,16 +12,11 @@ to the harness's HTTPS requests for the credential's hosts while the harness hol
 :class:`~superagent_shared.messages.HarnessExec`, judged and run as every exec is: the
 owner's ``[[commands]]`` rules see its real argv.
 
-What a harness run may write besides its workspace (``session_dirs``): its session store
-only, so that a later run can resume the session, and of that the narrowest part a run
-and a resume need (Qwen Code: this workspace's project directory and scratch directory).
-Never its configuration (``~/.qwen/settings.json``, ``~/.qwen/extensions``,
-``~/.codex/config.toml``, ``~/.claude.json``, ``~/.claude/settings.json``, global
-memory files) nor its login: those run or steer code the next time the owner uses the CLI
-by hand, outside any sandbox (an MCP server or a hook is a program; an extension is code;
-a login swapped for someone else's account sends the owner's next sessions there). A
-worker must not be able to plant them. The login stays readable, as it must for the run,
-so a token that needs refreshing fails in a run until the owner uses the CLI once by hand.
+Where a run keeps its state (its sessions, its harness's configuration as it writes it):
+a store of its own that the daemon makes when it starts (:mod:`endpointd.harness.stores`),
+never the owner's ``~/.qwen``, ``~/.codex``, ``~/.claude`` or ``~/.claude.json``, which no
+command may read or write (they hold the login, every project's transcripts, and what the
+CLI runs the next time the owner uses it by hand, outside any sandbox).
 
 A refusal (:class:`HarnessRefused`) says how to fix it: allow the harness in policy.toml,
 install it, or send a well-formed request.
@@ -31,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 from endpointd.guard.policy import Policy
 from endpointd.harness.detect import find_program
@@ -138,7 +132,6 @@ def build(request: RunHarness, policy: Policy, *, path_var: str | None = None) -
         stdin=request.prompt.encode("utf-8", "surrogatepass"),
         request=request,
         credential=ref.name if ref is not None else "",
-        session_dirs=session_dirs(name, policy.home, request.cwd),
     )
 
 
@@ -153,17 +146,6 @@ def credential_ref(name: str, policy: Policy) -> CredentialRef | None:
     if settings.delivery == "http":
         return CredentialRef(settings.credential, Delivery.HTTP, "")
     return CredentialRef(settings.credential, Delivery.ENV, settings.credential_env)
-
-
-def session_dirs(name: str, home: Path, cwd: str) -> tuple[str, ...]:
-    """The session-store directories a run of ``name`` in ``cwd`` writes (see the module
-    doc), for the cwd as given and as resolved (the harness may see either)."""
-    spec = HARNESSES[name]
-    found: dict[str, None] = {}
-    for form in dict.fromkeys((os.path.normpath(cwd), os.path.realpath(cwd))):
-        for path in spec.store_dirs(home, form):
-            found[str(path)] = None
-    return tuple(found)
 
 
 def unplanned(request: RunHarness) -> HarnessExec:

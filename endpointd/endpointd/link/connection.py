@@ -38,6 +38,7 @@ from endpointd.link.trust import channel_credentials, channel_options, parse_ser
 from superagent_shared.backoff import Backoff
 from superagent_shared.messages import Challenge, Harness, Heartbeat, Repository
 from superagent_shared.protocol import (
+    MAX_DEVICE_RECEIVE_BYTES,
     PROTOCOL_MAX_VERSION,
     PROTOCOL_MIN_VERSION,
     Speaker,
@@ -57,7 +58,7 @@ HEALTHY_AFTER_SECONDS = 30.0
 # scan itself is redone when it is RESCAN_SECONDS old: see endpointd.workspaces.discovery).
 REPOSITORIES_CHECK_SECONDS = 5.0
 # Room for a 4 MiB WriteFile plus envelope; gRPC's default limit is exactly 4 MiB.
-MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+MAX_RECEIVE_BYTES = MAX_DEVICE_RECEIVE_BYTES
 
 KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
     # HTTP/2 pings notice a dead TCP path (NAT timeout, laptop sleep) without app traffic.
@@ -244,7 +245,12 @@ class Session:
             if isinstance(message, Heartbeat):
                 self.peer_heartbeat_seq = max(self.peer_heartbeat_seq, message.seq)
                 continue
-            self.daemon.handle_server_message(message)
+            try:
+                self.daemon.handle_server_message(message)
+            except Exception:
+                # It answers each command itself; a failure left over is logged, never the
+                # stream's end (the server would deliver the same message on the next one).
+                log.exception("handling a %s failed", wire.kind_of(message))
 
     async def _writer(self, stream: wire.Stream) -> None:
         daemon = self.daemon
@@ -319,9 +325,6 @@ class Session:
             try:
                 found = await asyncio.to_thread(daemon.workspaces.scan, daemon.policy)
                 harnesses, default = await asyncio.to_thread(self._harnesses_now)
-            except Exception:
-                log.exception("scanning the allowed roots for repositories failed")
-            else:
                 report = (
                     tuple(
                         Repository(c.path, c.remote, c.default_branch) for c in found.repositories
@@ -330,14 +333,21 @@ class Session:
                     harnesses,
                     default,
                 )
-                if report != sent:
-                    message = wire.repositories(
+                message = (
+                    wire.repositories(
                         report[0],
                         truncated=report[1],
                         scanned_at=found.scanned_at,
                         harnesses=harnesses,
                         default_harness=default,
                     )
+                    if report != sent
+                    else None
+                )
+            except Exception:
+                log.exception("scanning the allowed roots for repositories failed")
+            else:
+                if message is not None:
                     self.control.put_nowait(message)
                     daemon.wake.set()
                     sent = report

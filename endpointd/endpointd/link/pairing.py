@@ -34,6 +34,7 @@ from endpointd.link.trust import (
     parse_server_url,
     probe_server,
 )
+from endpointd.rules.terms import NetworkMode
 from superagent_shared.gateway_tls import certificate_der
 from superagent_shared.protocol import PROTOCOL_MAX_VERSION, PROTOCOL_MIN_VERSION
 
@@ -57,8 +58,10 @@ def pair(
     fingerprint: bytes | None,
     config_directory: Path,
     allowed_roots: Sequence[Path] | None = None,
+    network: NetworkMode | None = None,
 ) -> DeviceConfig:
-    """Pair; ``allowed_roots`` (when given) are written into the local policy on success."""
+    """Pair; ``allowed_roots`` (when given) are written into the local policy on success,
+    and ``network`` into a policy file pairing creates."""
     import grpc
 
     from endpointd import wire
@@ -148,7 +151,7 @@ def pair(
         if allowed_roots:
             from endpointd.rules.writer import set_allowed_roots
 
-            policy_path, new_file = set_allowed_roots(config_directory, allowed_roots)
+            policy_path, new_file = set_allowed_roots(config_directory, allowed_roots, network)
             created_policy = policy_path if new_file else None
         save_config(config, config_directory)
         return config

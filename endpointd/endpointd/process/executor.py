@@ -140,6 +140,9 @@ def exec_spec(
     }
     if confinement is not None and confinement.mechanism == "landlock":
         spec["landlock"] = sandbox.landlock_spec(confinement)
+        if delivery is not None and delivery.proxy is not None:
+            # Where the init hands the proxy its listener inside the network namespace.
+            spec["landlock"]["proxy_door"] = delivery.proxy.door
     elif confinement is not None and confinement.mechanism == "seatbelt":
         from endpointd.guard import seatbelt
 
@@ -421,7 +424,8 @@ class Zygote:
 
     def _teach(self, confine: Mapping[str, Any] | None) -> None:
         """Tell the zygote what this confined command's init needed that the next ones will
-        most likely need too (the hidden sockets, the read grants), so that its spares do
+        most likely need too (the hidden sockets or the view, the read grants, the network
+        namespace), so that its spares do
         it before their command is known (:mod:`endpointd.process.nsinit`)."""
         if not confine or not confine.get("private_proc") or self._sock is None:
             return
@@ -430,6 +434,7 @@ class Zygote:
             "hidden_dirs": confine.get("hidden_dirs") or [],
             "hidden_files": confine.get("hidden_files") or [],
             "view": confine.get("view") or None,
+            "netns": confine.get("netns") or "",
         }
         if lesson == self._taught:
             return

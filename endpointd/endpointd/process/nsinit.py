@@ -36,7 +36,7 @@ import signal
 import socket
 import struct
 
-from endpointd.guard import landlock, mountview, namespaces, seccomp
+from endpointd.guard import capabilities, landlock, mountview, namespaces, netns, seccomp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -213,6 +213,9 @@ def _init_main(
     if early is None and preparation:
         with contextlib.suppress(Exception):  # what fails here is done (and told) later
             ahead = _Ahead(preparation)
+        netns.prepare_ahead(preparation)
+    with contextlib.suppress(OSError):  # (done again, and told, with the command)
+        capabilities.prepare()
     try:
         received = _receive(control)
     except BaseException:
@@ -297,6 +300,11 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         if view:
             step = "view"
             mountview.finish()
+        # After every mount (the proxy's door is an abstract socket, in the host's network
+        # namespace: no path, so the view does not hide it), before Landlock (whose
+        # abstract-socket scope would refuse the door) and before the capabilities go.
+        step = "network namespace"
+        netns.join(confine)
         step = "cwd"
         os.chdir(cwd)
         step = "landlock"
@@ -307,6 +315,9 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         ports_layer = -1
         if limited and landlock.abi_version() >= 4:
             ports_layer = landlock.create(ports, filesystem=False)
+        step = "capabilities"
+        capabilities.drop_all()
+        step = "landlock"
         landlock.enforce(ruleset)
         if ports_layer >= 0:
             landlock.enforce(ports_layer)

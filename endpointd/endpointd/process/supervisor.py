@@ -89,7 +89,14 @@ def load_libc() -> Any:
 def load_sandbox() -> None:
     """Import what confining a command needs; the zygote calls this once so that forks
     inherit it instead of importing it per command."""
-    from endpointd.guard import landlock, mountview, namespaces, seccomp  # noqa: F401
+    from endpointd.guard import (  # noqa: F401
+        capabilities,
+        landlock,
+        mountview,
+        namespaces,
+        netns,
+        seccomp,
+    )
 
 
 _subreaper = False
@@ -429,7 +436,7 @@ def _spawn_confined(
     fails is reported back and raised here: a command that could not be confined is an
     error, never run unconfined.
     """
-    from endpointd.guard import landlock
+    from endpointd.guard import capabilities, landlock
 
     rules = landlock.Ruleset(
         connect_ports=confine.get("connect_ports"), bind_ports=confine.get("bind_ports")
@@ -456,6 +463,8 @@ def _spawn_confined(
         try:
             os.close(report_r)
             os.setpgid(0, 0)
+            step = "capabilities"
+            capabilities.drop_all()
             step = "landlock"
             landlock.enforce(landlock.create(rules, grants))
             if install_seccomp is not None:

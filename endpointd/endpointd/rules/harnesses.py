@@ -20,39 +20,45 @@ Sources the flags rely on (checked against the CLI's help or source, as noted):
   without an auth type in its settings, a non-interactive run stops with "No auth type is
   selected"); ``-m``; ``--openai-base-url``; ``--max-session-turns``; ``-r/--resume ID``.
   ``QWEN_CODE_SUPPRESS_YOLO_WARNING=1`` keeps its warning out of the event stream. Its
-  OpenAI key comes from ``OPENAI_API_KEY``. A run writes its chat to
-  ``~/.qwen/projects/<cwd with non-alphanumerics as ->/chats/<session>.jsonl`` (and that
-  project's memory and metadata beside it) and a scratch directory
-  ``~/.qwen/tmp/<sha256 of cwd>`` (qwen-code ``sanitizeCwd``/``getProjectHash``).
+  OpenAI key comes from ``OPENAI_API_KEY``. All its state lives in ``~/.qwen``, or in
+  ``$QWEN_HOME`` when set (``Storage.getGlobalQwenDir``), runtime output included unless
+  ``QWEN_RUNTIME_DIR`` moves it; a run writes its chat to
+  ``projects/<cwd with non-alphanumerics as ->/chats/<session>.jsonl`` there. Its login is
+  ``oauth_creds.json`` there, or a key in ``settings.json``.
 * Codex CLI (``@openai/codex``): openai/codex ``codex-rs/exec/src/cli.rs``: ``codex exec
   [OPTIONS] [PROMPT]`` reads the prompt from stdin when it is ``-``; ``codex exec resume
   SESSION_ID -`` continues a session; ``--json`` prints JSONL events; ``--skip-git-repo-check``;
   ``-m``; ``--dangerously-bypass-approvals-and-sandbox`` (global to exec's subcommands);
   ``-c key=value`` config overrides (``openai_base_url``, as its own exec tests use it).
   ``codex-rs/login``: ``CODEX_API_KEY`` (``codex exec`` only) and ``OPENAI_API_KEY``;
-  ``~/.codex/auth.json`` is its login; sessions go to ``~/.codex/sessions/YYYY/MM/DD/``
-  and a history to ``~/.codex/history.jsonl``. It has no turn limit flag.
+  ``~/.codex/auth.json`` is its login; sessions go to
+  ``~/.codex/sessions/YYYY/MM/DD/rollout-<time>-<session>.jsonl`` and a history to
+  ``~/.codex/history.jsonl``. It has no turn limit flag. developers.openai.com "Environment
+  variables": ``CODEX_HOME`` is the root of all its state (config, auth, logs, sessions)
+  and must exist; ``CODEX_SQLITE_HOME`` its SQLite state (default: ``CODEX_HOME``).
 * Claude Code (``@anthropic-ai/claude-code``): docs.claude.com "Headless mode" and "CLI
   reference": ``claude -p`` (print, non-interactive; the prompt from stdin when none is
   given), ``--output-format stream-json`` (which needs ``--verbose``), ``--max-turns``,
   ``--resume SESSION_ID``, ``--model``, ``--permission-mode bypassPermissions``. Key:
   ``ANTHROPIC_API_KEY``; login ``~/.claude/.credentials.json``; sessions under
-  ``~/.claude/projects``.
+  ``~/.claude/projects/<cwd with non-alphanumerics as ->/<session>.jsonl``, shell
+  snapshots in ``~/.claude/shell-snapshots``, global state in ``~/.claude.json``.
+  ``CLAUDE_CONFIG_DIR`` moves all of it, ``.claude.json`` included, into that directory
+  ("Settings", environment variables).
 
 Codex and Claude Code are not installed on the machines the tests run on: their command
-lines are unit-tested, not run.
+lines and store variables are unit-tested, and their runs tested with stand-in programs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["HARNESSES", "NAMES", "Run", "Spec", "qwen_project_dirs"]
+__all__ = ["HARNESSES", "HOME_STATE", "NAMES", "Run", "Spec", "moved_state", "owner_logins"]
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,12 @@ class Spec:
     credential_env: str  # where a credential named for it is delivered, by default
     key_env: tuple[str, ...]  # variables its own login reads a key from
     login_files: tuple[str, ...]  # below the home directory: its own login
-    # Below the home directory: the session store a run writes (and a resume reads). Never
-    # its configuration (see endpointd.harness.runs).
-    store_dirs: Callable[[Path, str], tuple[Path, ...]]
+    # Below the home directory: all its own state (login, configuration, every project's
+    # sessions). Denied to every command; a run works in a store of its own instead.
+    home_state: tuple[str, ...]
+    # The variables that move all that state elsewhere: each run gets its own store there
+    # (endpointd.harness.stores).
+    store_env: tuple[str, ...]
     argv: Callable[[Run], list[str]]
     env: Mapping[str, str] = field(default_factory=dict)
     base_url: bool = False  # it speaks to an OpenAI-compatible base URL the owner may set
@@ -86,19 +95,6 @@ class Spec:
     # Its own login counts when a settings file below home holds a key at one of these paths.
     settings_file: str = ""
     settings_keys: tuple[tuple[str, ...], ...] = ()
-
-
-def _sanitize(cwd: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9]", "-", cwd)
-
-
-def qwen_project_dirs(home: Path, cwd: str) -> tuple[Path, ...]:
-    """Where Qwen Code keeps the sessions of a run in ``cwd``: its project directory (chats,
-    that project's memory and metadata) and its scratch directory."""
-    return (
-        home / ".qwen" / "projects" / _sanitize(cwd),
-        home / ".qwen" / "tmp" / hashlib.sha256(cwd.encode()).hexdigest(),
-    )
 
 
 def _qwen_argv(run: Run) -> list[str]:
@@ -124,10 +120,6 @@ def _qwen_argv(run: Run) -> list[str]:
     return argv
 
 
-def _codex_dirs(home: Path, cwd: str) -> tuple[Path, ...]:
-    return (home / ".codex" / "sessions", home / ".codex" / "log")
-
-
 def _codex_argv(run: Run) -> list[str]:
     # Its own sandbox off: ours confines the whole process tree already, and Codex's nested
     # one (Landlock + seccomp through its helper) fails inside a sandbox that denies it
@@ -147,14 +139,6 @@ def _codex_argv(run: Run) -> list[str]:
     if run.resume_session:
         argv += ["resume", run.resume_session]
     return [*argv, "-"]  # the prompt from stdin
-
-
-def _claude_dirs(home: Path, cwd: str) -> tuple[Path, ...]:
-    return (
-        home / ".claude" / "projects",
-        home / ".claude" / "todos",
-        home / ".claude" / "shell-snapshots",
-    )
 
 
 def _claude_argv(run: Run) -> list[str]:
@@ -185,7 +169,8 @@ HARNESSES: Mapping[str, Spec] = {
         credential_env="OPENAI_API_KEY",
         key_env=("OPENAI_API_KEY",),
         login_files=(".qwen/oauth_creds.json",),
-        store_dirs=qwen_project_dirs,
+        home_state=(".qwen",),
+        store_env=("QWEN_HOME", "QWEN_RUNTIME_DIR"),
         argv=_qwen_argv,
         env={"QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"},
         base_url=True,
@@ -201,7 +186,8 @@ HARNESSES: Mapping[str, Spec] = {
         credential_env="CODEX_API_KEY",
         key_env=("CODEX_API_KEY", "OPENAI_API_KEY"),
         login_files=(".codex/auth.json",),
-        store_dirs=_codex_dirs,
+        home_state=(".codex",),
+        store_env=("CODEX_HOME", "CODEX_SQLITE_HOME"),
         argv=_codex_argv,
         base_url=True,
     ),
@@ -213,10 +199,40 @@ HARNESSES: Mapping[str, Spec] = {
         credential_env="ANTHROPIC_API_KEY",
         key_env=("ANTHROPIC_API_KEY",),
         login_files=(".claude/.credentials.json",),
-        store_dirs=_claude_dirs,
+        home_state=(".claude", ".claude.json", ".claude.json.backup"),
+        store_env=("CLAUDE_CONFIG_DIR",),
         argv=_claude_argv,
         max_turns=True,
     ),
 }
 
 NAMES: tuple[str, ...] = tuple(HARNESSES)
+
+# Every harness's own state below the home directory, as "~/..." (denied to every command:
+# rules.tables.DEFAULT_DENIED_PATHS).
+HOME_STATE: tuple[str, ...] = tuple(
+    f"~/{entry}" for spec in HARNESSES.values() for entry in spec.home_state
+)
+
+
+def moved_state(spec: Spec, environ: Mapping[str, str]) -> tuple[tuple[str, Path], ...]:
+    """Where the owner moved the harness's state with its variables (``CLAUDE_CONFIG_DIR``,
+    ``CODEX_HOME`` and ``CODEX_SQLITE_HOME``, ``QWEN_HOME`` and ``QWEN_RUNTIME_DIR``) in
+    endpointd's own environment, which the owner's CLI shares: each variable set to an
+    absolute path, and that directory."""
+    out = []
+    for var in spec.store_env:
+        value = environ.get(var, "")
+        if value and "\0" not in value and os.path.isabs(value):
+            out.append((var, Path(os.path.normpath(value))))
+    return tuple(out)
+
+
+def owner_logins(spec: Spec, home: Path, environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """The owner's own login files of the harness (and its settings file, which may hold a
+    key): in its moved directory when the owner moved it, else below home."""
+    wanted = [*spec.login_files, *((spec.settings_file,) if spec.settings_file else ())]
+    main = dict(moved_state(spec, environ)).get(spec.store_env[0])
+    if main is None:
+        return tuple(home / relative for relative in wanted)
+    return tuple(main / Path(relative).name for relative in wanted)

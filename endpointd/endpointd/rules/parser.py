@@ -46,6 +46,7 @@ _TOP_KEYS = (
     "denied_paths",
     "writable_paths",
     "readable_paths",
+    "program_paths",
     "default_action",
     "sandbox",
     "network",
@@ -82,6 +83,7 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
         if "readable_paths" in data
         else None
     )
+    program_paths = tuple(p for _, p in reader.path_list(data, "program_paths"))
     default_action = reader.choice(data, "default_action", ACTIONS, "allow")
     sandbox = reader.choice(data, "sandbox", SANDBOX_MODES, "required")
     network = reader.choice(data, "network", NETWORK_MODES, "allow")
@@ -109,6 +111,7 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
         proxy_hosts=proxy_hosts,
         writable_paths=writable,
         readable_paths=readable,
+        program_paths=program_paths,
         env=env,
         files=files,
         workspaces=workspaces,

@@ -1,6 +1,6 @@
 """The policy's ``[harness]`` table: the harness this device prefers, the ones the control
-plane may run here, and per harness (``[harness.NAME]``) its program, model, endpoint,
-credential and turn cap."""
+plane may run here, how long a run's session store is kept, and per harness
+(``[harness.NAME]``) its program, model, endpoint, credential and turn cap."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from endpointd.rules.reader import VARIABLE, Reader, expand_path
 from endpointd.rules.tables import HarnessRules, HarnessSettings
 from endpointd.rules.terms import HARNESS_DELIVERIES
 
-_HARNESS_KEYS = ("default", "allowed", *NAMES)
+_HARNESS_KEYS = ("default", "allowed", "keep_sessions_hours", *NAMES)
 _HARNESS_ENTRY_KEYS = (
     "program",
     "model",
@@ -50,8 +50,18 @@ def harness_rules(reader: Reader, data: Mapping[str, Any]) -> HarnessRules:
             "harness",
             "allowed",
         )
+    keep = raw.get("keep_sessions_hours", HarnessRules.keep_sessions_hours)
+    if type(keep) is not int or keep < 0:
+        raise reader.fail(
+            "harness.keep_sessions_hours must be a whole number of hours (0: a run's session"
+            f" store goes when the run ends), got {keep!r}",
+            "harness",
+            "keep_sessions_hours",
+        )
     settings = {name: harness_settings(reader, name, raw[name]) for name in NAMES if name in raw}
-    return HarnessRules(default=default, allowed=tuple(allowed), settings=settings)
+    return HarnessRules(
+        default=default, allowed=tuple(allowed), settings=settings, keep_sessions_hours=keep
+    )
 
 
 def _refuse_unknown(reader: Reader, raw: Mapping[str, Any]) -> None:
@@ -67,7 +77,8 @@ def _refuse_unknown(reader: Reader, raw: Mapping[str, Any]) -> None:
                 None,
             )
         raise reader.fail(
-            f"unknown key {key!r} in [harness]; known keys: default, allowed, and a"
+            f"unknown key {key!r} in [harness]; known keys: default, allowed,"
+            " keep_sessions_hours, and a"
             f" [harness.NAME] table per harness ({known})",
             "harness",
             key,

@@ -11,14 +11,25 @@ from typing import Any
 from endpointd.rules.reader import Reader
 from endpointd.rules.tables import WorkspaceRules
 
-_WORKSPACE_KEYS = ("allow", "ask", "deny", "retention_hours", "max_disk_mb", "setup")
+_WORKSPACE_KEYS = (
+    "allow",
+    "ask",
+    "deny",
+    "retention_hours",
+    "max_disk_mb",
+    "setup",
+    "repository_setup",
+)
 # A repository as the device reports it: host/owner/name (more segments for nested groups).
 _REPOSITORY = re.compile(r"[a-z0-9._~\[\]:-]+(/[A-Za-z0-9._~-]+){2,}\Z")
 
 
 def workspace_rules(reader: Reader, data: Mapping[str, Any]) -> WorkspaceRules:
     raw = reader.table(data, "workspaces", _WORKSPACE_KEYS)
-    globs = {key: _repository_globs(reader, raw, key) for key in ("allow", "ask", "deny")}
+    globs = {
+        key: _repository_globs(reader, raw, key)
+        for key in ("allow", "ask", "deny", "repository_setup")
+    }
     retention = raw.get("retention_hours", WorkspaceRules.retention_hours)
     if type(retention) is not int or retention < 0:
         raise reader.fail(
@@ -41,6 +52,7 @@ def workspace_rules(reader: Reader, data: Mapping[str, Any]) -> WorkspaceRules:
         retention_hours=retention,
         max_disk_mb=budget,
         setup=_setup_commands(reader, raw),
+        repository_setup=globs["repository_setup"],
     )
 
 

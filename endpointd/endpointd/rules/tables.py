@@ -3,6 +3,7 @@ validated by :mod:`endpointd.rules.parser`, and the paths denied whatever the fi
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from endpointd.rules.credentials import Store
+from endpointd.rules.harnesses import HOME_STATE
 from endpointd.rules.terms import (
     DEFAULT_HEADER,
     FILE_OPS,
@@ -51,6 +53,11 @@ DEFAULT_DENIED_PATHS = (
     "~/Library/Application Support/Firefox",
     "~/Library/Safari",
     "~/Library/Cookies",
+    # Coding-agent CLIs' own state: their logins, every project's transcripts, and what they
+    # run next time the owner starts them (Claude Code sources ~/.claude/shell-snapshots
+    # before each command). A harness run works in a store of its own, with its login
+    # linked in read-only (endpointd.harness.stores).
+    *HOME_STATE,
 )
 
 
@@ -112,7 +119,8 @@ class CredentialScope:
 @dataclass(frozen=True)
 class EnvRules:
     """``[env]``: variables of the daemon's own environment passed to commands (``pass``),
-    and reserved names a command's ``exec.env`` may set all the same (``allow``)."""
+    and the names a command's ``exec.env`` may set besides locale and output settings
+    (``allow``)."""
 
     passed: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
@@ -131,6 +139,15 @@ class WorkspaceRules:
     retention_hours: int = 72
     max_disk_mb: int = 20 * 1024
     setup: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Repositories (globs) whose own .superagent/setup may run on prepare; none by default:
+    # it is the repository authors' code, not the owner's.
+    repository_setup: tuple[str, ...] = ()
+
+    def runs_repository_setup(self, repo: str) -> bool:
+        """Does the owner let repository ``repo``'s own ``.superagent/setup`` run?"""
+        return bool(repo) and any(
+            fnmatch.fnmatchcase(repo.lower(), glob) for glob in self.repository_setup
+        )
 
     def setup_for(self, repo: str) -> tuple[str, ...] | None:
         """The owner's setup command for the repository ``repo`` (normalised), if any."""
@@ -165,6 +182,9 @@ class HarnessRules:
     default: str = ""
     allowed: tuple[str, ...] = ()
     settings: Mapping[str, HarnessSettings] = field(default_factory=dict)
+    # How long a run's session store is kept after its last run, for a resume (0: removed
+    # when the run ends).
+    keep_sessions_hours: int = 72
 
     def allows(self, name: str) -> bool:
         return name in self.allowed or (bool(name) and name == self.default)
@@ -197,6 +217,10 @@ class Rules:
     # What commands may read besides the system and their workspace (read-only); None:
     # the built-in toolchain directories (endpointd.guard.view.HOME_TOOLCHAINS).
     readable_paths: tuple[Path, ...] | None = None
+    # Directories in the home directory the daemon may run its own programs from (git, rg,
+    # a harness's --version), read at its start; never one inside an allowed root or a
+    # writable path.
+    program_paths: tuple[Path, ...] = ()
     env: EnvRules = field(default_factory=EnvRules)
     files: tuple[FileRule, ...] = ()
     workspaces: WorkspaceRules = field(default_factory=WorkspaceRules)

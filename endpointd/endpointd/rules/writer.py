@@ -17,7 +17,7 @@ from endpointd.paths import ensure_private_dir
 from endpointd.rules.errors import PolicyError
 from endpointd.rules.parser import parse_policy
 from endpointd.rules.reader import expand_path
-from endpointd.rules.terms import EXAMPLE_FILE, POLICY_FILE
+from endpointd.rules.terms import EXAMPLE_FILE, POLICY_FILE, NetworkMode
 
 
 def example_text() -> str:
@@ -26,6 +26,7 @@ def example_text() -> str:
 
 
 _EMPTY_ROOTS = re.compile(r"^allowed_roots\s*=\s*\[\s*\][ \t]*$", re.M)
+_NETWORK = re.compile(r'^network\s*=\s*"[a-z-]+"[ \t]*$', re.M)
 
 
 def _toml_string(value: str) -> str:
@@ -46,6 +47,17 @@ def _with_roots(text: str, roots: Sequence[Path], path: Path) -> str:
     check = parse_policy(new, path)
     if list(check.allowed_roots) != [expand_path(str(r)) for r in roots]:
         raise PolicyError(path, "the allowed roots cannot be written as TOML; edit the file")
+    return new
+
+
+def _with_network(text: str, network: NetworkMode, path: Path) -> str:
+    """The example's ``network = ...`` line set to ``network`` (a new file only: the owner's
+    choice in an existing one is never changed)."""
+    if len(_NETWORK.findall(text)) != 1:
+        raise PolicyError(path, "cannot set network automatically; edit network in the file")
+    new = _NETWORK.sub(f'network = "{network}"', text, count=1)
+    if parse_policy(new, path).network != network:
+        raise PolicyError(path, f"network = {network!r} cannot be written; edit the file")
     return new
 
 
@@ -81,26 +93,34 @@ def roots_state(config_directory: Path) -> tuple[RootsState, list[Path]]:
     return "set", list(rules.allowed_roots)
 
 
-def write_policy(config_directory: Path, roots: Sequence[Path] = ()) -> Path:
-    """Create policy.toml from the example, listing ``roots``; ConfigError if it exists."""
+def write_policy(
+    config_directory: Path, roots: Sequence[Path] = (), network: NetworkMode | None = None
+) -> Path:
+    """Create policy.toml from the example, listing ``roots`` (and with ``network``, when
+    given, instead of the example's); ConfigError if it exists."""
     path = config_directory / POLICY_FILE
     if path.exists():
         raise ConfigError(f"{path} already exists; edit it (`endpointd policy show` shows it)")
     text = example_text()
     if roots:
         text = _with_roots(text, roots, path)
+    if network is not None:
+        text = _with_network(text, network, path)
     ensure_private_dir(config_directory)
     atomic_write(path, text.encode("utf-8"), mode=0o600)
     return path
 
 
-def set_allowed_roots(config_directory: Path, roots: Sequence[Path]) -> tuple[Path, bool]:
-    """Make the policy list ``roots``: a new file from the example, or the empty
-    ``allowed_roots = []`` of an existing one filled in. Returns (path, created)."""
+def set_allowed_roots(
+    config_directory: Path, roots: Sequence[Path], network: NetworkMode | None = None
+) -> tuple[Path, bool]:
+    """Make the policy list ``roots``: a new file from the example (with ``network``, when
+    given), or the empty ``allowed_roots = []`` of an existing one filled in. Returns
+    (path, created)."""
     path = config_directory / POLICY_FILE
     state, _ = roots_state(config_directory)
     if state == "missing":
-        return write_policy(config_directory, roots), True
+        return write_policy(config_directory, roots, network), True
     if state == "set":
         raise PolicyError(path, "allowed_roots is already set; edit the file to change it")
     text = _with_roots(path.read_text(encoding="utf-8"), roots, path)

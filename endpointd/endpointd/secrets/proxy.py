@@ -16,14 +16,22 @@ One :class:`CredentialProxy` per command that needs one, in the daemon's event l
   command's TLS with a leaf certificate of the device CA (:mod:`endpointd.secrets.ca`,
   ALPN ``http/1.1`` only), reads the request head, removes any header of the credential's
   header name the client sent (and the hop-by-hop ones), adds the credential's header line
-  and ``Connection: close``, and relays the rest both ways. One request per connection:
-  anything a client sends after the first request travels without the credential.
+  and ``Connection: close``, and relays the answer back. One request per connection:
+  only that request's body, as its framing delimits it (:class:`_Body`; an ambiguous
+  framing is refused), goes upstream after it, and nothing the client sends after it. That
+  request must be *for* the CONNECT host (:func:`_bound_target`): exactly one ``Host``
+  naming the same host and port, and an origin-form target (``/path``) or an absolute one
+  naming them too; else the proxy answers ``421`` (``400`` when malformed) itself and
+  nothing goes upstream, so a tunnel opened to the credential's host cannot carry its
+  credential (or a request) to another virtual host behind the same address.
 * **``CONNECT`` to any other host**: under ``network = "allow"`` a plain TCP tunnel
   (no interception); under ``network = "proxy"`` only to ``[proxy] allow_hosts``; under
   ``network = "deny"`` never. Refusals are ``403`` with one line naming the host and the
   policy key.
 * **Plain HTTP** (``GET http://host/...``): forwarded under the same egress rules, and
-  never with a credential (a bearer token never travels in clear).
+  never with a credential (a bearer token never travels in clear). A ``Host`` header must
+  name the URL's host and port (``421`` otherwise): the egress rules judge the URL, and a
+  server behind it would route by the header.
 
 Host patterns: ``name`` (exact, case-insensitive), ``*.example.com`` (any name ending in
 ``.example.com``, not ``example.com`` itself), each optionally with ``:port``. Without a
@@ -54,7 +62,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from endpointd.secrets import peer
+from endpointd.secrets import egress_address, peer
+from endpointd.secrets.proxy_door import Door
 
 if TYPE_CHECKING:
     from endpointd.rules.terms import NetworkMode
@@ -265,6 +274,44 @@ async def _read_head(reader: asyncio.StreamReader, timeout: float) -> bytes | No
     return data[:-4]
 
 
+def _bound_target(head: _Head, host: str, port: int, scheme: str, default_port: int) -> str:
+    """The origin-form target of a request that is for ``host:port`` only; ProxyError
+    (421 for another host, 400 when malformed) for anything else.
+
+    ``Host`` must appear once and name ``host:port`` (a missing port meaning
+    ``default_port``); the target must be ``/path`` (not ``//…``, which some servers read
+    as a host) or an absolute ``scheme://host:port/path`` naming the same.
+    """
+    where = f"{host}:{port}"
+    hosts = [value for name, value in head.headers if name.lower() == "host"]
+    if len(hosts) != 1:
+        raise ProxyError(
+            400, "Bad Request", f"endpointd proxy: a request to {where} needs exactly one Host"
+        )
+    target = head.target
+    named = [hosts[0]]
+    if target.lower().startswith(scheme + "://"):
+        url = urlsplit(target)
+        if url.username is not None or url.password is not None:
+            raise ProxyError(400, "Bad Request", "endpointd proxy: malformed request target")
+        named.append(url.netloc)
+        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    if not target.startswith("/") or target.startswith("//"):
+        raise ProxyError(400, "Bad Request", "endpointd proxy: malformed request target")
+    for authority in named:
+        try:
+            same = parse_authority(authority, default_port) == (_normal_host(host), port)
+        except ValueError:
+            same = False
+        if not same:
+            raise ProxyError(
+                421,
+                "Misdirected Request",
+                f"endpointd proxy: this connection is for {where}; the request names another host",
+            )
+    return target
+
+
 def _response(status: int, reason: str, message: str, extra: Sequence[str] = ()) -> bytes:
     body = (message + "\n").encode("utf-8", "replace")
     lines = [
@@ -291,19 +338,88 @@ def _rewrite(head: _Head, target: str, drop: Iterable[str], add: Sequence[bytes]
 # ------------------------------------------------------------------------ relaying
 
 
+def _framing(head: _Head) -> int | None:
+    """How long the request's body is: its ``Content-Length`` (0 without one), or None for
+    ``chunked``; ProxyError when its framing is ambiguous (both, several different lengths,
+    another transfer coding), the ground of request smuggling."""
+    lengths = {v.strip() for k, v in head.headers if k.lower() == "content-length"}
+    codings = [v.strip().lower() for k, v in head.headers if k.lower() == "transfer-encoding"]
+    if codings:
+        if lengths or codings != ["chunked"]:
+            raise ProxyError(
+                400, "Bad Request", "endpointd proxy: only one framing, chunked or a length"
+            )
+        return None
+    if not lengths:
+        return 0
+    (length,) = lengths if len(lengths) == 1 else ("",)
+    if not length.isdigit():
+        raise ProxyError(400, "Bad Request", "endpointd proxy: a bad Content-Length")
+    return int(length)
+
+
+class _Body:
+    """The one request's body as its framing delimits it, read from the client: once it has
+    gone, reads end, so nothing the client sends after its request goes upstream (a second,
+    pipelined request naming another host included)."""
+
+    def __init__(self, length: int | None) -> None:
+        self.chunked = length is None
+        self.left = length or 0  # bytes of the body (or of the current chunk and its CRLF)
+        self.done = length == 0
+
+    async def read(self, src: asyncio.StreamReader) -> bytes:
+        if self.done:
+            return b""
+        if self.chunked and self.left == 0:
+            return await self._chunk_line(src)
+        data = await src.read(min(_READ, self.left))
+        self.left -= len(data)
+        if not data or (self.left == 0 and not self.chunked):
+            self.done = True
+        return data
+
+    async def _chunk_line(self, src: asyncio.StreamReader) -> bytes:
+        try:
+            line = await src.readuntil(b"\r\n")
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            self.done = True  # a broken body ends the request here
+            return b""
+        if size > 0:
+            self.left = size + 2
+            return line
+        trailers = line
+        while True:  # the trailer section, up to its blank line
+            try:
+                field = await src.readuntil(b"\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                break
+            trailers += field
+            if field == b"\r\n":
+                break
+        self.done = True
+        return trailers
+
+
 async def _relay(
     client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     idle: float,
+    body: _Body | None = None,
 ) -> None:
-    """Copy bytes both ways until the upstream side ends (or nothing moves for ``idle``)."""
+    """Copy bytes both ways until the upstream side ends (or nothing moves for ``idle``);
+    with ``body``, only that body goes from the client upstream."""
     loop = asyncio.get_running_loop()
     last = [loop.time()]
 
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def pump(
+        src: asyncio.StreamReader, dst: asyncio.StreamWriter, body: _Body | None = None
+    ) -> None:
         while True:
             try:
-                data = await asyncio.wait_for(src.read(_READ), idle)
+                chunk = src.read(_READ) if body is None else body.read(src)
+                data = await asyncio.wait_for(chunk, idle)
             except TimeoutError:
                 if loop.time() - last[0] < idle:
                     continue  # the other direction is busy
@@ -314,7 +430,7 @@ async def _relay(
             dst.write(data)
             await dst.drain()
 
-    up = asyncio.create_task(pump(client[0], upstream[1]))
+    up = asyncio.create_task(pump(client[0], upstream[1], body))
     down = asyncio.create_task(pump(upstream[0], client[1]))
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -377,6 +493,9 @@ class CredentialProxy:
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # Listeners inside commands' network namespaces, received through the door.
+        self._door: Door | None = None
+        self._inside: list[asyncio.Server] = []
         self.check_peers = root_pid is not None and peer.proc_available()
 
     def __repr__(self) -> str:
@@ -401,7 +520,39 @@ class CredentialProxy:
                 raise
             self._socket = sock
             self.port = int(sock.getsockname()[1])
+        if self._door is None and peer.proc_available():
+            self._door = Door(self._serve_inside)
         return self.port
+
+    @property
+    def door(self) -> str:
+        """The abstract name of the door through which a command's network namespace hands
+        this proxy its listener (:mod:`endpointd.secrets.proxy_door`); "" without one."""
+        return self._door.name if self._door is not None else ""
+
+    def _serve_inside(self, listener: socket.socket, sender: int) -> None:
+        """Serve the listener a namespace's init (``sender``) passed through the door."""
+        if self._closed:
+            listener.close()
+            return
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._accept(reader, writer, inside=sender)
+
+        async def serve() -> None:
+            try:
+                server = await asyncio.start_server(accept, sock=listener, limit=MAX_HEAD)
+            except OSError:
+                listener.close()
+                return
+            if self._closed:
+                server.close()
+            else:
+                self._inside.append(server)
+
+        task = asyncio.get_running_loop().create_task(serve())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
         """Serve (in the running event loop) until :meth:`close`."""
@@ -411,6 +562,8 @@ class CredentialProxy:
             self._upstream_context = await asyncio.to_thread(_default_upstream_context)
         self.bind()
         self._server = await asyncio.start_server(self._accept, sock=self._socket, limit=MAX_HEAD)
+        if self._door is not None:
+            self._door.start()
 
     def close(self) -> None:
         """Stop listening and cut every open connection. Idempotent."""
@@ -421,12 +574,25 @@ class CredentialProxy:
             server.close()
         if sock is not None:
             sock.close()
+        if self._door is not None:
+            self._door.close()
+        for inside in self._inside:
+            inside.close()
+        self._inside.clear()
         for task in list(self._tasks):
             task.cancel()
 
     # ------------------------------------------------------------------ a connection
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        inside: int | None = None,
+    ) -> None:
+        """One client; ``inside``: it came through a listener in a command's network
+        namespace, which that pid passed through the door."""
         task = asyncio.current_task()
         if task is None or self._closed or len(self._tasks) >= MAX_CONNECTIONS:
             _close(writer)
@@ -434,7 +600,7 @@ class CredentialProxy:
         self._tasks.add(task)
         upstream: asyncio.StreamWriter | None = None
         try:
-            upstream = await self._serve(reader, writer)
+            upstream = await self._serve(reader, writer, inside)
         except ProxyError as exc:
             with contextlib.suppress(Exception):
                 extra = ['Proxy-Authenticate: Basic realm="endpointd"'] if exc.status == 407 else []
@@ -450,7 +616,7 @@ class CredentialProxy:
             _close(writer)
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, inside: int | None
     ) -> asyncio.StreamWriter | None:
         raw = await _read_head(reader, self.head_timeout)
         if raw is None:
@@ -462,7 +628,7 @@ class CredentialProxy:
                 "Proxy Authentication Required",
                 "endpointd proxy: use the proxy URL this command was given (HTTPS_PROXY)",
             )
-        if not await self._from_the_command(writer):
+        if not await self._from_the_command(writer, inside):
             log.warning("credential proxy: refused a client that is not the command's")
             raise ProxyError(
                 403,
@@ -492,7 +658,12 @@ class CredentialProxy:
             return False
         return hmac.compare_digest(password, self.token.encode())
 
-    async def _from_the_command(self, writer: asyncio.StreamWriter) -> bool:
+    async def _from_the_command(self, writer: asyncio.StreamWriter, inside: int | None) -> bool:
+        if inside is not None:
+            # Only the namespace's processes can reach its listener; the one that passed
+            # it must be the command's (its init).
+            root = self.root_pid() if self.root_pid is not None else None
+            return root is not None and peer.descends_from(inside, root)
         if not self.check_peers or self.root_pid is None:
             return True
         root = self.root_pid()
@@ -543,10 +714,15 @@ class CredentialProxy:
         self, host: str, port: int, context: ssl.SSLContext | None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         where = f"{host}:{port}"
+        address = host
+        if self.egress.network != "allow":
+            # The daemon's side of a command's network namespace: a name must not lead to
+            # this machine's own services (secrets/egress_address.py).
+            address = await self._vetted(host, port)
         try:
             return await asyncio.wait_for(
                 asyncio.open_connection(
-                    host,
+                    address,
                     port,
                     ssl=context,
                     server_hostname=host if context is not None else None,
@@ -570,6 +746,27 @@ class CredentialProxy:
             )
             raise ProxyError(
                 502, "Bad Gateway", f"endpointd proxy: cannot reach {where}: {reason}"
+            ) from None
+
+    async def _vetted(self, host: str, port: int) -> str:
+        where = f"{host}:{port}"
+        try:
+            return await asyncio.wait_for(egress_address.vetted(host, port), CONNECT_TIMEOUT)
+        except egress_address.LocalAddress as exc:
+            log.info("credential proxy: refused %s (%s)", where, exc)
+            raise ProxyError(
+                403,
+                "Forbidden",
+                f"endpointd proxy: {where} is not allowed: {exc}; name the address itself in"
+                " [proxy] allow_hosts if that is meant",
+            ) from None
+        except TimeoutError:
+            raise ProxyError(
+                504, "Gateway Timeout", f"endpointd proxy: {host} did not resolve in time"
+            ) from None
+        except OSError as exc:
+            raise ProxyError(
+                502, "Bad Gateway", f"endpointd proxy: cannot resolve {host}: {exc}"
             ) from None
 
     # ------------------------------------------------------------------ CONNECT
@@ -605,16 +802,19 @@ class CredentialProxy:
                 if raw is None:
                     return up_writer
                 inner = _parse_head(raw)
+                target = _bound_target(inner, host, port, "https", HTTPS_PORT)
+                body = _Body(_framing(inner))
             except ProxyError as exc:
+                log.info(
+                    "credential proxy: refused a request inside %s:%d (%d)", host, port, exc.status
+                )
                 writer.write(_response(exc.status, exc.reason, exc.message))
                 await writer.drain()
                 return up_writer
-            up_writer.write(
-                _rewrite(inner, inner.target, (injection.header_name,), (injection.line(),))
-            )
+            up_writer.write(_rewrite(inner, target, (injection.header_name,), (injection.line(),)))
             await up_writer.drain()
             log.debug("credential proxy: added %s's header for %s:%d", injection.name, host, port)
-            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)
+            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout, body)
         except BaseException:
             _close(up_writer)
             raise
@@ -636,13 +836,18 @@ class CredentialProxy:
         path = url.path or "/"
         if url.query:
             path += "?" + url.query
-        add = [] if head.get("Host") is not None else [f"Host: {url.netloc}".encode("latin-1")]
+        if head.get("Host") is None:
+            add = [f"Host: {url.netloc}".encode("latin-1")]
+        else:
+            add = []
+            _bound_target(head, host, port, "http", HTTP_PORT)
+        body = _Body(_framing(head))
         up_reader, up_writer = await self._open(host, port, None)
         try:
             # Never a credential here: plain HTTP would carry it in clear.
             up_writer.write(_rewrite(head, path, (), add))
             await up_writer.drain()
-            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout)
+            await _relay((reader, writer), (up_reader, up_writer), self.idle_timeout, body)
         except BaseException:
             _close(up_writer)
             raise

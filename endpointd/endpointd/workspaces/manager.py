@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from endpointd.guard.files import within
 from endpointd.paths import ensure_private_dir
 from endpointd.rules.remotes import matches, normalize, preferred, remotes
-from endpointd.workspaces import bases, grants
+from endpointd.workspaces import bases, gitdirs, grants, jail
 from endpointd.workspaces.discovery import Repositories, Scan
 from endpointd.workspaces.errors import GitError, WorkspaceError
 from endpointd.workspaces.git import git, git_ok
@@ -177,7 +177,9 @@ class Workspaces:
             records[op.ticket_id] = record
             self.store.save(records)  # "creating": a crash from here is cleaned up next time
             try:
-                self._create(record, op, auth)
+                # Confined: it writes only the clone's git dir, the workspace, the scratch.
+                with jail.confined(policy, [record.common_dir, self.root, self.scratch]):
+                    self._create(record, op, auth, policy)
             except BaseException:
                 try:
                     self._remove(record)
@@ -205,7 +207,12 @@ class Workspaces:
         return os.path.isfile(os.path.join(record.path, ".git")) and os.path.isdir(record.admin_dir)
 
     def _source(self, op: PrepareWorkspace, policy: Policy, approved: bool) -> _Source:
+        with jail.confined(policy, ()):  # git only reads here
+            return self._judged_source(op, policy, approved)
+
+    def _judged_source(self, op: PrepareWorkspace, policy: Policy, approved: bool) -> _Source:
         if op.path:
+            gitdirs.judge_before_git(op.path, policy.denied_rule)
             source = self._source_at(os.path.realpath(op.path), op.path)
             if op.repo and source.repo and not matches(source.repo, op.repo):
                 raise WorkspaceError(f"{op.path} is a clone of {source.repo}, not of {op.repo}")
@@ -214,6 +221,15 @@ class Workspaces:
         decision = policy.check_workspace(source.path, source.repo or op.repo)
         if decision.action == "deny" or (decision.action == "ask" and not approved):
             raise WorkspaceError(decision.message)
+        if not source.in_place:
+            # What git resolved (a .git file, commondir, alternates) is judged as the
+            # path is: a planted one must not lead into a denied repository.
+            gitdirs.judge(
+                source.git_dir,
+                source.common_dir,
+                roots=[str(r) for r in policy.allowed_roots],
+                denied_rule=policy.denied_rule,
+            )
         return source
 
     def _source_at(self, real: str, given: str) -> _Source:
@@ -258,25 +274,39 @@ class Workspaces:
         for force in (False, True):
             for clone in self.scan(policy, force=force).repositories:
                 if matches(clone.remote, repo):
-                    git_dir = os.path.join(clone.path, ".git")
-                    return self._clone_source(clone.path, git_dir, git_dir)
+                    # Resolved by git as a given path is, so judged the same way.
+                    gitdirs.judge_before_git(clone.path, policy.denied_rule)
+                    source = self._source_at(os.path.realpath(clone.path), clone.path)
+                    if source.in_place:
+                        raise WorkspaceError(f"{clone.path} is no longer a clone git can read")
+                    return source
         raise WorkspaceError(f"no clone of {repo} under this device's allowed roots")
 
-    def _create(self, record: Record, op: PrepareWorkspace, auth: bases.FetchAuth | None) -> None:
+    def _create(
+        self,
+        record: Record,
+        op: PrepareWorkspace,
+        auth: bases.FetchAuth | None,
+        policy: Policy,
+    ) -> None:
         ws, clone = record.path, record.clone
         ensure_private_dir(self.root)
         if os.path.lexists(ws):  # left by a crash before the record knew of it
             _remove_tree(ws)
             git_ok("worktree", "prune", cwd=clone)
+        # The worktree is made without a checkout (which would run the clone's filters
+        # and hooks); bases.checkout fills it from endpointd's own git directory.
         if git_ok("show-ref", "--verify", "--quiet", f"refs/heads/{record.branch}", cwd=clone):
             # The ticket's branch outlived an earlier workspace (work was committed on it):
             # carry on from it.
-            git("worktree", "add", "--quiet", ws, record.branch, cwd=clone)
-            record.base_kind = "existing_branch"
-            record.base = git("rev-parse", "--verify", "HEAD^{commit}", cwd=ws)
+            commit = git(
+                "rev-parse", "--verify", f"refs/heads/{record.branch}^{{commit}}", cwd=clone
+            )
+            git("worktree", "add", "--quiet", "--no-checkout", ws, record.branch, cwd=clone)
+            record.base_kind, record.base = "existing_branch", commit
         else:
-            start = bases.start(record, op, self.scratch, auth)
-            args = ["worktree", "add", "--quiet", "-b", record.branch]
+            start = bases.start(record, op, self.scratch, auth, policy.denied_rule)
+            args = ["worktree", "add", "--quiet", "--no-checkout", "-b", record.branch]
             args += ["--track"] if start.track else ["--no-track"]
             git(*args, ws, start.commit_ish, cwd=clone, what="git worktree add")
             record.base_kind, record.base, record.upstream = (
@@ -285,6 +315,7 @@ class Workspaces:
                 start.upstream,
             )
         record.admin_dir = self._admin_dir(record)
+        bases.checkout(self.scratch, record, record.base)
         grants.ensure(record)
 
     def _admin_dir(self, record: Record) -> str:
@@ -299,7 +330,8 @@ class Workspaces:
     def _setup_plan(self, record: Record, op: PrepareWorkspace, policy: Policy) -> SetupPlan | None:
         if not op.setup or record.in_place or record.setup is not None:
             return None
-        command = policy.workspace_rules.setup_for(record.repo)
+        rules = policy.workspace_rules
+        command = rules.setup_for(record.repo)
         if command is not None:
             return SetupPlan(command, record.path, "[workspaces.setup]")
         script = os.path.join(record.path, SETUP_SCRIPT)
@@ -307,6 +339,14 @@ class Workspaces:
             info = os.lstat(script)
         except OSError:
             return None
+        if not rules.runs_repository_setup(record.repo):
+            # The repository's own script is its authors' code, not the owner's: it runs
+            # only where the owner's policy says so.
+            return SetupPlan(
+                not_run=f"{SETUP_SCRIPT} is not run: {record.repo or 'this repository'} is not"
+                f" listed in [workspaces] repository_setup in {policy.path}",
+                source=SETUP_SCRIPT,
+            )
         if not os.path.isfile(script) or os.path.islink(script):
             return SetupPlan(not_run=f"{SETUP_SCRIPT} is not a regular file", source=SETUP_SCRIPT)
         if not info.st_mode & 0o100:

@@ -410,6 +410,7 @@ class Command(_message.Message):
     NOT_AFTER_FIELD_NUMBER: _builtins.int
     CREDENTIALS_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
+    TICKET_ID_FIELD_NUMBER: _builtins.int
     EXEC_FIELD_NUMBER: _builtins.int
     READ_FILE_FIELD_NUMBER: _builtins.int
     WRITE_FILE_FIELD_NUMBER: _builtins.int
@@ -429,6 +430,12 @@ class Command(_message.Message):
     origin: _builtins.str
     """Who asked and why, e.g. "ticket tkt_8f3k2q (worker)". Shown in local approval prompts
     and logs so a human can judge an `ask`; carries no authority.
+    """
+    ticket_id: _builtins.str
+    """The ticket whose worker sent it ("tkt_8f3k2q"); empty for a command of no ticket (an
+    admin's /run). A command of a ticket that has a workspace on the device works only
+    there: its cwd must lie inside that workspace, its file operations write only there
+    and read no other ticket's, and it may write nothing else (docs/endpointd.md).
     """
     @_builtins.property
     def not_after(self) -> _timestamp_pb2.Timestamp:
@@ -470,6 +477,7 @@ class Command(_message.Message):
         not_after: _timestamp_pb2.Timestamp | None = ...,
         credentials: _abc.Iterable[Global___CredentialRef] | None = ...,
         origin: _builtins.str = ...,
+        ticket_id: _builtins.str = ...,
         exec: Global___ExecCommand | None = ...,
         read_file: Global___ReadFile | None = ...,
         write_file: Global___WriteFile | None = ...,
@@ -483,7 +491,7 @@ class Command(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "run_harness", b"run_harness", "search", b"search", "write_file", b"write_file"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "command_id", b"command_id", "credentials", b"credentials", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "origin", b"origin", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "run_harness", b"run_harness", "search", b"search", "seq", b"seq", "write_file", b"write_file"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "command_id", b"command_id", "credentials", b"credentials", "exec", b"exec", "glob", b"glob", "kind", b"kind", "list_dir", b"list_dir", "not_after", b"not_after", "origin", b"origin", "prepare_workspace", b"prepare_workspace", "read_file", b"read_file", "release_workspace", b"release_workspace", "run_harness", b"run_harness", "search", b"search", "seq", b"seq", "ticket_id", b"ticket_id", "write_file", b"write_file"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["exec", "read_file", "write_file", "list_dir", "cancel", "prepare_workspace", "release_workspace", "search", "glob", "run_harness"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015

@@ -281,6 +281,27 @@ async def test_wrong_bearer_tokens_count_too(pool: asyncpg.Pool) -> None:
         assert codes == [401, 401, 401, 429, 429]
 
 
+async def test_a_peer_locked_out_by_wrong_bearer_tokens_has_no_token_compared(
+    pool: asyncpg.Pool,
+) -> None:
+    """Bearer guesses are counted before they are compared: a burst cannot outrun the
+    count, and once a peer is over the limit even the right token waits for the window
+    (a guess that happens to be right is not let through, nor timed)."""
+    state = _app(pool, admin_token=TOKEN, http={"signin_attempts": 5})
+    async with _client(state, peer="198.51.100.23") as client:
+        guesses = [{"Authorization": f"Bearer guess-{i}"} for i in range(20)]
+        answers = await asyncio.gather(*(client.get("/metrics", headers=g) for g in guesses))
+        assert sorted(answer.status_code for answer in answers) == [401] * 5 + [429] * 15
+        locked = await client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert locked.status_code == 429, locked.text
+        assert int(locked.headers["retry-after"]) > 0
+    # Another peer is not locked out, and right tokens do not count against anyone.
+    async with _client(state, peer="192.0.2.51") as other:
+        for _ in range(8):
+            ok = await other.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert ok.status_code == 200, ok.text
+
+
 def test_production_refuses_an_admin_token_under_32_characters() -> None:
     with pytest.raises(ValidationError, match="at least 32 characters"):
         Settings(environment="production", admin_token=SecretStr("x7" * 15 + "y"))

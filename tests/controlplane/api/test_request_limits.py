@@ -802,5 +802,7 @@ def test_the_limits_are_described_settings() -> None:
         "ws_max_message_bytes",
         "pairing_failures_per_peer",
         "pairing_failures_global",
+        "max_streams",
+        "max_streams_per_peer",
     ):
         assert fields[name].description, name

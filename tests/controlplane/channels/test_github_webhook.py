@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -23,13 +21,10 @@ from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake
 from controlplane.settings import GithubSettings, Settings
 from controlplane.web.state import AppState
+from tests.support import github_examples
 from tests.support.helpers import save_policy
 
 SECRET = "whsec-test-4411"
-ROOT = Path(__file__).resolve().parents[3]
-FIXTURES = Path(
-    os.environ.get("SUPERAGENT_GITHUB_FIXTURES", ROOT.parent / "shared/fixtures/github-webhooks")
-)
 REPO = {"full_name": "acme/app", "id": 1}
 ALICE = {"login": "alice", "id": 101, "type": "User"}
 
@@ -272,16 +267,11 @@ async def test_the_agents_own_comments_are_not_triggers(pool: asyncpg.Pool) -> N
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
 
 
-def _fixtures() -> list[tuple[str, bytes]]:
-    return [(path.name, path.read_bytes()) for path in sorted(FIXTURES.glob("*.json"))]
-
-
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no GitHub fixtures at {FIXTURES}")
 async def test_every_real_github_payload_is_a_trigger_or_a_deliberate_ignore(
     pool: asyncpg.Pool,
 ) -> None:
-    files = _fixtures()
-    assert files
+    files = github_examples.examples()
+    assert len(files) > 300  # every event GitHub documents, not a chosen few
     outcomes: dict[str, int] = {}
     async with _client(pool) as client:
         for n, (name, body) in enumerate(files):

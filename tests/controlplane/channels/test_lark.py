@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -268,6 +269,30 @@ async def test_bad_callbacks_get_clear_errors_and_store_nothing(
         assert off.status_code == 404
         assert "SUPERAGENT_LARK__APP_ID" in off.json()["error"]["message"]
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+async def test_a_replayed_signed_callback_is_refused_for_its_age(
+    pool: asyncpg.Pool, adapter: LarkAdapter, allow_alice: None
+) -> None:
+    """An attacker who captured one signed callback (a log, a proxy) sends it again later:
+    its signature still matches, so only the signed timestamp's age can refuse it."""
+    body = json.dumps({"encrypt": encrypt(KEY, json.dumps(message()).encode())}).encode()
+    now = int(time.time())
+    headers = {"Content-Type": "application/json; charset=utf-8"}
+    async with _client(pool, adapter) as client:
+        for sent_at in (str(now - 3600), str(now - 301), str(now + 301), "yesterday", ""):
+            replayed = await client.post(
+                "/webhooks/lark", content=body, headers={**headers, **sign(KEY, body, sent_at)}
+            )
+            assert replayed.status_code == 401, (sent_at, replayed.text)
+            assert "X-Lark-Request-Timestamp" in replayed.json()["error"]["message"]
+        assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+        # The same event signed now (Lark's own redelivery is signed anew) goes through.
+        fresh = await client.post(
+            "/webhooks/lark", content=body, headers={**headers, **sign(KEY, body, str(now))}
+        )
+    assert fresh.status_code == 200, fresh.text
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
 
 
 async def test_who_is_addressed_and_what_they_wrote(

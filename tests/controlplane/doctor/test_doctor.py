@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -414,3 +416,48 @@ async def test_identities_a_migration_could_not_convert_are_flagged(
     assert not flagged.ok
     assert "1 policy entries and 1 account links" in flagged.detail
     assert "superagent policy edit" in (flagged.fix or "")
+
+
+def test_the_local_devices_last_sandbox_check_is_shown(tmp_path: Path) -> None:
+    """`up --device`'s endpointd keeps its last `endpointd sandbox check` in its state
+    dir; doctor reads it there: nothing without such a device, how to run it before it
+    ran, and a failure naming the classes that escaped after a real check that failed."""
+    settings = Settings(state_dir=tmp_path)
+    assert doctor.check_device_sandbox(settings) is None
+    device = tmp_path / "device"
+    (device / "config").mkdir(parents=True)
+    (device / "config" / "config.json").write_text("{}")  # paired
+    policy = device / "config" / "policy.toml"
+    policy.write_text(f'allowed_roots = ["{tmp_path}"]\nsandbox = "off"\n')
+    policy.chmod(0o600)
+    never = doctor.check_device_sandbox(settings)
+    assert never is not None
+    assert never.ok
+    assert never.detail.startswith("never run: ENDPOINTD_CONFIG_DIR="), never.detail
+    assert never.detail.endswith("endpointd sandbox check")
+
+    home = Path(tempfile.mkdtemp(prefix="h"))  # the check plants its canaries there
+    try:
+        env = {
+            **clean_env(HOME=str(home), PYTHON_KEYRING_BACKEND="keyring.backends.fail.Keyring"),
+            "ENDPOINTD_CONFIG_DIR": str(device / "config"),
+            "ENDPOINTD_STATE_DIR": str(device / "state"),
+            "ENDPOINTD_DATA_DIR": str(device / "data"),
+        }
+        ran = subprocess.run(
+            [sys.executable, "-m", "endpointd", "sandbox", "check"],
+            cwd=tempfile.gettempdir(),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert ran.returncode == 3, ran.stdout + ran.stderr
+    checked = doctor.check_device_sandbox(settings)
+    assert checked is not None
+    assert not checked.ok
+    assert checked.detail.startswith("ESCAPED: persistence, sockets"), checked.detail
+    assert checked.fix is not None
+    assert "endpointd sandbox check" in checked.fix

@@ -25,8 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from controlplane.api.app import create_app
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.errors import InvalidInput
 from controlplane.gateway import devices, specs
 from controlplane.gateway import hub as hub_module
+from controlplane.gateway import queue as queue_module
+from controlplane.gateway import stream as stream_module
 from controlplane.gateway.delivery import PendingCommand
 from controlplane.gateway.pairing import MAX_WRONG_PER_CODE
 from controlplane.gateway.queue import CommandQueue, CommandResult
@@ -34,7 +37,11 @@ from controlplane.settings import GrpcSettings, Settings
 from controlplane.web.state import AppState
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
-from superagent_shared.protocol import hello_signing_payload
+from superagent_shared.protocol import (
+    MAX_COMMAND_BYTES,
+    MAX_DEVICE_RECEIVE_BYTES,
+    hello_signing_payload,
+)
 from tests.support.gateway_harness import FakeDevice, Gateway, connected, paired, running_gateway
 from tests.support.helpers import assert_eventually, run_cli
 
@@ -686,3 +693,51 @@ async def test_an_idle_queue_lets_its_pool_close(gateway: Gateway, database_url:
     assert not (await queue.wait(command_id, timeout=0.2)).done
     # No queue.close(): the LISTEN connection goes back to the pool by itself when idle.
     await asyncio.wait_for(pool.close(), timeout=10)
+
+
+async def test_a_tickets_command_reaches_the_device_naming_its_ticket(gateway: Gateway) -> None:
+    """The device confines a ticket's command to that ticket's workspace, so the command
+    names its ticket on the wire: sent from its notification and from the query alike."""
+    async with connected(gateway) as device:
+        owner = await gateway.pool.fetchval(
+            "SELECT owner FROM devices WHERE id = $1", device.device_id
+        )
+        grant = {"device_id": device.device_id, "rule": "owner", "principals": [owner]}
+        await gateway.pool.execute(
+            "INSERT INTO tickets (id, title, state, device_grant) VALUES ($1, 'x', 'running',"
+            " $2::jsonb)",
+            "tkt_bound00001",
+            grant,
+        )
+        queue = gateway.queue
+        bound = await queue.submit("laptop", specs.Exec(["one"]), ticket_id="tkt_bound00001")
+        sent = (await device.next("command")).command
+        assert (sent.command_id, sent.ticket_id) == (bound, "tkt_bound00001")
+        unbound = await queue.submit("laptop", specs.Exec(["two"]))
+        sent = (await device.next("command")).command
+        assert (sent.command_id, sent.ticket_id) == (unbound, "")
+        pending = {c.id: c.ticket_id for c in await gateway.delivery.pending(device.device_id)}
+        assert pending == {bound: "tkt_bound00001", unbound: None}
+
+
+async def test_a_command_larger_than_a_device_takes_is_never_queued_nor_sent(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device reads at most 16 MiB in one message: a larger command would end its stream,
+    and be delivered again on every new one, so the device would work for no ticket. The
+    queue refuses it, saying why; one queued before that check is failed, never sent. (The
+    limit is lowered here, so the test moves kilobytes, not 16 MiB.)"""
+    assert MAX_COMMAND_BYTES < MAX_DEVICE_RECEIVE_BYTES  # endpointd's receive limit
+    monkeypatch.setattr(queue_module, "MAX_COMMAND_BYTES", 4096)
+    monkeypatch.setattr(stream_module, "MAX_COMMAND_BYTES", 4096)
+    huge = specs.WriteFile("/w/big.bin", b"x" * 5000)
+    with pytest.raises(InvalidInput, match="a device takes at most"):
+        await gateway.queue.submit("laptop", huge)
+    async with connected(gateway) as device:
+        monkeypatch.setattr(queue_module, "check_size", lambda *_a, **_k: None)
+        command_id = await gateway.queue.submit("laptop", huge)
+        result = await gateway.queue.wait(command_id, timeout=10)
+        assert result.state == "failed"
+        assert "a device takes at most" in (result.error or "")
+        after = await gateway.queue.submit("laptop", specs.Exec(["true"]))
+        assert (await device.next("command")).command.command_id == after

@@ -23,6 +23,7 @@ import pytest
 
 from endpointd import wire
 from endpointd.audit import AuditLog
+from endpointd.guard import daemon_programs
 from endpointd.guard.approvals import (
     APPROVALS_DIR,
     KEY_FILE,
@@ -432,7 +433,11 @@ async def test_a_desktop_notification_is_sent_without_blocking(
         "time.sleep(60)\n"
     )
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # The notifier is found where the daemon finds its programs; a temporary directory is
+    # never one of those, so the test names its fake there itself.
+    monkeypatch.setattr(
+        daemon_programs, "which", lambda name: str(fake) if name == "notify-send" else None
+    )
     monkeypatch.delenv(NO_NOTIFY_ENV)
 
     started = time.monotonic()

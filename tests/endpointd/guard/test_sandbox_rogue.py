@@ -196,7 +196,7 @@ async def test_the_policy_file_and_endpointds_state_cannot_be_written_or_read(
 async def test_a_command_sees_neither_the_daemons_environment_nor_another_commands(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
-    device = await _device(gw, endpointd, tmp_path)
+    device = await _device(gw, endpointd, tmp_path, '[env]\nallow = ["OTHER"]')
     work = tmp_path / "work"
     # Another command with a secret in its environment, still running.
     other = gw.send(device, _sh("sleep 30", work, env={"OTHER": OTHER_SECRET}))
@@ -271,7 +271,9 @@ async def test_the_keyring_file_is_unreadable_from_python(
 async def test_env_injection_is_refused_unless_the_owner_allows_the_name(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
-    device = await _device(gw, endpointd, tmp_path, '[env]\nallow = ["PYTHONDONTWRITEBYTECODE"]')
+    device = await _device(
+        gw, endpointd, tmp_path, '[env]\nallow = ["PYTHONDONTWRITEBYTECODE", "FOO"]'
+    )
     work = tmp_path / "work"
     for name, value in [
         ("LD_PRELOAD", str(work / "evil.so")),

@@ -94,11 +94,11 @@ async def test_qwen_edits_its_workspace_and_a_second_run_resumes_the_session(
         first = fake.chat_requests[0]
         assert "write hello.txt please" in first.text()
         assert first.model == "fake-model"
-        # It wrote its session where a resume finds it, and nothing else of ~/.qwen.
-        written = {str(p.relative_to(qwen.home)) for p in qwen.home.rglob("*") if p.is_file()}
-        assert written
-        assert all(p.startswith((".qwen/projects/", ".qwen/tmp/")) for p in written)
-        assert any(p.endswith(f"/chats/{sid}.jsonl") for p in written), written
+        # It wrote its session in a store of its own, where a resume finds it, and nothing
+        # in the owner's home.
+        assert not [p for p in qwen.home.rglob("*") if not p.is_dir()]
+        stores = endpointd.state_dir / "harness-stores"
+        assert [p.name for p in stores.glob(f"*/store/projects/*/chats/{sid}.jsonl")]
 
         fake.script("resumed")
         done, out = await qwen.run("and now?", resume_session=sid)

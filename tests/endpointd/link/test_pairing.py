@@ -290,3 +290,29 @@ async def test_status_then_unpair_deletes_key_and_config_but_keeps_the_journal(
     proc = endpointd.cli("unpair", "--purge")
     assert proc.returncode == 0, proc.stderr
     assert not endpointd.state_dir.exists()
+
+
+def test_pair_writes_the_network_mode_into_a_new_policy_only(
+    gw: FakeGateway, endpointd: Endpointd
+) -> None:
+    """`superagent up --device` pairs with --network proxy: its new policy sends commands
+    out only through the proxy. An owner's existing policy is never changed."""
+    from endpointd.rules.parser import parse_policy
+
+    policy = endpointd.config_dir / "policy.toml"
+    code = gw.add_pairing_code("NETWORK2")
+    proc = endpointd.pair(gw.url, code, "--fingerprint", gw.fingerprint, "--network", "proxy")
+    assert proc.returncode == 0, proc.stderr
+    assert parse_policy(policy.read_text(), policy).network == "proxy"
+
+    other = Endpointd(endpointd.root.parent, name="second")
+    try:
+        other.config_dir.mkdir(parents=True)
+        policy = other.config_dir / "policy.toml"
+        policy.write_text(f"allowed_roots = [{json.dumps(str(other.root.parent))}]\n")
+        code = gw.add_pairing_code("NETWORK3")
+        proc = other.pair(gw.url, code, "--fingerprint", gw.fingerprint, "--network", "proxy")
+        assert proc.returncode == 0, proc.stderr
+        assert parse_policy(policy.read_text(), policy).network == "allow"
+    finally:
+        other.cleanup()

@@ -642,6 +642,123 @@ async def test_the_proxy_replaces_a_client_supplied_header_and_adds_the_credenti
     assert token not in repr(proxy) + repr(proxy.injections)
 
 
+async def test_an_inner_request_for_another_host_gets_no_credential_and_goes_nowhere(
+    direct: tuple[CredentialProxy, HttpsServer], tmp_path: Path
+) -> None:
+    """CONNECT names the credential's host, then the request inside the tunnel names
+    another (a virtual host behind the same address, or a fronted domain): the proxy
+    answers it itself, and neither the credential nor the request reaches the upstream."""
+    proxy, server = direct
+    authority = f"localhost:{server.port}"
+    misdirected = [
+        "GET / HTTP/1.1\r\nHost: other-host.example\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: other-host.example:{server.port}\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",  # another port: 443
+        f"GET / HTTP/1.1\r\nHost: localhost:{server.port + 1}\r\n\r\n",
+        f"GET / HTTP/1.1\r\nHost: {authority}\r\nHost: other-host.example\r\n\r\n",
+        "GET / HTTP/1.1\r\n\r\n",  # no Host at all
+        f"GET https://other-host.example/ HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+        f"GET //other-host.example/ HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+        f"GET * HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+    ]
+    context = _client_context(proxy, tmp_path)
+    for request in misdirected:
+        answer = await _raw_request(proxy, authority, request.encode(), tls=context)
+        assert answer.startswith((b"HTTP/1.1 421 ", b"HTTP/1.1 400 ")), (request, answer)
+        assert b"endpointd proxy" in answer
+    assert server.authorizations == []
+    # The same request naming the CONNECT host, in any case or absolute form, goes through.
+    for request in (
+        f"GET /api/a HTTP/1.1\r\nHost: LOCALHOST:{server.port}\r\n\r\n",
+        f"GET https://{authority}/api/b HTTP/1.1\r\nHost: {authority}\r\n\r\n",
+    ):
+        answer = await _raw_request(proxy, authority, request.encode(), tls=context)
+        assert answer.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")), (request, answer)
+    assert len(server.authorizations) == 2
+
+
+class _Recorder:
+    """An HTTPS server that keeps every byte it receives and answers every request head it
+    sees (as a server that ignores ``Connection: close`` would), so a test sees exactly
+    what a proxy forwarded. After its first answer it waits a little for more, then closes."""
+
+    def __init__(self, test_ca: TestCA) -> None:
+        cert, key = test_ca.issue("recorder", ["localhost"])
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        self.received = b""
+        self.port = 0
+
+    async def __aenter__(self) -> _Recorder:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.context)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            self.received += await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            # A forwarded second request would already be on its way (sent in one write).
+            while more := await asyncio.wait_for(reader.read(65536), 2):
+                self.received += more
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_nothing_after_the_one_request_goes_upstream(
+    token: str, tmp_path: Path, test_ca: TestCA
+) -> None:
+    """Behind one Host check, a second request pipelined in the same tunnel (naming another
+    host), or smuggled in a body whose framing is ambiguous, is never forwarded."""
+    async with _Recorder(test_ca) as recorder:
+        authority = f"localhost:{recorder.port}"
+        proxy = CredentialProxy(
+            injections=[
+                Injection(API, [authority], "Authorization: Bearer {secret}", token.encode())
+            ],
+            ca=DeviceCA.generate(),
+            upstream_context=ssl.create_default_context(cafile=str(test_ca.ca_file)),
+        )
+        await proxy.start()
+        try:
+            context = _client_context(proxy, tmp_path)
+            second = "GET /second HTTP/1.1\r\nHost: other-host.example\r\n\r\n"
+            pipelined = (
+                f"POST /first HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 5\r\n\r\nhello"
+                + second
+            )
+            answer = await _raw_request(proxy, authority, pipelined.encode(), tls=context)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            chunked = (
+                f"POST /chunked HTTP/1.1\r\nHost: {authority}\r\nTransfer-Encoding: chunked\r\n"
+                "\r\n5\r\nhello\r\n0\r\n\r\n" + second
+            )
+            answer = await _raw_request(proxy, authority, chunked.encode(), tls=context)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            smuggled = (
+                f"POST /smuggle HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 4\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + second
+            )
+            answer = await _raw_request(proxy, authority, smuggled.encode(), tls=context)
+            assert answer.startswith(b"HTTP/1.1 400"), answer
+        finally:
+            proxy.close()
+    assert b"/first" in recorder.received
+    assert b"hello" in recorder.received
+    assert b"/chunked" in recorder.received
+    assert b"0\r\n\r\n" in recorder.received
+    assert b"/second" not in recorder.received, recorder.received
+    assert b"other-host" not in recorder.received
+    assert b"/smuggle" not in recorder.received
+    assert recorder.received.count(token.encode()) == 2  # the two requests it let through
+
+
 async def test_the_proxy_wants_its_token(
     direct: tuple[CredentialProxy, HttpsServer], tmp_path: Path
 ) -> None:
@@ -673,9 +790,18 @@ async def test_plain_http_never_carries_a_credential(token: str, tmp_path: Path)
             )
             answer = await asyncio.wait_for(reader.read(-1), 30)
             writer.close()
+            # The URL names an allowed host, the Host header another (fronting): refused.
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(
+                f"GET http://127.0.0.1:{plain.port}/x HTTP/1.1\r\nHost: other-host.example\r\n"
+                f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode()
+            )
+            fronted = await asyncio.wait_for(reader.read(-1), 30)
+            writer.close()
         finally:
             proxy.close()
     assert b"plain ok" in answer
+    assert fronted.startswith(b"HTTP/1.1 421 "), fronted
     assert len(plain.server.seen) == 1
     assert "x-api-key" not in plain.server.seen[0].lower()
     assert token not in plain.server.seen[0]

@@ -1,6 +1,10 @@
 """A device with a clone, for the workspace tests that run the real endpointd: an origin
 (a bare repository reached through an https URL rewritten to it), the owner's clone under
-the allowed root, and the real daemon paired with a scripted gateway."""
+the allowed root, and the real daemon paired with a scripted gateway.
+
+endpointd's own git reads no repository's, global or system configuration, so the rewrite
+the owner's git uses (in the clone's config) is given to endpointd in its environment
+(``GIT_CONFIG_COUNT``, the owner's as its ``PATH`` is): :func:`origin_rewrite`."""
 
 from __future__ import annotations
 
@@ -30,6 +34,15 @@ def git(*args: str, cwd: Path) -> str:
     done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def origin_rewrite(origin: Path) -> dict[str, str]:
+    """endpointd's environment for reaching ``origin`` as :data:`REMOTE`."""
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": f"url.{origin.as_uri()}.insteadOf",
+        "GIT_CONFIG_VALUE_0": REMOTE,
+    }
 
 
 def make_clone(tmp: Path, files: dict[str, str] | None = None) -> tuple[Path, Path]:
@@ -108,7 +121,11 @@ class Device:
 async def start_device(
     gw: FakeGateway, endpointd: Endpointd, roots: list[Path], extra: str = ""
 ) -> Device:
-    """The daemon paired, its policy written, connected."""
+    """The daemon paired, its policy written, connected; the origin :func:`make_clone`
+    made beside the first root is reachable by its https URL."""
+    origin = roots[0].parent / "origin.git" if roots else None
+    if origin is not None and origin.is_dir():
+        endpointd.env.update(origin_rewrite(origin))
     device_id = await start_paired(gw, endpointd)
     write_policy(endpointd, roots, extra)
     return Device(gw, endpointd, device_id)

@@ -16,7 +16,7 @@ from endpointd.guard.policy import Policy
 from endpointd.rules.terms import POLICY_FILE
 from endpointd.workspaces.manager import Workspaces
 from superagent_shared.messages import PrepareWorkspace
-from tests.endpointd.workspaces.device_world import REPO, make_clone
+from tests.endpointd.workspaces.device_world import REPO, make_clone, origin_rewrite
 
 A, B = "tkt_aaaaaaaaaaaa", "tkt_bbbbbbbbbbbb"
 
@@ -55,8 +55,11 @@ class Owner:
 
 
 @pytest.fixture
-def owner(tmp_path: Path) -> Owner:
-    return Owner(tmp_path)
+def owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Owner:
+    made = Owner(tmp_path)
+    for name, value in origin_rewrite(tmp_path / "origin.git").items():
+        monkeypatch.setenv(name, value)  # endpointd's own environment (see device_world)
+    return made
 
 
 @pytest.mark.parametrize("args", [("workspaces",), ("workspaces", "list"), ("workspaces", "prune")])

@@ -37,6 +37,10 @@ exit 0
 """
 
 
+# The owner lets the repository's own .superagent/setup run (it does not by default).
+OPTED_IN = '[workspaces]\nrepository_setup = ["github.com/acme/*"]\n'
+
+
 def _exists(path: object, *names: str) -> bool:
     return Path(str(path), *names).exists()
 
@@ -50,7 +54,7 @@ async def test_a_workspace_is_prepared_set_up_once_and_found_again_after_a_resta
 ) -> None:
     clone = tmp_path / "work" / "app"
     make_clone(tmp_path, {"README.md": "widgets\n", ".superagent/setup": _setup_script(clone)})
-    device = await start_device(gw, endpointd, [clone.parent])
+    device = await start_device(gw, endpointd, [clone.parent], OPTED_IN)
     _, answer = await device.prepare(A, setup=True)
     ws = endpointd.data_dir / "workspaces" / A
     assert answer["path"] == str(ws)
@@ -82,7 +86,7 @@ async def test_a_failing_setup_keeps_the_workspace_and_the_owners_command_wins(
         ".superagent/setup": _setup_script(clone),
     }
     make_clone(tmp_path, files)
-    device = await start_device(gw, endpointd, [clone.parent])
+    device = await start_device(gw, endpointd, [clone.parent], OPTED_IN)
     _, answer = await device.prepare(A, setup=True)
     setup = answer["setup"]
     assert isinstance(setup, dict)

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.gateway import specs
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.endpointd.workspaces.device_world import REPO, make_clone
+from tests.endpointd.workspaces.device_world import REPO, make_clone, origin_rewrite
 from tests.support.daemon import Daemon
 from tests.support.gateway_harness import Gateway, connected, running_gateway
 from tests.support.helpers import assert_eventually
@@ -30,7 +30,10 @@ async def gateway(
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    # The origin make_clone makes, reachable by its https URL (see device_world).
+    for name, value in origin_rewrite(tmp_path / "origin.git").items():
+        monkeypatch.setenv(name, value)
     home = tmp_path.parent / f"{tmp_path.name}.device"
     home.mkdir()
     instance = Daemon(home, work=tmp_path / "work")
