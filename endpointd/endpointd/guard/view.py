@@ -76,8 +76,12 @@ ETC_SECRETS = (
     "/etc/cups/ssl",
 )
 # Granted by default beneath the home directory (read-only): toolchains and package
-# caches. No credential lives here (their credentials files, when any, are masked).
+# caches, and git's own configuration (the owner's identity, which a run's commits are made
+# with). No credential lives here (their credentials files, when any, are masked; git's
+# credential stores are never in view).
 HOME_TOOLCHAINS = (
+    "~/.gitconfig",
+    "~/.config/git/config",
     "~/.pyenv",
     "~/.rustup",
     "~/.cargo/bin",
@@ -104,6 +108,8 @@ HOME_TOOLCHAINS = (
 # the built-in denied paths do not already cover, shell histories, harness logins (those
 # are granted to that harness's own runs only) and the control plane's state.
 NEVER_IN_VIEW = (
+    "~/.git-credentials",
+    "~/.config/git/credentials",
     "~/.npmrc",
     "~/.yarnrc",
     "~/.yarnrc.yml",
