@@ -173,14 +173,16 @@ def check_size(spec: specs.Spec, *, origin: str = "", ticket_id: str | None = No
     """Refuse a command larger than a device can receive (InvalidInput, saying so): it
     could never be read there, and its delivery would end the device's stream, again on
     every new one."""
-    size = wire.command_message(
-        command_id=new_id("cmd"),
-        seq=1 << 62,
-        not_after=datetime.now().astimezone(),
-        origin=origin,
-        spec=spec,
-        ticket_id=ticket_id or "",
-    ).ByteSize()
+    size = wire.encoded_size(
+        wire.command_message(
+            command_id=new_id("cmd"),
+            seq=1 << 62,
+            not_after=datetime.now().astimezone(),
+            origin=origin,
+            spec=spec,
+            ticket_id=ticket_id or "",
+        )
+    )
     if size > MAX_COMMAND_BYTES:
         raise InvalidInput(
             f"the {spec.KIND} command is {size} bytes; a device takes at most"

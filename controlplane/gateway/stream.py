@@ -640,7 +640,7 @@ class DeviceStream:
             spec=command.spec,
             ticket_id=command.ticket_id or "",
         )
-        size = message.ByteSize()
+        size = wire.encoded_size(message)
         if size > MAX_COMMAND_BYTES:
             # Queued before the queue checked sizes (CommandQueue.submit): the device could
             # not read it, and its stream would end on it, again on every new one.

@@ -107,6 +107,11 @@ def send(message: Challenge | Heartbeat | Command | Ack) -> Outgoing:
     return convert.to_envelope(message, pb.ServerMessage)
 
 
+def encoded_size(message: Outgoing) -> int:
+    """The bytes ``message`` takes on the wire: what a device's receive limit is about."""
+    return message.ByteSize()
+
+
 def challenge(
     *,
     nonce: bytes,

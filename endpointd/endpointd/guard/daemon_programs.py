@@ -37,7 +37,11 @@ def _within(path: str, root: str) -> bool:
 
 
 def _owned_safely(path: str) -> str:
-    """Why ``path`` or a directory above it could be changed by someone else ("" if not)."""
+    """Why ``path`` or a directory above it could be changed by someone else ("" if not).
+
+    A directory above it may be one everybody writes if it is root's and sticky (``/tmp``):
+    there nobody but its owner can rename or remove an entry, and the entry below it is
+    judged in turn. ``path`` itself never may: anybody could add a program to it."""
     uid = os.geteuid()
     current = path
     while True:
@@ -47,9 +51,8 @@ def _owned_safely(path: str) -> str:
             return f"{current}: {exc.strerror or exc}"
         if st.st_uid not in (0, uid):
             return f"{current} belongs to another user (uid {st.st_uid})"
-        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022:
-            return f"{current} is writable by group or others"
-        if not stat.S_ISDIR(st.st_mode) and st.st_mode & 0o022:
+        sticky_root_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0
+        if st.st_mode & 0o022 and (current == path or not sticky_root_dir):
             return f"{current} is writable by group or others"
         parent = os.path.dirname(current)
         if parent == current:

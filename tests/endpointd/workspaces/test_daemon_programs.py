@@ -43,16 +43,40 @@ def test_a_directory_inside_an_allowed_root_or_the_home_directory_is_never_used(
 
 
 def test_a_directory_others_can_write_is_never_used(tmp_path: Path) -> None:
-    planted = tmp_path / "bin"
-    planted.mkdir()
-    (planted / "git").write_text("#!/bin/sh\nexit 0\n")
-    (planted / "git").chmod(0o755)
-    found = daemon_programs.resolve(f"{planted}:relative/bin", ())
-    assert found.which("git") != str(planted / "git")
+    def planted(directory: Path) -> Path:
+        directory.mkdir(parents=True)
+        (directory / "git").write_text("#!/bin/sh\nexit 0\n")
+        (directory / "git").chmod(0o755)
+        return directory
+
+    # Everybody may write it (even sticky: anybody could add a program), or a directory
+    # above it that is not root's sticky one (anybody could swap what is below).
+    shared = planted(tmp_path / "shared")
+    shared.chmod(0o1777)
+    open_above = tmp_path / "open"
+    below_open = planted(open_above / "bin")
+    open_above.chmod(0o777)
+    found = daemon_programs.resolve(f"{shared}:{below_open}:relative/bin", ())
+    assert found.which("git") not in (str(shared / "git"), str(below_open / "git"))
     reasons = dict(found.skipped)
     assert "relative/bin" in reasons
-    # tmp_path lies under the world-writable /tmp (or belongs to no trusted owner).
-    assert str(planted) in reasons
+    assert reasons[str(shared)] == f"{shared} is writable by group or others"
+    assert reasons[str(below_open)] == f"{open_above} is writable by group or others"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sticky directory of root's needs root to make")
+def test_a_directory_below_a_sticky_directory_of_roots_is_used(tmp_path: Path) -> None:
+    # /tmp: everybody writes it, but nobody can rename or remove another's entry; what is
+    # below it is judged on its own (a clone of the project under /tmp, say).
+    sticky = tmp_path / "sticky"
+    sticky.mkdir(mode=0o755)
+    mine = sticky / "bin"
+    mine.mkdir(mode=0o755)
+    (mine / "git").write_text("#!/bin/sh\nexit 0\n")
+    (mine / "git").chmod(0o755)
+    sticky.chmod(0o1777)
+    found = daemon_programs.resolve(str(mine), ())
+    assert found.which("git") == str(mine / "git"), found.skipped
 
 
 def test_program_paths_is_the_owners_list_of_home_directories(tmp_path: Path) -> None:
