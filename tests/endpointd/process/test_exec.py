@@ -78,13 +78,6 @@ async def test_exec_round_trip_with_output_streams_and_exit_code(
 
 async def test_stdin_env_and_cwd(gw: FakeGateway, endpointd: Endpointd, tmp_path: Path) -> None:
     device = await start_paired(gw, endpointd)
-    # exec.env sets only the names the owner allows (besides locale and output settings).
-    policy_file = endpointd.config_dir / "policy.toml"
-    policy = policy_file.read_text()
-    table = "\n[env]\npass = []\nallow = []\n"
-    assert table in policy
-    allowed = table.replace("allow = []", 'allow = ["GREETING"]')
-    policy_file.write_text(policy.replace(table, allowed))
     work = tmp_path / "work dir"
     work.mkdir()
     cmd = exec_command(
