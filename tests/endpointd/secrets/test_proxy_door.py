@@ -17,7 +17,8 @@ from endpointd.secrets.proxy_door import Door
 ENDPOINTD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(endpointd.__file__)))
 
 # Knocks at the door as uid argv[2] (or as itself with -1) and passes argv[3]'s kind of
-# socket; prints what came back (the door closes the connection either way).
+# socket; prints what came back (the door closes the connection either way, at once or
+# after reading, so a reset is an answer too).
 KNOCK = """
 import os, socket, sys
 name, uid, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -38,7 +39,12 @@ try:
 except OSError as exc:
     print("send failed", exc.errno)
 door.settimeout(10)
-print("answer", door.recv(1))
+try:
+    print("answer", door.recv(1))
+except ConnectionResetError:
+    # The door closed without reading what was sent (how it turns away a stranger):
+    # the kernel answers the unread bytes with a reset.
+    print("answer reset")
 """
 
 
