@@ -147,24 +147,31 @@ def unavailable_reason() -> str:
     if not sys.platform.startswith("linux"):
         _available = f"no PID namespaces on {sys.platform}"
         return _available
-    import subprocess  # here: the supervisor imports this module and never probes
+    _available = probe(_PROBE)
+    return _available
+
+
+def available() -> bool:
+    return not unavailable_reason()
+
+
+def probe(script: str) -> str:
+    """Run ``script`` (given the daemon's package root as ``argv[1]``) in a fresh, bare
+    interpreter: "" if it exits 0, else its last line on stderr. Only trying tells what a
+    kernel setting or a security module allows; a fresh process rather than a fork, since
+    the daemon's gRPC threads make forking it fragile."""
+    import subprocess  # here: the supervisor and the init import this module, never probe
 
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _PROBE, package_root],
+            [sys.executable, "-I", "-S", "-c", script, package_root],
             capture_output=True,
             text=True,
             timeout=20,
             env={},
         )
     except (OSError, subprocess.SubprocessError) as exc:
-        _available = f"the probe could not run: {exc}"
-        return _available
+        return f"the probe could not run: {exc}"
     said = done.stderr.strip().splitlines()
-    _available = "" if done.returncode == 0 else (said[-1] if said else "the probe failed")
-    return _available
-
-
-def available() -> bool:
-    return not unavailable_reason()
+    return "" if done.returncode == 0 else (said[-1] if said else "the probe failed")

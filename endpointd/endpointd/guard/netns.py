@@ -42,6 +42,8 @@ import socket
 import struct
 import sys
 
+from endpointd.guard import namespaces
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -218,22 +220,7 @@ def unavailable_reason() -> str:
     if not sys.platform.startswith("linux"):
         _available = f"no network namespaces on {sys.platform}"
         return _available
-    import subprocess  # here: the init imports this module and never probes
-
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _PROBE, package_root],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            env={},
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        _available = f"the probe could not run: {exc}"
-        return _available
-    said = done.stderr.strip().splitlines()
-    _available = "" if done.returncode == 0 else (said[-1] if said else "the probe failed")
+    _available = namespaces.probe(_PROBE)
     return _available
 
 

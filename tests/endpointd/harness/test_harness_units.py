@@ -378,9 +378,7 @@ def test_harness_list_shows_each_and_how_to_fix_what_is_missing(tmp_path: Path) 
     config.mkdir(mode=0o700)
     bin_dir = tmp_path / "bin"
     _program(bin_dir, "qwen", "echo 0.24.4")
-    # A directory others may write (a private temporary directory under a root-owned sticky
-    # /tmp is trusted: endpointd.guard.daemon_programs).
-    bin_dir.chmod(0o777)
+    bin_dir.chmod(0o777)  # a directory others may write
     policy = config / "policy.toml"
     policy.write_text('allowed_roots = []\n[harness]\ndefault = "qwen"\n')
     policy.chmod(0o600)
@@ -417,8 +415,8 @@ def test_harness_list_shows_each_and_how_to_fix_what_is_missing(tmp_path: Path) 
         "ALLOWED",
         "DEFAULT",
     ]
-    # Installed, but in a directory others may write: its --version, which
-    # would run outside any sandbox, is not asked.
+    # Installed, but in a directory others may write: its --version, which would run
+    # outside any sandbox, is not asked.
     assert lines[1].split() == ["qwen", "-", str(bin_dir / "qwen"), "no", "yes", "yes"]
     assert lines[2].split()[:3] == ["codex", "-", "no"]
     assert "`npm install -g @openai/codex`" in shown.stdout

@@ -17,7 +17,8 @@ from endpointd.secrets.proxy_door import Door
 ENDPOINTD_DIR = os.path.dirname(os.path.dirname(os.path.abspath(endpointd.__file__)))
 
 # Knocks at the door as uid argv[2] (or as itself with -1) and passes argv[3]'s kind of
-# socket; prints what came back (the door closes the connection either way).
+# socket; prints what came back (the door closes the connection either way, at once or
+# after reading, so a reset is an answer too).
 KNOCK = """
 import os, socket, sys
 name, uid, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -41,8 +42,8 @@ door.settimeout(10)
 try:
     print("answer", door.recv(1))
 except ConnectionResetError:
-    # Closed by the door with what was sent still unread (a race with the send): turned
-    # away all the same.
+    # The door closed without reading what was sent (how it turns away a stranger):
+    # the kernel answers the unread bytes with a reset.
     print("answer reset")
 """
 
