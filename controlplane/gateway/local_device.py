@@ -74,6 +74,9 @@ class DeviceHome:
             "ENDPOINTD_CONFIG_DIR": str(self.config),
             "ENDPOINTD_STATE_DIR": str(self.state),
             "ENDPOINTD_DATA_DIR": str(self.data),
+            # The control plane's state (its database socket, admin token): endpointd keeps
+            # it out of every command's view (endpointd.guard.view).
+            "SUPERAGENT_STATE_DIR": str(self.root.parent),
         }
 
 

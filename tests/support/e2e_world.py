@@ -35,6 +35,7 @@ from controlplane.channels.github.events import sign
 from controlplane.gateway.tls import gateway_tls
 from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.settings import Settings
+from endpointd.guard.view import HOME_TOOLCHAINS
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 from tests.fakes.git_server import GitServer
 from tests.fakes.github_server import FakeGitHub
@@ -206,6 +207,14 @@ async def pair_and_start(
     # get a minimal environment: the test CA's bundle is passed on by name.
     path = daemon.config_dir / "policy.toml"
     text = passing_env(path.read_text(), "GIT_SSL_CAINFO")
+    # ...and see it: commands see an allow-list of the machine (endpointd.guard.view),
+    # where the owner adds what lies outside the system directories. (Setting the key
+    # replaces the built-in toolchain list, which is kept.)
+    readable = [*HOME_TOOLCHAINS, daemon.env["GIT_SSL_CAINFO"]]
+    assert "\n# readable_paths = [" in text
+    text = re.sub(
+        r"(?m)^# readable_paths = \[.*\]$", f"readable_paths = {json.dumps(readable)}", text
+    )
     path.write_text(
         text + f'\n[credentials.{CREDENTIAL}]\nallow = ["git push *"]\n'
         f"hosts = [{json.dumps(world.git.host)}]\n" + policy

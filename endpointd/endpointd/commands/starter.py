@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import heapq
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -33,7 +34,7 @@ from endpointd.commands import search
 from endpointd.commands.exits import Exits
 from endpointd.commands.fileops import OpResult, list_dir, read_file, write_file
 from endpointd.commands.state import Active, finished, refused
-from endpointd.guard import sandbox
+from endpointd.guard import sandbox, view
 from endpointd.guard.approvals import describe, summarize
 from endpointd.guard.confinement import Confinement
 from endpointd.harness import runs, stores
@@ -422,12 +423,20 @@ class Starter(Exits):
             if active.command is not None
             else None
         )
+        # In its view besides: the git credential helper's socket; a harness's program.
+        read: tuple[str, ...] = ()
+        git = active.delivery.git if active.delivery is not None else None
+        if git is not None:
+            read += (os.path.dirname(git.socket_path),)
+        if isinstance(ex, HarnessExec) and ex.argv:
+            read += view.harness_program(ex.argv[0])
         planned = self._plan_sandbox(
             cwd,
             private_tmpdir(active.spool),
             proxy,
             own=(str(store.path),) if store is not None else (),
             reads=store.logins if store is not None else (),
+            extra_read=read,
             workspace=bound,
             ticket=active.command.ticket_id if active.command is not None else "",
         )
@@ -473,6 +482,7 @@ class Starter(Exits):
         *,
         own: tuple[str, ...] = (),
         reads: tuple[str, ...] = (),
+        extra_read: tuple[str, ...] = (),
         workspace: str | None = None,
         ticket: str = "",
     ) -> Confinement | tuple[Refusal, str]:
@@ -480,7 +490,9 @@ class Starter(Exits):
         refusal and the rule). In a ticket workspace it may also write what a commit
         writes in the clone's git directory (:mod:`endpointd.workspaces.grants`); ``own``:
         directories endpointd made for it in its state dir (a harness run's session store),
-        ``reads``: files it may read though denied (that run's login). ``workspace``: where
+        ``reads``: files it may read though denied (that run's login), ``extra_read``: what
+        its view holds besides, read-only (the git helper's socket, a harness's program; in a
+        ticket workspace, the clone's git directory too). ``workspace``: where
         it may write, when its ticket says so (else the ticket workspace or allowed root
         holding ``cwd``). A ``ticket``'s command cannot read the other tickets' workspaces:
         the directory holding them all is denied to it, less its own (writable) one."""
@@ -490,6 +502,7 @@ class Starter(Exits):
             refusal = Refusal(Reason.POLICY_DENIED, f"{cwd} is not inside an allowed root")
             return refusal, "allowed_roots"
         dirs, files = self.workspaces.write_grants(where)
+        extra_read += self.workspaces.read_grants(where)
         try:
             return sandbox.plan(
                 rules,
@@ -504,6 +517,7 @@ class Starter(Exits):
                 extra_write_files=files,
                 own_write=own,
                 read_files=reads,
+                extra_read=extra_read,
             )
         except sandbox.SandboxUnavailable as exc:
             return Refusal(Reason.POLICY_DENIED, str(exc)), "sandbox"

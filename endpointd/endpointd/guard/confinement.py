@@ -42,6 +42,15 @@ class Confinement:
     # namespace; Landlock cannot stop a connect() by path): directories and single files.
     hidden_dirs: tuple[str, ...] = ()
     hidden_files: tuple[str, ...] = ()
+    # Linux with namespaces: the command sees an allow-listed view of the machine
+    # (endpointd.guard.view): ``read`` (read-only roots beyond the workspace and the
+    # writable ones), ``read_extra`` (this command's own: its clone's git directory),
+    # ``never`` (masked wherever in view), ``homes`` (empty in view, but for grants).
+    view: bool = False
+    read: tuple[str, ...] = ()
+    read_extra: tuple[str, ...] = ()
+    never: tuple[str, ...] = ()
+    homes: tuple[str, ...] = ()
     # Single files readable (never writable) though denied: a harness run's login files
     # (endpointd.harness.stores).
     read_files: tuple[str, ...] = ()

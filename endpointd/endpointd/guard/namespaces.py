@@ -10,13 +10,14 @@ tree, and there is no PID of anyone else's to name.
 
 How (driven by :mod:`endpointd.process.nsinit`, usually before the command is known):
 
-1. :func:`enter`, in the supervisor: ``unshare`` a new PID and mount
-   namespace (and, when not root, a user namespace mapping the user to itself, which is
-   what grants the right to mount); mounts are made private first, so nothing done inside
-   propagates to the host.
-2. The supervisor forks: the new child is PID 1 of the namespace. :func:`mount_proc` mounts a
-   fresh ``/proc`` there, and that process stays as the namespace's init (it reaps orphans;
-   when it exits, the kernel ends everything left in the namespace).
+1. :func:`enter`, in the supervisor: ``unshare`` a new PID namespace (and, when not
+   root, a user namespace mapping the user to itself, which is what grants the right to
+   mount).
+2. The supervisor forks: the new child is PID 1 of the namespace. :func:`mount_proc` takes
+   a mount namespace of its own (mounts made private first, so nothing done inside
+   propagates to the host) and mounts a fresh ``/proc`` there, and that process stays as
+   the namespace's init (it reaps orphans; when it exits, the kernel ends everything left
+   in the namespace).
 
 Standard library only (the supervisor runs in a bare interpreter).
 """
@@ -53,10 +54,11 @@ def _check(result: int, what: str) -> None:
 
 
 def enter() -> None:
-    """Move this process's future children into a new PID namespace, and this process into
-    a new mount namespace whose mounts do not propagate back."""
+    """Move this process's future children into a new PID namespace (and, when not root,
+    a user namespace in which they may mount). The mount namespace is the init's own
+    (:func:`mount_proc`): one per command, not two."""
     uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWPID | CLONE_NEWNS
+    flags = CLONE_NEWPID
     if uid != 0:
         flags |= CLONE_NEWUSER
     _check(_c().unshare(flags), "unshare")
@@ -66,11 +68,13 @@ def enter() -> None:
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", f"{uid} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    _check(_c().mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
 
 
 def mount_proc() -> None:
-    """In PID 1 of the new namespace: a /proc that shows this namespace only."""
+    """In PID 1 of the new namespace: a mount namespace of its own whose mounts do not
+    propagate back, and there a /proc that shows this namespace only."""
+    _check(_c().unshare(CLONE_NEWNS), "unshare(mount)")
+    _check(_c().mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     _check(
         _c().mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
         "mount proc",
@@ -118,6 +122,9 @@ inner = os.fork()
 if inner == 0:
     try:
         namespaces.mount_proc()
+        from endpointd.guard import mountview  # and an allow-listed view can be built
+        mountview.stage([["tmpfs", "/tmp", "1777"], ["dev", "/dev", None], ["proc", "/proc", None]])
+        mountview.finish()
         os._exit(0 if os.getpid() == 1 else 3)
     except BaseException as exc:
         print(exc, file=sys.stderr)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from endpointd.guard import capabilities, landlock, namespaces, netns, seccomp
+from endpointd.guard import capabilities, landlock, namespaces, netns, seccomp, view
 from endpointd.guard.confinement import DEVICE_FILES, Confinement
 from endpointd.guard.files import within as _within
 
@@ -137,15 +137,19 @@ def plan(
     proxy_port: int | None = None,
     extra_write: Sequence[str] = (),
     extra_write_files: Sequence[str] = (),
+    extra_read: Sequence[str] = (),
     own_write: Sequence[str] = (),
     read_files: Sequence[str] = (),
 ) -> Confinement:
     """The confinement of one command; :class:`SandboxUnavailable` when it is required
     and this machine cannot enforce it. ``extra_write``: more directories it may write
     (whole), ``extra_write_files``: single files it may write (not replace); neither ever
-    opens a denied path. ``own_write``: directories endpointd made for this command alone
-    inside its own (denied) state dir, granted like its TMPDIR (a harness run's session
-    store); ``read_files``: single files it may read though denied (that run's login)."""
+    opens a denied path. ``extra_read``: what this command may read beyond the view every
+    command has (its clone's git directory, a harness's program), ``own_write``:
+    directories endpointd made for this command alone inside its own (denied) state dir,
+    granted like its TMPDIR (a harness run's session store); ``read_files``: single files
+    it may read though denied (that run's login), in its view at their own paths (the
+    store's links name them there)."""
     if rules.sandbox == "off":
         return Confinement(network="allow", mechanism="")
     here = support()
@@ -166,7 +170,33 @@ def plan(
     extra = [p for p in extra if not any(_within(p, d) for d in denied_real)]
     files = [_real(p) for p in extra_write_files]
     files = [p for p in files if not any(_within(p, d) for d in denied_real)]
+    # The allow-listed view (endpointd.guard.view), where namespaces make one.
+    shown = here.mechanism == "landlock" and here.private_proc
+    never: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()
+    read_extra: tuple[str, ...] = ()
+    if shown:
+        # A run's login files are in its view (though denied): its store links to them.
+        logins = [_real(p) for p in read_files]
+        never = tuple(
+            p
+            for p in view.never_in_view(denied_real, logins)
+            if not any(_within(p, f) for f in logins)
+        )
+        readable = rules.readable_paths
+        grants = view.HOME_TOOLCHAINS if readable is None else [str(p) for p in readable]
+        read = view.toolchains(grants)
+        read_extra = tuple(
+            p
+            for p in (_real(str(e)) for e in extra_read)
+            if os.path.exists(p) and not any(_within(p, d) for d in denied_real)
+        )
     return Confinement(
+        view=shown,
+        read=read,
+        read_extra=read_extra,
+        never=never,
+        homes=view.homes() if shown else (),
         hidden_dirs=_socket_dirs(),
         hidden_files=_socket_files(),
         # Only Seatbelt can carve these out of a writable root; Landlock cannot (module doc).
@@ -247,13 +277,6 @@ def _real_denied_cached(paths: tuple[str, ...], _stamps: tuple[int, ...]) -> tup
 
 def landlock_spec(c: Confinement) -> dict[str, object]:
     """What the supervisor needs to confine the command with Landlock (plain JSON)."""
-    denied = _outermost(c.denied)
-    grants: list[tuple[str, int]] = []
-    for root in c.write:
-        if os.path.isdir(root):
-            grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
-    grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
-    grants += [(f, landlock.READ_FILE) for f in c.read_files if os.path.isfile(f)]
     if c.network == "allow":
         connect: list[int] | None = None
     else:
@@ -267,11 +290,7 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         # (vsock, netlink, packet and the like do not stop at a network namespace).
         connect = bind = None
         seccomp_mode = "proxy"
-    return {
-        # Reads: the same for every command until a listed directory changes, so a spare
-        # builds them into its ruleset before the command is known (process/nsinit.py).
-        "read": _complement("/", landlock.READ, denied),
-        "grants": grants,
+    spec: dict[str, object] = {
         "connect_ports": connect,
         "bind_ports": bind,
         "seccomp": seccomp_mode,
@@ -282,6 +301,87 @@ def landlock_spec(c: Confinement) -> dict[str, object]:
         "hidden_dirs": list(c.hidden_dirs),
         "hidden_files": list(c.hidden_files),
     }
+    if c.view:
+        spec.update(_view_spec(c))
+        return spec
+    denied = _outermost(c.denied)
+    grants: list[tuple[str, int]] = []
+    for root in c.write:
+        if os.path.isdir(root):
+            grants += _complement(root, _ALL, [d for d in denied if _within(d, root)])
+    grants += [(f, _DEVICE) for f in c.write_files if os.path.exists(f)]
+    grants += [(f, landlock.READ_FILE) for f in c.read_files if os.path.isfile(f)]
+    # Reads: the same for every command until a listed directory changes, so a spare
+    # builds them into its ruleset before the command is known (process/nsinit.py).
+    spec.update(read=_complement("/", landlock.READ, denied), grants=grants)
+    return spec
+
+
+def _view_spec(c: Confinement) -> dict[str, object]:
+    """The allow-listed view and the Landlock grants of the same list (in view paths):
+    ``view`` (the same for every command until the grants change: built ahead), ``read``
+    (its grants, also ahead), ``view_command`` and ``grants`` (this command's), ``beside``
+    (the private tmpfs areas: what lies there but for the mounts in them, worked out by
+    the init once they are all made)."""
+    never = _outermost(c.never)
+    base = view.base(c.read, never, c.homes)
+    files = [f for f in c.write_files if f not in DEVICE_FILES]
+    command = view.command(_collapse(c.write), files, c.read_extra, never, c.read_files)
+    read = _view_reads(c.read, never, c.homes)
+    grants: list[tuple[str, int]] = []
+    for root in c.write:
+        if os.path.isdir(root):
+            grants += _complement(root, _ALL, _inside(never, root))
+    grants += [(f, _DEVICE) for f in files if os.path.exists(f)]
+    for root in c.read_extra:
+        grants += _complement(root, landlock.READ, _inside(never, root))
+    grants += [(f, landlock.READ_FILE) for f in c.read_files if os.path.isfile(f)]
+    beside = [[p, _ALL] for p in ("/tmp", "/var/tmp")]  # noqa: S108
+    beside += [[h, landlock.READ] for h in c.homes]
+    return {
+        "view": base,
+        "view_command": command,
+        "read": read,
+        "grants": grants,
+        "beside": beside,
+    }
+
+
+def _view_reads(
+    read: tuple[str, ...], never: tuple[str, ...], homes: tuple[str, ...]
+) -> list[tuple[str, int]]:
+    """The Landlock read grants of the view's base: the same for every command until a
+    directory listed for them changes (:func:`_complement` is cached the same way)."""
+    out: list[tuple[str, int]] = [("/", landlock.READ_DIR), ("/proc", landlock.READ)]
+    out += [(f"/dev/{name}", _DEVICE) for name in ("null", "zero", "full", "random", "urandom")]
+    out += [("/dev/tty", _DEVICE), ("/dev/pts", _DEVICE | landlock.READ_DIR)]
+    out += [("/dev/shm", _ALL)]  # noqa: S108 (its own, private)
+    # /etc's secrets are masked in the view (and root's alone to read), but not carved out
+    # of Landlock's /etc grant: that would be a rule per entry of /etc, some 150 more rules
+    # for every command's init to make.
+    carved = tuple(n for n in never if n not in view.ETC_SECRETS)
+    for kind, path, _ in view.base(read, never, homes):
+        if kind == "ro":
+            out += _complement(path, landlock.READ, _inside(carved, path))
+    return out
+
+
+@lru_cache(maxsize=256)
+def _inside(paths: tuple[str, ...], root: str) -> list[str]:
+    return [p for p in paths if _within(p, root)]
+
+
+def _collapse(dirs: Sequence[str]) -> list[str]:
+    """The writable directories as mounts: many siblings (a clone's 256 loose-object
+    directories) as their parent, since a mount each would cost a millisecond. Landlock
+    still grants the siblings alone."""
+    by_parent: dict[str, list[str]] = {}
+    for d in dirs:
+        by_parent.setdefault(os.path.dirname(d), []).append(d)
+    out: list[str] = []
+    for parent, children in by_parent.items():
+        out += [parent] if len(children) >= 16 else children
+    return list(dict.fromkeys(out))
 
 
 @lru_cache(maxsize=16)

@@ -424,7 +424,8 @@ class Zygote:
 
     def _teach(self, confine: Mapping[str, Any] | None) -> None:
         """Tell the zygote what this confined command's init needed that the next ones will
-        most likely need too (the hidden sockets, the read grants), so that its spares do
+        most likely need too (the hidden sockets or the view, the read grants, the network
+        namespace), so that its spares do
         it before their command is known (:mod:`endpointd.process.nsinit`)."""
         if not confine or not confine.get("private_proc") or self._sock is None:
             return
@@ -432,6 +433,7 @@ class Zygote:
             "read": confine.get("read") or [],
             "hidden_dirs": confine.get("hidden_dirs") or [],
             "hidden_files": confine.get("hidden_files") or [],
+            "view": confine.get("view") or None,
             "netns": confine.get("netns") or "",
         }
         if lesson == self._taught:

@@ -7,8 +7,10 @@ interpreter (with its copy-on-write faults) and a mount: about two milliseconds,
 spare supervisor spends while it waits for a request (:func:`prepare`), so that a command's
 path holds only what depends on the command: confining and spawning it (:meth:`Init.start`).
 
-How: the supervisor ``unshare``s (a mount namespace of its own, a PID namespace for its
-children) and forks the init, which mounts ``/proc`` and blocks on a socketpair. From then
+How: the supervisor ``unshare``s (a PID namespace for its children) and forks the init,
+which takes a mount namespace of its own, mounts ``/proc``, stages the command's view
+(:mod:`endpointd.guard.mountview`, where the spare was taught one) and blocks on a
+socketpair. From then
 on every process the supervisor starts lands in that namespace, so the daemon hands a
 prepared spare confined commands only (``Zygote.launch``); one that gets an unconfined
 command anyway starts it through the init too, without Landlock but still in the
@@ -34,7 +36,7 @@ import signal
 import socket
 import struct
 
-from endpointd.guard import capabilities, landlock, namespaces, netns
+from endpointd.guard import capabilities, landlock, mountview, namespaces, netns, seccomp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -80,6 +82,11 @@ class Init:
     ) -> None:
         """Hand the command over (see the module doc); the report pipe, ``fds[3]``, says
         whether it started."""
+        if confine and confine.get("view"):
+            # The view binds directories where they really are, not the links on the way
+            # (a checkout's .tools -> elsewhere): the program by its real path (argv[0]
+            # stays as given).
+            program = os.path.realpath(program)
         body = json.dumps(
             {"program": program, "argv": argv, "env": env, "cwd": os.getcwd(), "confine": confine}
         ).encode("utf-8")
@@ -165,15 +172,20 @@ def _receive(control: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
 
 
 class _Ahead:
-    """What the init did before its command was known: the sockets it hid, and a ruleset
-    (not yet enforced) holding the read grants."""
+    """What the init did before its command was known: the sockets it hid, or the view it
+    staged (:mod:`endpointd.guard.mountview`), and a ruleset (not yet enforced) holding
+    the read grants."""
 
-    __slots__ = ("hidden", "read", "ruleset")
+    __slots__ = ("hidden", "read", "ruleset", "view")
 
     def __init__(self, preparation: dict[str, Any]) -> None:
         self.hidden = (preparation["hidden_dirs"], preparation["hidden_files"])
         self.read = preparation["read"]
-        namespaces.hide(*self.hidden)
+        self.view = preparation.get("view")
+        if self.view:
+            mountview.stage(self.view)
+        else:
+            namespaces.hide(*self.hidden)
         self.ruleset = landlock.create(_filesystem_rules(), _grants(self.read))
 
 
@@ -250,31 +262,52 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
     step = "private /proc"
     if confine is None:  # (an unconfined command in a prepared spare: see the module doc)
         try:
+            if ahead is not None and ahead.view:
+                mountview.leave()
             os.chdir(cwd)
         except OSError as exc:
             raise _Failed(exc.errno, "cwd") from None
         if ahead is not None:
             os.close(ahead.ruleset)
         return
+    network = str(confine.get("seccomp") or "")
     try:
-        hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
-        if ahead is None or ahead.hidden != hidden:
-            namespaces.hide(*hidden)  # (over what was hidden ahead: more hiding, never less)
+        view = confine.get("view")
+        if view:
+            step = "view"
+            if ahead is None or ahead.view != view:
+                if ahead is not None:
+                    os.close(ahead.ruleset)
+                ahead = None
+                mountview.restage(view)  # (a view of its own: staged afresh)
+            mountview.apply(confine.get("view_command") or [])
+        else:
+            hidden = (confine.get("hidden_dirs") or [], confine.get("hidden_files") or [])
+            if ahead is None or ahead.hidden != hidden:
+                namespaces.hide(*hidden)  # (over what was hidden ahead: more, never less)
+        step = "landlock"
+        read = confine.get("read") or []
+        grants = _grants(confine.get("grants") or [])
+        if view:
+            grants += mountview.beside(confine.get("beside") or [], view, confine["view_command"])
+        if ahead is not None and ahead.read == read:
+            ruleset = ahead.ruleset
+            landlock.add(ruleset, grants)
+        else:
+            if ahead is not None:
+                os.close(ahead.ruleset)
+            ruleset = landlock.create(_filesystem_rules(), [*_grants(read), *grants])
+        if view:
+            step = "view"
+            mountview.finish()
+        # After every mount (the proxy's door is an abstract socket, in the host's network
+        # namespace: no path, so the view does not hide it), before Landlock (whose
+        # abstract-socket scope would refuse the door) and before the capabilities go.
         step = "network namespace"
         netns.join(confine)
         step = "cwd"
         os.chdir(cwd)
         step = "landlock"
-        read = confine.get("read") or []
-        if ahead is not None and ahead.read == read:
-            ruleset = ahead.ruleset
-            landlock.add(ruleset, _grants(confine.get("grants") or []))
-        else:
-            if ahead is not None:
-                os.close(ahead.ruleset)
-            ruleset = landlock.create(
-                _filesystem_rules(), _grants([*read, *(confine.get("grants") or [])])
-            )
         ports = landlock.Ruleset(
             connect_ports=confine.get("connect_ports"), bind_ports=confine.get("bind_ports")
         )
@@ -288,11 +321,8 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         landlock.enforce(ruleset)
         if ports_layer >= 0:
             landlock.enforce(ports_layer)
-        network = str(confine.get("seccomp") or "")
         if network:
             step = "seccomp"
-            from endpointd.guard import seccomp
-
             seccomp.install(network)
     except OSError as exc:
         raise _Failed(exc.errno, step) from None

@@ -89,7 +89,14 @@ def load_libc() -> Any:
 def load_sandbox() -> None:
     """Import what confining a command needs; the zygote calls this once so that forks
     inherit it instead of importing it per command."""
-    from endpointd.guard import capabilities, landlock, namespaces, netns, seccomp  # noqa: F401
+    from endpointd.guard import (  # noqa: F401
+        capabilities,
+        landlock,
+        mountview,
+        namespaces,
+        netns,
+        seccomp,
+    )
 
 
 _subreaper = False

@@ -45,6 +45,7 @@ _TOP_KEYS = (
     "allowed_roots",
     "denied_paths",
     "writable_paths",
+    "readable_paths",
     "program_paths",
     "default_action",
     "sandbox",
@@ -76,6 +77,12 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
         for raw, p in reader.path_list(data, "denied_paths")
     )
     writable = tuple(p for _, p in reader.path_list(data, "writable_paths"))
+    # Absent: the built-in toolchain grants (endpointd.guard.view.HOME_TOOLCHAINS).
+    readable = (
+        tuple(p for _, p in reader.path_list(data, "readable_paths"))
+        if "readable_paths" in data
+        else None
+    )
     program_paths = tuple(p for _, p in reader.path_list(data, "program_paths"))
     default_action = reader.choice(data, "default_action", ACTIONS, "allow")
     sandbox = reader.choice(data, "sandbox", SANDBOX_MODES, "required")
@@ -103,6 +110,7 @@ def parse_policy(text: str, path: Path, home: Path | None = None) -> Rules:
         network=cast(NetworkMode, network),
         proxy_hosts=proxy_hosts,
         writable_paths=writable,
+        readable_paths=readable,
         program_paths=program_paths,
         env=env,
         files=files,

@@ -214,6 +214,9 @@ class Rules:
     network: NetworkMode = "allow"
     proxy_hosts: tuple[str, ...] = ()  # [proxy] allow_hosts: where network = "proxy" may go
     writable_paths: tuple[Path, ...] = ()  # beyond the workspace and the private TMPDIR
+    # What commands may read besides the system and their workspace (read-only); None:
+    # the built-in toolchain directories (endpointd.guard.view.HOME_TOOLCHAINS).
+    readable_paths: tuple[Path, ...] | None = None
     # Directories in the home directory the daemon may run its own programs from (git, rg,
     # a harness's --version), read at its start; never one inside an allowed root or a
     # writable path.

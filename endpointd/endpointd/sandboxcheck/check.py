@@ -183,14 +183,17 @@ def run_probes(
         raise CheckError(f"{scene.workspace} is not a ticket workspace under this policy")
     tmp = private_tmpdir(spool)
     try:
+        # As a ticket's command (Starter._plan_sandbox): the other tickets' workspaces
+        # denied, its clone's git directory in view.
         confinement = sandbox.plan(
             rules,
-            denied=[str(d.path) for d in policy.denied_paths],
+            denied=[*(str(d.path) for d in policy.denied_paths), str(policy.workspaces_root)],
             workspace=str(workspace),
             tmpdir=str(tmp),
             proxy_port=proxy_port,
             extra_write=scene.write_dirs,
             extra_write_files=scene.write_files,
+            extra_read=scene.read_dirs,
         )
     except sandbox.SandboxUnavailable as exc:
         raise CheckError(f"every command is refused on this machine: {exc}") from None

@@ -83,6 +83,7 @@ class Scene:
         self.workspace = Path()
         self.write_dirs: tuple[str, ...] = ()
         self.write_files: tuple[str, ...] = ()
+        self.read_dirs: tuple[str, ...] = ()
         self._files: list[str] = []  # to unlink
         self._dirs: list[str] = []  # made here, to rmdir (innermost last in the list)
         self._trees: list[str] = []  # wholly ours, to rmtree
@@ -214,6 +215,7 @@ class Scene:
         dirs, files = grants.write_grants(records[0])
         grants.ensure(records[0])
         self.write_dirs, self.write_files = dirs, files
+        self.read_dirs = grants.read_grants(records[0])
         common = Path(records[1].common_dir)
         self.targets["other_ref"] = str(common / "refs" / "heads" / records[1].branch)
         self.targets["owner_ref"] = str(common / "refs" / "heads" / "main")

@@ -64,10 +64,11 @@ SUITE: tuple[ProbeClass, ...] = (
     ProbeClass(
         "sockets",
         "talk to a local service (an agent, a database, a container engine) outside the grants",
-        "pathname Unix sockets outside the grants must be out of the command's view: this"
-        " needs endpointd's allow-listed filesystem view (Landlock cannot refuse a connect()"
-        " to a named socket before its Unix-socket scoping); until then run no agent or"
-        " service sockets in the session endpointd runs in",
+        "a command reaches a pathname Unix socket only where its view holds it (its"
+        " workspace, writable_paths, readable_paths, the toolchain directories): keep agent"
+        ' and service sockets out of those, and keep sandbox = "required" on a kernel with'
+        " user namespaces (without them there is no view, and Landlock cannot refuse a"
+        " connect() to a named socket)",
         (
             Probe("connect to a socket in the home directory", "unix", "home_socket"),
             Probe("connect to a socket in /tmp", "unix", "tmp_socket"),
@@ -100,8 +101,10 @@ SUITE: tuple[ProbeClass, ...] = (
     ProbeClass(
         "reads",
         "read credentials and the daemon's or the control plane's state",
-        "add the location to denied_paths in policy.toml (better: the home directory hidden"
-        ' except what you grant), and keep sandbox = "required" on a kernel with Landlock',
+        "take the location out of readable_paths, writable_paths and allowed_roots, or add it"
+        ' to denied_paths in policy.toml; keep sandbox = "required" on a kernel with'
+        " Landlock and user namespaces (the view shows of the home directory only what"
+        " readable_paths grants)",
         (
             Probe("read a file in ~/.ssh", "read", "ssh"),
             Probe("read a file in ~/.aws", "read", "aws"),
@@ -118,9 +121,10 @@ SUITE: tuple[ProbeClass, ...] = (
     ProbeClass(
         "cross-workspace",
         "read or change another ticket's work, or the owner's terminal",
-        "other tickets' workspaces and the owner's terminals must be out of the command's"
-        " view: this needs endpointd's allow-listed filesystem view (only the ticket's own"
-        " workspace, and a /dev with the command's own pty)",
+        "other tickets' workspaces and the owner's terminals are out of a ticket's view"
+        ' (sandbox = "required" on a kernel with Landlock and user namespaces); the other'
+        " superagent/* branches of its clone are not (git needs their directory writable"
+        " for its lock files): endpointd cannot close that yet",
         (
             Probe("read another ticket's workspace", "read", "other_file"),
             Probe("create a file in another ticket's workspace", "create", "other_new"),

@@ -32,7 +32,7 @@ import os
 
 from endpointd.workspaces.store import Record
 
-__all__ = ["BRANCH_PREFIX", "ensure", "write_grants"]
+__all__ = ["BRANCH_PREFIX", "ensure", "read_grants", "write_grants"]
 
 BRANCH_PREFIX = "superagent/"
 FAN_OUT = tuple(f"{i:02x}" for i in range(256))
@@ -74,6 +74,13 @@ def write_grants(record: Record) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (), ()
     dirs, files = _paths(record)
     return tuple(dirs), tuple(files)
+
+
+def read_grants(record: Record) -> tuple[str, ...]:
+    """What a command in this workspace sees of its clone, read-only: the common git
+    directory (objects, refs, config), never the clone's working tree (the owner's
+    checkout) nor another ticket's worktree."""
+    return (record.common_dir,) if _trusted(record) else ()
 
 
 def ensure(record: Record) -> None:

@@ -505,6 +505,12 @@ class Workspaces:
         grants.ensure(record)
         return grants.write_grants(record)
 
+    def read_grants(self, workspace: Path | str) -> tuple[str, ...]:
+        """What a command working in ``workspace`` may read of its clone (its git
+        directory, see :mod:`endpointd.workspaces.grants`); nothing for other directories."""
+        record = self.record_for(workspace)
+        return grants.read_grants(record) if record is not None else ()
+
 
 def _oldest_released(records: Iterable[Record]) -> list[Record]:
     released = [r for r in records if r.state == "released"]

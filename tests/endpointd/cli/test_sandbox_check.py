@@ -28,11 +28,14 @@ from tests.fakes.endpointd_process import Endpointd, endpointd_in
 # The classes today's sandbox contains on this machine under the default policy (the
 # shipped example, as `endpointd pair` writes it). Every other class must be reported
 # escaped, so that a class a later change contains makes this test fail until it is
-# added here: move each class into this set as the change closing it lands (sockets:
-# pathname sockets out of view; cross-workspace: the allow-listed view and a private
-# /dev/pts; reads: the home directory allow-list). Egress is judged separately below,
-# since it depends on the policy's network mode.
-EXPECTED_CONTAINED = {"persistence", "processes", "privileges"}
+# added here: move each class into this set as the change closing it lands. The
+# allow-listed view closed sockets (pathname sockets out of view) and reads (the home
+# directory an allow-list); cross-workspace still escapes: other tickets' worktrees and
+# the owner's terminals are out of view, but a ticket's command may move the other
+# superagent/* branches of its clone (their directory is granted whole, for git's lock
+# files). Egress is judged separately below, since it depends on the policy's network
+# mode.
+EXPECTED_CONTAINED = {"persistence", "processes", "privileges", "sockets", "reads"}
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
 
@@ -267,6 +270,13 @@ async def test_the_probes_fare_in_the_check_as_in_a_command_the_daemon_runs(
     monkeypatch.delenv("SUPERAGENT_STATE_DIR", raising=False)
     with FakeGateway() as gw:
         device = await start_paired(gw, endpointd)  # the default policy, as pairing writes it
+        # ... but for one directory the owner lets commands write (~/.local/bin): so that
+        # a probe succeeds in both, now that the view contains all the others.
+        policy_file = endpointd.config_dir / "policy.toml"
+        text = policy_file.read_text()
+        assert "\nwritable_paths = []\n" in text
+        granted = f"\nwritable_paths = [{json.dumps(str(home / '.local' / 'bin'))}]\n"
+        policy_file.write_text(text.replace("\nwritable_paths = []\n", granted))
         policy = load_policy(
             endpointd.config_dir,
             state_directory=endpointd.state_dir,

@@ -142,8 +142,9 @@ async def test_a_spare_taught_other_read_rules_applies_the_commands_own(tmp_path
     # was taught "everything is readable" while its command must not read `secret`.
     zygote = Zygote(prepare_namespaces=True, spares=1)
     zygote.ensure_started()
-    secret = tmp_path / "secret"
-    secret.mkdir()
+    # In the workspace: what lies elsewhere is not in a command's view at all.
+    secret = tmp_path / "ws" / "secret"
+    secret.mkdir(parents=True)
     (secret / "key").write_text("canary-7d1f")
     try:
         await assert_eventually(zygote.ready, timeout=20)
@@ -152,7 +153,10 @@ async def test_a_spare_taught_other_read_rules_applies_the_commands_own(tmp_path
             spool = tmp_path / f"spool{n}"
             spec = exec_spec(
                 spool,
-                Exec(argv=("sh", "-c", f"cat {secret / 'key'} || echo refused"), cwd=str(tmp_path)),
+                Exec(
+                    argv=("sh", "-c", f"cat {secret / 'key'} || echo refused"),
+                    cwd=str(tmp_path / "ws"),
+                ),
                 limits=ExecLimits(max_timeout_seconds=60),
                 default_cwd=tmp_path,
                 confinement=sandbox.plan(
