@@ -60,6 +60,7 @@ from controlplane.workers.devices import AWAY_GRACE, device_gone, device_online
 from controlplane.workers.harness import choice, repo_config
 from controlplane.workers.tools.core import Outcome, Ticket
 from controlplane.workers.tools.toolbox import TOOL_SPECS, WorkerToolbox
+from superagent_shared import branches
 from superagent_shared.ids import stable_id
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ async def prepare_ticket(pool: asyncpg.Pool, ticket: Ticket) -> Ticket:
     repo = ticket.repo or (
         placement.thread_repo(thread["source"], thread["external_id"]) if thread else None
     )
-    branch = ticket.branch or f"superagent/{ticket.id}"
+    branch = ticket.branch or branches.ticket_branch(ticket.id)
     await store.set_repo_branch(pool, ticket.id, repo, branch)
     return replace(ticket, repo=repo, branch=branch)
 

@@ -2,7 +2,7 @@
 
 Before a ticket's first round works, its device prepares the ticket's workspace
 (``PrepareWorkspace``): a git worktree of the device's clone on branch
-``superagent/<ticket>``, outside the user's checkout, so two tickets never share a working
+``superagent/<ticket>/work``, outside the user's checkout, so two tickets never share a working
 tree and no ticket touches the user's unfinished work. A directory that is not a git
 repository is used in place, and the brief says so. The path is recorded on the ticket
 (``tickets.workspace``) and every later round and retry works there.

@@ -34,6 +34,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.workers.worker import RECOVERY_NOTE
+from superagent_shared import branches
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support import github_examples
 from tests.support.e2e_world import (
@@ -266,7 +267,7 @@ async def _finished(world: World, pool: asyncpg.Pool) -> tuple[asyncpg.Record, s
     assert ticket["state"] == "ready"  # waiting for the merge
     (pr,) = world.github.pulls(REPO)
     assert pr["html_url"] == ticket["pr_url"]
-    assert pr["head"]["ref"] == ticket["branch"] == f"superagent/{ticket['id']}"
+    assert pr["head"]["ref"] == ticket["branch"] == branches.ticket_branch(ticket["id"])
     assert ticket["pr_url"] in reply
     assert "tokens" in reply
     assert "$" in reply

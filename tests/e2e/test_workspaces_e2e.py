@@ -31,6 +31,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from superagent_shared import branches
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.e2e_world import (
     ALICE,
@@ -298,7 +299,7 @@ async def test_two_tickets_in_their_own_worktrees_through_review_ci_and_merge(
         workspace = Path(ticket["workspace"])
         assert _is_dir(workspace)
         assert world.data_dir in workspace.parents, workspace
-        assert ticket["branch"] == f"superagent/{ticket['id']}"
+        assert ticket["branch"] == branches.ticket_branch(ticket["id"])
         assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=workspace).strip() == ticket["branch"]
     pulls = {p["head"]["ref"]: p for p in world.github.pulls(REPO)}
     assert set(pulls) == {add["branch"], sub["branch"]}

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from endpointd.workspaces import grants
 from endpointd.workspaces.store import Record
+from superagent_shared import branches
 
 MARK = "endpointd-sandbox-check"
 # Unix socket paths are limited to 107 bytes on Linux (103 on macOS).
@@ -201,14 +202,15 @@ class Scene:
             self._other.mkdir(mode=0o700)
             (self._checkout / ".git" / "hooks").mkdir(parents=True)
             (self._checkout / ".git" / "config").write_text("")
-            self.skipped["other_ref"] = self.skipped["owner_ref"] = "git is not installed"
+            for key in ("other_ref", "owner_ref", "planted_ref"):
+                self.skipped[key] = "git is not installed"
             return
         self._git(git, "init", "-q", "-b", "main", str(self._checkout))
         self._git(git, "-C", str(self._checkout), "commit", "-q", "--allow-empty", "-m", "scratch")
         (self._checkout / ".git" / "hooks").mkdir(exist_ok=True)
         records = []
-        for path, branch in ((self.workspace, "ours"), (self._other, "other")):
-            full = f"{grants.BRANCH_PREFIX}{self.name}-{branch}"
+        for path in (self.workspace, self._other):
+            full = branches.ticket_branch(path.name)
             checkout = str(self._checkout)
             self._git(git, "-C", checkout, "worktree", "add", "-q", "-b", full, str(path))
             records.append(self._record(path, full))
@@ -219,6 +221,7 @@ class Scene:
         common = Path(records[1].common_dir)
         self.targets["other_ref"] = str(common / "refs" / "heads" / records[1].branch)
         self.targets["owner_ref"] = str(common / "refs" / "heads" / "main")
+        self._removable("planted_ref", common / "refs" / "heads" / branches.PREFIX / self.name)
 
     def _record(self, path: Path, branch: str) -> Record:
         """The workspace record the daemon would keep for this worktree."""

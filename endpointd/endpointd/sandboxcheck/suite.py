@@ -121,14 +121,14 @@ SUITE: tuple[ProbeClass, ...] = (
     ProbeClass(
         "cross-workspace",
         "read or change another ticket's work, or the owner's terminal",
-        "other tickets' workspaces and the owner's terminals are out of a ticket's view"
-        ' (sandbox = "required" on a kernel with Landlock and user namespaces); the other'
-        " superagent/* branches of its clone are not (git needs their directory writable"
-        " for its lock files): endpointd cannot close that yet",
+        "other tickets' workspaces and the owner's terminals are out of a ticket's view, and"
+        " only the ticket's own branch folder (superagent/<ticket>/) of its clone is"
+        ' writable: keep sandbox = "required" on a kernel with Landlock and user namespaces',
         (
             Probe("read another ticket's workspace", "read", "other_file"),
             Probe("create a file in another ticket's workspace", "create", "other_new"),
             Probe("move another ticket's branch", "append", "other_ref"),
+            Probe("plant a branch beside the ticket's own folder", "create", "planted_ref"),
             Probe("move the owner's branch (main)", "append", "owner_ref"),
             Probe("open a terminal of the owner's (/dev/pts)", "tty", "pty"),
         ),

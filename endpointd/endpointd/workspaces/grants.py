@@ -10,13 +10,12 @@ never from the workspace's ``.git`` file (a command can rewrite that):
   and git removes its temporary files, so the loose objects already there could be
   removed too; packs (``objects/pack``) and ``objects/info`` (alternates) stay
   read-only, as does ``objects`` itself (no new directories, no maintenance lock);
-* ``refs/heads/superagent/``: the ticket's branch. git replaces a ref through a lock file
-  beside it, so the grant is the directory: every ``superagent/*`` branch, not one. The
-  user's own branches (``main``…) are not in it;
-* ``refs/remotes/<remote>/superagent/``: what a push records of the ticket's branch;
-* the branch's reflog and its remote-tracking reflog, as files: appended to, not replaced.
-  git writes a ref's reflog before the ref, so another ticket's branch still cannot be
-  moved through git itself;
+* ``refs/heads/superagent/<ticket>/``: the ticket's branch, ``superagent/<ticket>/work``
+  (:mod:`superagent_shared.branches`). git replaces a ref through a lock file beside it,
+  so the grant is the directory, which holds this ticket's refs only: another ticket's
+  branch and the user's own (``main``…) are not in it;
+* ``refs/remotes/<remote>/superagent/<ticket>/``: what a push records of the branch;
+* the branch's reflog and its remote-tracking reflog, as files: appended to, not replaced;
 * nothing else: not the clone's working tree, ``config``, ``hooks``, ``packed-refs``,
   ``refs/stash`` or any other ref.
 
@@ -31,25 +30,23 @@ import contextlib
 import os
 
 from endpointd.workspaces.store import Record
+from superagent_shared import branches
 
-__all__ = ["BRANCH_PREFIX", "ensure", "read_grants", "write_grants"]
+__all__ = ["ensure", "read_grants", "write_grants"]
 
-BRANCH_PREFIX = "superagent/"
 FAN_OUT = tuple(f"{i:02x}" for i in range(256))
 
 
 def _paths(record: Record) -> tuple[list[str], list[str]]:
     common = record.common_dir
-    name = record.branch.removeprefix(BRANCH_PREFIX)
+    folder = os.path.dirname(record.branch)  # superagent/<ticket>
     dirs = [record.admin_dir]
     dirs += [os.path.join(common, "objects", d) for d in FAN_OUT]
-    dirs.append(os.path.join(common, "refs", "heads", "superagent"))
-    files = [os.path.join(common, "logs", "refs", "heads", "superagent", name)]
+    dirs.append(os.path.join(common, "refs", "heads", folder))
+    files = [os.path.join(common, "logs", "refs", "heads", record.branch)]
     if record.remote:
-        dirs.append(os.path.join(common, "refs", "remotes", record.remote, "superagent"))
-        files.append(
-            os.path.join(common, "logs", "refs", "remotes", record.remote, "superagent", name)
-        )
+        dirs.append(os.path.join(common, "refs", "remotes", record.remote, folder))
+        files.append(os.path.join(common, "logs", "refs", "remotes", record.remote, record.branch))
     return dirs, files
 
 
@@ -61,8 +58,7 @@ def _trusted(record: Record) -> bool:
         and record.common_dir
         and record.admin_dir
         and os.path.dirname(record.admin_dir) == os.path.join(record.common_dir, "worktrees")
-        and record.branch.startswith(BRANCH_PREFIX)
-        and "/" not in record.branch.removeprefix(BRANCH_PREFIX)
+        and branches.ticket_of(record.branch) == record.ticket
         and not record.remote.startswith(".")
         and "/" not in record.remote
     )

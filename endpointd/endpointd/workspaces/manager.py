@@ -1,7 +1,7 @@
 """A workspace per ticket: made, found again, released and removed.
 
 :meth:`Workspaces.prepare` turns a PrepareWorkspace into ``<data dir>/workspaces/<ticket>``,
-a ``git worktree`` of the device's clone on branch ``superagent/<ticket>``, and records it
+a ``git worktree`` of the device's clone on branch ``superagent/<ticket>/work``, and records it
 (:mod:`endpointd.workspaces.store`). Where it starts (:mod:`endpointd.workspaces.bases`):
 the freshly fetched default branch, a pull request's branch (tracked, so ``git status``
 and ``git pull`` follow the PR), or a snapshot of the user's uncommitted changes. The
@@ -40,6 +40,7 @@ from endpointd.workspaces.errors import GitError, WorkspaceError
 from endpointd.workspaces.git import git, git_ok
 from endpointd.workspaces.store import Record, Setup, Store
 from endpointd.workspaces.usage import disk_usage, index_estimate
+from superagent_shared import branches
 from superagent_shared.messages import PrepareWorkspace
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ class Workspaces:
                 subdir=source.subdir,
                 common_dir=source.common_dir,
                 remote=source.remote_name,
-                branch=f"{grants.BRANCH_PREFIX}{op.ticket_id}",
+                branch=branches.ticket_branch(op.ticket_id),
                 size_bytes=estimate,
             )
             records[op.ticket_id] = record

@@ -26,16 +26,10 @@ from endpointd.sandboxcheck.suite import CLASS_NAMES
 from tests.fakes.endpointd_process import Endpointd, endpointd_in
 
 # The classes today's sandbox contains on this machine under the default policy (the
-# shipped example, as `endpointd pair` writes it). Every other class must be reported
-# escaped, so that a class a later change contains makes this test fail until it is
-# added here: move each class into this set as the change closing it lands. The
-# allow-listed view closed sockets (pathname sockets out of view) and reads (the home
-# directory an allow-list); cross-workspace still escapes: other tickets' worktrees and
-# the owner's terminals are out of view, but a ticket's command may move the other
-# superagent/* branches of its clone (their directory is granted whole, for git's lock
-# files). Egress is judged separately below, since it depends on the policy's network
-# mode.
-EXPECTED_CONTAINED = {"persistence", "processes", "privileges", "sockets", "reads"}
+# shipped example, as `endpointd pair` writes it): every one. Egress is judged separately
+# below, since it depends on the policy's network mode. Should a class ever be reported
+# escaped under the default policy, this test says which.
+EXPECTED_CONTAINED = set(CLASS_NAMES) - {"egress"}
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
 

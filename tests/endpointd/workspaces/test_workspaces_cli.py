@@ -15,6 +15,7 @@ import pytest
 from endpointd.guard.policy import Policy
 from endpointd.rules.terms import POLICY_FILE
 from endpointd.workspaces.manager import Workspaces
+from superagent_shared import branches
 from superagent_shared.messages import PrepareWorkspace
 from tests.endpointd.workspaces.device_world import REPO, make_clone, origin_rewrite
 
@@ -79,11 +80,11 @@ def test_list_and_prune_show_and_remove_what_is_released(owner: Owner) -> None:
     rows = {r["ticket"]: r for r in json.loads(owner.cli("workspaces", "list", "--json").stdout)}
     assert (rows[A]["state"], rows[B]["state"]) == ("released", "active")
     assert rows[A]["repo"] == REPO
-    assert rows[A]["branch"] == f"superagent/{A}"
+    assert rows[A]["branch"] == branches.ticket_branch(A)
     assert rows[A]["path"] == str(a)
     assert rows[A]["size_bytes"] > 0
     human = owner.cli("workspaces", "list").stdout
-    assert f"{B}  {REPO}  superagent/{B}  active" in human
+    assert f"{B}  {REPO}  {branches.ticket_branch(B)}  active" in human
     assert f"  {b}\n" in human
     # Within the retention, nothing goes; --all-released takes it; --dry-run only says so.
     assert owner.cli("workspaces", "prune").stdout == "nothing to prune\n"

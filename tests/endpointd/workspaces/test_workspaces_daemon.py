@@ -12,6 +12,7 @@ import pytest
 
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared import branches
 from tests.endpointd.workspaces.device_world import (
     REPO,
     git,
@@ -58,7 +59,7 @@ async def test_a_workspace_is_prepared_set_up_once_and_found_again_after_a_resta
     _, answer = await device.prepare(A, setup=True)
     ws = endpointd.data_dir / "workspaces" / A
     assert answer["path"] == str(ws)
-    assert answer["branch"] == f"superagent/{A}"
+    assert answer["branch"] == branches.ticket_branch(A)
     assert (answer["created"], answer["in_place"], answer["clone"]) == (True, False, str(clone))
     assert answer["base"] == git("rev-parse", "main", cwd=clone).strip()
     setup = answer["setup"]
@@ -119,7 +120,8 @@ async def test_a_released_workspace_goes_after_the_retention(
     assert _exists(a["path"])  # 72 h by default
     listed = endpointd.cli("workspaces", "list")
     assert listed.returncode == 0, listed.stderr
-    assert re.search(rf"{A}  {REPO}  superagent/{A}  released 0 min ago", listed.stdout)
+    shown = rf"{A}  {REPO}  {branches.ticket_branch(A)}  released 0 min ago"
+    assert re.search(shown, listed.stdout)
     write_policy(endpointd, [clone.parent], "[workspaces]\nretention_hours = 0\n")
     pruned = endpointd.cli("workspaces", "prune")
     assert pruned.returncode == 0, pruned.stderr

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.gateway import specs
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared import branches
 from tests.endpointd.workspaces.device_world import REPO, make_clone, origin_rewrite
 from tests.support.daemon import Daemon
 from tests.support.gateway_harness import Gateway, connected, running_gateway
@@ -86,7 +87,7 @@ async def test_reported_repositories_are_stored_beside_an_older_daemon_that_repo
     workspace = daemon.home / "data" / "workspaces" / TICKET
     assert (answer["path"], answer["branch"], answer["in_place"]) == (
         str(workspace),
-        f"superagent/{TICKET}",
+        branches.ticket_branch(TICKET),
         False,
     )
     assert (workspace / "README.md").read_text() == "widgets\n"

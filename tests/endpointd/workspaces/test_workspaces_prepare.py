@@ -11,6 +11,7 @@ import pytest
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import Workspaces
 from endpointd.workspaces.store import Store
+from superagent_shared import branches
 from superagent_shared.messages import WorkspaceBase
 from tests.endpointd.workspaces.clone_world import A, B, C, World
 from tests.endpointd.workspaces.device_world import git
@@ -46,8 +47,8 @@ def test_the_owners_checkout_index_and_stashes_are_never_touched(
     assert not (world.tmp / "hook-ran").exists()
     ws = Path(str(answer["path"]))
     assert ws.parent == world.data / "workspaces"
-    assert git("symbolic-ref", "--short", "HEAD", cwd=ws).strip() == f"superagent/{A}"
-    assert answer["branch"] == f"superagent/{A}"
+    assert git("symbolic-ref", "--short", "HEAD", cwd=ws).strip() == branches.ticket_branch(A)
+    assert answer["branch"] == branches.ticket_branch(A)
     assert answer["created"] is True
     assert answer["in_place"] is False
     assert answer["clone"] == str(world.clone)
@@ -158,7 +159,7 @@ def test_a_failed_fetch_is_one_line_and_never_shows_a_password(world: World) -> 
     # Nothing is left behind: no record, no directory, no branch.
     assert world.workspaces.list() == []
     assert not (world.data / "workspaces" / A).exists()
-    assert f"superagent/{A}" not in git("branch", "--list", cwd=world.clone)
+    assert branches.ticket_branch(A) not in git("branch", "--list", cwd=world.clone)
 
 
 def test_released_workspaces_go_after_the_retention_and_keep_branches_with_work(
@@ -182,9 +183,9 @@ def test_released_workspaces_go_after_the_retention_and_keep_branches_with_work(
     assert (removed[A].branch_kept, removed[B].branch_kept) == (False, True)
     assert not untouched.exists()
     assert not worked.exists()
-    branches = git("branch", "--list", cwd=world.clone)
-    assert f"superagent/{A}" not in branches
-    assert f"superagent/{B}" in branches
+    listed = git("branch", "--list", cwd=world.clone)
+    assert branches.ticket_branch(A) not in listed
+    assert branches.ticket_branch(B) in listed
     assert git("worktree", "list", "--porcelain", cwd=world.clone).count("worktree ") == 1
     assert world.workspaces.list() == []
     # The ticket comes back: its workspace continues from its branch.

@@ -18,6 +18,7 @@ import pytest
 
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared import branches
 from tests.endpointd.workspaces.device_world import (
     Device,
     git,
@@ -48,9 +49,9 @@ def _fingerprint(root: Path, ticket: str = "") -> dict[str, str]:
     reflogs, new loose objects."""
     mine = (
         f".git/worktrees/{ticket}/",
-        f".git/refs/heads/superagent/{ticket}",
-        f".git/logs/refs/heads/superagent/{ticket}",
-        f".git/logs/refs/remotes/origin/superagent/{ticket}",
+        f".git/refs/heads/superagent/{ticket}/",
+        f".git/logs/refs/heads/superagent/{ticket}/",
+        f".git/logs/refs/remotes/origin/superagent/{ticket}/",
     )
     out = {}
     for path in sorted(root.rglob("*")):
@@ -128,9 +129,9 @@ async def test_a_ticket_command_commits_on_its_own_branch(
     )
     assert done.exit_code == 0, out
     assert out == b"the fix\n"  # no warning, nothing left behind
-    branch = git("log", "-1", "--format=%s", f"superagent/{A}", cwd=clone)
+    branch = git("log", "-1", "--format=%s", branches.ticket_branch(A), cwd=clone)
     assert branch == "the fix\n"
-    assert git("show", f"superagent/{A}:calc.py", cwd=clone) == "x = 2\n"
+    assert git("show", f"{branches.ticket_branch(A)}:calc.py", cwd=clone) == "x = 2\n"
     # The other ticket and the owner saw none of it.
     assert (ws_b / "calc.py").read_text() == "x = 1\n"
     owner_after = (clone / "README.md").read_bytes(), git("status", "--porcelain", cwd=clone)

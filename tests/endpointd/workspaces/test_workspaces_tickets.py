@@ -16,6 +16,7 @@ import pytest
 
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
+from superagent_shared import branches
 from tests.endpointd.workspaces.device_world import Device, git, make_clone, start_device
 from tests.fakes.endpointd_process import Endpointd
 from tests.fakes.gateway_server import FakeGateway
@@ -120,20 +121,31 @@ async def test_a_tickets_shell_runs_only_in_its_own_workspace(
     assert not (ws_b / ".envrc").exists()
 
 
-async def test_a_ticket_cannot_move_another_tickets_branch_through_git(
+async def test_a_ticket_cannot_move_or_shadow_another_tickets_branch(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
-    """``git update-ref`` of another ticket's branch fails: git writes a ref's reflog
-    before the ref, and only the ticket's own reflog is granted. (Writing that ref's file
-    directly still succeeds: Landlock grants ``refs/heads/superagent/`` whole; see
-    docs/endpointd.md, *What a ticket's commands may write*.)"""
+    """Neither through git nor by writing ref files: each ticket's branch lies in a folder
+    of its own (``superagent/<ticket>/work``), and only the ticket's own folder is
+    writable. A flat ``superagent/<ticket>`` needed ``refs/heads/superagent/`` writable
+    whole (git's lock files), so a command could overwrite another ticket's branch file,
+    or shadow a packed one with a loose file of its own."""
     device, clone, ws_a, _ = await _two_tickets(gw, endpointd, tmp_path)
-    before = git("rev-parse", f"superagent/{B}", cwd=clone).strip()
+    mine, theirs = branches.ticket_branch(A), branches.ticket_branch(B)
+    before = git("rev-parse", theirs, cwd=clone).strip()
+    git("pack-refs", "--all", cwd=clone)  # B's branch is now only in packed-refs
+    refs = clone / ".git" / "refs" / "heads"
     script = (
         "git -c user.name=a -c user.email=a@example.com commit -q --allow-empty -m mine"
-        f" && git update-ref refs/heads/superagent/{B} HEAD; echo exit=$?"
+        f" && git update-ref refs/heads/{mine} HEAD && echo own-moved;"
+        f" git update-ref refs/heads/{theirs} HEAD 2>/dev/null && echo git-moved;"
+        f" {{ git rev-parse HEAD > {refs}/{theirs}; }} 2>/dev/null && echo file-written;"
+        f" {{ mkdir {refs}/superagent/{B}-2; }} 2>/dev/null && echo folder-made;"
+        f" {{ git rev-parse HEAD > {refs}/superagent/new; }} 2>/dev/null && echo ref-planted;"
+        f" {{ git rev-parse HEAD > {refs}/main; }} 2>/dev/null && echo main-written;"
+        " true"
     )
     _, out = await device.finish(_of(A, _sh(script, ws_a)))
-    assert b"exit=0" not in out, out
-    assert git("rev-parse", f"superagent/{B}", cwd=clone).strip() == before
-    assert git("rev-parse", f"superagent/{A}", cwd=clone).strip() != before  # its own moved
+    assert out == b"own-moved\n", out
+    assert git("rev-parse", theirs, cwd=clone).strip() == before
+    assert git("rev-parse", mine, cwd=clone).strip() != before  # its own moved
+    assert not (refs / "superagent" / "new").exists()
