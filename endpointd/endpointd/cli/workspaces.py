@@ -139,7 +139,7 @@ def workspaces_prune(all_released: bool, dry_run: bool, as_json: bool) -> None:
     policy = load_policy(config_dir().path, state_directory=state_dir().path)
     # The git it runs comes from where the daemon's would (never a root commands write).
     daemon_programs.configure_for(policy, config_dir().path, state_dir().path)
-    removed = _manager().prune(policy.workspace_rules, all_released=all_released, dry_run=dry_run)
+    removed = _manager().prune(policy, all_released=all_released, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps([asdict(r) for r in removed], indent=2))
         return

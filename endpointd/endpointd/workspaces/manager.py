@@ -156,14 +156,14 @@ class Workspaces:
             source = self._source(op, policy, approved)
             if found is not None:
                 # Half made (a crash) or removed by hand: start over, keeping its branch.
-                self._remove(found)
+                self._remove(found, policy)
                 del records[op.ticket_id]
             if source.in_place:
                 record = Record(op.ticket_id, source.path, state="active", in_place=True)
                 records[op.ticket_id] = record
                 return Prepared(record, created=False, setup=None)
             estimate = index_estimate(os.path.join(source.git_dir, "index"))
-            self._make_room(records, estimate, policy.workspace_rules)
+            self._make_room(records, estimate, policy)
             record = Record(
                 ticket=op.ticket_id,
                 path=str(self.root / op.ticket_id),
@@ -183,7 +183,7 @@ class Workspaces:
                     self._create(record, op, auth, policy)
             except BaseException:
                 try:
-                    self._remove(record)
+                    self._remove(record, policy)
                 except (WorkspaceError, OSError) as exc:  # the failure that matters is the first
                     log.warning("could not clean up after %s: %s", op.ticket_id, exc)
                 del records[op.ticket_id]
@@ -359,15 +359,15 @@ class Workspaces:
 
     # ------------------------------------------------------------------ disk budget
 
-    def _make_room(self, records: dict[str, Record], estimate: int, rules: WorkspaceRules) -> None:
+    def _make_room(self, records: dict[str, Record], estimate: int, policy: Policy) -> None:
         """Remove released workspaces, oldest first, until ``estimate`` more bytes fit the
         budget; :class:`WorkspaceError` when only active ones are left."""
-        budget = rules.max_disk_mb * MB
+        budget = policy.workspace_rules.max_disk_mb * MB
         used = sum(r.size_bytes for r in records.values() if not r.in_place)
         for record in _oldest_released(records.values()):
             if used + estimate <= budget:
                 return
-            if self._removed(record, "disk budget") is not None:
+            if self._removed(record, "disk budget", policy) is not None:
                 used -= record.size_bytes
                 del records[record.ticket]
         if used + estimate > budget:
@@ -375,8 +375,8 @@ class Workspaces:
             raise WorkspaceError(
                 f"the workspaces' disk budget would be exceeded: {used // MB} MB in use by"
                 f" {active} active workspace(s) and about {estimate // MB} MB more for this"
-                f" one, over max_disk_mb = {rules.max_disk_mb} ([workspaces] in the device's"
-                " policy.toml)"
+                f" one, over max_disk_mb = {policy.workspace_rules.max_disk_mb} ([workspaces]"
+                " in the device's policy.toml)"
             )
 
     # ------------------------------------------------------------------ release, prune
@@ -387,19 +387,26 @@ class Workspaces:
             record = records.get(ticket)
             if record is not None and record.state != "released":
                 record.state, record.released_at = "released", time.time()
-            return self._prune(records, policy.workspace_rules)
+            return self._prune(records, policy, policy.workspace_rules)
 
     def prune(
-        self, rules: WorkspaceRules, *, all_released: bool = False, dry_run: bool = False
+        self,
+        policy: Policy,
+        *,
+        rules: WorkspaceRules | None = None,
+        all_released: bool = False,
+        dry_run: bool = False,
     ) -> list[Removal]:
-        """Remove what the retention and the budget say should go (``all_released``:
-        every released workspace); ``dry_run``: only say what."""
+        """Remove what the retention and the budget (``rules``, else the policy's) say
+        should go (``all_released``: every released workspace); ``dry_run``: only say what."""
+        rules = rules or policy.workspace_rules
         with self.store.edit() as records:
-            return self._prune(records, rules, all_released=all_released, dry_run=dry_run)
+            return self._prune(records, policy, rules, all_released=all_released, dry_run=dry_run)
 
     def _prune(
         self,
         records: dict[str, Record],
+        policy: Policy,
         rules: WorkspaceRules,
         *,
         all_released: bool = False,
@@ -423,7 +430,7 @@ class Workspaces:
                 done.append(Removal(record.ticket, record.path, reason, branch_kept=False))
                 used -= record.size_bytes
                 continue
-            removal = self._removed(record, reason)
+            removal = self._removed(record, reason, policy)
             if removal is None:
                 continue
             done.append(removal)
@@ -432,20 +439,25 @@ class Workspaces:
                 del records[record.ticket]
         return done
 
-    def _removed(self, record: Record, reason: str) -> Removal | None:
+    def _removed(self, record: Record, reason: str, policy: Policy) -> Removal | None:
         try:
-            kept = self._remove(record)
+            kept = self._remove(record, policy)
         except (WorkspaceError, OSError) as exc:
             log.warning("could not remove the workspace of %s: %s", record.ticket, exc)
             return Removal(record.ticket, record.path, reason, True, error=str(exc))
         log.info("removed the workspace of %s (%s)", record.ticket, reason)
         return Removal(record.ticket, record.path, reason, branch_kept=kept)
 
-    def _remove(self, record: Record) -> bool:
+    def _remove(self, record: Record, policy: Policy) -> bool:
         """Delete the worktree (never anything outside the workspaces root); True when the
-        branch is kept (it holds commits)."""
+        branch is kept (it holds commits). Its git runs confined, as a prepare's: the
+        worktree's admin directory and its branch folder are what its commands wrote."""
         if record.in_place:
             return False
+        with jail.confined(policy, [record.common_dir, self.root]):
+            return self._remove_confined(record)
+
+    def _remove_confined(self, record: Record) -> bool:
         ws = os.path.abspath(record.path)
         if not within(ws, str(self.root)) or ws == str(self.root):
             raise WorkspaceError(f"refusing to delete {ws}: not a ticket workspace")
@@ -470,7 +482,7 @@ class Workspaces:
 
     # ------------------------------------------------------------------ sizes, listing
 
-    def upkeep(self, rules: WorkspaceRules) -> list[Removal]:
+    def upkeep(self, policy: Policy) -> list[Removal]:
         """Measure the workspaces whose size is stale, then prune (the daemon's timer)."""
         now = time.time()
         stale = [
@@ -483,7 +495,7 @@ class Workspaces:
             for ticket, size in sizes.items():
                 if ticket in records:
                     records[ticket].size_bytes, records[ticket].size_at = size, now
-            return self._prune(records, rules)
+            return self._prune(records, policy, policy.workspace_rules)
 
     def list(self) -> list[Record]:
         """Every recorded workspace, oldest first."""

@@ -93,6 +93,6 @@ async def upkeep_forever(workspaces: Workspaces, policy: Policy) -> None:
         await asyncio.sleep(delay)
         delay = UPKEEP_SECONDS
         try:
-            await asyncio.to_thread(workspaces.upkeep, policy.workspace_rules)
+            await asyncio.to_thread(workspaces.upkeep, policy)
         except Exception:
             log.exception("the workspaces' upkeep failed; trying again in %.0f s", delay)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from endpointd.workspaces import jail
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import Workspaces
 from endpointd.workspaces.store import Store
@@ -176,10 +177,10 @@ def test_released_workspaces_go_after_the_retention_and_keep_branches_with_work(
     assert {r.state for r in world.workspaces.list()} == {"released"}
     assert world.workspaces.release("tkt_unknown00000", world.policy) == []
     rules = dataclasses.replace(world.policy.workspace_rules, retention_hours=0)
-    removed = {r.ticket: r for r in world.workspaces.prune(rules, dry_run=True)}
+    removed = {r.ticket: r for r in world.workspaces.prune(world.policy, rules=rules, dry_run=True)}
     assert set(removed) == {A, B}
     assert untouched.exists()
-    removed = {r.ticket: r for r in world.workspaces.prune(rules)}
+    removed = {r.ticket: r for r in world.workspaces.prune(world.policy, rules=rules)}
     assert (removed[A].branch_kept, removed[B].branch_kept) == (False, True)
     assert not untouched.exists()
     assert not worked.exists()
@@ -211,3 +212,32 @@ def test_the_disk_budget_removes_released_ones_first_and_never_active_ones(world
     assert world.prepare(C)["created"] is True
     assert not first.exists()  # it made room for C
     assert sorted(r.ticket for r in world.workspaces.list()) == [B, C]
+
+
+def test_every_git_the_daemon_runs_on_a_clone_runs_confined(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ticket's commands write its worktree's admin directory and its branch folder in
+    the clone, so no git of the daemon's runs there unconfined: not the prepare's, and not
+    the removal's (a released workspace pruned, a half-made one cleaned up), which ran
+    without the jail."""
+    confined: list[bool] = []
+    current = jail.current
+
+    def recording() -> jail.Jail | None:
+        found = current()
+        confined.append(found is not None)
+        return found
+
+    monkeypatch.setattr(jail, "current", recording)
+    worked = Path(str(world.prepare(A)["path"]))
+    world.prepare(B)
+    (worked / "calc.py").write_text("x = 2\n")
+    git("commit", "-qam", "work", cwd=worked)
+    for ticket in (A, B):
+        world.workspaces.release(ticket, world.policy)
+    rules = dataclasses.replace(world.policy.workspace_rules, retention_hours=0)
+    removed = world.workspaces.prune(world.policy, rules=rules)
+    assert {r.ticket for r in removed} == {A, B}
+    assert len(confined) > 10
+    assert all(confined), confined
