@@ -20,9 +20,9 @@ confines itself and starts the command, the process that starts it (a namespace'
 The first two need ``CAP_SETPCAP``. A normal user's daemon has it in the user namespace
 the sandbox makes (:mod:`endpointd.guard.namespaces`); a root daemon needs it for real,
 which :func:`unavailable_reason` checks so that ``sandbox = "required"`` refuses with one
-line instead of running a privileged command. A root command keeps uid 0 (its workspace
-belongs to root), so what root *owns* stays readable to it where the policy does not deny
-it (docs/security.md says so); it holds no privilege beyond that ownership.
+line instead of running a privileged command. Nor does a root daemon's command keep uid 0,
+which owns most of the machine: in its view it runs as ``nobody``
+(:mod:`endpointd.commanduser`).
 
 Standard library only (the init runs in a bare interpreter).
 """

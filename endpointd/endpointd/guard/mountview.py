@@ -24,11 +24,15 @@ command's path (an unmount waits for an RCU grace period).
 Each operation is ``[kind, path, arg]``, applied in the order given (parents first; the
 daemon sorts them, :mod:`endpointd.guard.view`):
 
-* ``ro`` / ``rw``: bind the real ``path`` (directory or file) at the same path, read-only or
-  not (recursively: mounts beneath come along);
+* ``sys``: bind the real ``path`` read-only at the same path (recursively: mounts beneath
+  come along): a system directory;
+* ``ro`` / ``rw``: the same for what the owner or the command is granted, read-only or
+  not; id-mapped where the daemon runs as root (:mod:`endpointd.commanduser`: the
+  command runs as ``nobody`` and owns what it was granted, nothing else);
 * ``link``: a symlink to ``arg`` (``/bin -> usr/bin``);
 * ``tmpfs``: an empty private directory of mode ``arg`` (octal), writable;
-* ``dir``: an empty directory of mode ``arg``, read-only like the root (the home directory);
+* ``dir``: an empty directory of mode ``arg``, read-only like the root (the home directory;
+  the command's user owns it);
 * ``mask``: nothing there: an empty read-only directory over a directory, an empty file no
   grant names over a file; what lies beneath a bound directory but must never be seen (a
   credential file);
@@ -44,6 +48,8 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
+
+from endpointd import commanduser
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -145,7 +151,7 @@ def restage(base: list[list[Any]]) -> None:
         stage(base)
         return
     for kind, path, _ in reversed(_staged):
-        if kind in ("ro", "rw", "tmpfs", "mask", "proc"):
+        if kind in ("sys", "ro", "rw", "tmpfs", "mask", "proc"):
             _check(_c().umount2(path.encode(), MNT_DETACH), f"umount {path}")
         elif kind == "dev":
             for name in ("shm", "pts", *DEVICES):
@@ -172,14 +178,17 @@ def apply(operations: list[list[Any]]) -> None:
     """The operations (see the module doc) in the staged view, in order."""
     for kind, path, arg in operations:
         source = OLD + path
-        if kind in ("ro", "rw"):
+        if kind in ("sys", "ro", "rw"):
             try:
                 st = os.stat(source)
             except OSError:
                 continue  # gone since it was planned: nothing to see
             _mountpoint(path, directory=stat.S_ISDIR(st.st_mode))
+            if kind != "sys" and commanduser.applies():
+                commanduser.bind(source, path, readonly=kind == "ro")
+                continue
             _mount(source, path, None, MS_BIND | MS_REC)
-            if kind == "ro":
+            if kind != "rw":
                 _readonly(path)
         elif kind == "link":
             _parents(path)
@@ -191,6 +200,8 @@ def apply(operations: list[list[Any]]) -> None:
         elif kind == "dir":
             _mountpoint(path, directory=True)
             os.chmod(path, int(arg, 8))
+            if commanduser.applies():
+                os.chown(path, commanduser.UID, commanduser.GID)
         elif kind == "mask":
             _mask(path)
         elif kind == "dev":

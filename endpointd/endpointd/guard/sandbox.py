@@ -361,7 +361,7 @@ def _view_reads(
     # for every command's init to make.
     carved = tuple(n for n in never if n not in view.ETC_SECRETS)
     for kind, path, _ in view.base(read, never, homes):
-        if kind == "ro":
+        if kind in ("sys", "ro"):
             out += _complement(path, landlock.READ, _inside(carved, path))
     return out
 

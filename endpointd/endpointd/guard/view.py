@@ -271,11 +271,11 @@ def base(
         if os.path.islink(path):
             ops.append(["link", path, os.readlink(path)])
         elif os.path.exists(path):
-            ops.append(["ro", path, None])
+            ops.append(["sys", path, None])
             roots.append(path)
     resolv = os.path.realpath("/etc/resolv.conf")  # (a symlink into /run, often)
     if not _contained(resolv, roots) and os.path.isfile(resolv):
-        ops.append(["ro", resolv, None])
+        ops.append(["sys", resolv, None])
     for path in ("/tmp", "/var/tmp"):  # noqa: S108
         ops.append(["tmpfs", path, "1777"])
     ops += [["dev", "/dev", None], ["proc", "/proc", None]]

@@ -36,6 +36,7 @@ import signal
 import socket
 import struct
 
+from endpointd import commanduser
 from endpointd.guard import capabilities, landlock, mountview, namespaces, netns, seccomp
 
 TYPE_CHECKING = False
@@ -112,6 +113,11 @@ def prepare(preparation: dict[str, Any] | None = None) -> Init:
     hidden sockets and read grants) is applied ahead too; a command that differs just
     costs that work.
     """
+    keep: set[int] = set()
+    if commanduser.applies():
+        # Before the PID namespace: the child that makes the id map must not be its init.
+        with contextlib.suppress(OSError):  # (made again, and told, in the init)
+            keep.add(commanduser.userns_fd())
     namespaces.enter()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     status_r, status_w = os.pipe()
@@ -125,7 +131,7 @@ def prepare(preparation: dict[str, Any] | None = None) -> Init:
         raise
     if pid == 0:
         try:
-            _close_all_but({theirs.fileno(), status_w})
+            _close_all_but({theirs.fileno(), status_w, *keep})
             # Forked from a supervisor that may have set its handlers and wakeup fd already.
             signal.set_wakeup_fd(-1)
             for sig in (signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -315,6 +321,10 @@ def _confine(confine: dict[str, Any] | None, cwd: str, ahead: _Ahead | None) -> 
         ports_layer = -1
         if limited and landlock.abi_version() >= 4:
             ports_layer = landlock.create(ports, filesystem=False)
+        if view and commanduser.applies():
+            # A root daemon's command runs as nobody, owning only what its view grants.
+            step = "command user"
+            commanduser.become()
         step = "capabilities"
         capabilities.drop_all()
         step = "landlock"

@@ -88,7 +88,9 @@ def load_libc() -> Any:
 
 def load_sandbox() -> None:
     """Import what confining a command needs; the zygote calls this once so that forks
-    inherit it instead of importing it per command."""
+    inherit it instead of importing it per command (and, for a root daemon, the id map of
+    its commands' views, made once: :mod:`endpointd.commanduser`)."""
+    from endpointd import commanduser
     from endpointd.guard import (  # noqa: F401
         capabilities,
         landlock,
@@ -97,6 +99,10 @@ def load_sandbox() -> None:
         netns,
         seccomp,
     )
+
+    if commanduser.applies():
+        with contextlib.suppress(OSError):  # (made again, and told, where a view needs it)
+            commanduser.userns_fd()
 
 
 _subreaper = False

@@ -60,6 +60,7 @@ import struct
 import sys
 import traceback
 
+from endpointd import commanduser
 from endpointd.fsutil import _create_temp
 from endpointd.process import supervisor as _supervise
 from endpointd.spoolformat import SUPERVISOR_LOG, SUPERVISOR_PID_FILE
@@ -152,7 +153,8 @@ def _reset_signals() -> None:
 
 
 def _detach_fds(keep: int) -> None:
-    """Point fds 0 and 1 at /dev/null and close every other fd but ``keep`` (and 2)."""
+    """Point fds 0 and 1 at /dev/null and close every other fd but ``keep``, 2 and the id
+    map a root daemon's commands are mounted with (:mod:`endpointd.commanduser`)."""
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
@@ -160,8 +162,11 @@ def _detach_fds(keep: int) -> None:
         max_fd = os.sysconf("SC_OPEN_MAX")
     except (OSError, ValueError):
         max_fd = 65536
-    os.closerange(3, keep)
-    os.closerange(keep + 1, max(max_fd, 256))
+    low = 3
+    for fd in sorted({keep, *commanduser.held()}):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, max(max_fd, 256))
 
 
 def _redirect_stderr(directory: str) -> None:

@@ -92,6 +92,9 @@ def probe(action: str, target: str, token: str) -> tuple[bool, str]:
             mask = _status_field(target, "CapEff")
             held = int(mask or "0", 16) != 0
             return held, f"CapEff {mask or '?'}"
+        if action == "uid":
+            uids = _status_field(target, "Uid") or "?"
+            return "0" in uids.split(), f"Uid {uids}"
         if action == "nnp":
             value = _status_field(target, "NoNewPrivs")
             return value != "1", f"NoNewPrivs {value or '?'}"

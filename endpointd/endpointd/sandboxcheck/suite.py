@@ -18,6 +18,7 @@ Actions (what "succeeded" means):
 * ``signal``: signal 0 reached a process outside the sandbox;
 * ``tty``: opened a terminal (a pty the check opened, standing for one of the owner's);
 * ``caps``: the command holds an effective capability;
+* ``uid``: the command runs as root (any of its user ids is 0);
 * ``nnp``: ``no_new_privs`` is not set, so a setuid program could raise its privileges;
 * ``mknod``: made a device node in its workspace.
 """
@@ -145,11 +146,13 @@ SUITE: tuple[ProbeClass, ...] = (
     ),
     ProbeClass(
         "privileges",
-        "hold capabilities, or gain them through a setuid program",
-        "run endpointd as your own user, not as root (a root daemon's commands keep its"
-        ' capabilities), and keep sandbox = "required" (it sets no_new_privs)',
+        "hold capabilities or root's identity, or gain them through a setuid program",
+        'keep sandbox = "required" on a kernel with Landlock, user namespaces and id-mapped'
+        " mounts (a root daemon's commands then run as nobody, without capabilities, and it"
+        " sets no_new_privs); better, run endpointd as your own user",
         (
             Probe("hold an effective capability", "caps", "proc_status"),
+            Probe("run as root (uid 0), which owns most of the machine", "uid", "proc_status"),
             Probe("gain privileges through setuid (no_new_privs unset)", "nnp", "proc_status"),
             Probe("make a device node in the workspace", "mknod", "mknod"),
         ),

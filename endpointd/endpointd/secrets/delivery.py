@@ -76,6 +76,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from endpointd import commanduser
 from endpointd.rules import environment
 from endpointd.secrets import peer
 from endpointd.secrets.proxy import (
@@ -690,4 +691,4 @@ def _peer_is_us(writer: asyncio.StreamWriter) -> bool:
         _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, so_peercred, 12))
     except OSError:
         return False
-    return bool(uid == os.geteuid())
+    return commanduser.is_command_uid(uid)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from endpointd import commanduser
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
@@ -154,3 +155,61 @@ async def test_a_root_daemon_that_cannot_drop_capabilities_refuses_in_one_line(
     assert "\n" not in refused.message, refused
     assert "cannot enforce" in status.stdout, status.stdout
     assert "CAP_SETPCAP" in status.stdout, status.stdout
+
+
+# What uid 0 would still have without any capability: ownership. A root-owned 0600 file
+# in a system directory (in every view, read-only) and the command's own identity.
+OWNERSHIP = r"""
+import json, os, sys
+result = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
+          "groups": os.getgroups()}
+try:
+    result["secret"] = open(sys.argv[1]).read()
+except OSError as exc:
+    result["secret"] = "refused %s" % exc.errno
+with open("made-here", "w") as f:
+    f.write("x")
+result["made_uid"] = os.stat("made-here").st_uid
+print(json.dumps(result), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the case of a daemon run as root")
+async def test_a_root_daemons_command_runs_as_nobody_and_owns_only_what_it_was_granted(
+    gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
+) -> None:
+    """Without capabilities a root daemon's command still ran as uid 0, which owns most of
+    the machine: it read a root-only file anywhere in its view. It runs as nobody now, and
+    its workspace is id-mapped: it writes there as before, and what it writes is root's on
+    disk, as the daemon's own files are."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "owners-file").write_text("the owner's\n")
+    # A system directory is in every view; a file there only its owner may read.
+    secret = Path("/etc") / f"superagent-test-{os.getpid()}-{tmp_path.name}"
+    secret.write_text("root-only canary\n")
+    secret.chmod(0o600)
+    try:
+        device = await start_paired(gw, endpointd)
+        policy_file = endpointd.config_dir / "policy.toml"
+        policy_file.write_text(
+            f'allowed_roots = [{json.dumps(str(work))}]\ndefault_action = "allow"\n'
+        )
+        policy_file.chmod(0o600)
+        argv = [sys.executable, "-c", OWNERSHIP, str(secret)]
+        sent = gw.send(device, pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(work))))
+        ended = await assert_eventually(
+            lambda: gw.refused(sent.command_id) or gw.finished(sent.command_id), timeout=60
+        )
+        assert isinstance(ended, pb.Finished), f"refused: {ended}"
+        assert (ended.exit_code, ended.error) == (0, ""), gw.output(sent.command_id)
+        result = json.loads(gw.output(sent.command_id).decode().strip().splitlines()[-1])
+    finally:
+        secret.unlink()
+    assert (result["uid"], result["euid"]) == (commanduser.UID, commanduser.UID), result
+    assert (result["gid"], result["groups"]) == (commanduser.GID, []), result
+    assert result["secret"].startswith("refused"), result
+    # Its own files, to it; root's on disk, beside the owner's.
+    assert result["made_uid"] == commanduser.UID, result
+    assert (work / "made-here").stat().st_uid == 0
+    assert (work / "made-here").read_text() == "x"
