@@ -504,15 +504,11 @@ class Starter(Exits):
         dirs, files = self.workspaces.write_grants(where)
         extra_read += self.workspaces.read_grants(where)
         try:
-            return sandbox.plan(
-                rules,
-                denied=[
-                    *(str(d.path) for d in self.policy.denied_paths),
-                    *([str(self.policy.workspaces_root)] if ticket else []),
-                ],
+            return self.policy.confinement(
                 workspace=str(where),
                 tmpdir=str(tmpdir),
                 proxy_port=proxy,
+                ticket=bool(ticket),
                 extra_write=dirs,
                 extra_write_files=files,
                 own_write=own,

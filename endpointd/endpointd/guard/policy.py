@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from endpointd.guard import sandbox
+from endpointd.guard.confinement import Confinement
 from endpointd.guard.exec_check import exec_decision, program_of
 from endpointd.guard.file_check import file_decision, file_op
 from endpointd.guard.files import within as _within
@@ -185,6 +186,43 @@ class Policy:
             if _within(real, root.real):
                 return Path(root.real)
         return None
+
+    def confinement(
+        self,
+        *,
+        workspace: str,
+        tmpdir: str,
+        proxy_port: int | None,
+        ticket: bool,
+        extra_write: Sequence[str] = (),
+        extra_write_files: Sequence[str] = (),
+        extra_read: Sequence[str] = (),
+        own_write: Sequence[str] = (),
+        read_files: Sequence[str] = (),
+    ) -> Confinement:
+        """The sandbox of a command writing in ``workspace`` under this policy
+        (:func:`endpointd.guard.sandbox.plan`, whose :class:`SandboxUnavailable` it
+        raises, also when the policy cannot be used). A ``ticket``'s command cannot read
+        the other tickets' workspaces: the directory holding them all is denied to it, less
+        its own (writable) one."""
+        rules = self._refresh().rules
+        if rules is None:
+            raise sandbox.SandboxUnavailable("the policy cannot be used")
+        denied = [str(d.path) for d in self.denied_paths]
+        if ticket:
+            denied.append(str(self.workspaces_root))
+        return sandbox.plan(
+            rules,
+            denied=denied,
+            workspace=workspace,
+            tmpdir=tmpdir,
+            proxy_port=proxy_port,
+            extra_write=extra_write,
+            extra_write_files=extra_write_files,
+            extra_read=extra_read,
+            own_write=own_write,
+            read_files=read_files,
+        )
 
     @property
     def sandbox_summary(self) -> str:

@@ -1,8 +1,8 @@
 """`endpointd sandbox check`: run the escape-probe suite under the owner's own policy.
 
 Not a simulation: the probes run as one command would, through the daemon's own pieces.
-The policy is loaded as the daemon loads it; the command's sandbox is planned by
-:func:`endpointd.guard.sandbox.plan` with the policy's denied paths, a ticket workspace
+The policy is loaded as the daemon loads it; the command's sandbox is planned by the
+daemon's own :meth:`endpointd.guard.policy.Policy.confinement` for a ticket workspace
 (a real worktree, with the grants :mod:`endpointd.workspaces.grants` gives one) and a
 private TMPDIR; under ``network = "proxy"`` endpointd's egress proxy is started for it as
 for any command (:func:`endpointd.secrets.delivery.prepare`); the supervisor is started
@@ -183,14 +183,13 @@ def run_probes(
         raise CheckError(f"{scene.workspace} is not a ticket workspace under this policy")
     tmp = private_tmpdir(spool)
     try:
-        # As a ticket's command (Starter._plan_sandbox): the other tickets' workspaces
+        # As a ticket's command (as the daemon plans one): the other tickets' workspaces
         # denied, its clone's git directory in view.
-        confinement = sandbox.plan(
-            rules,
-            denied=[*(str(d.path) for d in policy.denied_paths), str(policy.workspaces_root)],
+        confinement = policy.confinement(
             workspace=str(workspace),
             tmpdir=str(tmp),
             proxy_port=proxy_port,
+            ticket=True,
             extra_write=scene.write_dirs,
             extra_write_files=scene.write_files,
             extra_read=scene.read_dirs,
