@@ -5,7 +5,6 @@ Neither runs a program: the server admits no superuser, and the role may run non
 
 from __future__ import annotations
 
-import os
 import shlex
 import urllib.parse
 from collections.abc import Iterator
@@ -19,36 +18,16 @@ from controlplane.db import embedded_process
 from controlplane.db.pool import create_pool
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue
-from tests.e2e.test_up_local_device import NO_KEYRING, Up
-from tests.support.helpers import assert_eventually, free_port
+from tests.support.helpers import assert_eventually
+from tests.support.up_process import Up, up_in
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SUPERAGENT_", "OPENAI_")) and k != "DATABASE_URL"
-    }
-    env.update(
-        {
-            "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
-            "SUPERAGENT_HTTP__PORT": str(free_port()),
-            "SUPERAGENT_GRPC__PORT": str(free_port()),
-            "PYTHON_KEYRING_BACKEND": NO_KEYRING,
-            "ENDPOINTD_CONFIG_DIR": str(tmp_path / "elsewhere" / "config"),
-            "ENDPOINTD_STATE_DIR": str(tmp_path / "elsewhere" / "state"),
-        }
-    )
-    runner = Up(env, tmp_path / "up.log")
-    try:
+    with up_in(tmp_path, None) as runner:
         yield runner
-    finally:
-        runner.stop()
-        if runner.process is not None and runner.process.poll() is None:
-            runner.process.kill()
 
 
 def _app_url(state: Path) -> str | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pty
-import signal
 import subprocess
 import sys
 import tomllib
@@ -19,67 +18,16 @@ import asyncpg
 import psutil
 import pytest
 
-from tests.support.helpers import assert_eventually, free_port
+from tests.support.helpers import assert_eventually
+from tests.support.up_process import Up, up_in
 
 pytestmark = pytest.mark.slow
-
-# A headless machine: no OS keyring at all (keyring's "fail" backend refuses every call).
-NO_KEYRING = "keyring.backends.fail.Keyring"
-
-
-class Up:
-    """`superagent up` as a user runs it, its stdout and stderr in one log."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env = env
-        self.log = log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, *args: str, stdin: int | None = subprocess.DEVNULL) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controlplane.cli", "up", *args],
-                env=self.env,
-                stdin=stdin,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
 
 
 @pytest.fixture
 def up(empty_database: str, tmp_path: Path) -> Iterator[Up]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
-    env.update(
-        {
-            "DATABASE_URL": empty_database,
-            "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
-            "SUPERAGENT_HTTP__PORT": str(free_port()),
-            "SUPERAGENT_GRPC__PORT": str(free_port()),
-            "PYTHON_KEYRING_BACKEND": NO_KEYRING,
-            # Whatever endpointd this user may have elsewhere is not the one `up` runs.
-            "ENDPOINTD_CONFIG_DIR": str(tmp_path / "elsewhere" / "config"),
-            "ENDPOINTD_STATE_DIR": str(tmp_path / "elsewhere" / "state"),
-        }
-    )
-    runner = Up(env, tmp_path / "up.log")
-    try:
+    with up_in(tmp_path, empty_database) as runner:
         yield runner
-    finally:
-        runner.stop()
-        if runner.process is not None and runner.process.poll() is None:
-            runner.process.kill()
 
 
 def _daemons() -> list[psutil.Process]:

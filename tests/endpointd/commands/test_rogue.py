@@ -38,12 +38,6 @@ def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
         yield daemon
 
 
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
-
-
 def _policy(work: Path) -> str:
     return f"""
 allowed_roots = [{json.dumps(str(work))}]

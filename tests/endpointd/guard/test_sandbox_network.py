@@ -16,68 +16,18 @@ import json
 import socket
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
+from tests.fakes.endpointd_process import Endpointd, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.helpers import assert_eventually
+from tests.support.listeners import Greeter
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
-
-
-@pytest.fixture
-def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
-    home = tmp_path / "home"
-    home.mkdir()
-    with endpointd_in(tmp_path) as daemon:
-        daemon.env["HOME"] = str(home)
-        yield daemon
-
-
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
-
-
-class _Listener:
-    """A TCP server on one address that greets every connection and counts them."""
-
-    def __init__(self, family: socket.AddressFamily, host: str, port: int) -> None:
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            self.sock.bind((host, port))
-            self.sock.listen()
-        except BaseException:
-            self.sock.close()
-            raise
-        self.hits = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    @property
-    def port(self) -> int:
-        return int(self.sock.getsockname()[1])
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.sendall(b"hello from the host\n")
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _own_address() -> str | None:
@@ -90,15 +40,15 @@ def _own_address() -> str | None:
     return None
 
 
-def _listeners(port: int) -> list[_Listener]:
+def _listeners(port: int) -> list[Greeter]:
     """Listeners on ``port`` at every local address but 127.0.0.1: 127.0.0.2, ::1 and this
     machine's own address."""
-    out = [_Listener(socket.AF_INET, "127.0.0.2", port)]
+    out = [Greeter.tcp("127.0.0.2", port)]
     with contextlib.suppress(OSError):  # (a machine without IPv6 has no ::1 to reach)
-        out.append(_Listener(socket.AF_INET6, "::1", port))
+        out.append(Greeter.tcp("::1", port, socket.AF_INET6))
     own = _own_address()
     if own is not None:
-        out.append(_Listener(socket.AF_INET, own, port))
+        out.append(Greeter.tcp(own, port))
     return out
 
 
@@ -236,7 +186,7 @@ print(json.dumps(result), flush=True)
 async def test_under_deny_the_hosts_loopback_is_out_of_reach_and_its_own_is_private(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path
 ) -> None:
-    loopback = _Listener(socket.AF_INET, "127.0.0.1", 0)
+    loopback = Greeter.tcp()
     listeners = [loopback, *_listeners(loopback.port)]
     hosts = [str(listener.sock.getsockname()[0]) for listener in listeners]
     work = tmp_path / "work"

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
+from tests.fakes.endpointd_process import Endpointd, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.helpers import assert_eventually
+from tests.support.listeners import Greeter
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
 
@@ -50,18 +48,10 @@ def home(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def endpointd(tmp_path: Path, home: Path) -> Iterator[Endpointd]:
-    with endpointd_in(tmp_path) as daemon:
-        daemon.env["HOME"] = str(home)
-        daemon.env["AWS_SECRET_ACCESS_KEY"] = DAEMON_SECRET
-        daemon.use_file_keyring(tmp_path / "keyring-data")
-        yield daemon
-
-
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
+def endpointd(endpointd: Endpointd, tmp_path: Path) -> Endpointd:
+    endpointd.env["AWS_SECRET_ACCESS_KEY"] = DAEMON_SECRET
+    endpointd.use_file_keyring(tmp_path / "keyring-data")
+    return endpointd
 
 
 def _policy(work: Path, extra: str = "") -> str:
@@ -334,46 +324,11 @@ async def test_a_shadowed_program_never_receives_a_credential(
     assert done.exit_code == 0
 
 
-class _Listener:
-    """A server (TCP on loopback, or a Unix socket such as an ssh-agent's) that greets every
-    connection and counts who got through."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sock.listen()
-        self.hits = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    @classmethod
-    def tcp(cls) -> _Listener:
-        return cls(socket.create_server(("127.0.0.1", 0)))
-
-    @classmethod
-    def unix(cls, path: Path) -> _Listener:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        return cls(sock)
-
-    @property
-    def port(self) -> int:
-        return int(self.sock.getsockname()[1])
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.sendall(b"hello from outside\n")
-
-
 @pytest.mark.parametrize("network", ["deny", "proxy"])
 async def test_the_network_is_closed_by_the_kernel_not_by_the_proxy_variable(
     gw: FakeGateway, endpointd: Endpointd, tmp_path: Path, network: str
 ) -> None:
-    listener = _Listener.tcp()
+    listener = Greeter.tcp()
     device = await _device(gw, endpointd, tmp_path, f'network = "{network}"')
     script = (
         "import socket\n"
@@ -410,7 +365,7 @@ async def test_the_agents_socket_is_out_of_reach_by_its_path(
     which systemd --user starts anything) is hidden in the command's mount namespace."""
     agent = tmp_path / "agent" / "ssh.sock"
     agent.parent.mkdir()
-    listener = _Listener.unix(agent)
+    listener = Greeter.unix(agent)
     endpointd.env["SSH_AUTH_SOCK"] = str(agent)
     device = await _device(gw, endpointd, tmp_path, f'sandbox = "{sandbox}"')
     script = (

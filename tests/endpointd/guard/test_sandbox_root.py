@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,26 +18,11 @@ import pytest
 from endpointd import commanduser
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
-from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
+from tests.fakes.endpointd_process import Endpointd, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.helpers import assert_eventually
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
-
-
-@pytest.fixture
-def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
-    home = tmp_path / "home"
-    home.mkdir()
-    with endpointd_in(tmp_path) as daemon:
-        daemon.env["HOME"] = str(home)
-        yield daemon
-
-
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
 
 
 # What the command sees of its own privileges, and whether it can make a device node.

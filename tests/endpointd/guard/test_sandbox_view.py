@@ -15,11 +15,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,18 +24,12 @@ import pytest
 from endpointd.guard import landlock
 from superagent_proto.v1 import endpoint_pb2 as pb
 from tests.endpointd.workspaces.device_world import make_clone, start_device
-from tests.fakes.endpointd_process import Endpointd, endpointd_in, start_paired
+from tests.fakes.endpointd_process import Endpointd, start_paired
 from tests.fakes.gateway_server import FakeGateway
 from tests.support.helpers import assert_eventually
+from tests.support.listeners import Greeter
 
 pytestmark = pytest.mark.skipif(landlock.abi_version() < 6, reason="needs Landlock ABI 6")
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    return home
 
 
 @pytest.fixture
@@ -50,17 +41,9 @@ def cp_state(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def endpointd(tmp_path: Path, home: Path, cp_state: Path) -> Iterator[Endpointd]:
-    with endpointd_in(tmp_path) as daemon:
-        daemon.env["HOME"] = str(home)
-        daemon.env["SUPERAGENT_STATE_DIR"] = str(cp_state)
-        yield daemon
-
-
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
+def endpointd(endpointd: Endpointd, cp_state: Path) -> Endpointd:
+    endpointd.env["SUPERAGENT_STATE_DIR"] = str(cp_state)
+    return endpointd
 
 
 async def _device(gw: FakeGateway, endpointd: Endpointd, roots: list[Path]) -> str:
@@ -148,33 +131,6 @@ async def test_another_terminal_cannot_be_opened_or_seen(
         os.close(slave)
 
 
-class _Listener:
-    """A Unix socket server (an agent, a container engine) that counts who got through."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        # Bound at a short path and moved into place: a socket path is at most 108 bytes.
-        short = Path(tempfile.mkdtemp(prefix="s-", dir="/tmp"))
-        self.sock.bind(str(short / "s"))
-        os.rename(short / "s", path)
-        short.rmdir()
-        self.sock.listen()
-        self.path = path
-        self.hits = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.hits += 1
-            with conn:
-                conn.sendall(b"hello from outside\n")
-
-
 CONNECT_EACH = """
 import os, socket, sys
 for path in sys.argv[1:]:
@@ -203,13 +159,13 @@ async def test_unix_sockets_outside_the_grants_cannot_be_reached(
     device = await _device(gw, endpointd, [allowed])
     forwarded = Path(tempfile.mkdtemp(prefix="ssh-", dir="/tmp"))
     listeners = [
-        _Listener(home / ".1password" / "agent.sock"),
-        _Listener(forwarded / "agent.4242"),
-        _Listener(home / ".gnupg" / "S.gpg-agent.ssh"),
-        _Listener(home / ".docker" / "desktop" / "docker.sock"),
+        Greeter.unix(home / ".1password" / "agent.sock"),
+        Greeter.unix(forwarded / "agent.4242"),
+        Greeter.unix(home / ".gnupg" / "S.gpg-agent.ssh"),
+        Greeter.unix(home / ".docker" / "desktop" / "docker.sock"),
     ]
     try:
-        argv = _reversed(*(listener.path for listener in listeners))
+        argv = _reversed(*(s.path for s in listeners if s.path is not None))
         _, out = await _run(gw, device, _python(CONNECT_EACH, cwd, *argv))
         assert out.count(b"blocked") == len(listeners), out
         assert [listener.hits for listener in listeners] == [0] * len(listeners)

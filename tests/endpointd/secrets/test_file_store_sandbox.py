@@ -41,12 +41,6 @@ def endpointd(tmp_path: Path) -> Iterator[Endpointd]:
         yield daemon
 
 
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
-
-
 def _exec(argv: list[str], cwd: Path, creds: list[pb.CredentialRef] | None = None) -> pb.Command:
     return pb.Command(exec=pb.ExecCommand(argv=argv, cwd=str(cwd)), credentials=creds or [])
 

@@ -98,12 +98,6 @@ def endpointd(tmp_path: Path, test_ca: TestCA) -> Iterator[Endpointd]:
         yield daemon
 
 
-@pytest.fixture
-def gw() -> Iterator[FakeGateway]:
-    with FakeGateway() as gateway:
-        yield gateway
-
-
 def _policy(work: Path, body: str) -> str:
     return f"""
 allowed_roots = [{json.dumps(str(work))}]
