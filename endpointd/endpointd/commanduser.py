@@ -34,6 +34,9 @@ import os
 import struct
 import sys
 
+from endpointd.libc import check as _check
+from endpointd.libc import libc as _c
+
 __all__ = ["GID", "UID", "applies", "become", "bind", "held", "is_command_uid", "userns_fd"]
 
 
@@ -68,22 +71,7 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_IDMAP = 0x00100000
 
-_libc: ctypes.CDLL | None = None
 _userns: int | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _check(result: int, what: str) -> int:
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return result
 
 
 def applies() -> bool:

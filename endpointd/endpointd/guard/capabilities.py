@@ -34,6 +34,7 @@ import os
 import sys
 
 from endpointd.guard import nosuid
+from endpointd.libc import libc as _c
 
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECUREBITS = 28
@@ -71,16 +72,6 @@ class _Data(ctypes.Structure):
         ("permitted", ctypes.c_uint32),
         ("inheritable", ctypes.c_uint32),
     )
-
-
-_libc: ctypes.CDLL | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
 
 
 def _prctl(what: str, option: int, arg: int = 0) -> None:

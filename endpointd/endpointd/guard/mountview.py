@@ -45,11 +45,12 @@ Standard library only (the supervisor runs in a bare interpreter).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import stat
 
 from endpointd import commanduser
+from endpointd.libc import check as _check
+from endpointd.libc import libc as _c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,21 +85,6 @@ STAGING = "/.staging"
 EMPTY = STAGING + "/empty"
 MASK = STAGING + "/mask"
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
-
-_libc: ctypes.CDLL | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:

@@ -24,9 +24,11 @@ Standard library only (the supervisor runs in a bare interpreter).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
+
+from endpointd.libc import check as _check
+from endpointd.libc import libc as _c
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -36,21 +38,6 @@ MS_NODEV = 4
 MS_NOEXEC = 8
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
-
-_libc: ctypes.CDLL | None = None
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def enter() -> None:

@@ -35,7 +35,6 @@ in a bare interpreter).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import socket
@@ -43,6 +42,8 @@ import struct
 import sys
 
 from endpointd.guard import namespaces
+from endpointd.libc import check as _check
+from endpointd.libc import libc as _c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,22 +58,8 @@ _IFREQ = struct.Struct("16sH22x")
 # What the init sends through the door with the listening socket.
 DOOR_MESSAGE = b"L"
 
-_libc: ctypes.CDLL | None = None
 # The namespace made ahead by this init (a descriptor), or -1.
 _ahead = -1
-
-
-def _c() -> ctypes.CDLL:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def wanted(confine: dict[str, Any] | None) -> str:
