@@ -26,6 +26,14 @@ parameters would avoid the escaping but split the policy across argv). A path SB
 carry faithfully (a control character) or that is not absolute and normalised raises
 :class:`ValueError`: a rule that silently matches nothing would leave a denied path open.
 
+Reads are an allow-list when the confinement's are listed (``reads_listed``, which
+:func:`endpointd.guard.sandbox.plan` sets on macOS): the system's directories
+(:mod:`endpointd.guard.macos_reads`), the command's grants (``read``, ``read_extra``), its
+writable roots, and a stat of each directory on the way to them; the home directory is
+unreadable but for the owner's grants, and ``never`` (credentials, histories, the control
+plane's state) is denied with ``denied`` in the last word, so no grant reopens it. Without
+a list (older callers) it reads everything except ``denied``.
+
 Written after reading the profiles of OpenAI's Codex CLI, Anthropic's sandbox-runtime and
 Chromium (whose ``common.sb`` both derive from); each allowance below says why it exists.
 This module only generates text: it runs on any OS, and is exercised on Linux CI by
@@ -40,6 +48,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable, Sequence
 
+from endpointd.guard import macos_reads
 from endpointd.guard.confinement import Confinement
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
@@ -119,11 +128,18 @@ def profile(c: Confinement) -> str:
     a control character, for an unknown network mode, and for network ``"proxy"`` without a
     valid port.
     """
-    denied = _flat(_spellings(p) for p in c.denied)
+    hidden = [*c.denied]
+    if c.reads_listed:
+        # What stays unreadable beneath a grant: the masked credentials, histories and
+        # the control plane's state (c.never, which holds c.denied), the Mac's secrets.
+        home_secrets = [f"{h}/{s}" for h in c.homes for s in macos_reads.HOME_SECRETS]
+        hidden += [*c.never, *macos_reads.SECRETS, *home_secrets]
+    denied = _flat(_spellings(p) for p in hidden)
     protected = _flat(_spellings(p) for p in c.protected)
     write = _flat(_spellings(p) for p in c.write)
     write_files = _flat(_spellings(p) for p in c.write_files)
     network = _network(c, write)
+    reads = _listed_reads(c, write, write_files) if c.reads_listed else _all_reads()
 
     out = [
         "(version 1)",
@@ -174,9 +190,9 @@ def profile(c: Confinement) -> str:
             ['(literal "/dev/tty")', '(literal "/dev/ptmx")', '(regex #"^/dev/ttys[0-9]+$")'],
         ),
         "",
-        "; Files: read everything (denied paths are taken back at the end).",
-        "(allow file-read*)",
-        "; ...except other terminals: a same-user process may otherwise open the owner's",
+        *reads,
+        "; Terminals other than those the command opens itself (whatever the reads above):",
+        "; a same-user process may otherwise open the owner's",
         "; Terminal windows and read their keystrokes. Terminals the command opens itself",
         "; (through /dev/ptmx) carry the com.apple.sandbox.pty extension and stay usable;",
         "; endpointd gives commands no terminal of their own to reopen.",
@@ -226,6 +242,73 @@ def profile(c: Confinement) -> str:
             _rule("allow", ["file-read*"], _filters("literal", read_files)),
         ]
     return "\n".join(out) + "\n"
+
+
+def _all_reads() -> list[str]:
+    """Reads without a list (older callers): everything, less what the last word denies."""
+    return [
+        "; Files: read everything (denied paths are taken back at the end).",
+        "(allow file-read*)",
+    ]
+
+
+def _listed_reads(c: Confinement, write: Sequence[str], write_files: Sequence[str]) -> list[str]:
+    """Reads as an allow-list: the system's (:mod:`endpointd.guard.macos_reads`), the
+    command's grants and writable roots; the directories on the way to them stat-able."""
+    system: list[str] = []
+    for root in macos_reads.SYSTEM:
+        for spelling in _spellings(root.path):
+            if not root.tree:
+                system.append(f"(literal {_string(spelling)})")
+            elif not root.unless:
+                system.append(f"(subpath {_string(spelling)})")
+            else:
+                nots = " ".join(
+                    f"(require-not (subpath {_string(u)}))"
+                    for out in root.unless
+                    for u in _spellings(out)
+                )
+                system.append(f"(require-all (subpath {_string(spelling)}) {nots})")
+    granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
+    homes = _flat(_spellings(h) for h in c.homes)
+    read_files = _flat(_spellings(p) for p in c.read_files)
+    roots = [p for r in macos_reads.SYSTEM for p in _spellings(r.path)]
+    ways = _unique(
+        [*_ancestors([*roots, *granted, *write, *write_files, *read_files, *homes]), *homes]
+    )
+    links = _flat(_spellings(p) for p in macos_reads.METADATA_LITERALS)
+    return [
+        "; Files: read only what is listed, as in the Linux view: the system's programs,",
+        "; libraries and configuration, this command's grants, its writable roots. The",
+        "; home directory is therefore unreadable but for what the owner grants.",
+        "; The root directory itself: dyld opens it, and getcwd() and realpath() start",
+        "; there (a listing shows the names in / only).",
+        '(allow file-read* (literal "/"))',
+        "; The system's (endpointd.guard.macos_reads says why each is here).",
+        *_allow(["file-read*"], system),
+        "; This command's grants: toolchains and what the owner lists (readable_paths),",
+        "; its clone's git directory, and where it may write.",
+        *_allow(
+            ["file-read*"],
+            _filters("subpath", _unique([*granted, *write])) + _filters("literal", write_files),
+        ),
+        "; Stat, without reading or listing, each directory on the way to a grant and the",
+        "; home directory: realpath(), git's repository discovery and `cd` lstat every",
+        "; component and fail on a refusal. Their names are known already; nothing beside",
+        "; them is revealed, and a directory inside a denied path stays denied (below).",
+        *_allow(["file-read-metadata"], _filters("literal", ways)),
+        "; Stat the links into /private (resolving /tmp/x reads the link /tmp) and device",
+        "; nodes (test -t, tty): no content.",
+        *_allow(
+            ["file-read-metadata"],
+            _filters("literal", links) + _filters("subpath", macos_reads.METADATA_TREES),
+        ),
+    ]
+
+
+def _allow(operations: Sequence[str], filters: Sequence[str]) -> list[str]:
+    """An allowance for ``filters``, or none at all: a rule without a filter allows all."""
+    return [_rule("allow", operations, filters)] if filters else []
 
 
 def _last_word(

@@ -158,8 +158,13 @@ NEVER_IN_VIEW = (
     "~/.local/share/fish/fish_history",
     "~/.local/share/superagent",
 )
-# What the daemon's PATH may not bring into view as a "toolchain".
-_TOO_WIDE = ("/", "/home", "/root", "/tmp", "/var", "/run", "/mnt", "/media", "/srv")  # noqa: S108
+# What the daemon's PATH may not bring into view as a "toolchain" (resolved: on macOS
+# /tmp and /var are /private/tmp and /private/var).
+_TOO_WIDE = (
+    *("/", "/home", "/root", "/tmp", "/var", "/run", "/mnt", "/media", "/srv"),  # noqa: S108
+    *("/private", "/private/tmp", "/private/var", "/private/var/folders", "/Users"),
+    *("/Volumes", "/System/Volumes", "/System/Volumes/Data"),
+)
 
 
 def homes() -> tuple[str, ...]:
