@@ -140,6 +140,9 @@ def profile(c: Confinement) -> str:
     write_files = _flat(_spellings(p) for p in c.write_files)
     network = _network(c, write)
     reads = _listed_reads(c, write, write_files) if c.reads_listed else _all_reads()
+    # What the reads above cover beyond single files: a path taken back beneath one of
+    # these must be refused in any letter case too (see _anycase).
+    covered = _covered(c, write) if c.reads_listed else []
 
     out = [
         "(version 1)",
@@ -232,7 +235,7 @@ def profile(c: Confinement) -> str:
         "",
         *network,
         "",
-        *_last_word(denied, protected, write, write_files),
+        *_last_word(denied, protected, write, write_files, covered),
     ]
     read_files = _flat(_spellings(p) for p in c.read_files)
     if read_files:
@@ -264,9 +267,7 @@ def _listed_reads(c: Confinement, write: Sequence[str], write_files: Sequence[st
                 system.append(f"(subpath {_string(spelling)})")
             else:
                 nots = " ".join(
-                    f"(require-not (subpath {_string(u)}))"
-                    for out in root.unless
-                    for u in _spellings(out)
+                    f"(require-not {_anycase(u)})" for out in root.unless for u in _spellings(out)
                 )
                 system.append(f"(require-all (subpath {_string(spelling)}) {nots})")
     granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
@@ -306,15 +307,67 @@ def _listed_reads(c: Confinement, write: Sequence[str], write_files: Sequence[st
     ]
 
 
+Covered = Sequence[tuple[str, Sequence[str]]]
+
+
+def _covered(c: Confinement, write: Sequence[str]) -> Covered:
+    """The directories listed reads cover (all spellings), each with what it leaves out:
+    the system's, the grants and the writable roots."""
+    out = [
+        (p, _flat(_spellings(u) for u in r.unless))
+        for r in macos_reads.SYSTEM
+        if r.tree
+        for p in _spellings(r.path)
+    ]
+    granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
+    return [*out, *((p, ()) for p in _unique([*granted, *write]))]
+
+
+def _inside(path: str, covered: Covered) -> bool:
+    return any(
+        _within(path, root) and not any(_within(path, u) for u in unless)
+        for root, unless in covered
+    )
+
+
+def _anycase(path: str, tree: bool = True) -> str:
+    """A regex filter matching ``path`` (and, with ``tree``, what lies beneath it) in any
+    letter case. APFS and HFS+ are case-insensitive by default, so ~/.cargo/CREDENTIALS.toml
+    opens ~/.cargo/credentials.toml, and a rule written in one case is not known to match
+    the path as the command spelled it. Grants are written as given (a variant of one is
+    refused: safe); what is taken out of a grant is written in every case with this. Any
+    character but a letter, a digit, ``/``, ``_`` and ``-`` is matched by ``.`` (no
+    escaping to get wrong; matching more only refuses more), a run of non-ASCII ones by
+    ``[^/]*`` (which also covers their other Unicode normalisations)."""
+    out: list[str] = []
+    for ch in path:
+        if ch.isascii() and ch.isalpha():
+            out.append(f"[{ch.upper()}{ch.lower()}]")
+        elif ch.isascii() and (ch.isdigit() or ch in "/_-"):
+            out.append(ch)
+        elif ch.isascii():
+            out.append(".")
+        elif not out or out[-1] != "[^/]*":
+            out.append("[^/]*")
+    end = "(/|$)" if tree else "$"
+    return f'(regex #"^{"".join(out)}{end}")'
+
+
 def _allow(operations: Sequence[str], filters: Sequence[str]) -> list[str]:
     """An allowance for ``filters``, or none at all: a rule without a filter allows all."""
     return [_rule("allow", operations, filters)] if filters else []
 
 
 def _last_word(
-    denied: Sequence[str], protected: Sequence[str], write: Sequence[str], files: Sequence[str]
+    denied: Sequence[str],
+    protected: Sequence[str],
+    write: Sequence[str],
+    files: Sequence[str],
+    covered: Covered = (),
 ) -> list[str]:
-    """The closing denials for denied and protected paths (all spellings already)."""
+    """The closing denials for denied and protected paths (all spellings already); those
+    inside a directory ``covered`` by the reads, and every protected path (always inside
+    a writable root), also in any letter case (:func:`_anycase`)."""
     out = [
         "; The last word: denied paths are neither readable nor writable, protected paths",
         "; are not writable, and no Unix socket beneath either may be bound (nor reached,",
@@ -323,9 +376,10 @@ def _last_word(
         "; own TMPDIR, which lives in endpointd's (denied) state directory.",
     ]
     if denied:
-        out.append(_rule("deny", ["file-read*", "file-write*"], _carved(denied, write)))
+        out.append(_rule("deny", ["file-read*", "file-write*"], _carved(denied, write, covered)))
     if protected:
-        out.append(_rule("deny", ["file-write*"], _filters("subpath", protected)))
+        anycase = [_anycase(p) for p in protected]
+        out.append(_rule("deny", ["file-write*"], _filters("subpath", protected) + anycase))
     if denied or protected:
         out.append(_rule("deny", ["network-bind"], _sockets("local", [*denied, *protected])))
     if denied:
@@ -351,21 +405,29 @@ def _last_word(
             "; Nor may a writable directory above one be removed or renamed (a rename is",
             "; checked as an unlink of its source): moving it away would leave the path",
             "; without its rules, and moving it back would bring in what was written meanwhile.",
-            _rule("deny", ["file-write-unlink"], _filters("literal", ancestors)),
+            _rule(
+                "deny",
+                ["file-write-unlink"],
+                _filters("literal", ancestors) + [_anycase(a, tree=False) for a in ancestors],
+            ),
         ]
     return out
 
 
-def _carved(denied: Sequence[str], write: Sequence[str]) -> list[str]:
-    """Filters for beneath ``denied``, less the writable roots strictly inside them."""
+def _carved(denied: Sequence[str], write: Sequence[str], covered: Covered = ()) -> list[str]:
+    """Filters for beneath ``denied``, less the writable roots strictly inside them; in
+    any letter case too for those inside a ``covered`` directory."""
     out = []
     for d in denied:
+        matches = [f"(subpath {_string(d)})"]
+        if _inside(d, covered):
+            matches.append(_anycase(d))
         inside = [w for w in write if w != d and _within(w, d)]
         if not inside:
-            out.append(f"(subpath {_string(d)})")
+            out += matches
             continue
         nots = " ".join(f"(require-not (subpath {_string(w)}))" for w in inside)
-        out.append(f"(require-all (subpath {_string(d)}) {nots})")
+        out += [f"(require-all {m} {nots})" for m in matches]
     return out
 
 

@@ -621,6 +621,11 @@ class Mac:
 @pytest.fixture
 def mac(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mac:
     """A profile made by ``sandbox.plan`` as on a Mac: Seatbelt, the default grants."""
+    return planned(tmp_path, monkeypatch)
+
+
+def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str = "") -> Mac:
+    """A profile made by ``sandbox.plan`` as on a Mac, under ``policy`` (more lines)."""
     from endpointd.guard import sandbox
     from endpointd.rules.parser import parse_policy
     from endpointd.rules.tables import DEFAULT_DENIED_PATHS
@@ -650,7 +655,7 @@ def mac(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mac:
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("SUPERAGENT_STATE_DIR", str(control))
     monkeypatch.setattr(sandbox, "support", lambda: sandbox.Support("seatbelt"))
-    rules_ = parse_policy(f'allowed_roots = ["{work}"]\n', Path("/p"), home)
+    rules_ = parse_policy(f'allowed_roots = ["{work}"]\n{policy}', Path("/p"), home)
     denied = [p.replace("~", str(home), 1) for p in DEFAULT_DENIED_PATHS] + [str(state)]
     c = sandbox.plan(
         rules_,
@@ -768,3 +773,32 @@ def test_a_harness_login_stays_readable_among_listed_reads() -> None:
     assert allowed(text, "file-read-data", login)
     assert not allowed(text, "file-write-data", login)
     assert not allowed(text, "file-read-data", f"{HOME}/.claude/settings.json")
+
+
+def test_no_case_variant_reaches_what_a_grant_leaves_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """APFS is case-insensitive: ~/.cargo/CREDENTIALS.toml opens ~/.cargo/credentials.toml.
+    Grants match the case they are written in (a variant of one is refused, which is
+    safe); what is taken out of a grant must be refused in every case."""
+    mac = planned(tmp_path, monkeypatch, 'readable_paths = ["~/.cargo", "~/Library"]\n')
+    home = str(mac.home)
+    assert allowed(mac.text, "file-read-data", f"{home}/.cargo/registry/x")
+    assert allowed(mac.text, "file-read-data", f"{home}/Library/Fonts/x.ttf")
+    for refused in (
+        f"{home}/.cargo/credentials.toml",
+        f"{home}/.cargo/CREDENTIALS.toml",
+        f"{home}/.cargo/Credentials.Toml",
+        f"{home}/Library/keychains/login.keychain-db",
+        f"{home}/Library/KEYCHAINS/login.keychain-db",
+        f"{home}/Library/cookies/x",
+        f"/System/VOLUMES/Data{home}/.bashrc",
+        f"/System/volumes/data{home}/.ssh/id_rsa",
+        "/usr/LOCAL/var/postgres/base/1",
+        "/usr/local/VAR/postgres/base/1",
+        "/opt/Homebrew/var/redis/dump.rdb",
+        "/private/etc/SUDOERS",
+        "/etc/Sudoers",
+        "/private/etc/KCPassword",
+    ):
+        assert not allowed(mac.text, "file-read-data", refused), refused
