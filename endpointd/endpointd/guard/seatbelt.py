@@ -139,7 +139,10 @@ def profile(c: Confinement) -> str:
     write = _flat(_spellings(p) for p in c.write)
     write_files = _flat(_spellings(p) for p in c.write_files)
     network = _network(c, write)
-    reads = _listed_reads(c, write, write_files) if c.reads_listed else _all_reads()
+    system, granted = _readable(c, write, write_files)
+    reads = (
+        _listed_reads(c, system, granted, write, write_files) if c.reads_listed else _all_reads()
+    )
     # What the reads above cover beyond single files: a path taken back beneath one of
     # these must be refused in any letter case too (see _anycase).
     covered = _covered(c, write) if c.reads_listed else []
@@ -151,12 +154,17 @@ def profile(c: Confinement) -> str:
         "; for denied and protected paths close the profile so nothing can reopen them.",
         "(deny default)",
         "",
-        "; Processes. Children inherit this sandbox, so the command may start anything;",
+        "; Processes. Children inherit this sandbox, so the command may start anything",
+        "; it may read (with listed reads: no program hidden in the home directory);",
         "; it may signal and inspect only processes in this same sandbox (its own tree),",
         "; never the daemon, the supervisor or other commands (whose arguments and",
         "; environment therefore stay out of reach).",
         "(allow process-fork)",
-        "(allow process-exec)",
+        *(
+            _allow(["process-exec"], [*system, *granted])
+            if c.reads_listed
+            else ["(allow process-exec)"]
+        ),
         "(allow signal (target same-sandbox))",
         "(allow process-info* (target same-sandbox))",
         "",
@@ -255,9 +263,11 @@ def _all_reads() -> list[str]:
     ]
 
 
-def _listed_reads(c: Confinement, write: Sequence[str], write_files: Sequence[str]) -> list[str]:
-    """Reads as an allow-list: the system's (:mod:`endpointd.guard.macos_reads`), the
-    command's grants and writable roots; the directories on the way to them stat-able."""
+def _readable(
+    c: Confinement, write: Sequence[str], write_files: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """The filters of listed reads: the system's (:mod:`endpointd.guard.macos_reads`), and
+    the command's grants with its writable roots and files."""
     system: list[str] = []
     for root in macos_reads.SYSTEM:
         for spelling in _spellings(root.path):
@@ -270,6 +280,20 @@ def _listed_reads(c: Confinement, write: Sequence[str], write_files: Sequence[st
                     f"(require-not {_anycase(u)})" for out in root.unless for u in _spellings(out)
                 )
                 system.append(f"(require-all (subpath {_string(spelling)}) {nots})")
+    granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
+    grants = _filters("subpath", _unique([*granted, *write])) + _filters("literal", write_files)
+    return system, grants
+
+
+def _listed_reads(
+    c: Confinement,
+    system: Sequence[str],
+    grants: Sequence[str],
+    write: Sequence[str],
+    write_files: Sequence[str],
+) -> list[str]:
+    """Reads as an allow-list: the system's, the command's grants and writable roots
+    (:func:`_readable`); the directories on the way to them stat-able."""
     granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
     homes = _flat(_spellings(h) for h in c.homes)
     read_files = _flat(_spellings(p) for p in c.read_files)
@@ -289,10 +313,7 @@ def _listed_reads(c: Confinement, write: Sequence[str], write_files: Sequence[st
         *_allow(["file-read*"], system),
         "; This command's grants: toolchains and what the owner lists (readable_paths),",
         "; its clone's git directory, and where it may write.",
-        *_allow(
-            ["file-read*"],
-            _filters("subpath", _unique([*granted, *write])) + _filters("literal", write_files),
-        ),
+        *_allow(["file-read*"], grants),
         "; Stat, without reading or listing, each directory on the way to a grant and the",
         "; home directory: realpath(), git's repository discovery and `cd` lstat every",
         "; component and fail on a refusal. Their names are known already; nothing beside",

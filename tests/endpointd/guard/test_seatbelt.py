@@ -504,6 +504,33 @@ def test_paths_sbpl_cannot_carry_or_that_are_not_canonical_are_refused(
         seatbelt.profile(Confinement(**{field: ("/ok", path)}))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["read", "read_extra", "never", "homes", "read_files"])
+@pytest.mark.parametrize("path", ["/a\nb", "relative/x", "/a/../b", "//a"])
+def test_listed_reads_refuse_paths_sbpl_cannot_carry(field: str, path: str) -> None:
+    c = Confinement(reads_listed=True, **{field: ("/ok", path)})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sandbox path"):
+        seatbelt.profile(c)
+
+
+def test_anycase_matches_every_case_and_only_more() -> None:
+    (form,) = parse(seatbelt._anycase('/Users/Jos\u00e9/.cargo/cred"s-1_x.toml'))
+    assert form[0] == "regex"
+    rx = form[1]
+    assert isinstance(rx, Str)
+    assert rx.raw
+    for path in (
+        '/Users/Jos\u00e9/.cargo/cred"s-1_x.toml',
+        '/users/JOSE\u0301/.CARGO/CRED"S-1_X.TOML/inner',  # another normalisation
+    ):
+        assert re.search(rx.value, path), path
+    for path in (
+        '/Users/Bob/.cargo/cred"s-1_x.toml',  # another directory
+        '/Users/Jos\u00e9/.cargo/cred"s-2_x.toml',  # another digit
+        '/Users/Jos\u00e9/.cargo/cred"s-1_x.tomlx',  # a longer name: not beneath it
+    ):
+        assert not re.search(rx.value, path), path
+
+
 @pytest.mark.parametrize(
     ("given", "also"),
     [  # The /tmp paths are text in a profile, not files used here (S108).
@@ -802,3 +829,17 @@ def test_no_case_variant_reaches_what_a_grant_leaves_out(
         "/private/etc/KCPassword",
     ):
         assert not allowed(mac.text, "file-read-data", refused), refused
+
+
+def test_a_planned_profile_runs_no_program_it_cannot_read(mac: Mac) -> None:
+    """As in the Linux view, where a hidden program is not there to run: a binary in the
+    home directory (one with a token built in, say) cannot be started."""
+    for hidden in (
+        f"{mac.home}/bin/deploy",
+        f"{mac.home}/other-project/.venv/bin/python",
+        f"{mac.control}/bin/tool",
+        "/Volumes/USB/run",
+    ):
+        assert not allowed(mac.text, "process-exec", hidden), hidden
+    for program in ("/bin/sh", "/usr/bin/git", f"{mac.work}/build/app", f"{mac.tmpdir}/a.out"):
+        assert allowed(mac.text, "process-exec", program), program
