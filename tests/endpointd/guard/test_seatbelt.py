@@ -514,6 +514,7 @@ def test_listed_reads_refuse_paths_sbpl_cannot_carry(field: str, path: str) -> N
 
 def test_anycase_matches_every_case_and_only_more() -> None:
     (form,) = parse(seatbelt._anycase('/Users/Jos\u00e9/.cargo/cred"s-1_x.toml'))
+    assert isinstance(form, list)
     assert form[0] == "regex"
     rx = form[1]
     assert isinstance(rx, Str)
