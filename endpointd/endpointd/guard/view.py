@@ -103,6 +103,9 @@ HOME_TOOLCHAINS = (
     "~/.cache/uv",
     "~/.cache/go-build",
     "~/.npm/_cacache",
+    # The same caches where macOS keeps them.
+    "~/Library/Caches/pip",
+    "~/Library/Caches/go-build",
 )
 # Never in a command's view, even beneath a directory it may read or write: credentials
 # the built-in denied paths do not already cover, shell histories, harness logins (those

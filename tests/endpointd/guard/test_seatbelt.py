@@ -669,6 +669,8 @@ def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str = "") -
         "other-project/secret.txt",
         ".cargo/credentials.toml",
         ".cargo/registry/x",
+        "Library/Caches/pip/http/x",
+        "Library/Caches/com.apple.Safari/x",
     ):
         (home / name).parent.mkdir(parents=True, exist_ok=True)
         (home / name).write_text("x")
@@ -705,6 +707,7 @@ def test_a_planned_profile_hides_the_home_but_for_grants(mac: Mac) -> None:
         home / "Library" / "Keychains" / "x",
         home / "other-project" / "secret.txt",
         home / ".cargo" / "credentials.toml",  # though ~/.cargo/registry is granted
+        home / "Library" / "Caches" / "com.apple.Safari" / "x",
         mac.control / "admin-token",
         mac.control,
         mac.state / "spool" / "41" / "tmp" / "x",  # another command's TMPDIR
@@ -718,6 +721,7 @@ def test_a_planned_profile_hides_the_home_but_for_grants(mac: Mac) -> None:
         str(mac.tmpdir / "x"),
         str(home / ".cargo" / "registry" / "x"),
         str(home / ".gitconfig"),  # a default grant
+        str(home / "Library" / "Caches" / "pip" / "http" / "x"),  # pip's cache on macOS
         str(mac.clone_git / "objects" / "ab"),  # the clone's git dir, given as extra_read
     ):
         for spelling in seatbelt._spellings(granted):
