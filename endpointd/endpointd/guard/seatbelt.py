@@ -359,11 +359,17 @@ def _anycase(path: str, tree: bool = True) -> str:
     refused: safe); what is taken out of a grant is written in every case with this. Any
     character but a letter, a digit, ``/``, ``_`` and ``-`` is matched by ``.`` (no
     escaping to get wrong; matching more only refuses more), a run of non-ASCII ones by
-    ``[^/]*`` (which also covers their other Unicode normalisations)."""
+    ``[^/]*`` (which also covers their other Unicode normalisations). The two letters
+    outside ASCII that Unicode case folding turns into ASCII ones are matched too: the
+    Kelvin sign for k and the long s for s (an alternation, not a bracket: a byte-wise
+    matcher would take a bracketed multi-byte letter apart)."""
     out: list[str] = []
     for ch in path:
         if ch.isascii() and ch.isalpha():
-            out.append(f"[{ch.upper()}{ch.lower()}]")
+            low = ch.lower()
+            out.append(
+                f"({ch.upper()}|{low}|{_FOLDS[low]})" if low in _FOLDS else f"[{ch.upper()}{low}]"
+            )
         elif ch.isascii() and (ch.isdigit() or ch in "/_-"):
             out.append(ch)
         elif ch.isascii():
@@ -372,6 +378,10 @@ def _anycase(path: str, tree: bool = True) -> str:
             out.append("[^/]*")
     end = "(/|$)" if tree else "$"
     return f'(regex #"^{"".join(out)}{end}")'
+
+
+# Letters outside ASCII that case-insensitive APFS folds to an ASCII one (CaseFolding.txt).
+_FOLDS = {"k": "\u212a", "s": "\u017f"}
 
 
 def _allow(operations: Sequence[str], filters: Sequence[str]) -> list[str]:

@@ -821,6 +821,8 @@ def test_no_case_variant_reaches_what_a_grant_leaves_out(
         f"{home}/.cargo/credentials.toml",
         f"{home}/.cargo/CREDENTIALS.toml",
         f"{home}/.cargo/Credentials.Toml",
+        f"{home}/.cargo/credential\u017f.toml",  # a long s, which APFS folds to s
+        f"{home}/Library/\u212aeychains/login.keychain-db",  # the Kelvin sign: k
         f"{home}/Library/keychains/login.keychain-db",
         f"{home}/Library/KEYCHAINS/login.keychain-db",
         f"{home}/Library/cookies/x",
