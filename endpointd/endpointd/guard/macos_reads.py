@@ -114,6 +114,13 @@ SYSTEM: tuple[Root, ...] = (
         "macOS 12+: what /bin/sh runs (select/sh) and the developer directory chosen",
     ),
     Root(
+        "/private/var/db/DarwinDirectory/local/recordStore.data",
+        "the local accounts and groups, which libinfo reads in process on recent releases"
+        " (getpwuid: whoami, ssh, git's identity); Codex's restricted profile grants it too."
+        " Its permissions keep anything secret in it from a daemon not run as root",
+        tree=False,
+    ),
+    Root(
         "/private/var/run/resolv.conf",
         "/etc/resolv.conf, which resolvers of their own read (Go, c-ares in Node, dig)",
         tree=False,

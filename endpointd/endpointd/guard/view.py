@@ -82,6 +82,10 @@ ETC_SECRETS = (
 HOME_TOOLCHAINS = (
     "~/.gitconfig",
     "~/.config/git/config",
+    # git's default global ignore and attributes files: without them a command's commit
+    # would take in what the owner ignores everywhere (.env, editor files).
+    "~/.config/git/ignore",
+    "~/.config/git/attributes",
     "~/.pyenv",
     "~/.rustup",
     "~/.cargo/bin",

@@ -671,6 +671,7 @@ def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str = "") -
         ".cargo/registry/x",
         "Library/Caches/pip/http/x",
         "Library/Caches/com.apple.Safari/x",
+        ".config/git/ignore",
     ):
         (home / name).parent.mkdir(parents=True, exist_ok=True)
         (home / name).write_text("x")
@@ -722,6 +723,7 @@ def test_a_planned_profile_hides_the_home_but_for_grants(mac: Mac) -> None:
         str(home / ".cargo" / "registry" / "x"),
         str(home / ".gitconfig"),  # a default grant
         str(home / "Library" / "Caches" / "pip" / "http" / "x"),  # pip's cache on macOS
+        str(home / ".config" / "git" / "ignore"),  # what the owner ignores everywhere
         str(mac.clone_git / "objects" / "ab"),  # the clone's git dir, given as extra_read
     ):
         for spelling in seatbelt._spellings(granted):
@@ -741,6 +743,11 @@ def test_a_planned_profile_reads_nothing_unlisted(mac: Mac) -> None:
         "/private/var/folders/ab/cd/T/x",  # other programs' temporary files and caches
         "/private/tmp/x",
         "/dev/rdisk0",  # the raw disk
+        # Time Machine's local snapshots: yesterday's copy of the home directory.
+        f"/Volumes/com.apple.TimeMachine.localsnapshots/Backups.backupdb/Mac/1/Data{mac.home}"
+        "/.ssh/id_rsa",
+        "/cores/core.123",  # another program's memory
+        "/private/var/vm/sleepimage",  # all of memory, at the last sleep
         "/private/etc/sudoers",
         "/private/etc/kcpassword",  # the automatic login's password
         "/opt/homebrew/var/postgresql@16/base/1",  # Homebrew services' data
