@@ -8,8 +8,11 @@ plain data; the daemon turns it into what the supervisor's JSON spec carries.
 
 The model, whatever the OS:
 
-* **reads**: everything except ``denied`` (and what lies beneath them), plus the single
-  files in ``read_files`` even there (a harness's login, for that harness's runs only);
+* **reads**: with ``reads_listed``, only what is listed: the system's directories (each
+  mechanism knows its own), ``read``, ``read_extra``, the writable roots, less ``never`` and
+  ``denied``; without it (older callers), everything except ``denied`` (and what lies
+  beneath them); either way plus the single files in ``read_files`` even there (a
+  harness's login, for that harness's runs only);
 * **writes**: only beneath ``write`` (the command's workspace, its private TMPDIR, the
   owner's ``writable_paths``) and the device files in ``write_files``, except beneath
   ``protected`` (``.git/hooks``, ``.git/config`` inside the workspace), which stay
@@ -47,6 +50,9 @@ class Confinement:
     # writable ones), ``read_extra`` (this command's own: its clone's git directory),
     # ``never`` (masked wherever in view), ``homes`` (empty in view, but for grants).
     view: bool = False
+    # Reads are an allow-list (the fields above, on Linux in a view; on macOS in the
+    # Seatbelt profile): True wherever the daemon planned ``read`` .. ``homes``.
+    reads_listed: bool = False
     read: tuple[str, ...] = ()
     read_extra: tuple[str, ...] = ()
     never: tuple[str, ...] = ()

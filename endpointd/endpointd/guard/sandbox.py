@@ -170,12 +170,14 @@ def plan(
     extra = [p for p in extra if not any(_within(p, d) for d in denied_real)]
     files = [_real(p) for p in extra_write_files]
     files = [p for p in files if not any(_within(p, d) for d in denied_real)]
-    # The allow-listed view (endpointd.guard.view), where namespaces make one.
+    # The allow-listed view (endpointd.guard.view), where namespaces make one; Seatbelt
+    # enforces the same list of reads in its profile (endpointd.guard.seatbelt).
     shown = here.mechanism == "landlock" and here.private_proc
+    listed = shown or here.mechanism == "seatbelt"
     never: tuple[str, ...] = ()
     read: tuple[str, ...] = ()
     read_extra: tuple[str, ...] = ()
-    if shown:
+    if listed:
         # A run's login files are in its view (though denied): its store links to them.
         logins = [_real(p) for p in read_files]
         never = tuple(
@@ -193,10 +195,11 @@ def plan(
         )
     return Confinement(
         view=shown,
+        reads_listed=listed,
         read=read,
         read_extra=read_extra,
         never=never,
-        homes=view.homes() if shown else (),
+        homes=view.homes() if listed else (),
         hidden_dirs=_socket_dirs(),
         hidden_files=_socket_files(),
         # Only Seatbelt can carve these out of a writable root; Landlock cannot (module doc).

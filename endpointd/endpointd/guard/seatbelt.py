@@ -26,6 +26,14 @@ parameters would avoid the escaping but split the policy across argv). A path SB
 carry faithfully (a control character) or that is not absolute and normalised raises
 :class:`ValueError`: a rule that silently matches nothing would leave a denied path open.
 
+Reads are an allow-list when the confinement's are listed (``reads_listed``, which
+:func:`endpointd.guard.sandbox.plan` sets on macOS): the system's directories
+(:mod:`endpointd.guard.macos_reads`), the command's grants (``read``, ``read_extra``), its
+writable roots, and a stat of each directory on the way to them; the home directory is
+unreadable but for the owner's grants, and ``never`` (credentials, histories, the control
+plane's state) is denied with ``denied`` in the last word, so no grant reopens it. Without
+a list (older callers) it reads everything except ``denied``.
+
 Written after reading the profiles of OpenAI's Codex CLI, Anthropic's sandbox-runtime and
 Chromium (whose ``common.sb`` both derive from); each allowance below says why it exists.
 This module only generates text: it runs on any OS, and is exercised on Linux CI by
@@ -40,6 +48,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable, Sequence
 
+from endpointd.guard import macos_reads
 from endpointd.guard.confinement import Confinement
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
@@ -119,11 +128,24 @@ def profile(c: Confinement) -> str:
     a control character, for an unknown network mode, and for network ``"proxy"`` without a
     valid port.
     """
-    denied = _flat(_spellings(p) for p in c.denied)
+    hidden = [*c.denied]
+    if c.reads_listed:
+        # What stays unreadable beneath a grant: the masked credentials, histories and
+        # the control plane's state (c.never, which holds c.denied), the Mac's secrets.
+        home_secrets = [f"{h}/{s}" for h in c.homes for s in macos_reads.HOME_SECRETS]
+        hidden += [*c.never, *macos_reads.SECRETS, *home_secrets]
+    denied = _flat(_spellings(p) for p in hidden)
     protected = _flat(_spellings(p) for p in c.protected)
     write = _flat(_spellings(p) for p in c.write)
     write_files = _flat(_spellings(p) for p in c.write_files)
     network = _network(c, write)
+    system, granted = _readable(c, write, write_files)
+    reads = (
+        _listed_reads(c, system, granted, write, write_files) if c.reads_listed else _all_reads()
+    )
+    # What the reads above cover beyond single files: a path taken back beneath one of
+    # these must be refused in any letter case too (see _anycase).
+    covered = _covered(c, write) if c.reads_listed else []
 
     out = [
         "(version 1)",
@@ -132,12 +154,17 @@ def profile(c: Confinement) -> str:
         "; for denied and protected paths close the profile so nothing can reopen them.",
         "(deny default)",
         "",
-        "; Processes. Children inherit this sandbox, so the command may start anything;",
+        "; Processes. Children inherit this sandbox, so the command may start anything",
+        "; it may read (with listed reads: no program hidden in the home directory);",
         "; it may signal and inspect only processes in this same sandbox (its own tree),",
         "; never the daemon, the supervisor or other commands (whose arguments and",
         "; environment therefore stay out of reach).",
         "(allow process-fork)",
-        "(allow process-exec)",
+        *(
+            _allow(["process-exec"], [*system, *granted])
+            if c.reads_listed
+            else ["(allow process-exec)"]
+        ),
         "(allow signal (target same-sandbox))",
         "(allow process-info* (target same-sandbox))",
         "",
@@ -174,9 +201,9 @@ def profile(c: Confinement) -> str:
             ['(literal "/dev/tty")', '(literal "/dev/ptmx")', '(regex #"^/dev/ttys[0-9]+$")'],
         ),
         "",
-        "; Files: read everything (denied paths are taken back at the end).",
-        "(allow file-read*)",
-        "; ...except other terminals: a same-user process may otherwise open the owner's",
+        *reads,
+        "; Terminals other than those the command opens itself (whatever the reads above):",
+        "; a same-user process may otherwise open the owner's",
         "; Terminal windows and read their keystrokes. Terminals the command opens itself",
         "; (through /dev/ptmx) carry the com.apple.sandbox.pty extension and stay usable;",
         "; endpointd gives commands no terminal of their own to reopen.",
@@ -216,7 +243,7 @@ def profile(c: Confinement) -> str:
         "",
         *network,
         "",
-        *_last_word(denied, protected, write, write_files),
+        *_last_word(denied, protected, write, write_files, covered),
     ]
     read_files = _flat(_spellings(p) for p in c.read_files)
     if read_files:
@@ -228,10 +255,150 @@ def profile(c: Confinement) -> str:
     return "\n".join(out) + "\n"
 
 
-def _last_word(
-    denied: Sequence[str], protected: Sequence[str], write: Sequence[str], files: Sequence[str]
+def _all_reads() -> list[str]:
+    """Reads without a list (older callers): everything, less what the last word denies."""
+    return [
+        "; Files: read everything (denied paths are taken back at the end).",
+        "(allow file-read*)",
+    ]
+
+
+def _readable(
+    c: Confinement, write: Sequence[str], write_files: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """The filters of listed reads: the system's (:mod:`endpointd.guard.macos_reads`), and
+    the command's grants with its writable roots and files."""
+    system: list[str] = []
+    for root in macos_reads.SYSTEM:
+        for spelling in _spellings(root.path):
+            if not root.tree:
+                system.append(f"(literal {_string(spelling)})")
+            elif not root.unless:
+                system.append(f"(subpath {_string(spelling)})")
+            else:
+                nots = " ".join(
+                    f"(require-not {_anycase(u)})" for out in root.unless for u in _spellings(out)
+                )
+                system.append(f"(require-all (subpath {_string(spelling)}) {nots})")
+    granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
+    grants = _filters("subpath", _unique([*granted, *write])) + _filters("literal", write_files)
+    return system, grants
+
+
+def _listed_reads(
+    c: Confinement,
+    system: Sequence[str],
+    grants: Sequence[str],
+    write: Sequence[str],
+    write_files: Sequence[str],
 ) -> list[str]:
-    """The closing denials for denied and protected paths (all spellings already)."""
+    """Reads as an allow-list: the system's, the command's grants and writable roots
+    (:func:`_readable`); the directories on the way to them stat-able."""
+    granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
+    homes = _flat(_spellings(h) for h in c.homes)
+    read_files = _flat(_spellings(p) for p in c.read_files)
+    roots = [p for r in macos_reads.SYSTEM for p in _spellings(r.path)]
+    ways = _unique(
+        [*_ancestors([*roots, *granted, *write, *write_files, *read_files, *homes]), *homes]
+    )
+    links = _flat(_spellings(p) for p in macos_reads.METADATA_LITERALS)
+    return [
+        "; Files: read only what is listed, as in the Linux view: the system's programs,",
+        "; libraries and configuration, this command's grants, its writable roots. The",
+        "; home directory is therefore unreadable but for what the owner grants.",
+        "; The root directory itself: dyld opens it, and getcwd() and realpath() start",
+        "; there (a listing shows the names in / only).",
+        '(allow file-read* (literal "/"))',
+        "; The system's (endpointd.guard.macos_reads says why each is here).",
+        *_allow(["file-read*"], system),
+        "; This command's grants: toolchains and what the owner lists (readable_paths),",
+        "; its clone's git directory, and where it may write.",
+        *_allow(["file-read*"], grants),
+        "; Stat, without reading or listing, each directory on the way to a grant and the",
+        "; home directory: realpath(), git's repository discovery and `cd` lstat every",
+        "; component and fail on a refusal. Their names are known already; nothing beside",
+        "; them is revealed, and a directory inside a denied path stays denied (below).",
+        *_allow(["file-read-metadata"], _filters("literal", ways)),
+        "; Stat the links into /private (resolving /tmp/x reads the link /tmp) and device",
+        "; nodes (test -t, tty): no content.",
+        *_allow(
+            ["file-read-metadata"],
+            _filters("literal", links) + _filters("subpath", macos_reads.METADATA_TREES),
+        ),
+    ]
+
+
+Covered = Sequence[tuple[str, Sequence[str]]]
+
+
+def _covered(c: Confinement, write: Sequence[str]) -> Covered:
+    """The directories listed reads cover (all spellings), each with what it leaves out:
+    the system's, the grants and the writable roots."""
+    out = [
+        (p, _flat(_spellings(u) for u in r.unless))
+        for r in macos_reads.SYSTEM
+        if r.tree
+        for p in _spellings(r.path)
+    ]
+    granted = _flat(_spellings(p) for p in (*c.read, *c.read_extra))
+    return [*out, *((p, ()) for p in _unique([*granted, *write]))]
+
+
+def _inside(path: str, covered: Covered) -> bool:
+    return any(
+        _within(path, root) and not any(_within(path, u) for u in unless)
+        for root, unless in covered
+    )
+
+
+def _anycase(path: str, tree: bool = True) -> str:
+    """A regex filter matching ``path`` (and, with ``tree``, what lies beneath it) in any
+    letter case. APFS and HFS+ are case-insensitive by default, so ~/.cargo/CREDENTIALS.toml
+    opens ~/.cargo/credentials.toml, and a rule written in one case is not known to match
+    the path as the command spelled it. Grants are written as given (a variant of one is
+    refused: safe); what is taken out of a grant is written in every case with this. Any
+    character but a letter, a digit, ``/``, ``_`` and ``-`` is matched by ``.`` (no
+    escaping to get wrong; matching more only refuses more), a run of non-ASCII ones by
+    ``[^/]*`` (which also covers their other Unicode normalisations). The two letters
+    outside ASCII that Unicode case folding turns into ASCII ones are matched too: the
+    Kelvin sign for k and the long s for s (an alternation, not a bracket: a byte-wise
+    matcher would take a bracketed multi-byte letter apart)."""
+    out: list[str] = []
+    for ch in path:
+        if ch.isascii() and ch.isalpha():
+            low = ch.lower()
+            out.append(
+                f"({ch.upper()}|{low}|{_FOLDS[low]})" if low in _FOLDS else f"[{ch.upper()}{low}]"
+            )
+        elif ch.isascii() and (ch.isdigit() or ch in "/_-"):
+            out.append(ch)
+        elif ch.isascii():
+            out.append(".")
+        elif not out or out[-1] != "[^/]*":
+            out.append("[^/]*")
+    end = "(/|$)" if tree else "$"
+    return f'(regex #"^{"".join(out)}{end}")'
+
+
+# Letters outside ASCII that case-insensitive APFS folds to an ASCII one (CaseFolding.txt).
+_FOLDS = {"k": "\u212a", "s": "\u017f"}
+
+
+def _allow(operations: Sequence[str], filters: Sequence[str]) -> list[str]:
+    """An allowance for ``filters``, or none at all: a rule without a filter allows all."""
+    return [_rule("allow", operations, filters)] if filters else []
+
+
+def _last_word(
+    denied: Sequence[str],
+    protected: Sequence[str],
+    write: Sequence[str],
+    files: Sequence[str],
+    covered: Covered = (),
+) -> list[str]:
+    """The closing denials for denied and protected paths (all spellings already); those
+    inside a directory ``covered`` by the reads, and every protected path (always inside
+    a writable root), also in any letter case (:func:`_anycase`)."""
     out = [
         "; The last word: denied paths are neither readable nor writable, protected paths",
         "; are not writable, and no Unix socket beneath either may be bound (nor reached,",
@@ -240,9 +407,10 @@ def _last_word(
         "; own TMPDIR, which lives in endpointd's (denied) state directory.",
     ]
     if denied:
-        out.append(_rule("deny", ["file-read*", "file-write*"], _carved(denied, write)))
+        out.append(_rule("deny", ["file-read*", "file-write*"], _carved(denied, write, covered)))
     if protected:
-        out.append(_rule("deny", ["file-write*"], _filters("subpath", protected)))
+        anycase = [_anycase(p) for p in protected]
+        out.append(_rule("deny", ["file-write*"], _filters("subpath", protected) + anycase))
     if denied or protected:
         out.append(_rule("deny", ["network-bind"], _sockets("local", [*denied, *protected])))
     if denied:
@@ -268,21 +436,29 @@ def _last_word(
             "; Nor may a writable directory above one be removed or renamed (a rename is",
             "; checked as an unlink of its source): moving it away would leave the path",
             "; without its rules, and moving it back would bring in what was written meanwhile.",
-            _rule("deny", ["file-write-unlink"], _filters("literal", ancestors)),
+            _rule(
+                "deny",
+                ["file-write-unlink"],
+                _filters("literal", ancestors) + [_anycase(a, tree=False) for a in ancestors],
+            ),
         ]
     return out
 
 
-def _carved(denied: Sequence[str], write: Sequence[str]) -> list[str]:
-    """Filters for beneath ``denied``, less the writable roots strictly inside them."""
+def _carved(denied: Sequence[str], write: Sequence[str], covered: Covered = ()) -> list[str]:
+    """Filters for beneath ``denied``, less the writable roots strictly inside them; in
+    any letter case too for those inside a ``covered`` directory."""
     out = []
     for d in denied:
+        matches = [f"(subpath {_string(d)})"]
+        if _inside(d, covered):
+            matches.append(_anycase(d))
         inside = [w for w in write if w != d and _within(w, d)]
         if not inside:
-            out.append(f"(subpath {_string(d)})")
+            out += matches
             continue
         nots = " ".join(f"(require-not (subpath {_string(w)}))" for w in inside)
-        out.append(f"(require-all (subpath {_string(d)}) {nots})")
+        out += [f"(require-all {m} {nots})" for m in matches]
     return out
 
 

@@ -82,6 +82,10 @@ ETC_SECRETS = (
 HOME_TOOLCHAINS = (
     "~/.gitconfig",
     "~/.config/git/config",
+    # git's default global ignore and attributes files: without them a command's commit
+    # would take in what the owner ignores everywhere (.env, editor files).
+    "~/.config/git/ignore",
+    "~/.config/git/attributes",
     "~/.pyenv",
     "~/.rustup",
     "~/.cargo/bin",
@@ -103,6 +107,9 @@ HOME_TOOLCHAINS = (
     "~/.cache/uv",
     "~/.cache/go-build",
     "~/.npm/_cacache",
+    # The same caches where macOS keeps them.
+    "~/Library/Caches/pip",
+    "~/Library/Caches/go-build",
 )
 # Never in a command's view, even beneath a directory it may read or write: credentials
 # the built-in denied paths do not already cover, shell histories, harness logins (those
@@ -158,8 +165,13 @@ NEVER_IN_VIEW = (
     "~/.local/share/fish/fish_history",
     "~/.local/share/superagent",
 )
-# What the daemon's PATH may not bring into view as a "toolchain".
-_TOO_WIDE = ("/", "/home", "/root", "/tmp", "/var", "/run", "/mnt", "/media", "/srv")  # noqa: S108
+# What the daemon's PATH may not bring into view as a "toolchain" (resolved: on macOS
+# /tmp and /var are /private/tmp and /private/var).
+_TOO_WIDE = (
+    *("/", "/home", "/root", "/tmp", "/var", "/run", "/mnt", "/media", "/srv"),  # noqa: S108
+    *("/private", "/private/tmp", "/private/var", "/private/var/folders", "/Users"),
+    *("/Volumes", "/System/Volumes", "/System/Volumes/Data"),
+)
 
 
 def homes() -> tuple[str, ...]:

@@ -7,7 +7,10 @@ parentheses and malformed string literals; the assertions then look at the rules
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeAlias
 
 import pytest
@@ -183,6 +186,7 @@ OPERATIONS = {
     "pseudo-tty",
     "file-ioctl",
     "file-read*",
+    "file-read-metadata",
     "file-write*",
     "file-write-data",
     "file-write-unlink",
@@ -500,6 +504,34 @@ def test_paths_sbpl_cannot_carry_or_that_are_not_canonical_are_refused(
         seatbelt.profile(Confinement(**{field: ("/ok", path)}))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("field", ["read", "read_extra", "never", "homes", "read_files"])
+@pytest.mark.parametrize("path", ["/a\nb", "relative/x", "/a/../b", "//a"])
+def test_listed_reads_refuse_paths_sbpl_cannot_carry(field: str, path: str) -> None:
+    c = Confinement(reads_listed=True, **{field: ("/ok", path)})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sandbox path"):
+        seatbelt.profile(c)
+
+
+def test_anycase_matches_every_case_and_only_more() -> None:
+    (form,) = parse(seatbelt._anycase('/Users/Jos\u00e9/.cargo/cred"s-1_x.toml'))
+    assert isinstance(form, list)
+    assert form[0] == "regex"
+    rx = form[1]
+    assert isinstance(rx, Str)
+    assert rx.raw
+    for path in (
+        '/Users/Jos\u00e9/.cargo/cred"s-1_x.toml',
+        '/users/JOSE\u0301/.CARGO/CRED"S-1_X.TOML/inner',  # another normalisation
+    ):
+        assert re.search(rx.value, path), path
+    for path in (
+        '/Users/Bob/.cargo/cred"s-1_x.toml',  # another directory
+        '/Users/Jos\u00e9/.cargo/cred"s-2_x.toml',  # another digit
+        '/Users/Jos\u00e9/.cargo/cred"s-1_x.tomlx',  # a longer name: not beneath it
+    ):
+        assert not re.search(rx.value, path), path
+
+
 @pytest.mark.parametrize(
     ("given", "also"),
     [  # The /tmp paths are text in a profile, not files used here (S108).
@@ -536,3 +568,292 @@ def test_argv() -> None:
     assert out == ["/usr/bin/sandbox-exec", "-p", seatbelt.profile(c), "--", *command]
     with pytest.raises(ValueError, match="no command"):
         seatbelt.argv(c, [])
+
+
+# ---------------------------------------------------------------------------- reads: an allow-list
+
+
+def _op_matches(rule_op: str, op: str) -> bool:
+    """Does an operation named in a rule cover ``op``? (``file-read*`` covers
+    ``file-read-data`` and ``file-read-metadata``; ``default`` is the fallback, no match.)"""
+    if rule_op.endswith("*"):
+        return op.startswith(rule_op[:-1])
+    return rule_op == op
+
+
+def _matches(node: Node, path: str) -> bool:
+    """Does a path filter match ``path``? Filters about anything else (an extension the
+    command does not hold, sockets, processes) do not."""
+    if not isinstance(node, list) or not node:
+        return False
+    head, args = node[0], node[1:]
+    if head == "require-all":
+        return all(_matches(a, path) for a in args)
+    if head == "require-any":
+        return any(_matches(a, path) for a in args)
+    if head == "require-not":
+        return not _matches(args[0], path)
+    if len(args) != 1 or not isinstance(args[0], Str):
+        return False
+    value = args[0].value
+    if head == "literal":
+        return path == value
+    if head == "subpath":
+        return value == "/" or path == value or path.startswith(value.rstrip("/") + "/")
+    if head == "regex":
+        return re.search(value, path) is not None
+    return False
+
+
+def allowed(text: str, op: str, path: str) -> bool:
+    """What the profile decides for ``op`` on ``path``, as the kernel would: the last
+    matching rule wins, and with none ``(deny default)`` does."""
+    decision = False
+    for r in rules(text):
+        if not any(_op_matches(o, op) for o in r.ops):
+            continue
+        if r.filters and not any(_matches(f, path) for f in r.filters):
+            continue
+        decision = r.action == "allow"
+    return decision
+
+
+def test_the_evaluator_follows_the_last_matching_rule() -> None:
+    text = (
+        '(version 1)\n(deny default)\n(allow file-read* (subpath "/a"))\n'
+        '(deny file-read* (require-all (subpath "/a/b") (require-not (subpath "/a/b/c"))))\n'
+        '(allow file-read-metadata (literal "/x"))\n'
+    )
+    assert allowed(text, "file-read-data", "/a/z")
+    assert not allowed(text, "file-read-data", "/a/b/z")
+    assert allowed(text, "file-read-data", "/a/b/c/z")
+    assert not allowed(text, "file-read-data", "/ab")
+    assert allowed(text, "file-read-metadata", "/x")
+    assert not allowed(text, "file-read-data", "/x")
+    assert not allowed(text, "file-write-data", "/a/z")
+
+
+@dataclass(frozen=True)
+class Mac:
+    """A macOS-shaped machine (this is Linux: the paths live under ``tmp_path``)."""
+
+    home: Path
+    work: Path
+    tmpdir: Path
+    state: Path  # endpointd's own (denied)
+    control: Path  # the control plane's (SUPERAGENT_STATE_DIR)
+    clone_git: Path
+    text: str
+
+
+@pytest.fixture
+def mac(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Mac:
+    """A profile made by ``sandbox.plan`` as on a Mac: Seatbelt, the default grants."""
+    return planned(tmp_path, monkeypatch)
+
+
+def planned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str = "") -> Mac:
+    """A profile made by ``sandbox.plan`` as on a Mac, under ``policy`` (more lines)."""
+    from endpointd.guard import sandbox
+    from endpointd.rules.parser import parse_policy
+    from endpointd.rules.tables import DEFAULT_DENIED_PATHS
+
+    root = Path(os.path.realpath(tmp_path))
+    home = root / "Users" / "me"
+    for name in (
+        ".bashrc",
+        ".npmrc",
+        ".gitconfig",
+        ".ssh/id_rsa",
+        "Library/Keychains/x",
+        "other-project/secret.txt",
+        ".cargo/credentials.toml",
+        ".cargo/registry/x",
+        "Library/Caches/pip/http/x",
+        "Library/Caches/com.apple.Safari/x",
+        ".config/git/ignore",
+    ):
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text("x")
+    work = home / "src" / "app"
+    state = root / "endpointd-state"
+    tmpdir = state / "spool" / "42" / "tmp"
+    control = root / "superagent-state"
+    clone_git = home / "clones" / "app" / ".git"
+    for d in (work, tmpdir, control, clone_git / "objects"):
+        d.mkdir(parents=True)
+    (control / "admin-token").write_text("x")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SUPERAGENT_STATE_DIR", str(control))
+    monkeypatch.setattr(sandbox, "support", lambda: sandbox.Support("seatbelt"))
+    rules_ = parse_policy(f'allowed_roots = ["{work}"]\n{policy}', Path("/p"), home)
+    denied = [p.replace("~", str(home), 1) for p in DEFAULT_DENIED_PATHS] + [str(state)]
+    c = sandbox.plan(
+        rules_,
+        denied=denied,
+        workspace=str(work),
+        tmpdir=str(tmpdir),
+        extra_read=[str(clone_git)],
+    )
+    assert c.mechanism == "seatbelt"
+    return Mac(home, work, tmpdir, state, control, clone_git, seatbelt.profile(c))
+
+
+def test_a_planned_profile_hides_the_home_but_for_grants(mac: Mac) -> None:
+    home = mac.home
+    for refused in (
+        home / ".bashrc",
+        home / ".npmrc",
+        home / ".ssh" / "id_rsa",
+        home / "Library" / "Keychains" / "x",
+        home / "other-project" / "secret.txt",
+        home / ".cargo" / "credentials.toml",  # though ~/.cargo/registry is granted
+        home / "Library" / "Caches" / "com.apple.Safari" / "x",
+        mac.control / "admin-token",
+        mac.control,
+        mac.state / "spool" / "41" / "tmp" / "x",  # another command's TMPDIR
+    ):
+        for spelling in seatbelt._spellings(str(refused)):
+            assert not allowed(mac.text, "file-read-data", spelling), spelling
+    for granted in (
+        "/usr/bin/git",
+        "/System/Library/x",
+        str(mac.work / "main.py"),
+        str(mac.tmpdir / "x"),
+        str(home / ".cargo" / "registry" / "x"),
+        str(home / ".gitconfig"),  # a default grant
+        str(home / "Library" / "Caches" / "pip" / "http" / "x"),  # pip's cache on macOS
+        str(home / ".config" / "git" / "ignore"),  # what the owner ignores everywhere
+        str(mac.clone_git / "objects" / "ab"),  # the clone's git dir, given as extra_read
+    ):
+        for spelling in seatbelt._spellings(granted):
+            assert allowed(mac.text, "file-read-data", spelling), spelling
+
+
+def test_a_planned_profile_reads_nothing_unlisted(mac: Mac) -> None:
+    found = rules(mac.text)
+    unfiltered = [r for r in found if r.action == "allow" and not r.filters]
+    assert not [r for r in unfiltered if any(_op_matches(o, "file-read-data") for o in r.ops)]
+    assert not [r for r in unfiltered if any(_op_matches(o, "file-read-metadata") for o in r.ops)]
+    for refused in (
+        "/Users/someone-else/notes.txt",
+        "/Volumes/USB/x",  # removable and network volumes
+        "/private/var/db/SystemKey",  # the System keychain's key
+        "/Library/Keychains/System.keychain",
+        "/private/var/folders/ab/cd/T/x",  # other programs' temporary files and caches
+        "/private/tmp/x",
+        "/dev/rdisk0",  # the raw disk
+        # Time Machine's local snapshots: yesterday's copy of the home directory.
+        f"/Volumes/com.apple.TimeMachine.localsnapshots/Backups.backupdb/Mac/1/Data{mac.home}"
+        "/.ssh/id_rsa",
+        "/cores/core.123",  # another program's memory
+        "/private/var/vm/sleepimage",  # all of memory, at the last sleep
+        "/private/etc/sudoers",
+        "/private/etc/kcpassword",  # the automatic login's password
+        "/opt/homebrew/var/postgresql@16/base/1",  # Homebrew services' data
+        f"/System/Volumes/Data{mac.home}/.bashrc",  # the data volume's spelling
+    ):
+        assert not allowed(mac.text, "file-read-data", refused), refused
+    for granted in (
+        "/bin/sh",
+        "/private/etc/hosts",
+        "/etc/ssl/cert.pem",
+        "/opt/homebrew/bin/python3",
+        "/Library/Developer/CommandLineTools/usr/bin/clang",
+        "/Applications/Xcode.app/Contents/Developer/usr/bin/xcodebuild",
+        "/dev/null",
+        "/dev/urandom",
+        "/",
+    ):
+        assert allowed(mac.text, "file-read-data", granted), granted
+    # The directories on the way to a grant may be stat'ed (realpath), not listed.
+    for above in (str(mac.home), str(mac.home.parent), str(mac.home / ".cargo")):
+        assert allowed(mac.text, "file-read-metadata", above), above
+        assert not allowed(mac.text, "file-read-data", above), above
+
+
+def test_what_is_masked_is_denied_after_every_read_allowance(mac: Mac) -> None:
+    found = rules(mac.text)
+    reads = [
+        r for r in found if r.action == "allow" and any(o.startswith("file-read") for o in r.ops)
+    ]
+    (deny,) = denials(found)
+    hidden = set(rule_paths(deny))
+    for masked in (
+        mac.home / ".npmrc",
+        mac.home / ".cargo" / "credentials.toml",
+        mac.home / "Library" / "Keychains",
+        mac.control,
+        mac.state,
+    ):
+        assert set(seatbelt._spellings(str(masked))) <= hidden, masked
+    # Only a harness run's login files may come after (none here).
+    assert all(r.index < deny.index for r in reads)
+
+
+def test_listed_reads_with_no_grant_allow_no_read_without_a_filter() -> None:
+    text = seatbelt.profile(Confinement(reads_listed=True, mechanism="seatbelt"))
+    found = rules(text)
+    assert not [r for r in found if r.action == "allow" and not r.filters and "file-read*" in r.ops]
+    assert not allowed(text, "file-read-data", "/Users/me/.bashrc")
+    assert allowed(text, "file-read-data", "/usr/lib/libSystem.B.dylib")
+
+
+def test_a_harness_login_stays_readable_among_listed_reads() -> None:
+    login = f"{HOME}/.claude/.credentials.json"
+    c = confinement(
+        denied=(f"{HOME}/.claude",),
+        never=(f"{HOME}/.claude",),
+        homes=(HOME,),
+        read_files=(login,),
+        reads_listed=True,
+    )
+    text = seatbelt.profile(c)
+    assert allowed(text, "file-read-data", login)
+    assert not allowed(text, "file-write-data", login)
+    assert not allowed(text, "file-read-data", f"{HOME}/.claude/settings.json")
+
+
+def test_no_case_variant_reaches_what_a_grant_leaves_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """APFS is case-insensitive: ~/.cargo/CREDENTIALS.toml opens ~/.cargo/credentials.toml.
+    Grants match the case they are written in (a variant of one is refused, which is
+    safe); what is taken out of a grant must be refused in every case."""
+    mac = planned(tmp_path, monkeypatch, 'readable_paths = ["~/.cargo", "~/Library"]\n')
+    home = str(mac.home)
+    assert allowed(mac.text, "file-read-data", f"{home}/.cargo/registry/x")
+    assert allowed(mac.text, "file-read-data", f"{home}/Library/Fonts/x.ttf")
+    for refused in (
+        f"{home}/.cargo/credentials.toml",
+        f"{home}/.cargo/CREDENTIALS.toml",
+        f"{home}/.cargo/Credentials.Toml",
+        f"{home}/.cargo/credential\u017f.toml",  # a long s, which APFS folds to s
+        f"{home}/Library/\u212aeychains/login.keychain-db",  # the Kelvin sign: k
+        f"{home}/Library/keychains/login.keychain-db",
+        f"{home}/Library/KEYCHAINS/login.keychain-db",
+        f"{home}/Library/cookies/x",
+        f"/System/VOLUMES/Data{home}/.bashrc",
+        f"/System/volumes/data{home}/.ssh/id_rsa",
+        "/usr/LOCAL/var/postgres/base/1",
+        "/usr/local/VAR/postgres/base/1",
+        "/opt/Homebrew/var/redis/dump.rdb",
+        "/private/etc/SUDOERS",
+        "/etc/Sudoers",
+        "/private/etc/KCPassword",
+    ):
+        assert not allowed(mac.text, "file-read-data", refused), refused
+
+
+def test_a_planned_profile_runs_no_program_it_cannot_read(mac: Mac) -> None:
+    """As in the Linux view, where a hidden program is not there to run: a binary in the
+    home directory (one with a token built in, say) cannot be started."""
+    for hidden in (
+        f"{mac.home}/bin/deploy",
+        f"{mac.home}/other-project/.venv/bin/python",
+        f"{mac.control}/bin/tool",
+        "/Volumes/USB/run",
+    ):
+        assert not allowed(mac.text, "process-exec", hidden), hidden
+    for program in ("/bin/sh", "/usr/bin/git", f"{mac.work}/build/app", f"{mac.tmpdir}/a.out"):
+        assert allowed(mac.text, "process-exec", program), program
