@@ -246,32 +246,35 @@ async def file_ticket(
     thread subscribed, the device check for her, and the request done with (the router's
     turn is not under test). Returns the ticket id."""
     ticket_id = new_id("tkt")
-    await pool.execute(
-        "INSERT INTO tickets (id, title, device_id, workdir, speculative, repo) "
-        "VALUES ($1, $2, $3, $4, $5, $6)",
-        ticket_id,
-        title,
-        device.id if device else None,
-        workdir,
-        speculative,
-        repo,
-    )
-    await pool.execute(
-        "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, trigger_id, "
-        "scope) VALUES ($1, $2, 'explicit', $3, 'alice', $4, $5)",
-        new_id("mnd"),
-        ticket_id,
-        initiator_id,
-        request.trigger_id,
-        title,
-    )
-    await pool.execute(
-        "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)",
-        request.thread_id,
-        ticket_id,
-    )
-    if device is not None:  # the device check, recorded as the router records it
-        async with pool.acquire() as conn:
+    # One transaction, as the router's own (controlplane/tickets/opening.py): a worker
+    # running beside the test may claim the ticket the moment it is committed, and must
+    # find its mandate and device check with it.
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO tickets (id, title, device_id, workdir, speculative, repo) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
+            ticket_id,
+            title,
+            device.id if device else None,
+            workdir,
+            speculative,
+            repo,
+        )
+        await conn.execute(
+            "INSERT INTO mandates (id, ticket_id, kind, initiator_id, initiator_name, "
+            "trigger_id, scope) VALUES ($1, $2, 'explicit', $3, 'alice', $4, $5)",
+            new_id("mnd"),
+            ticket_id,
+            initiator_id,
+            request.trigger_id,
+            title,
+        )
+        await conn.execute(
+            "INSERT INTO subscriptions (thread_id, ticket_id) VALUES ($1, $2)",
+            request.thread_id,
+            ticket_id,
+        )
+        if device is not None:  # the device check, recorded as the router records it
             await device_grant.grant_ticket(
                 conn,
                 ticket_id,
@@ -280,7 +283,9 @@ async def file_ticket(
                 by="the test",
                 what=f"{ticket_id} ({title})",
             )
-    await pool.execute("UPDATE triggers SET routed_at = now() WHERE id = $1", request.trigger_id)
+        await conn.execute(
+            "UPDATE triggers SET routed_at = now() WHERE id = $1", request.trigger_id
+        )
     return ticket_id
 
 
