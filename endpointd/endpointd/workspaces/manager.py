@@ -205,6 +205,8 @@ class Workspaces:
             return False
         if record.in_place:
             return os.path.isdir(record.path)
+        if branches.ticket_of(record.branch) != record.ticket:
+            return False  # made before each ticket's branch had a folder: made again
         return os.path.isfile(os.path.join(record.path, ".git")) and os.path.isdir(record.admin_dir)
 
     def _source(self, op: PrepareWorkspace, policy: Policy, approved: bool) -> _Source:
@@ -295,6 +297,11 @@ class Workspaces:
         if os.path.lexists(ws):  # left by a crash before the record knew of it
             _remove_tree(ws)
             git_ok("worktree", "prune", cwd=clone)
+        legacy = f"{branches.PREFIX}{record.ticket}"
+        if git_ok("show-ref", "--verify", "--quiet", f"refs/heads/{legacy}", cwd=clone):
+            # The ticket's branch from before each had a folder of its own: renamed, so
+            # its commits carry on (and its flat name no longer blocks the folder).
+            git("branch", "-m", legacy, record.branch, cwd=clone)
         # The worktree is made without a checkout (which would run the clone's filters
         # and hooks); bases.checkout fills it from endpointd's own git directory.
         if git_ok("show-ref", "--verify", "--quiet", f"refs/heads/{record.branch}", cwd=clone):

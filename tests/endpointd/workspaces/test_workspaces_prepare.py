@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from endpointd.workspaces import jail
+from endpointd.workspaces import grants, jail
 from endpointd.workspaces.errors import WorkspaceError
 from endpointd.workspaces.manager import Workspaces
 from endpointd.workspaces.store import Store
@@ -241,3 +241,28 @@ def test_every_git_the_daemon_runs_on_a_clone_runs_confined(
     assert {r.ticket for r in removed} == {A, B}
     assert len(confined) > 10
     assert all(confined), confined
+
+
+def test_a_workspace_from_before_branch_folders_is_made_again_keeping_its_commits(
+    world: World,
+) -> None:
+    """A ticket's branch used to be ``superagent/<ticket>``, which needed every ticket's
+    branches writable. A workspace recorded so is made again on
+    ``superagent/<ticket>/work``, its branch renamed with its commits, so its commands get
+    their own branch folder (and nothing blocks the folder's name)."""
+    path = Path(str(world.prepare(A)["path"]))
+    (path / "calc.py").write_text("x = 2\n")
+    git("commit", "-qam", "work", cwd=path)
+    worked = git("rev-parse", "HEAD", cwd=path).strip()
+    # As an older endpointd left it: the flat branch, and the record naming it.
+    git("worktree", "remove", "--force", str(path), cwd=world.clone)
+    git("branch", "-m", branches.ticket_branch(A), f"superagent/{A}", cwd=world.clone)
+    with world.workspaces.store.edit() as records:
+        records[A].branch = f"superagent/{A}"
+    again = world.prepare(A)
+    assert again["branch"] == branches.ticket_branch(A)
+    assert git("rev-parse", "HEAD", cwd=Path(str(again["path"]))).strip() == worked
+    listed = git("branch", "--list", "--format=%(refname:short)", cwd=world.clone).split()
+    assert f"superagent/{A}" not in listed
+    (record,) = world.workspaces.list()
+    assert grants.write_grants(record) != ((), ())
