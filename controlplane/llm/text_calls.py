@@ -31,7 +31,10 @@ Ambiguity is answered, never guessed (:attr:`Reading.problem`; nothing of the an
 * calls in two forms in one answer (a tag and a fence, a fence and bare JSON): which of
   them is meant, and whether one repeats the other, is a guess.
 
-Prose that only mentions a tool (``I ran shell``) is a text answer, as before.
+Prose that only mentions a tool (``I ran shell``) is a text answer, as before. So is an
+answer over :data:`READ_CHARS`; bare JSON is looked for in answers up to
+:data:`SCAN_CHARS`. Reading is linear in the text, whatever a model (or whoever steers it)
+writes.
 """
 
 from __future__ import annotations
@@ -42,18 +45,22 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FORMS", "NATIVE", "UNREADABLE", "Reading", "Written", "read"]
+__all__ = ["NATIVE", "UNREADABLE", "Reading", "Written", "read"]
 
-NATIVE = "native"
+NATIVE = "native"  # returned as a call; the forms in the text: tagged, fenced, bare, list
 UNREADABLE = "unreadable"  # the form on record of the error call an unreadable answer gets
-FORMS = (NATIVE, "tagged", "fenced", "bare", "list", UNREADABLE)
+READ_CHARS = 256 * 1024  # a longer answer is a text answer: nobody's call is that long
 SCAN_CHARS = 64 * 1024  # bare JSON is looked for in this much text (fences and tags: all)
+SCAN_TRIES = 256  # JSON that does not parse, at most, before bare JSON is looked for no more
 
-_TAG = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL | re.IGNORECASE)
+_OPEN_TAG = re.compile(r"<tool_call>", re.IGNORECASE)
+_CLOSE_TAG = re.compile(r"</tool_call>", re.IGNORECASE)
 _LOOSE_TAG = re.compile(r"</?tool_call>", re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\n?(.*?)```", re.DOTALL)
 _CALL_FENCES = frozenset({"tool_call", "tool_calls", "function_call", "function_calls"})
-_OPENING = re.compile(r"[{\[]\s*[\"{]")  # where a JSON object or array of objects may start
+# Where JSON that may be or hold a call starts: an object, or an array of objects, strings
+# or arrays (a call nested in an array or object is skipped with it, and then unread).
+_OPENING = re.compile(r'\{\s*"|\[\s*[{"\[]')
 _CALL_KEYS = frozenset({"name", "arguments", "parameters", "id", "type"})
 _WRAPPER_KEYS = frozenset({"type", "function", "id"})
 _KEYS = "(?:name|tool|tool_name|function|function_name|recipient_name)"  # what to call
@@ -91,20 +98,21 @@ def read(content: str, offered: Collection[str]) -> Reading | None:
     """The calls written in ``content``, given the offered tools' names; None if it holds
     none (a text answer)."""
     names = frozenset(offered)
-    if not content or not names:
+    if not content or not names or len(content) > READ_CHARS:
         return None
     found: list[_Found] = []
     problems: list[tuple[str, str | None]] = []  # why, and the tool it names
     masked = content
 
-    for match in _TAG.finditer(content):
-        body = _unfence(match.group(1).strip())
+    tags = _tags(content)
+    for start, body_start, body_end, end in tags:
+        body = _unfence(content[body_start:body_end].strip())
         calls, listed = _calls(_loads(body), names)
         if calls is None:
             problems.append(("a <tool_call> block that is not a JSON call", _named(body, names)))
         else:
-            found.append(_Found(match.start(), match.end(), "tagged", calls, listed))
-        masked = _blank(masked, match.start(), match.end())
+            found.append(_Found(start, end, "tagged", calls, listed))
+    masked = _blank(masked, [(start, end) for start, _, _, end in tags])
     for loose in _LOOSE_TAG.finditer(masked):
         problems.append(
             ("a <tool_call> tag that is not closed", _named(masked[loose.end() :], names))
@@ -117,31 +125,36 @@ def read(content: str, offered: Collection[str]) -> Reading | None:
         calls, listed = _calls(_loads(body), names)
         if calls is not None:
             found.append(_Found(match.start(), match.end(), "fenced", calls, listed))
-            masked = _blank(masked, match.start(), match.end())
             continue
         fences.append((match.start(2), match.start(2) + len(match.group(2)), body))
         if language in _CALL_FENCES and _named(body, names) is None:
             problems.append((f"a ```{language} block that is not a JSON call", None))
 
+    masked = _blank(masked, [(f.start, f.end) for f in found if f.wrapper == "fenced"])
     if len(masked) <= SCAN_CHARS:
         decoder = json.JSONDecoder()
-        position = 0
-        while (opening := _OPENING.search(masked, position)) is not None:
+        position, tries = 0, 0
+        while tries < SCAN_TRIES and (opening := _OPENING.search(masked, position)) is not None:
             start = opening.start()
             if _inside(start, fences):
                 position = start + 1
                 continue
             try:
                 value, end = decoder.raw_decode(masked, start)
-            except ValueError:
-                position = start + 1
+            except json.JSONDecodeError as exc:
+                # Not JSON up to where it broke: nothing from there back is read as a call
+                # (a call inside broken JSON is a guess). Each failure costs a scan of the
+                # text before it (the error's line number), hence the bound on tries.
+                position, tries = max(exc.pos, start + 1), tries + 1
                 continue
+            except RecursionError:
+                break  # nested too deeply to be anyone's call
             calls, listed = _calls(value, names)
             if calls is not None:
                 found.append(_Found(start, end, "bare", calls, listed))
-                masked = _blank(masked, start, end)
             position = end  # never inside JSON that is not a call: a call nested there is unread
 
+    masked = _blank(masked, [(f.start, f.end) for f in found])
     for marker in _marker(names).finditer(masked):
         tool = marker.group("tool")
         problems.append((_why(masked, marker.start(), fences), tool))
@@ -249,7 +262,7 @@ def _why(text: str, at: int, fences: list[tuple[int, int, str]]) -> str:
         return "it is not a call: an object of just name and arguments"
     try:
         json.JSONDecoder().raw_decode(text, start)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return f"its JSON does not parse: {_message(exc)}"
     return "it is not a call of its own: an object of just name and arguments"
 
@@ -260,20 +273,35 @@ _UNPARSED = object()
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _UNPARSED
 
 
 def _error(text: str) -> str:
     try:
         json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return _message(exc)
     return "?"
 
 
-def _message(exc: ValueError) -> str:
+def _message(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
     return exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+
+
+def _tags(text: str) -> list[tuple[int, int, int, int]]:
+    """Each closed ``<tool_call>`` block: its start, its body's start and end, its end. An
+    opening tag that is never closed ends the search (and is then found unclosed)."""
+    out, position = [], 0
+    while (opening := _OPEN_TAG.search(text, position)) is not None:
+        closing = _CLOSE_TAG.search(text, opening.end())
+        if closing is None:
+            break
+        out.append((opening.start(), opening.end(), closing.start(), closing.end()))
+        position = closing.end()
+    return out
 
 
 def _unfence(body: str) -> str:
@@ -282,9 +310,17 @@ def _unfence(body: str) -> str:
     return match.group(2).strip() if match else body
 
 
-def _blank(text: str, start: int, end: int) -> str:
-    """``text`` with ``[start, end)`` as spaces: positions stay, what was read is gone."""
-    return text[:start] + " " * (end - start) + text[end:]
+def _blank(text: str, spans: list[tuple[int, int]]) -> str:
+    """``text`` with each ``[start, end)`` of ``spans`` as spaces: positions stay, what was
+    read is gone."""
+    parts, position = [], 0
+    for start, end in sorted(spans):
+        if start < position:
+            continue
+        parts += [text[position:start], " " * (end - start)]
+        position = end
+    parts.append(text[position:])
+    return "".join(parts)
 
 
 def _inside(at: int, spans: list[tuple[int, int, str]]) -> bool:

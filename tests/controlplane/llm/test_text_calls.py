@@ -4,12 +4,13 @@ model boundary over HTTP against the scripted fake."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import asyncpg
 import pytest
 
-from controlplane.llm.text_calls import Reading, read
+from controlplane.llm.text_calls import READ_CHARS, Reading, read
 from controlplane.settings import LlmSettings
 from tests.fakes.openai_server import FAKE_MODEL, FakeOpenAIServer, Reply, ToolCall
 
@@ -139,6 +140,34 @@ def test_one_unreadable_call_stops_the_readable_ones_too() -> None:
     assert reading.calls == ()
     assert reading.problem is not None
     assert "report" in reading.problem
+
+
+def test_a_call_inside_broken_json_is_not_picked_out_of_it() -> None:
+    reading = read('{"plan": {"name": "shell", "arguments": {"command": "ls"}} oops', OFFERED)
+    assert reading is not None
+    assert reading.calls == ()
+    assert reading.problem is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a' * 20_000,
+        "[" * 60_000,
+        "<tool_call>" * 5_000,
+        "```" * 30_000,
+        '{"name": "shell", "arguments": ' * 2_000,
+        _js(SHELL) * 3_000,
+    ],
+)
+def test_text_built_to_be_slow_is_read_in_linear_time(text: str) -> None:
+    started = time.monotonic()
+    read(text, OFFERED)
+    assert time.monotonic() - started < 1.5
+
+
+def test_an_answer_longer_than_any_call_is_a_text_answer() -> None:
+    assert read(_js(SHELL) + " " * READ_CHARS, OFFERED) is None
 
 
 def test_two_forms_in_one_answer_are_ambiguous() -> None:
