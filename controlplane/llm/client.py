@@ -26,7 +26,7 @@ from typing import Any
 import asyncpg
 import openai
 
-from controlplane.llm import sessions
+from controlplane.llm import sessions, text_calls
 from controlplane.llm.errors import (
     ContextExceeded,
     LlmError,
@@ -80,6 +80,10 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # as the model wrote it: checking it is the tool's business
+    # How the model made it (:mod:`controlplane.llm.text_calls`): native, or written in the
+    # text (tagged, fenced, bare, list); on record with the call, never sent to a provider.
+    form: str = text_calls.NATIVE
+    problem: str | None = None  # why it must not run (a call in the text that was unreadable)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class Answer:
                     "type": "function",
                     "function": {"name": call.name, "arguments": call.arguments},
                 }
+                | ({} if call.form == text_calls.NATIVE else {"form": call.form})
                 for call in self.tool_calls
             ]
         return out
@@ -187,7 +192,7 @@ class LlmClient:
         try:
             raw = await self.client.chat.completions.with_raw_response.create(
                 model=model,
-                messages=list(messages),  # type: ignore[arg-type]
+                messages=_wire(messages),  # type: ignore[arg-type]
                 timeout=self.settings.timeout,
                 **extra,
             )
@@ -200,7 +205,7 @@ class LlmClient:
             raise Transient(f"cannot reach the model: {exc}") from exc
         except openai.OpenAIError as exc:  # anything else the client may raise on a body
             raise Transient(f"{type(exc).__name__}: {exc}") from exc
-        return parse(llm_call_id, body)
+        return parse(llm_call_id, body, _tool_names(tools))
 
     async def _spill(self, answer: Answer) -> Answer:
         """A text answer over the limit: its head inline, the whole of it in a blob."""
@@ -301,7 +306,9 @@ def screen_calls(
     out: list[tuple[ToolCall, str | None]] = []
     for index, call in enumerate(calls):
         key = (call.name, canonical_arguments(call.arguments))
-        if key in seen:
+        if call.problem is not None:
+            out.append((call, call.problem))
+        elif key in seen:
             out.append((call, f"not run: the same call as {seen[key]} in this answer"))
         elif index >= limit:
             out.append((call, f"not run: more than {limit} tool calls in one answer"))
@@ -338,8 +345,11 @@ def classify_status(status: int, text: str, headers: Mapping[str, str]) -> LlmEr
     return Permanent(text, status=status)
 
 
-def parse(llm_call_id: str, body: bytes) -> Answer:
-    """A 200's body, checked field by field; a body that is not JSON is a proxy's, transient."""
+def parse(llm_call_id: str, body: bytes, offered: Sequence[str] = ()) -> Answer:
+    """A 200's body, checked field by field; a body that is not JSON is a proxy's, transient.
+
+    With tools ``offered`` (their names) and no native call, calls the model wrote in its
+    text are read (:mod:`controlplane.llm.text_calls`) and become the answer's calls."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -375,9 +385,70 @@ def parse(llm_call_id: str, body: bytes) -> Answer:
                     "the answer was cut off (finish_reason=length) in the middle of its "
                     f"{call.name} call"
                 ) from None
+    if not calls and offered and content:
+        content, calls = _written_calls(llm_call_id, content, offered)
     if content is None and not calls:
         content = ""
     return Answer(llm_call_id, content, calls, finish_reason, _usage(data.get("usage")))
+
+
+def _written_calls(
+    llm_call_id: str, content: str, offered: Sequence[str]
+) -> tuple[str | None, tuple[ToolCall, ...]]:
+    """The calls written in ``content`` and the prose left around them; an unreadable one is
+    one call that does not run (its ``problem`` is what the model is told), the whole text
+    kept. Ids are unique in a session (the call's id in them), as a tool result needs."""
+    reading = text_calls.read(content, offered)
+    if reading is None:
+        return content, ()
+    stem = f"text_call_{{}}_{llm_call_id.removeprefix('llm_')}"
+    if reading.problem is not None:
+        return reading.content, (
+            ToolCall(
+                stem.format(0),
+                reading.about or "tool_call",
+                "{}",
+                text_calls.UNREADABLE,
+                reading.problem,
+            ),
+        )
+    log.info(
+        "llm: %d tool call(s) read from the text (%s)",
+        len(reading.calls),
+        ", ".join(sorted({call.form for call in reading.calls})),
+    )
+    return reading.content, tuple(
+        ToolCall(stem.format(index), call.name, call.arguments, call.form)
+        for index, call in enumerate(reading.calls)
+    )
+
+
+def _tool_names(tools: Sequence[Any] | None) -> list[str]:
+    """The names of the tools offered (OpenAI function specs)."""
+    names = []
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            names.append(function["name"])
+    return names
+
+
+def _wire(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The messages as a provider takes them: a call's ``form`` is our record, and a strict
+    API refuses a key it does not know."""
+    out: list[Mapping[str, Any]] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and any(isinstance(c, dict) and "form" in c for c in calls):
+            message = {
+                **message,
+                "tool_calls": [
+                    {k: v for k, v in c.items() if k != "form"} if isinstance(c, dict) else c
+                    for c in calls
+                ],
+            }
+        out.append(message)
+    return out
 
 
 def _tool_calls(value: Any) -> tuple[ToolCall, ...]:

@@ -71,12 +71,14 @@ class Entry:
     call_id: str | None = None
     error: bool = False  # a result that is a refusal or an error
     pending: bool = False  # a call whose result is not in yet
+    form: str | None = None  # a call the model wrote in its text: how (tagged, fenced, …)
 
     @property
     def heading(self) -> str:
         """Who spoke, and how, in a few words (the same on every surface)."""
         if self.kind == "call":
-            return f"{self.who} → {self.tool}"
+            written = f" (written in the text: {self.form})" if self.form else ""
+            return f"{self.who} → {self.tool}{written}"
         if self.kind == "result":
             return f"← {self.who}" + (" (error)" if self.error else "")
         if self.kind == "said":
@@ -97,6 +99,7 @@ class Entry:
             "call_id": self.call_id,
             "error": self.error,
             "pending": self.pending,
+            "form": self.form,
         }
 
 
@@ -287,6 +290,7 @@ def _of_message(row: asyncpg.Record) -> list[Entry]:
                 at,
                 tool=str(call.get("function", {}).get("name") or "?"),
                 call_id=call.get("id"),
+                form=call.get("form"),
             )
             for call in message.get("tool_calls") or []
         ]
