@@ -413,7 +413,37 @@ class WebChatSettings(BaseModel):
 class LlmSettings(BaseModel):
     router_model: str = Field("gpt-4o-mini", description="Model of the long-lived router session.")
     worker_model: str = Field("gpt-4o", description="Model of the per-ticket worker sessions.")
-    timeout: float = Field(120.0, gt=0, description="Seconds before one model call gives up.")
+    timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds a model call may produce nothing before it gives up: until its "
+        "first token when streaming (a local model reads a long prompt for a minute or more "
+        "before it writes), until its whole answer otherwise.",
+    )
+    idle_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a streaming answer may fall silent between two tokens before the "
+        "call gives up (and is abandoned, which cancels it on servers that stop on a closed "
+        "connection). A slow model that keeps writing is alive.",
+    )
+    stream: bool = Field(
+        True,
+        description="Stream answers, so that a slow model that is writing is told apart from "
+        "a dead one. Turn off for a server that cannot stream with tools.",
+    )
+    router_max_tokens: int = Field(
+        1024, ge=16, description="Output cap of one router answer, in tokens."
+    )
+    worker_max_tokens: int = Field(
+        4096, ge=16, description="Output cap of one worker answer, in tokens."
+    )
+    watchdog_max_tokens: int = Field(
+        512, ge=16, description="Output cap of one watchdog judgement, in tokens."
+    )
+    summary_max_tokens: int = Field(
+        2048, ge=16, description="Output cap of one compaction summary, in tokens."
+    )
     attempts: int = Field(
         4,
         ge=1,

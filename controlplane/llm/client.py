@@ -26,7 +26,7 @@ from typing import Any
 import asyncpg
 import openai
 
-from controlplane.llm import sessions, text_calls
+from controlplane.llm import sessions, streaming, text_calls
 from controlplane.llm.errors import (
     ContextExceeded,
     LlmError,
@@ -151,15 +151,18 @@ class LlmClient:
         messages: Sequence[Mapping[str, Any]],
         accounting: Accounting,
         tools: Sequence[Any] | None = None,
+        max_tokens: int | None = None,
     ) -> Answer:
-        """One answer, after at most ``llm.attempts`` tries; raises an :class:`LlmError`."""
+        """One answer, after at most ``llm.attempts`` tries; raises an :class:`LlmError`.
+        ``max_tokens``: the answer's output cap (each role sets its own: a runaway
+        generation on a slow local model otherwise runs for many minutes)."""
         attempt = 0
         while True:
             attempt += 1
             llm_call_id = new_id("llm")
             started = time.monotonic()
             try:
-                answer = await self._attempt(llm_call_id, model, messages, tools)
+                answer = await self._attempt(llm_call_id, model, messages, tools, max_tokens)
             except LlmError as exc:
                 exc.llm_call_id = llm_call_id
                 await self._record(
@@ -187,16 +190,29 @@ class LlmClient:
         model: str,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Any] | None,
+        max_tokens: int | None,
     ) -> Answer:
         extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+        if max_tokens is not None:
+            extra["max_tokens"] = max_tokens
         try:
-            raw = await self.client.chat.completions.with_raw_response.create(
-                model=model,
-                messages=_wire(messages),  # type: ignore[arg-type]
-                timeout=self.settings.timeout,
-                **extra,
-            )
-            body = raw.http_response.content
+            if self.settings.stream:
+                body = await streaming.complete(
+                    self.client,
+                    model=model,
+                    messages=_wire(messages),
+                    extra=extra,
+                    first_token_timeout=self.settings.timeout,
+                    idle_timeout=self.settings.idle_timeout,
+                )
+            else:
+                raw = await self.client.chat.completions.with_raw_response.create(
+                    model=model,
+                    messages=_wire(messages),  # type: ignore[arg-type]
+                    timeout=self.settings.timeout,
+                    **extra,
+                )
+                body = raw.http_response.content
         except openai.APIStatusError as exc:
             raise classify_status(exc.status_code, _error_text(exc), exc.response.headers) from exc
         except openai.APITimeoutError as exc:

@@ -218,6 +218,7 @@ class Router:
             model=self.model,
             messages=messages,
             tools=self.tool_specs,
+            max_tokens=self.llm.settings.router_max_tokens,
             accounting=Accounting(
                 self.session_id,
                 batch_size=len(batch.events),

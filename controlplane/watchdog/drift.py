@@ -97,6 +97,7 @@ class DriftCheck:
                     {"role": "user", "content": question},
                 ],
                 accounting=Accounting(session_id, prices=self.prices),
+                max_tokens=self.llm.settings.watchdog_max_tokens,
             )
         except LlmError as exc:
             log.warning("watchdog: drift check of %s failed (%s)", row["ticket_id"], exc)

@@ -230,6 +230,7 @@ class Compactor:
         try:
             answer = await self.llm.complete(
                 model=self.model,
+                max_tokens=self.llm.settings.summary_max_tokens,
                 messages=[
                     {"role": "system", "content": SUMMARY_PROMPT.format(chars=self.summary_chars)},
                     {

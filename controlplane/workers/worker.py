@@ -382,7 +382,11 @@ class Worker:
     ) -> Answer:
         messages = [head, *convo.context()]
         answer = await self.llm.complete(
-            model=self.model, messages=messages, tools=TOOL_SPECS, accounting=accounting
+            model=self.model,
+            messages=messages,
+            tools=TOOL_SPECS,
+            accounting=accounting,
+            max_tokens=self.llm.settings.worker_max_tokens,
         )
         self.compactor.budget.learn(prompt_chars(messages, TOOL_SPECS), answer.usage.prompt_tokens)
         return answer

@@ -58,7 +58,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias
 
 import openai
@@ -485,6 +485,8 @@ class FakeOpenAIServer(LoopbackFake):
         self.cache_block_tokens = cache_block_tokens
         self.chars_per_token = chars_per_token
         self.stream_chunk_chars = stream_chunk_chars
+        # A provider that ignores the request's output cap, when False.
+        self.honour_output_cap = True
         self.reject_unknown_models = reject_unknown_models
         self.host = host
         self.context_window = context_window
@@ -918,7 +920,37 @@ class FakeOpenAIServer(LoopbackFake):
             headers=headers,
         )
 
+    def _capped(self, reply: Reply, chat: ChatRequest) -> Reply:
+        """The reply as a real server writes it under the request's output cap
+        (``max_tokens`` / ``max_completion_tokens``): cut where the cap ends, with
+        ``finish_reason`` ``length`` (a tool call cut mid-arguments, as servers do)."""
+        cap = chat.body.get("max_completion_tokens") or chat.body.get("max_tokens")
+        if not isinstance(cap, int) or reply.completion_tokens is not None:
+            return reply
+        if not self.honour_output_cap:
+            return reply
+        room = cap * self.chars_per_token
+        if len(reply.output_text()) <= room:
+            return reply
+        content = (reply.content or "")[:room]
+        room -= len(content)
+        calls: list[ToolCall] = []
+        for call in reply.tool_calls:
+            if room <= len(call.name):
+                break
+            arguments = call.arguments_json()[: room - len(call.name)]
+            calls.append(replace(call, arguments=arguments))
+            room -= len(call.name) + len(arguments)
+        return replace(
+            reply,
+            content=content if reply.content is not None else None,
+            tool_calls=tuple(calls),
+            finish_reason="length",
+            completion_tokens=cap,
+        )
+
     def _plan(self, reply: Reply, chat: ChatRequest) -> _Planned:
+        reply = self._capped(reply, chat)
         prompt = self.prompt_text(chat.messages, chat.tools)
         prompt_tokens = (
             reply.prompt_tokens if reply.prompt_tokens is not None else self.estimate_tokens(prompt)

@@ -357,6 +357,10 @@ async def test_a_2mb_text_answer_is_cut_and_spilled_before_people_see_it(
     workers: Workers,
 ) -> None:
     huge = "What now? " + "x" * (2 * 1024 * 1024)
+    # A provider that ignores the output cap; streamed in 64 KiB pieces (token-sized pieces
+    # would make the fake itself take minutes, as a real server would to write 2 MB).
+    fake_llm.stream_chunk_chars = 64 * 1024
+    fake_llm.honour_output_cap = False
     fake_llm.script(Reply(content=huge))
     async with workers():
 
@@ -430,3 +434,36 @@ async def test_serve_stays_up_and_routes_everything_through_random_faults(
         await pool.close()
         replica.stop()
     assert replica.kills == 0
+
+
+async def test_the_router_and_a_worker_each_ask_for_their_own_output_cap(
+    pool: asyncpg.Pool,
+    db: async_sessionmaker[AsyncSession],
+    fake_llm: FakeOpenAIServer,
+    database_url: str,
+    ticket_id: str,
+    queue: CommandQueue,
+    dsn: str,
+) -> None:
+    """One generation of a small local model ran to 1,831 tokens (eight minutes) for a
+    step that needed a few dozen: each role sends its own output cap."""
+    capped = LlmSettings(**FAST, router_max_tokens=300, worker_max_tokens=700)
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
+    intake = Intake(pool)
+    router = _router(pool, fake_llm, intake)
+    router.llm.settings = capped
+    fake_llm.respond_with(_decide)
+    async with router_running(router, pool, asyncpg_dsn(database_url)):
+        await ask(intake, 1)
+        await assert_eventually(lambda: fake_llm.chat_requests, timeout=20)
+    routed = [r.body.get("max_tokens") for r in fake_llm.chat_requests]
+    fake_llm.respond_with(lambda request: report_reply("ready", "all done"))
+    async with workers_running(pool, queue, fake_llm, dsn, boundary=capped):
+        await assert_eventually(
+            lambda: len(fake_llm.chat_requests) > len(routed), timeout=20, message="a worker call"
+        )
+    worked = [r.body.get("max_tokens") for r in fake_llm.chat_requests[len(routed) :]]
+    assert routed, "no router call"
+    assert set(routed) == {300}, routed
+    assert worked, "no worker call"
+    assert set(worked) == {700}, worked

@@ -1,0 +1,90 @@
+"""A model's speed against the boundary's patience, as a small local model showed it.
+
+Qwen2.5-Coder 1.5B on a 2-core machine (llama.cpp) reads the router's 2,100-token prompt
+for 20 to 70 s, then writes a few tokens a second: a whole-answer timeout of 120 s called
+it "unreachable", and each retry started over while the server kept writing the abandoned
+answer. One generation ran to 1,831 tokens (eight minutes) for a step that needed a few
+dozen. Over the real wire protocol (the fake OpenAI server streams SSE, honours the output
+cap and keeps its own clock): a model that keeps writing is alive however long it takes,
+a silent one is given up and its call closed, and every role caps its output.
+"""
+
+from __future__ import annotations
+
+import time
+
+import asyncpg
+import pytest
+
+from controlplane.llm import Accounting, LlmClient, LlmError
+from controlplane.settings import LlmSettings
+from tests.fakes.openai_server import FAKE_MODEL, FakeOpenAIServer, LatencyModel, Reply, ToolCall
+
+HELLO = [{"role": "user", "content": "hello"}]
+# Seconds, kept short: each case is seen in a few seconds.
+PATIENCE = {"timeout": 1.0, "idle_timeout": 1.0, "attempts": 1}
+
+
+async def _outcomes(pool: asyncpg.Pool) -> list[str]:
+    rows = await pool.fetch("SELECT outcome FROM llm_calls ORDER BY created_at, id")
+    return [row["outcome"] for row in rows]
+
+
+async def test_a_slow_model_that_keeps_writing_is_not_called_unreachable(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    # About 4 s to write the answer, a token every 20 ms: four times the patience in all,
+    # never silent for long.
+    text = "Counting slowly: " + " ".join(str(i) for i in range(400))
+    fake_llm.latency = LatencyModel(fixed_ms=300, per_completion_token_ms=20)
+    fake_llm.script(Reply(content=text))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    started = time.monotonic()
+    answer = await client.complete(model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None))
+    assert answer.content == text
+    assert time.monotonic() - started > 2 * PATIENCE["timeout"]
+    assert await _outcomes(pool) == ["ok"]
+    (request,) = fake_llm.chat_requests
+    assert request.body["stream"] is True
+
+
+async def test_a_model_that_says_nothing_is_given_up_at_its_timeout(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.script(Reply(content="too late", delay_ms=20_000))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    started = time.monotonic()
+    with pytest.raises(LlmError) as raised:
+        await client.complete(model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None))
+    assert time.monotonic() - started < 10
+    assert raised.value.outcome == "transient"
+    assert "within 1s" in str(raised.value)
+
+
+async def test_a_runaway_generation_is_cut_at_the_callers_output_cap(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.script(Reply(content="word " * 5000))  # about 6,000 tokens, unasked
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    answer = await client.complete(
+        model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None), max_tokens=64
+    )
+    assert answer.finish_reason == "length"
+    assert answer.usage.completion_tokens == 64
+    assert answer.content is not None
+    assert len(answer.content) <= 64 * fake_llm.chars_per_token
+    (request,) = fake_llm.chat_requests
+    assert request.body["max_tokens"] == 64
+
+
+async def test_a_call_cut_by_the_output_cap_mid_arguments_is_malformed_not_run(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.script(Reply(tool_calls=[ToolCall("shell", {"command": "echo " + "x" * 4000})]))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    with pytest.raises(LlmError) as raised:
+        await client.complete(
+            model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None), max_tokens=32
+        )
+    assert raised.value.outcome == "malformed"
+    assert "cut off" in str(raised.value)
