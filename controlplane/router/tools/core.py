@@ -33,6 +33,9 @@ class ToolResult:
     ok: bool
     content: dict[str, Any]  # what the model sees, as JSON
     decision_id: str
+    # The triggers an accepted call decided (a ticket's mandate, a reply on their thread,
+    # an ignore, an assessment, a forward): a turn must decide each of its batch.
+    decided: tuple[str, ...] = ()
 
     def as_message(self) -> str:
         return json.dumps(self.content, ensure_ascii=False, default=str)
