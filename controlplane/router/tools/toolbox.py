@@ -87,7 +87,7 @@ class Toolbox:
             True,
             turn=turn,
         )
-        return ToolResult(True, report, decision_id)
+        return ToolResult(True, report, decision_id, created.decided)
 
 
 async def record(

@@ -216,3 +216,35 @@ async def test_a_turn_that_leaves_a_trigger_undecided_fails_it_alone_and_sets_it
     (told,) = await _replies_to(pool, row["thread_id"])
     assert "could not act" in told
     assert await _replies_to(pool, decided["thread_id"]) == []
+
+
+async def test_triggers_show_names_the_decision_and_each_refused_call(
+    router: Router,
+    intake: Intake,
+    pool: asyncpg.Pool,
+    fake_llm: FakeOpenAIServer,
+    database_url: str,
+) -> None:
+    asked = await ask(intake, 1)
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.thread_id, "reason": "noise"})]),
+        Reply(
+            tool_calls=[
+                ToolCall("create_ticket", {"title": "fix it", "mandate_from": "admin"}),
+            ]
+        ),
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "thanks"})]),
+    )
+    assert await router.turn() == 1
+    shown = run_cli(database_url, "triggers", "show", asked.trigger_id)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    refused = [line for line in lines if "refused" in line and " call " in line]
+    assert len(refused) == 2, shown.stdout
+    assert "ignore" in refused[0]
+    assert asked.thread_id in refused[0]  # the arguments as the model sent them
+    assert "create_ticket" in refused[1]
+    assert "admin" in refused[1]
+    (decision,) = [line for line in lines if "decision:" in line]
+    assert "ignore" in decision
+    assert "thanks" in decision
