@@ -57,8 +57,9 @@ GAVE_UP = "I could not act on this request; an admin has been alerted."
 
 
 class Undecided(Exception):
-    """A turn ended without deciding these triggers: no ticket, reply, ignore, assessment
-    or forward was accepted for them. The model's failure, classed ``malformed`` (its
+    """A turn ended without deciding these triggers: no accepted call decided them (a
+    ticket, a reply, an ignore, ...: :attr:`~controlplane.router.tools.core.ToolResult.
+    decided`). The model's failure, classed ``malformed`` (its
     answers were unusable for them), never silence."""
 
     failure_class = "malformed"

@@ -7,7 +7,8 @@ slow model call wait and form the next turn's batch, together with everything el
 arrived by then.
 
 No event ends in silence. Each of the batch must be decided by an accepted call (a ticket
-resting on it, a reply on its thread, ``ignore``, ``assess``, ``forward``); one the turn
+resting on it, a reply, subscribe or link on its thread, ``ignore``, ``assess``,
+``forward``, a stop of a ticket on its thread or named in it); one the turn
 left undecided is not marked routed but fails (:class:`~controlplane.router.containment.
 Undecided`), with the turn's last refusals as its reason. The same call made
 :data:`REPEAT_LIMIT` times in a row (the workers' rule, :func:`controlplane.llm.transcript.

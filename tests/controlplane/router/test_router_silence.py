@@ -22,6 +22,7 @@ from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
+from superagent_shared.ids import new_id
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.helpers import assert_eventually, run_cli, save_policy
 from tests.support.router_harness import ALICE, ask, batch_of, router_running
@@ -248,3 +249,30 @@ async def test_triggers_show_names_the_decision_and_each_refused_call(
     (decision,) = [line for line in lines if "decision:" in line]
     assert "ignore" in decision
     assert "thanks" in decision
+
+
+async def test_a_stop_or_a_subscribe_decides_the_request_it_answers(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """Calls that name no trigger still decide the requests they act on: a stop asked for
+    by naming the ticket, a thread given to a ticket. Neither is failed as undecided."""
+    ticket, other = new_id("tkt"), new_id("tkt")
+    for live in (ticket, other):
+        await pool.execute(
+            "INSERT INTO tickets (id, title, state) VALUES ($1, 'x', 'running')", live
+        )
+    stop = await ask(intake, 1, f"@superagent please cancel {ticket}")
+    join = await ask(intake, 2, "@superagent this belongs with the other one")
+    fake_llm.script(
+        Reply(
+            tool_calls=[
+                ToolCall("stop_ticket", {"ticket": ticket, "reason": "asked"}),
+                ToolCall("subscribe", {"thread": join.thread_id, "ticket": other}),
+            ]
+        )
+    )
+    assert await router.turn() == 2
+    for asked in (stop, join):
+        row = await _trigger(pool, asked.trigger_id)
+        assert row["routed_at"] is not None
+        assert row["route_attempts"] == 0
