@@ -12,6 +12,8 @@ real RouterService under its own leadership, the CLI as a user runs it.
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -249,6 +251,16 @@ async def test_triggers_show_names_the_decision_and_each_refused_call(
     (decision,) = [line for line in lines if "decision:" in line]
     assert "ignore" in decision
     assert "thanks" in decision
+    as_json = run_cli(database_url, "triggers", "show", asked.trigger_id, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    shown_json = json.loads(as_json.stdout)
+    assert [(c["tool"], c["ok"]) for c in shown_json["calls"]] == [
+        ("ignore", False),
+        ("create_ticket", False),
+        ("ignore", True),
+    ]
+    assert shown_json["calls"][1]["arguments"]["mandate_from"] == "admin"
+    assert "thanks" in shown_json["decision"]
 
 
 async def test_a_stop_or_a_subscribe_decides_the_request_it_answers(
