@@ -689,9 +689,10 @@ class RouterSettings(BaseModel):
     quarantine_after: int = Field(
         3,
         ge=1,
-        description="Failed turns over an event (a malformed or refused model answer, an "
-        "internal error; an unreachable model does not count) before it is set aside as "
-        "undecidable, the admin told. `superagent triggers retry ID` puts it back.",
+        description="Failed turns over an event (a malformed or refused model answer, a "
+        "turn that ends without deciding it, an internal error; an unreachable model does "
+        "not count) before it is set aside as undecidable, the admin told and an explicit "
+        "request's thread told in one line. `superagent triggers retry ID` puts it back.",
     )
     retry_cap_seconds: float = Field(
         30.0,

@@ -13,6 +13,7 @@ from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.ingest import routing
+from controlplane.router import record
 from superagent_shared.ids import id_prefix
 
 _COLUMNS = (
@@ -116,23 +117,31 @@ def list_(undecidable: bool, limit: int, as_json: bool) -> None:
 @click.argument("trigger")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(trigger: str, as_json: bool) -> None:
-    """One TRIGGER: its thread, text, state, failed turns and their reasons."""
+    """One TRIGGER: its thread, text, state, what the router decided, the calls its turns
+    made (refused ones with why), failed turns and their reasons."""
     setup_logging("WARNING")
 
-    async def work(pool: asyncpg.Pool) -> tuple[asyncpg.Record, list[asyncpg.Record]]:
+    async def work(
+        pool: asyncpg.Pool,
+    ) -> tuple[asyncpg.Record, list[asyncpg.Record], list[dict[str, Any]]]:
         row = await _one(pool, trigger)
         failed = await pool.fetch(
             "SELECT error_class, error, quarantined, created_at FROM item_failures "
             "WHERE loop = 'router' AND item_id = $1 ORDER BY created_at, id",
             trigger,
         )
-        return row, list(failed)
+        return row, list(failed), await record.calls(pool, trigger)
 
-    row, failed = run_with_pool(load_settings(), work)
+    row, failed, calls = run_with_pool(load_settings(), work)
     if as_json:
         out = _as_json(row)
         out["failures"] = [_as_json(f) for f in failed]
-        click.echo(json.dumps(out, indent=2))
+        out["decision"] = record.decision(calls)
+        out["calls"] = [
+            {k: v.isoformat() if isinstance(v, datetime) else v for k, v in c.items()}
+            for c in calls
+        ]
+        click.echo(json.dumps(out, indent=2, default=str))
         return
     click.echo(f"{row['id']}: {row['verdict']} {row['kind']} from {row['actor_name']}")
     click.echo(f"  thread:   {row['thread_id']} ({row['source']}:{row['thread']})")
@@ -145,6 +154,15 @@ def show(trigger: str, as_json: bool) -> None:
     for failure in failed:
         mark = " (set aside)" if failure["quarantined"] else ""
         click.echo(f"  failure {failure['created_at']:%Y-%m-%d %H:%M:%S}: {failure['error']}{mark}")
+    click.echo(f"  decision: {record.decision(calls)}")
+    for call in calls:
+        said = "ok      " if call["ok"] else "refused "
+        arguments = json.dumps(call["arguments"], ensure_ascii=False, default=str)
+        arguments = arguments if len(arguments) <= 200 else arguments[:199] + "…"
+        click.echo(
+            f"  call {call['created_at']:%H:%M:%S} {said}{call['tool']} {arguments}: "
+            f"{call['outcome']}"
+        )
     text = " ".join(str(row["text"]).split())
     click.echo(f"  text:     {text[:500]}{' …' if len(text) > 500 else ''}")
     if row["undecidable_at"] is not None:

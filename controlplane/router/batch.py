@@ -189,8 +189,9 @@ def render(batch: Batch) -> str:
     return "\n".join(lines)
 
 
-async def mark_routed(pool: asyncpg.Pool, batch: Batch) -> None:
-    """The turn is done with these: out of the router's inbox, digest delivered."""
+async def mark_routed(pool: asyncpg.Pool, batch: Batch, decided: list[str] | None = None) -> None:
+    """The turn is done with these (``decided``, or the whole batch): out of the router's
+    inbox, digest delivered."""
     async with pool.acquire() as conn, conn.transaction():
-        await routing.mark_routed(conn, batch.trigger_ids)
+        await routing.mark_routed(conn, batch.trigger_ids if decided is None else decided)
         await routing.mark_digested(conn, [event.id for event in batch.digest])

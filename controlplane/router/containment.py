@@ -10,7 +10,11 @@ router service catches, and never raises for one:
   so the good events of a batch are decided in the next turns; a trigger whose lone turn
   fails ``router.quarantine_after`` times is set aside *undecidable* (routed, with
   ``undecidable_at``) and the admin told once, in one transaction;
-  ``superagent triggers retry`` puts it back.
+  ``superagent triggers retry`` puts it back. A turn that ends without deciding a trigger
+  (:class:`Undecided`: the model answered, but no accepted call decided it) is that
+  trigger's failure, the same way.
+* an explicit request set aside is never left unanswered: its thread is told in one line
+  (:data:`GAVE_UP`), with the admin's alert, in the same transaction.
 * nobody's (the model unreachable: a transient failure after the client's retries, a bad
   key or unknown model, a quota; or the database gone): nothing is counted. After
   ``router.model_notice_seconds`` of an unreachable model, each thread waiting with an
@@ -49,6 +53,19 @@ UNREACHABLE_STATUSES = frozenset({401, 402, 403, 404, 429})
 MODEL_NOTICE = (
     "I can't reach my model right now; your message is queued and I'll answer as soon as it's back."
 )
+GAVE_UP = "I could not act on this request; an admin has been alerted."
+
+
+class Undecided(Exception):
+    """A turn ended without deciding these triggers: no accepted call decided them (a
+    ticket, a reply, an ignore, ...: :attr:`~controlplane.router.tools.core.ToolResult.
+    decided`). The model's failure, classed ``malformed`` (its
+    answers were unusable for them), never silence."""
+
+    failure_class = "malformed"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"malformed: the turn ended without deciding it ({why})")
 
 
 class Containment:
@@ -85,7 +102,7 @@ class Containment:
                         backoff,
                     )
                 return False
-            if isinstance(cause, LlmError):
+            if isinstance(cause, LlmError | Undecided):
                 self.reachable()  # it answered, if badly
             return await self._count(failed, backoff)
         except outage.DATABASE_ERRORS as exc:
@@ -109,7 +126,7 @@ class Containment:
                 # Listed for information only: a digest never fails a second turn.
                 await routing.mark_digested(conn, failed.digest)
             quarantined = (
-                len(ids) == 1
+                failed.alone
                 and len(rows) == 1
                 and rows[0]["route_attempts"] >= self.settings.quarantine_after
             )
@@ -133,10 +150,18 @@ class Containment:
                     f"undecidable after {attempts} failed turns: {error}. Once the cause "
                     f"is fixed, `superagent triggers retry {trigger_id}` puts it back.",
                 )
+                if rows[0]["verdict"] == "explicit":
+                    # Someone allowlisted asked: silence would look like being ignored.
+                    await enqueue_reply(
+                        conn,
+                        rows[0]["thread_id"],
+                        GAVE_UP,
+                        stable_id("msg", f"undecidable:{trigger_id}"),
+                    )
             await failures.record(conn, "router", item_id, cause, quarantined=quarantined)
         if quarantined:
             then = "set aside as undecidable; the admin is told"
-        elif len(ids) == 1:
+        elif failed.alone:
             then = f"it stays queued, retrying in {backoff:.1f}s"
         else:
             then = f"each is tried alone next, in {backoff:.1f}s"

@@ -6,6 +6,15 @@ until it stops calling tools. Then it marks the batch routed. Events that arrive
 slow model call wait and form the next turn's batch, together with everything else that
 arrived by then.
 
+No event ends in silence. Each of the batch must be decided by an accepted call (a ticket
+resting on it, a reply, subscribe or link on its thread, ``ignore``, ``assess``,
+``forward``, a stop of a ticket on its thread or named in it); one the turn
+left undecided is not marked routed but fails (:class:`~controlplane.router.containment.
+Undecided`), with the turn's last refusals as its reason. The same call made
+:data:`REPEAT_LIMIT` times in a row (the workers' rule, :func:`controlplane.llm.transcript.
+looping`) ends the turn at once: a small model that keeps making a refused call gets the
+same refusal every time.
+
 Nothing is marked routed until its turn is over. If the model fails, or the leader dies
 mid-turn, the batch stays in the inbox and the next turn sees it again: at-least-once,
 with every decision on record (``router_decisions``, ``llm_calls``).
@@ -38,7 +47,9 @@ from controlplane.ingest.intake import AdmissionSource
 from controlplane.llm import Accounting, LlmClient, sessions
 from controlplane.llm.client import Answer, screen_calls
 from controlplane.llm.errors import ContextExceeded
+from controlplane.llm.transcript import canonical_arguments, looping
 from controlplane.router import batch as batches
+from controlplane.router.containment import Undecided
 from controlplane.router.context import Conversation, TurnRecord
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import SUBAGENT_SPEC, TOOL_SPECS, SubagentRunner, Toolbox
@@ -51,6 +62,8 @@ READ_RESULTS = frozenset(
     {"recall", "assess", "subagent", "explain"}
 )  # tools whose results the model acts on
 RESUME_TURNS = 300  # turns a new leader replays from the session (the rest is summarised)
+REPEAT_LIMIT = 3  # the same call this many times in a row ends a turn (workers.repeat_limit)
+REFUSALS_SHOWN = 3  # of a turn's last refusals, named in an undecided trigger's reason
 
 
 class LostLeadership(Exception):
@@ -61,12 +74,20 @@ class TurnFailed(Exception):
     """A turn over ``trigger_ids`` failed with ``cause``; the batch is still in the inbox."""
 
     def __init__(
-        self, trigger_ids: Sequence[str], cause: Exception, digest: Sequence[str] = ()
+        self,
+        trigger_ids: Sequence[str],
+        cause: Exception,
+        digest: Sequence[str] = (),
+        *,
+        alone: bool | None = None,
     ) -> None:
         super().__init__(f"the turn over {', '.join(trigger_ids)} failed: {cause}")
         self.trigger_ids = list(trigger_ids)
         self.cause = cause
         self.digest = list(digest)  # the pass-through events the turn listed
+        # Whether the turn held this trigger alone: only then can the failure be its own
+        # (one left undecided by a turn over several is tried alone first).
+        self.alone = len(self.trigger_ids) == 1 if alone is None else alone
 
 
 class Router:
@@ -206,7 +227,7 @@ class Router:
             return 0  # a digest alone waits for the next turn that has events to decide
         try:
             return await self._decide(batch, leading)
-        except LostLeadership:
+        except (LostLeadership, TurnFailed):
             raise
         except Exception as exc:
             raise TurnFailed(batch.trigger_ids, exc, [e.id for e in batch.digest]) from exc
@@ -233,6 +254,10 @@ class Router:
         policy_version, _ = await self.policy.current()
         pending: list[dict[str, Any]] = [{"role": "user", "content": batches.render(batch)}]
         decisions: list[str] = []
+        decided: set[str] = set()
+        signatures: list[str] = []  # every call of the turn, for the repeat rule
+        refusals: list[str] = []
+        stuck: str | None = None
         compacted_hard = False
         for _step in range(MAX_STEPS):
             # A failed call raises (an LlmError): the batch stays queued for a later turn.
@@ -254,8 +279,19 @@ class Router:
             if not calls:
                 break
             turn = Turn(self.session_id, llm_call_id, tuple(batch.trigger_ids))
+            # The same call twice in one answer runs once, so it counts once.
+            signatures += dict.fromkeys(
+                f"{c.name}:{canonical_arguments(c.arguments)}" for c in calls
+            )
+            name = looping(signatures, REPEAT_LIMIT)
+            if name is not None:
+                stuck = f"the same {name} call {REPEAT_LIMIT} times in a row"
             settled = True  # every call done and nothing in its result to read
             for call, refusal in screen_calls(calls):
+                if stuck is not None:
+                    refusal = f"not run: {stuck}"  # the same answer again, the turn ends
+                elif refusal is not None:
+                    refusals.append(f"{call.name}: {refusal}")
                 if refusal is not None:
                     settled = False
                     pending.append(
@@ -270,10 +306,15 @@ class Router:
                     raise LostLeadership
                 result = await self.tools.call(call.name, call.arguments, turn)
                 settled = settled and result.ok and call.name not in READ_RESULTS
+                decided.update(result.decided)
+                if not result.ok:
+                    refusals.append(f"{call.name} refused: {result.content.get('error')}")
                 decisions.append(f"{call.name}: {_short(result.content)}")
                 pending.append(
                     {"role": "tool", "tool_call_id": call.id, "content": result.as_message()}
                 )
+            if stuck is not None:
+                break
             if settled:
                 # No model call just to acknowledge: the results are in the history, and
                 # a refusal or a recall/assess result is what the model would act on.
@@ -283,11 +324,31 @@ class Router:
         summary = "\n".join(
             [f"turn of {', '.join(batch.trigger_ids)}:"] + [f"  {d}" for d in decisions]
         )
+        undecided = [t for t in batch.trigger_ids if t not in decided]
+        if undecided:
+            summary += "\n  left undecided: " + ", ".join(undecided)
         marks = conversation.marks
         number = await self._persist(pending, summary, marks)
-        await batches.mark_routed(self.pool, batch)
+        await batches.mark_routed(self.pool, batch, [t for t in batch.trigger_ids if t in decided])
         conversation.add(TurnRecord(pending, summary, number, marks))
+        if undecided:
+            # Not routed in silence: each fails, is tried alone, then set aside with this
+            # reason, and an explicit request is answered (containment).
+            raise TurnFailed(
+                undecided,
+                Undecided(_why(stuck, refusals)),
+                alone=len(batch.events) == 1,
+            )
         return len(batch.events)
+
+
+def _why(stuck: str | None, refusals: list[str]) -> str:
+    """What the turn did instead of deciding, in a line: the loop, the last refusals."""
+    parts = [stuck] if stuck else []
+    last = list(dict.fromkeys(reversed(refusals)))[:REFUSALS_SHOWN]
+    if last:
+        parts.append("refused: " + "; ".join(reversed(last)))
+    return "; ".join(parts) or "no call decided it"
 
 
 def _short(content: dict[str, Any]) -> str:

@@ -52,6 +52,7 @@ from controlplane.gateway.queue import CommandQueue
 from controlplane.llm import Accounting, Answer, ContextExceeded, LlmClient
 from controlplane.llm.client import ToolCall, screen_calls
 from controlplane.llm.tokens import prompt_chars
+from controlplane.llm.transcript import looping
 from controlplane.replies import WhileWaiting, enqueue_reply
 from controlplane.settings import Settings
 from controlplane.tickets import authority, events, placement, reports, slots, store
@@ -408,9 +409,8 @@ class Worker:
         return None
 
     def _repeated(self, convo: session.WorkerSession) -> str | None:
-        recent = convo.recent_calls()[-self.limits.repeat_limit :]
-        if len(recent) == self.limits.repeat_limit and len(set(recent)) == 1:
-            name = recent[0].split(":", 1)[0]
+        name = looping(convo.recent_calls(), self.limits.repeat_limit)
+        if name is not None:
             return (
                 f"limit reached: the same {name} call {self.limits.repeat_limit} times in a row "
                 "(the worker looks stuck)"

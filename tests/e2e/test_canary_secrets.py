@@ -73,6 +73,7 @@ from tests.fakes.https_server import HttpsServer, TestCA
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.gateway_harness import Gateway, running_gateway
 from tests.support.helpers import save_policy
+from tests.support.router_harness import ignore_batch
 
 pytestmark = pytest.mark.slow
 
@@ -572,7 +573,7 @@ async def _router_reads(
 
     def respond(request: ChatRequest) -> Reply:
         if (request.last_message() or {}).get("role") == "tool":
-            return Reply(content="Noted; nothing to do.")
+            return ignore_batch(request)  # read; nothing to do (a turn decides each)
         ids = TRIGGER_ID.findall(request.last_user_message() or "")
         return Reply(tool_calls=[ToolCall("recall", {"id": trigger}) for trigger in ids])
 

@@ -9,9 +9,10 @@ parallel calls. Two items are poison for good: one event the model can never dec
 one ticket whose worker's model never answers sensibly.
 
 Asserted, as an on-call engineer would want it: ``/healthz`` answers throughout and the
-process never exits; every event ends routed or quarantined with a reason; every ticket
-ends in a state whose reason ``superagent tickets show`` prints; attempts stay bounded; and
-nothing is said twice.
+process never exits; every event ends routed or quarantined with a reason (the poison
+request's thread told once that the agent could not act on it); every ticket ends in a
+state whose reason ``superagent tickets show`` prints; attempts stay bounded; and nothing
+is said twice.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import httpx
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.router.containment import GAVE_UP
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import (
     FAULTS,
@@ -259,7 +261,8 @@ async def test_serve_contains_every_model_fault_for_router_and_workers(
         texts = [(row["thread_id"], row["text"]) for row in said]
         assert len(texts) == len(set(texts)), texts
         poison_thread = await pool.fetchval("SELECT thread_id FROM triggers WHERE id = $1", poison)
-        assert not [t for t in texts if t[0] == poison_thread]  # no reply storm, no reply
+        # Its requester is told once, in one line, that the agent could not act on it.
+        assert [text for thread, text in texts if thread == poison_thread] == [GAVE_UP]
         outcomes = {row["outcome"] for row in await pool.fetch("SELECT outcome FROM llm_calls")}
         assert {"ok", "malformed", "transient", "permanent", "context"} <= outcomes
     finally:

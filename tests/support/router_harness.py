@@ -1,5 +1,6 @@
 """Pieces for router tests: alice's requests on GitHub, the model deciding a ticket for
-each of them, and the router service running under its own leadership."""
+each of them (or that each needs nothing), and the router service running under its own
+leadership."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 
@@ -57,6 +59,18 @@ def tickets_for_batch(request: ChatRequest) -> Reply:
             )
             for trigger in batch_of(request)
         ]
+    )
+
+
+def ignore_batch(request: ChatRequest, **reply: Any) -> Reply:
+    """The model's answer that decides each trigger of the batch needs nothing (a turn must
+    decide every event it holds); ``reply``: more of the answer (a delay, usage)."""
+    return Reply(
+        tool_calls=[
+            ToolCall("ignore", {"trigger": trigger, "reason": "nothing to do"})
+            for trigger in batch_of(request)
+        ],
+        **reply,
     )
 
 

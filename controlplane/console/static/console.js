@@ -150,6 +150,27 @@
       }
       out.push(card(`Failures (${a.failed_tickets.length + a.dead_effects.length})`, "bad", parts));
     }
+    if (a.unanswered.length) {
+      out.push(card(`Unanswered requests (${a.unanswered.length})`, "bad", [
+        el("p", {class: "quiet"}, "Requests from allowlisted people the router has not acted on; `superagent triggers show ID` shows its calls and their refusals:"),
+        table([
+          {h: "Request", f: (r) => el("code", {}, r.id)},
+          {h: "From", f: (r) => r.actor_name},
+          {h: "Thread", f: (r) => `${r.source}:${r.thread}`},
+          {h: "Text", f: (r) => r.text},
+          {h: "State", f: (r) => [badge(r.state), el("div", {class: "quiet"}, r.route_error || "")]},
+          {h: "Since", f: (r) => when(r.created_at)},
+        ], a.unanswered)]));
+    }
+    if (a.failed_calls.length) {
+      const failed = a.failed_calls.reduce((n, c) => n + c.calls, 0);
+      out.push(card(`Failing model calls (${failed} of ${s.model_calls} in the last ${s.calls_within})`, "bad", table([
+        {h: "Outcome", f: (c) => badge(c.outcome)},
+        {h: "Calls", f: (c) => num(c.calls), num: true},
+        {h: "Last error", f: (c) => c.last_error || ""},
+        {h: "Last", f: (c) => when(c.last_at)},
+      ], a.failed_calls)));
+    }
     if (a.quarantined.length) {
       out.push(card(`Set aside (${a.quarantined.length})`, "bad", [
         el("p", {class: "quiet"}, "Events the router could not decide and tickets whose rounds kept failing, each with its reason; fix the cause, then put it back:"),
@@ -369,7 +390,23 @@
     {h: "Route", f: (t) => [badge(t.route || "–"), t.route === "router" && !t.routed_at ? el("div", {class: "quiet"}, "waiting") : null]},
     {h: "Thread", f: (t) => link(t.thread_url, t.thread_title || t.thread)},
     {h: "Text", f: (t) => t.text + (t.cut ? " …" : "")},
+    {h: "Router", f: routerSaid},
   ], d.triggers, "No events match.")];
+
+  // What the router decided about an event, and each call its turns made (refused ones
+  // with why): a request the model kept failing on is visible, not silent.
+  function routerSaid(t) {
+    const out = [];
+    if (t.undecidable_at) out.push(badge("set aside"), el("div", {class: "quiet"}, t.route_error || ""));
+    else if (t.route_attempts) out.push(badge(`failing (${t.route_attempts})`), el("div", {class: "quiet"}, t.route_error || ""));
+    if (t.decision) out.push(el("div", {}, t.decision));
+    if (t.calls && t.calls.length) {
+      out.push(el("details", {"data-key": `calls:${t.id}`},
+        el("summary", {}, `${t.calls.length} call(s), ${t.calls.filter((c) => !c.ok).length} refused`),
+        el("ul", {}, t.calls.map((c) => el("li", {}, c.ok ? "" : [badge("refused"), " "], el("code", {}, c.tool), " ", c.outcome)))));
+    }
+    return out;
+  }
 
   const spend = [
     {h: "Calls", f: (r) => num(r.calls), num: true},

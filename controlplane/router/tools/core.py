@@ -33,6 +33,10 @@ class ToolResult:
     ok: bool
     content: dict[str, Any]  # what the model sees, as JSON
     decision_id: str
+    # The triggers an accepted call decided (a ticket's mandate, a reply, subscribe or
+    # link on their thread, an ignore, an assessment, a forward, a stop of their ticket):
+    # a turn must decide each of its batch.
+    decided: tuple[str, ...] = ()
 
     def as_message(self) -> str:
         return json.dumps(self.content, ensure_ascii=False, default=str)
@@ -106,3 +110,18 @@ async def live_ticket(conn: Conn, ticket_id: str) -> None:
         raise Refused(f"no ticket {ticket_id}")
     if state in CLOSED_TICKET_STATES:
         raise Refused(f"ticket {ticket_id} is {state}")
+
+
+async def batch_on(
+    conn: Conn, turn: Turn, threads: Sequence[str] = (), mentioning: str | None = None
+) -> list[str]:
+    """The turn's triggers on ``threads``, or whose text names ``mentioning`` (a ticket id):
+    those a call acting there (a subscribe, a link, a stop) decides, though it names none."""
+    rows = await conn.fetch(
+        "SELECT id FROM triggers WHERE id = ANY($1::text[]) AND (thread_id = ANY($2::text[]) "
+        "OR ($3::text IS NOT NULL AND strpos(text, $3::text) > 0)) ORDER BY created_at, id",
+        list(turn.batch),
+        list(threads),
+        mentioning,
+    )
+    return [row["id"] for row in rows]

@@ -13,7 +13,14 @@ from controlplane.db.pool import Conn, Db
 from controlplane.domain import EffectKind
 from controlplane.effects.outbox import enqueue
 from controlplane.replies import IM_MAX_WORDS, Style, style_of, word_count
-from controlplane.router.tools.core import Call, Done, RouterTools, live_ticket, thread_ids
+from controlplane.router.tools.core import (
+    Call,
+    Done,
+    RouterTools,
+    batch_on,
+    live_ticket,
+    thread_ids,
+)
 from controlplane.tickets import subscriptions
 from controlplane.tickets.recall import recall_thread, recall_ticket, recall_trigger
 from controlplane.tickets.reports import Spent
@@ -120,7 +127,8 @@ async def _relate(
     await thread_ids(call.conn, [args.thread])
     await live_ticket(call.conn, args.ticket)
     await relate(call.conn, args.ticket, args.thread)
-    return Done({done: True}, f"{args.thread} {done} to {args.ticket}", [])
+    concerned = await batch_on(call.conn, call.turn, [args.thread])
+    return Done({done: True}, f"{args.thread} {done} to {args.ticket}", concerned)
 
 
 class Recall(Arguments):

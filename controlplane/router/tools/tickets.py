@@ -16,7 +16,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field
 
 from controlplane.ingest import inbox
-from controlplane.router.tools.core import Call, Done, RouterTools, live_ticket, trigger
+from controlplane.router.tools.core import (
+    Call,
+    Done,
+    RouterTools,
+    batch_on,
+    live_ticket,
+    trigger,
+)
 from controlplane.tickets import control, explain, opening, placement
 from controlplane.tools.fields import NON_BLANK, Arguments, ThreadId, TicketId, TriggerId
 from controlplane.tools.problems import field_problem
@@ -218,5 +225,15 @@ class StopTicket(Arguments):
 )
 async def stop_ticket(call: Call, args: StopTicket) -> Done:
     await live_ticket(call.conn, args.ticket)
+    threads = [
+        row["thread_id"]
+        for row in await call.conn.fetch(
+            "SELECT thread_id FROM subscriptions WHERE ticket_id = $1", args.ticket
+        )
+    ]
     was = await control.stop(call.conn, args.ticket, by="the router")
-    return Done({"stopped": args.ticket, "was": was}, f"stopped {args.ticket}: {args.reason}", [])
+    # The request to stop: on one of the ticket's threads, or naming it elsewhere.
+    concerned = await batch_on(call.conn, call.turn, threads, mentioning=args.ticket)
+    return Done(
+        {"stopped": args.ticket, "was": was}, f"stopped {args.ticket}: {args.reason}", concerned
+    )

@@ -60,12 +60,14 @@ class Toolbox:
                 conn,
                 name[:50],
                 json.dumps(bound.arguments, default=str),  # as the model sent them
-                done.triggers,
+                # A refused call, or one that names no trigger, is on record under the
+                # turn's batch: `triggers show` lists every call a turn over it made.
+                done.triggers or list(turn.batch),
                 done.outcome,
                 ok,
                 turn=turn,
             )
-        return ToolResult(ok, done.content, decision_id)
+        return ToolResult(ok, done.content, decision_id, tuple(done.triggers) if ok else ())
 
     async def _run_subagent(
         self, subagent: SubagentRunner, arguments: str | dict[str, Any], turn: Turn
@@ -85,7 +87,7 @@ class Toolbox:
             True,
             turn=turn,
         )
-        return ToolResult(True, report, decision_id)
+        return ToolResult(True, report, decision_id, created.decided)
 
 
 async def record(

@@ -31,6 +31,7 @@ import asyncpg
 from controlplane.domain import LIVE_COMMAND_SQL
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue, CommandResult
+from controlplane.llm.transcript import looping
 from controlplane.settings import WorkerSettings
 from controlplane.tickets import reports, store
 from controlplane.workers.harness.streams import HarnessEvent, Tally, Usage, parser_for
@@ -257,9 +258,8 @@ async def over_limit(
     now: float,
 ) -> str | None:
     """Which limit the run has reached, if any, in words people read."""
-    recent = tally.tool_signatures[-limits.repeat_limit :]
-    if len(recent) == limits.repeat_limit and len(set(recent)) == 1:
-        name = recent[0].split(":", 1)[0]
+    name = looping(tally.tool_signatures, limits.repeat_limit)
+    if name is not None:
         return (
             f"limit reached: the same {name} call {limits.repeat_limit} times in a row "
             "(the harness looks stuck)"

@@ -20,7 +20,14 @@ from tests.fakes.openai_server import (
     ToolCall,
 )
 from tests.support.helpers import assert_eventually, save_policy
-from tests.support.router_harness import ALICE, ask, batch_of, router_running, tickets_for_batch
+from tests.support.router_harness import (
+    ALICE,
+    ask,
+    batch_of,
+    ignore_batch,
+    router_running,
+    tickets_for_batch,
+)
 
 POLICY = Admission(default=SourceAdmission(users=[ALICE.id]))  # by actor id, never by name
 
@@ -80,12 +87,12 @@ async def test_events_arriving_during_a_slow_call_form_the_next_batch(
     slow = asyncio.Event()
 
     def respond(request: ChatRequest) -> Reply:
-        if request.tool_results() or not batch_of(request):
+        if (request.last_message() or {}).get("role") != "user":
             return Reply(content="ok")
         if request.index == 0:
             slow.set()
-            return Reply(content="thinking", delay_ms=1500)
-        return Reply(content="ok")
+            return ignore_batch(request, delay_ms=1500)
+        return ignore_batch(request)
 
     fake_llm.respond_with(respond)
     turn = asyncio.create_task(router.turn())
@@ -115,7 +122,7 @@ async def test_a_failed_model_call_leaves_the_batch_queued(
 async def test_the_prefix_stays_the_same_between_turns(
     router: Router, intake: Intake, fake_llm: FakeOpenAIServer
 ) -> None:
-    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    fake_llm.respond_with(ignore_batch)
     for n in range(1, 4):
         await ask(intake, n)
         assert await router.turn() == 1
@@ -145,7 +152,7 @@ async def test_the_leader_routes_on_notification(
 async def test_pass_through_causes_no_turn_but_the_next_turn_digests_it(
     router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
 ) -> None:
-    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    fake_llm.respond_with(ignore_batch)
     opened = await ask(intake, 1)
     assert await router.turn() == 1
     ticket = "tkt_" + opened.trigger_id.removeprefix("trg_")
@@ -201,7 +208,7 @@ async def test_the_model_sees_what_it_must_act_on_and_nothing_more(
 async def test_a_new_leader_resumes_the_conversation_where_the_last_one_left_it(
     pool: asyncpg.Pool, intake: Intake, fake_llm: FakeOpenAIServer
 ) -> None:
-    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    fake_llm.respond_with(ignore_batch)
     first = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
     for n in (1, 2):
         await ask(intake, n)
@@ -214,8 +221,10 @@ async def test_a_new_leader_resumes_the_conversation_where_the_last_one_left_it(
     before, after = fake_llm.chat_requests[1], fake_llm.chat_requests[2]
     # Everything the last leader showed the model, and its answer, then the new batch.
     assert after.messages[: len(before.messages)] == before.messages
-    assert after.messages[len(before.messages)] == {"role": "assistant", "content": "noted"}
+    answer = after.messages[len(before.messages)]
+    assert answer["role"] == "assistant"
+    assert [c["function"]["name"] for c in answer["tool_calls"]] == ["ignore"]
     stored = await pool.fetchval(
         "SELECT count(*) FROM session_messages WHERE session_id = $1", first.session_id
     )
-    assert stored == 6  # three turns: the batch and the answer each
+    assert stored == 9  # three turns: the batch, the answer and its result each

@@ -26,7 +26,7 @@ from tests.fakes.openai_server import (
     fault,
 )
 from tests.support.helpers import save_policy
-from tests.support.router_harness import ALICE, ask, batch_of
+from tests.support.router_harness import ALICE, ask, batch_of, ignore_batch
 
 # A small window: the tools and the system prompt take about a quarter of the budget.
 SMALL = LlmSettings(
@@ -64,11 +64,12 @@ def _router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> R
 
 
 def _recall_then_done(request: ChatRequest) -> Reply:
-    """The model reads the whole of each new event (a big tool result), then is done."""
+    """The model reads the whole of each new event (a big tool result), then decides it
+    needs nothing."""
     last = request.last_message() or {}
     if last.get("role") == "user":
         return Reply(tool_calls=[ToolCall("recall", {"id": batch_of(request)[0]})])
-    return Reply(content="Done: noted.")
+    return ignore_batch(request)
 
 
 def _sizes(request: ChatRequest, fake_llm: FakeOpenAIServer) -> tuple[int, int]:
@@ -104,7 +105,7 @@ async def test_a_prompt_too_long_for_the_model_is_compacted_and_tried_once_more(
     pool: asyncpg.Pool, intake: Intake, fake_llm: FakeOpenAIServer
 ) -> None:
     router = _router(pool, fake_llm, intake)
-    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    fake_llm.respond_with(ignore_batch)
     for n in (1, 2, 3):
         await ask(intake, n)
         assert await router.turn() == 1
@@ -127,7 +128,7 @@ async def test_a_prompt_too_long_even_compacted_fails_the_turn(
     pool: asyncpg.Pool, intake: Intake, fake_llm: FakeOpenAIServer
 ) -> None:
     router = _router(pool, fake_llm, intake)
-    fake_llm.respond_with(lambda request: Reply(content="noted"))
+    fake_llm.respond_with(ignore_batch)
     await ask(intake, 1)
     assert await router.turn() == 1
     fake_llm.script(fault("context_length"), fault("context_length"))

@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
-from controlplane.router.router import Router
+from controlplane.router.containment import Undecided
+from controlplane.router.router import Router, TurnFailed
 from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.helpers import save_policy
 from tests.support.router_harness import ALICE, ask, batch_of
@@ -155,6 +156,15 @@ async def _replies(pool: asyncpg.Pool, text: str) -> int:
     )
 
 
+async def _undecided(router: Router) -> TurnFailed:
+    """The turn decided nothing about its request: it fails, for containment to count
+    (not marked routed in silence)."""
+    with pytest.raises(TurnFailed) as failed:
+        await router.turn()
+    assert isinstance(failed.value.cause, Undecided)
+    return failed.value
+
+
 def _errors(request: ChatRequest) -> list[str]:
     return [
         json.loads(m["content"]).get("error", "")
@@ -212,7 +222,7 @@ async def test_a_tool_that_does_not_exist_is_not_run_and_the_model_is_told(
         Reply(content='```json\n{"name": "delete_everything", "arguments": {"all": true}}\n```'),
         Reply(content="Nothing to do then."),
     )
-    assert await router.turn() == 1
+    await _undecided(router)  # the request is not routed in silence
     second = fake_llm.chat_requests[1]  # the model was asked again, and told why
     (error,) = _errors(second)
     assert "delete_everything" in error
@@ -264,7 +274,7 @@ async def test_calls_in_two_forms_are_ambiguous_and_none_runs(
         Reply(content=f"<tool_call>{_js(reply)}</tool_call>\nThen:\n```json\n{_js(ticket)}\n```"),
         Reply(content="I will wait."),
     )
-    assert await router.turn() == 1
+    await _undecided(router)  # the request is not routed in silence
     (error,) = _errors(fake_llm.chat_requests[1])
     assert "two forms" in error
     assert await pool.fetchval("SELECT count(*) FROM tickets") == 0
@@ -279,7 +289,7 @@ async def test_a_tool_name_in_a_code_block_that_is_not_a_call_is_not_run(
     asked = await ask(intake, 1)
     wrong = {"tool": "create_ticket", "title": "fix", "mandate_from": asked.trigger_id}
     fake_llm.script(Reply(content=f"```json\n{_js(wrong)}\n```"), Reply(content="Later."))
-    assert await router.turn() == 1
+    await _undecided(router)  # the request is not routed in silence
     (error,) = _errors(fake_llm.chat_requests[1])
     assert "create_ticket" in error
     assert "could not be read" in error
@@ -296,7 +306,7 @@ async def test_prose_that_mentions_a_tool_is_a_text_answer(
             'For the record, the settings were {"retries": 3}.'
         )
     )
-    assert await router.turn() == 1
+    await _undecided(router)  # the request is not routed in silence
     assert len(fake_llm.chat_requests) == 1  # a text answer ends the turn
     assert await pool.fetchval("SELECT count(*) FROM tickets") == 0
     assert await pool.fetchval("SELECT count(*) FROM router_decisions") == 0

@@ -1,0 +1,290 @@
+"""No request ends in silence: a router turn that decides nothing about a trigger fails it
+through the router's containment (counted, tried alone, set aside with its reason), a
+model repeating a refused call is stopped at the second repeat, and an explicit request
+given up on is answered in one line while the admin is alerted.
+
+Found with real small models (issue 32): the same refused call eight times, then the turn
+ended and the request was marked routed, with no reply, no ticket and no alert.
+
+Real parts throughout: Postgres, the fake OpenAI server over HTTP, the official client, a
+real RouterService under its own leadership, the CLI as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import EffectKind
+from controlplane.ingest.admission import Admission, SourceAdmission
+from controlplane.ingest.intake import Intake
+from controlplane.router.router import Router
+from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
+from superagent_shared.ids import new_id
+from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.support.helpers import assert_eventually, run_cli, save_policy
+from tests.support.router_harness import ALICE, ask, batch_of, router_running
+
+FAST = {"attempts": 1, "retry_base_seconds": 0.01, "retry_cap": 0.05, "timeout": 2.0}
+ADMIN = "web:admin"
+CHITCHAT = "thanks, that was lovely"
+
+
+def _settings(quarantine_after: int = 2) -> Settings:
+    return Settings(
+        llm=LlmSettings(**FAST),
+        router=RouterSettings(quarantine_after=quarantine_after),
+        watchdog=WatchdogSettings(admin_thread=ADMIN),
+    )
+
+
+@pytest.fixture
+async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
+    return pool
+
+
+@pytest.fixture
+def intake(pool: asyncpg.Pool) -> Intake:
+    return Intake(pool)
+
+
+@pytest.fixture
+def router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Router:
+    return Router(
+        pool,
+        fake_llm.async_openai_client(timeout=2.0),
+        FAKE_MODEL,
+        policy=intake.policy,
+        llm=LlmSettings(**FAST),
+    )
+
+
+@pytest.fixture
+def dsn(database_url: str) -> str:
+    return asyncpg_dsn(database_url)
+
+
+def _fresh(request: ChatRequest) -> bool:
+    """The request shows a new batch (not the results of this turn's tool calls)."""
+    last = request.last_message() or {}
+    return last.get("role") == "user"
+
+
+async def _trigger(pool: asyncpg.Pool, trigger_id: str) -> asyncpg.Record:
+    row = await pool.fetchrow(
+        "SELECT id, thread_id, routed_at, undecidable_at, route_attempts, route_error "
+        "FROM triggers WHERE id = $1",
+        trigger_id,
+    )
+    assert row is not None
+    return row
+
+
+async def _undecidable(pool: asyncpg.Pool, trigger_id: str) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT undecidable_at IS NOT NULL AND routed_at IS NOT NULL FROM triggers "
+            "WHERE id = $1",
+            trigger_id,
+        )
+    )
+
+
+async def _replies_to(pool: asyncpg.Pool, thread_id: str) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
+        "AND payload->>'thread_id' = $2 ORDER BY created_at",
+        EffectKind.REPLY,
+        thread_id,
+    )
+    return [row["text"] for row in rows]
+
+
+async def _admin_alerts(pool: asyncpg.Pool) -> list[str]:
+    rows = await pool.fetch(
+        "SELECT e.payload->>'text' AS text FROM effects e JOIN threads t "
+        "ON t.id = e.payload->>'thread_id' WHERE e.kind = $1 AND t.source = 'web' "
+        "AND t.external_id = 'admin' ORDER BY e.created_at",
+        EffectKind.REPLY,
+    )
+    return [row["text"] for row in rows]
+
+
+def _ignore_the_thread(request: ChatRequest) -> Reply:
+    """The 1.5B model's loop: ``ignore`` with the thread's id where the trigger's belongs,
+    whatever the refusal says."""
+    text = request.last_user_message() or ""
+    thread = text.split("thread ", 1)[1].split(" ", 1)[0] if "thread " in text else "x"
+    return Reply(tool_calls=[ToolCall("ignore", {"trigger": thread, "reason": "noise"})])
+
+
+async def test_a_router_repeating_a_refused_call_answers_the_request_and_sets_it_aside(
+    router: Router,
+    intake: Intake,
+    pool: asyncpg.Pool,
+    fake_llm: FakeOpenAIServer,
+    dsn: str,
+    database_url: str,
+) -> None:
+    fake_llm.respond_with(_ignore_the_thread)
+    async with router_running(
+        router, pool, dsn, settings=_settings(quarantine_after=2), retry_base=0.02
+    ) as service:
+        asked = await ask(intake, 1)
+        await assert_eventually(
+            lambda: _undecidable(pool, asked.trigger_id), timeout=30, message="set aside"
+        )
+        assert not service.task.done()
+    row = await _trigger(pool, asked.trigger_id)
+    assert row["route_attempts"] == 2
+    assert "ignore" in row["route_error"]
+    assert "must be a trg_ id" in row["route_error"]  # the refusal the model kept getting
+    # Each attempt stopped at the second repeat: three identical calls, not eight.
+    attempts = [r for r in fake_llm.chat_requests if _fresh(r)]
+    assert len(attempts) == 2
+    assert len(fake_llm.chat_requests) == 6
+    # The person is told, once, in one line; the admin is alerted.
+    (told,) = await _replies_to(pool, row["thread_id"])
+    assert "could not act" in told
+    assert "admin" in told
+    assert "\n" not in told.strip()
+    (alert,) = await _admin_alerts(pool)
+    assert asked.trigger_id in alert
+    assert "ignore" in alert
+    assert f"superagent triggers retry {asked.trigger_id}" in alert
+    # `triggers show` names the refused calls.
+    shown = run_cli(database_url, "triggers", "show", asked.trigger_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "refused" in shown.stdout
+    assert "ignore" in shown.stdout
+    assert "must be a trg_ id" in shown.stdout
+
+
+async def test_a_turn_that_leaves_a_trigger_undecided_fails_it_alone_and_sets_it_aside(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, dsn: str
+) -> None:
+    """The model files a ticket for one request and says nothing at all about the other."""
+
+    def respond(request: ChatRequest) -> Reply:
+        if not _fresh(request):
+            return Reply(content="Done.")
+        text = request.last_user_message() or ""
+        wanted = [t for t in batch_of(request) if CHITCHAT not in text.split(t, 1)[1][:200]]
+        if not wanted:
+            return Reply(content="Nothing to do here.")
+        return Reply(
+            tool_calls=[
+                ToolCall(
+                    "create_ticket",
+                    {
+                        "title": "fix it",
+                        "scope": "as asked",
+                        "threads": [],
+                        "device": None,
+                        "mandate_from": trigger,
+                    },
+                )
+                for trigger in wanted
+            ]
+        )
+
+    work = await ask(intake, 1)
+    chat = await ask(intake, 2, f"@superagent {CHITCHAT}")
+    fake_llm.respond_with(respond)
+    async with router_running(
+        router, pool, dsn, settings=_settings(quarantine_after=2), retry_base=0.02
+    ) as service:
+        await assert_eventually(
+            lambda: _undecidable(pool, chat.trigger_id), timeout=30, message="set aside"
+        )
+        assert not service.task.done()
+    assert batch_of(fake_llm.chat_requests[0]) == [work.trigger_id, chat.trigger_id]
+    decided = await _trigger(pool, work.trigger_id)
+    assert decided["routed_at"] is not None
+    assert decided["undecidable_at"] is None
+    assert decided["route_attempts"] == 0
+    assert await pool.fetchval(
+        "SELECT count(*) FROM mandates WHERE trigger_id = $1", work.trigger_id
+    )
+    row = await _trigger(pool, chat.trigger_id)
+    assert row["route_attempts"] == 2  # the batch's turn, then its own
+    assert "without deciding" in row["route_error"]
+    later = [batch_of(r) for r in fake_llm.chat_requests[1:] if _fresh(r)]
+    assert later == [[chat.trigger_id]]  # tried alone, then set aside
+    (told,) = await _replies_to(pool, row["thread_id"])
+    assert "could not act" in told
+    assert await _replies_to(pool, decided["thread_id"]) == []
+
+
+async def test_triggers_show_names_the_decision_and_each_refused_call(
+    router: Router,
+    intake: Intake,
+    pool: asyncpg.Pool,
+    fake_llm: FakeOpenAIServer,
+    database_url: str,
+) -> None:
+    asked = await ask(intake, 1)
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.thread_id, "reason": "noise"})]),
+        Reply(
+            tool_calls=[
+                ToolCall("create_ticket", {"title": "fix it", "mandate_from": "admin"}),
+            ]
+        ),
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "thanks"})]),
+    )
+    assert await router.turn() == 1
+    shown = run_cli(database_url, "triggers", "show", asked.trigger_id)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    refused = [line for line in lines if "refused" in line and " call " in line]
+    assert len(refused) == 2, shown.stdout
+    assert "ignore" in refused[0]
+    assert asked.thread_id in refused[0]  # the arguments as the model sent them
+    assert "create_ticket" in refused[1]
+    assert "admin" in refused[1]
+    (decision,) = [line for line in lines if "decision:" in line]
+    assert "ignore" in decision
+    assert "thanks" in decision
+    as_json = run_cli(database_url, "triggers", "show", asked.trigger_id, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    shown_json = json.loads(as_json.stdout)
+    assert [(c["tool"], c["ok"]) for c in shown_json["calls"]] == [
+        ("ignore", False),
+        ("create_ticket", False),
+        ("ignore", True),
+    ]
+    assert shown_json["calls"][1]["arguments"]["mandate_from"] == "admin"
+    assert "thanks" in shown_json["decision"]
+
+
+async def test_a_stop_or_a_subscribe_decides_the_request_it_answers(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """Calls that name no trigger still decide the requests they act on: a stop asked for
+    by naming the ticket, a thread given to a ticket. Neither is failed as undecided."""
+    ticket, other = new_id("tkt"), new_id("tkt")
+    for live in (ticket, other):
+        await pool.execute(
+            "INSERT INTO tickets (id, title, state) VALUES ($1, 'x', 'running')", live
+        )
+    stop = await ask(intake, 1, f"@superagent please cancel {ticket}")
+    join = await ask(intake, 2, "@superagent this belongs with the other one")
+    fake_llm.script(
+        Reply(
+            tool_calls=[
+                ToolCall("stop_ticket", {"ticket": ticket, "reason": "asked"}),
+                ToolCall("subscribe", {"thread": join.thread_id, "ticket": other}),
+            ]
+        )
+    )
+    assert await router.turn() == 2
+    for asked in (stop, join):
+        row = await _trigger(pool, asked.trigger_id)
+        assert row["routed_at"] is not None
+        assert row["route_attempts"] == 0
