@@ -11,16 +11,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.ingest.admission import Actor
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.leadership import Leadership
 from controlplane.router.router import Router
 from controlplane.router.service import RouterService, TurnTaker
-from controlplane.settings import Settings
-from tests.fakes.openai_server import ChatRequest, Reply, ToolCall
+from controlplane.settings import LlmSettings, Settings
+from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.support.helpers import save_policy
 
 ALICE = Actor("u-1", "alice")
+# One try and a short timeout: a router test sees each failure in seconds.
+QUICK_LLM = {"attempts": 1, "retry_base_seconds": 0.01, "retry_cap": 0.05, "timeout": 2.0}
 TRIGGER = re.compile(r"\[(trg_\w+)\]")
 
 
@@ -109,3 +115,40 @@ async def router_running(
     finally:
         await service.stop()
         await leadership.stop()
+
+
+# Fixtures for a module's router tests (import them by these names): alice admitted, her
+# intake, a router over the fake model with quick tries, the database's DSN.
+@pytest.fixture(name="pool")
+async def admitted_pool_fixture(
+    pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]
+) -> asyncpg.Pool:
+    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
+    return pool
+
+
+@pytest.fixture(name="intake")
+def intake_fixture(pool: asyncpg.Pool) -> Intake:
+    return Intake(pool)
+
+
+@pytest.fixture(name="router")
+def router_fixture(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Router:
+    return Router(
+        pool,
+        fake_llm.async_openai_client(timeout=2.0),
+        FAKE_MODEL,
+        policy=intake.policy,
+        llm=LlmSettings(**QUICK_LLM),
+    )
+
+
+@pytest.fixture(name="dsn")
+def dsn_fixture(database_url: str) -> str:
+    return asyncpg_dsn(database_url)
+
+
+def fresh(request: ChatRequest) -> bool:
+    """The request shows a new batch (not the results of this turn's tool calls)."""
+    last = request.last_message() or {}
+    return last.get("role") == "user"

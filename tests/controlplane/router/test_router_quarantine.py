@@ -13,26 +13,35 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
-from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router
 from controlplane.router.tools.toolbox import Toolbox
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
 from tests.fakes.openai_server import (
-    FAKE_MODEL,
     ChatRequest,
     FakeOpenAIServer,
     Reply,
     fault,
 )
-from tests.support.helpers import assert_eventually, run_cli, save_policy
-from tests.support.router_harness import ALICE, ask, batch_of, router_running, tickets_for_batch
+from tests.support.helpers import assert_eventually, run_cli
+from tests.support.router_harness import (  # noqa: F401 - fixtures
+    ALICE,
+    QUICK_LLM,
+    admitted_pool_fixture,
+    ask,
+    batch_of,
+    dsn_fixture,
+    fresh,
+    intake_fixture,
+    router_fixture,
+    router_running,
+    tickets_for_batch,
+)
 
-FAST = {"attempts": 1, "retry_base_seconds": 0.01, "retry_cap": 0.05, "timeout": 2.0}
+FAST = QUICK_LLM
 ADMIN = "web:admin"
 POISON = "please parse this poison pill"
 
@@ -45,42 +54,9 @@ def _settings(quarantine_after: int = 2, notice: float = 60.0) -> Settings:
     )
 
 
-@pytest.fixture
-async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
-    return pool
-
-
-@pytest.fixture
-def intake(pool: asyncpg.Pool) -> Intake:
-    return Intake(pool)
-
-
-@pytest.fixture
-def router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Router:
-    return Router(
-        pool,
-        fake_llm.async_openai_client(timeout=2.0),
-        FAKE_MODEL,
-        policy=intake.policy,
-        llm=LlmSettings(**FAST),
-    )
-
-
-@pytest.fixture
-def dsn(database_url: str) -> str:
-    return asyncpg_dsn(database_url)
-
-
-def _fresh(request: ChatRequest) -> bool:
-    """The request shows a new batch (not the results of this turn's tool calls)."""
-    last = request.last_message() or {}
-    return last.get("role") == "user"
-
-
 def _decide(request: ChatRequest) -> Reply:
     """The model that works: a ticket for each trigger, then done."""
-    if not _fresh(request):
+    if not fresh(request):
         return Reply(content="Done.")
     return tickets_for_batch(request)
 
@@ -164,7 +140,7 @@ async def test_a_poison_event_is_isolated_and_the_good_ones_in_its_batch_are_dec
     router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, dsn: str
 ) -> None:
     def respond(request: ChatRequest) -> Reply:
-        if POISON in (request.last_user_message() or "") and _fresh(request):
+        if POISON in (request.last_user_message() or "") and fresh(request):
             return fault("empty_choices")  # type: ignore[return-value]
         return _decide(request)
 

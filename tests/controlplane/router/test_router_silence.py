@@ -15,21 +15,28 @@ from __future__ import annotations
 import json
 
 import asyncpg
-import pytest
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
-from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
 from superagent_shared.ids import new_id
-from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
-from tests.support.helpers import assert_eventually, run_cli, save_policy
-from tests.support.router_harness import ALICE, ask, batch_of, router_running
+from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.support.helpers import assert_eventually, run_cli
+from tests.support.router_harness import (  # noqa: F401 - fixtures
+    ALICE,
+    QUICK_LLM,
+    admitted_pool_fixture,
+    ask,
+    batch_of,
+    dsn_fixture,
+    fresh,
+    intake_fixture,
+    router_fixture,
+    router_running,
+)
 
-FAST = {"attempts": 1, "retry_base_seconds": 0.01, "retry_cap": 0.05, "timeout": 2.0}
+FAST = QUICK_LLM
 ADMIN = "web:admin"
 CHITCHAT = "thanks, that was lovely"
 
@@ -40,39 +47,6 @@ def _settings(quarantine_after: int = 2) -> Settings:
         router=RouterSettings(quarantine_after=quarantine_after),
         watchdog=WatchdogSettings(admin_thread=ADMIN),
     )
-
-
-@pytest.fixture
-async def pool(pool: asyncpg.Pool, db: async_sessionmaker[AsyncSession]) -> asyncpg.Pool:
-    await save_policy(db, Admission(default=SourceAdmission(users=[ALICE.id])))
-    return pool
-
-
-@pytest.fixture
-def intake(pool: asyncpg.Pool) -> Intake:
-    return Intake(pool)
-
-
-@pytest.fixture
-def router(pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, intake: Intake) -> Router:
-    return Router(
-        pool,
-        fake_llm.async_openai_client(timeout=2.0),
-        FAKE_MODEL,
-        policy=intake.policy,
-        llm=LlmSettings(**FAST),
-    )
-
-
-@pytest.fixture
-def dsn(database_url: str) -> str:
-    return asyncpg_dsn(database_url)
-
-
-def _fresh(request: ChatRequest) -> bool:
-    """The request shows a new batch (not the results of this turn's tool calls)."""
-    last = request.last_message() or {}
-    return last.get("role") == "user"
 
 
 async def _trigger(pool: asyncpg.Pool, trigger_id: str) -> asyncpg.Record:
@@ -145,7 +119,7 @@ async def test_a_router_repeating_a_refused_call_answers_the_request_and_sets_it
     assert "ignore" in row["route_error"]
     assert "must be a trg_ id" in row["route_error"]  # the refusal the model kept getting
     # Each attempt stopped at the second repeat: three identical calls, not eight.
-    attempts = [r for r in fake_llm.chat_requests if _fresh(r)]
+    attempts = [r for r in fake_llm.chat_requests if fresh(r)]
     assert len(attempts) == 2
     assert len(fake_llm.chat_requests) == 6
     # The person is told, once, in one line; the admin is alerted.
@@ -171,7 +145,7 @@ async def test_a_turn_that_leaves_a_trigger_undecided_fails_it_alone_and_sets_it
     """The model files a ticket for one request and says nothing at all about the other."""
 
     def respond(request: ChatRequest) -> Reply:
-        if not _fresh(request):
+        if not fresh(request):
             return Reply(content="Done.")
         text = request.last_user_message() or ""
         wanted = [t for t in batch_of(request) if CHITCHAT not in text.split(t, 1)[1][:200]]
@@ -214,7 +188,7 @@ async def test_a_turn_that_leaves_a_trigger_undecided_fails_it_alone_and_sets_it
     row = await _trigger(pool, chat.trigger_id)
     assert row["route_attempts"] == 2  # the batch's turn, then its own
     assert "without deciding" in row["route_error"]
-    later = [batch_of(r) for r in fake_llm.chat_requests[1:] if _fresh(r)]
+    later = [batch_of(r) for r in fake_llm.chat_requests[1:] if fresh(r)]
     assert later == [[chat.trigger_id]]  # tried alone, then set aside
     (told,) = await _replies_to(pool, row["thread_id"])
     assert "could not act" in told
