@@ -27,6 +27,7 @@ import asyncpg
 import openai
 
 from controlplane.llm import sessions, streaming, text_calls
+from controlplane.llm.adapt import Adaptations
 from controlplane.llm.errors import (
     ContextExceeded,
     LlmError,
@@ -143,6 +144,7 @@ class LlmClient:
         # The retry policy is ours: the official client's own retries would hide attempts
         # from llm_calls and ignore our bound.
         self.client = client.with_options(max_retries=0)
+        self.adaptations = Adaptations()
 
     async def complete(
         self,
@@ -161,13 +163,17 @@ class LlmClient:
             attempt += 1
             llm_call_id = new_id("llm")
             started = time.monotonic()
+            extra = self.adaptations.request(model, tools, max_tokens)
             try:
-                answer = await self._attempt(llm_call_id, model, messages, tools, max_tokens)
+                answer = await self._attempt(llm_call_id, model, messages, tools, extra)
             except LlmError as exc:
                 exc.llm_call_id = llm_call_id
                 await self._record(
                     llm_call_id, model, accounting, started, Usage(), exc.outcome, str(exc)
                 )
+                if self.adaptations.learn(model, exc, extra):
+                    attempt -= 1  # (learnt once per refusal: the loop still ends)
+                    continue
                 if not isinstance(exc, Transient) or attempt >= self.settings.attempts:
                     raise
                 if not exc.retry:
@@ -190,11 +196,8 @@ class LlmClient:
         model: str,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Any] | None,
-        max_tokens: int | None,
+        extra: Mapping[str, Any],
     ) -> Answer:
-        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
-        if max_tokens is not None:
-            extra["max_tokens"] = max_tokens
         try:
             if self.settings.stream:
                 body = await streaming.complete(

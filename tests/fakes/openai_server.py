@@ -487,6 +487,11 @@ class FakeOpenAIServer(LoopbackFake):
         self.stream_chunk_chars = stream_chunk_chars
         # A provider that ignores the request's output cap, when False.
         self.honour_output_cap = True
+        # A server that refuses strict tool schemas (some gateways and older servers), and
+        # one that refuses `max_tokens` for `max_completion_tokens` (reasoning models), with
+        # the 400s they send.
+        self.refuse_strict = False
+        self.refuse_max_tokens = False
         self.reject_unknown_models = reject_unknown_models
         self.host = host
         self.context_window = context_window
@@ -788,6 +793,11 @@ class FakeOpenAIServer(LoopbackFake):
             return _error_response(
                 400, "'tools' must be an array.", param="tools", headers=no_retry
             )
+        refused = self._refused_parameter(body, tools)
+        if refused is not None:
+            return _error_response(
+                400, refused, error_type="invalid_request_error", headers=no_retry
+            )
         if self.reject_unknown_models and model not in self.models:
             return _error_response(
                 404,
@@ -919,6 +929,22 @@ class FakeOpenAIServer(LoopbackFake):
             code=reply.error_code,
             headers=headers,
         )
+
+    def _refused_parameter(self, body: dict[str, Any], tools: list[Any]) -> str | None:
+        """The 400's message for a parameter this server is set to refuse, or None."""
+        if self.refuse_strict and any(
+            isinstance(t, dict)
+            and isinstance(t.get("function"), dict)
+            and "strict" in t["function"]
+            for t in tools
+        ):
+            return "Unrecognized request argument supplied: strict"
+        if self.refuse_max_tokens and "max_tokens" in body:
+            return (
+                "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                "'max_completion_tokens' instead."
+            )
+        return None
 
     def _capped(self, reply: Reply, chat: ChatRequest) -> Reply:
         """The reply as a real server writes it under the request's output cap

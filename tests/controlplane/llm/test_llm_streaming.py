@@ -88,3 +88,52 @@ async def test_a_call_cut_by_the_output_cap_mid_arguments_is_malformed_not_run(
         )
     assert raised.value.outcome == "malformed"
     assert "cut off" in str(raised.value)
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "shell",
+            "description": "run a command",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    }
+]
+
+
+async def test_a_server_without_strict_schemas_gets_them_loose_and_the_call_still_works(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.refuse_strict = True
+    fake_llm.script(Reply(tool_calls=[ToolCall("shell", {"command": "ls"})]), Reply("done"))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    for _ in range(2):
+        await client.complete(
+            model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None), tools=TOOLS
+        )
+    bodies = [r.json_body for r in fake_llm.requests if r.path.endswith("/chat/completions")]
+    sent = [[t["function"].get("strict") for t in b["tools"]] for b in bodies if b]
+    # Refused once, then loose for this model: the next call does not ask again.
+    assert sent == [[True], [None], [None]]
+    assert await _outcomes(pool) == ["permanent", "ok", "ok"]
+
+
+async def test_a_model_that_wants_max_completion_tokens_gets_its_cap_by_that_name(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    fake_llm.refuse_max_tokens = True
+    fake_llm.script(Reply(content="word " * 500))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    answer = await client.complete(
+        model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None), max_tokens=16
+    )
+    assert answer.finish_reason == "length"
+    last = fake_llm.chat_requests[-1].body
+    assert (last.get("max_tokens"), last.get("max_completion_tokens")) == (None, 16)
