@@ -465,13 +465,13 @@ class LlmSettings(BaseModel):
     router_context_tokens: int = Field(
         128_000,
         ge=4096,
-        description="The router model's context window, in tokens (the provider's usual "
-        "window for its model).",
+        description="The router model's context window, in tokens. Unset: what the server "
+        "serves (llama.cpp, vLLM), else the model's published window, else this default.",
     )
     worker_context_tokens: int = Field(
         128_000,
         ge=4096,
-        description="The worker model's context window, in tokens.",
+        description="The worker model's context window, in tokens. Unset: as the router's.",
     )
     compact_share: float = Field(
         0.75,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import openai
@@ -36,6 +36,7 @@ from controlplane.llm.errors import (
     Permanent,
     Transient,
 )
+from controlplane.llm.profiles import Windows
 from controlplane.llm.transcript import canonical_arguments
 from controlplane.settings import LlmPrices, LlmSettings
 from controlplane.tickets import store
@@ -145,6 +146,16 @@ class LlmClient:
         # from llm_calls and ignore our bound.
         self.client = client.with_options(max_retries=0)
         self.adaptations = Adaptations()
+        self.windows = Windows(self.client)
+
+    async def context_tokens(self, model: str, role: Literal["router", "worker"]) -> int:
+        """The context window ``role`` works with for ``model`` (the operator's setting,
+        else what the server serves, else what is known of the model:
+        :mod:`controlplane.llm.profiles`)."""
+        name = f"{role}_context_tokens"
+        value: int = getattr(self.settings, name)
+        configured = value if name in self.settings.model_fields_set else None
+        return await self.windows.window(model, configured, value)
 
     async def complete(
         self,

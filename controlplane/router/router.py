@@ -126,7 +126,7 @@ class Router:
         if self.conversation is not None and version == self._prompt_version:
             return self.conversation
         self._prompt_version = version
-        self.conversation = Conversation(system=text, budget=self._budget())
+        self.conversation = Conversation(system=text, budget=await self._budget())
         if await self._resume(version):
             return self.conversation
         self._turns = self._seq = 0
@@ -135,10 +135,10 @@ class Router:
         )
         return self.conversation
 
-    def _budget(self) -> int:
+    async def _budget(self) -> int:
         """Tokens a prompt may have before it is compacted."""
-        settings = self.llm.settings
-        return int(settings.router_context_tokens * settings.compact_share)
+        window = await self.llm.context_tokens(self.model, "router")
+        return int(window * self.llm.settings.compact_share)
 
     async def _resume(self, version: str | None) -> bool:
         """Take over the latest router session of this model and prompt (a new leader, a
@@ -250,7 +250,7 @@ class Router:
 
     async def _decide(self, batch: batches.Batch, leading: Callable[[], bool]) -> int:
         conversation = await self._prepare()
-        conversation.budget = self._budget()
+        conversation.budget = await self._budget()
         policy_version, _ = await self.policy.current()
         pending: list[dict[str, Any]] = [{"role": "user", "content": batches.render(batch)}]
         decisions: list[str] = []

@@ -100,6 +100,11 @@ class Compactor:
         self.budget = Budget(settings.worker_context_tokens, settings.compact_share)
         self.summary_chars = min(SUMMARY_CHARS, settings.worker_context_tokens * 4 // 10)
 
+    def fit(self, window: int) -> None:
+        """Work within ``window`` tokens (the model's, as found: LlmClient.context_tokens)."""
+        self.budget.window = window
+        self.summary_chars = min(SUMMARY_CHARS, window * 4 // 10)
+
     def tokens(
         self,
         session: WorkerSession,

@@ -196,6 +196,7 @@ class Worker:
         backend = await self._backend(ticket)
         if backend.problem is not None:
             return await self.final(ticket, {"status": "blocked", "summary": backend.problem})
+        self.compactor.fit(await self.llm.context_tokens(self.model, "worker"))
         if self.assignment.session_id is None:
             # Read for the brief, which a new session starts with.
             given = await workspace.instructions(self.queue, ticket)

@@ -492,6 +492,8 @@ class FakeOpenAIServer(LoopbackFake):
         # the 400s they send.
         self.refuse_strict = False
         self.refuse_max_tokens = False
+        # Answer GET /props as llama.cpp's server does, with this context size (else 404).
+        self.props_n_ctx: int | None = None
         self.reject_unknown_models = reject_unknown_models
         self.host = host
         self.context_window = context_window
@@ -735,6 +737,9 @@ class FakeOpenAIServer(LoopbackFake):
 
         path = record.path.rstrip("/") or "/"
         method = record.method
+        if path == "/props" and method == "GET" and self.props_n_ctx is not None:
+            # llama.cpp's server properties: the context size it was started with.
+            return JSONResponse({"default_generation_settings": {"n_ctx": self.props_n_ctx}})
         if path == "/v1/chat/completions" and method == "POST":
             if not json_ok:
                 reason = "empty body" if not raw else "invalid JSON"

@@ -137,3 +137,30 @@ async def test_a_model_that_wants_max_completion_tokens_gets_its_cap_by_that_nam
     assert answer.finish_reason == "length"
     last = fake_llm.chat_requests[-1].body
     assert (last.get("max_tokens"), last.get("max_completion_tokens")) == (None, 16)
+
+
+async def test_the_window_is_the_servers_unless_the_operator_set_one(
+    pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """A local server started with --ctx-size 8192 answered prompts past it with a 400
+    while the settings said 128,000: the window a role compacts within is the one the
+    server serves (llama.cpp's /props), unless the operator said otherwise."""
+    fake_llm.props_n_ctx = 8192
+    served = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE))
+    assert await served.context_tokens(FAKE_MODEL, "router") == 8192
+    assert await served.context_tokens(FAKE_MODEL, "worker") == 8192
+    chosen = LlmSettings(**PATIENCE, router_context_tokens=6000)
+    told = LlmClient(pool, fake_llm.async_openai_client(), chosen)
+    assert await told.context_tokens(FAKE_MODEL, "router") == 6000
+    assert await told.context_tokens(FAKE_MODEL, "worker") == 8192
+    fake_llm.props_n_ctx = None  # a server that says nothing: the model's known window
+    assert (
+        await LlmClient(pool, fake_llm.async_openai_client()).context_tokens(
+            "qwen2.5-coder-1.5b-instruct", "router"
+        )
+        == 32_768
+    )
+    assert (
+        await LlmClient(pool, fake_llm.async_openai_client()).context_tokens(FAKE_MODEL, "router")
+        == LlmSettings().router_context_tokens
+    )

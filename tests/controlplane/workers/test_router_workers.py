@@ -126,9 +126,7 @@ async def test_a_report_reaches_the_router_and_the_reply_states_tokens_and_cost(
     fake_llm.respond_with(_replying)
     router = Router(pool, fake_llm.async_openai_client(), FAKE_MODEL, policy=intake.policy)
     assert await router.turn() >= 1
-    shown = fake_llm.requests[0].json_body
-    assert isinstance(shown, dict)
-    batch = shown["messages"][-1]["content"]
+    batch = fake_llm.chat_requests[0].messages[-1]["content"]
     assert f"READY: {ticket_id}" in batch
     assert "pull request https://github.com/acme/calc/pull/7" in batch
     (reply,) = await _replies(pool, request.thread_id)
