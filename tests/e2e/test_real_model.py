@@ -241,12 +241,12 @@ async def test_the_readmes_first_ticket_with_a_real_model(
     log(began, f"up is ready, device 'laptop' online; children: {started}")
 
     request = REQUEST.format(demo=demo)
+    deadline = time.monotonic() + SETTLE_SECONDS
     said = await asyncio.to_thread(
         cli, up, "say", "--wait", str(SAY_WAIT), request, timeout=SAY_WAIT + 120
     )
     log(began, f"say exited {said.returncode}:\n{said.stdout}{said.stderr}")
 
-    deadline = time.monotonic() + SETTLE_SECONDS
     quiet_since: float | None = None
     last_note = 0.0
     left: list[str] = []
@@ -277,7 +277,7 @@ async def test_the_readmes_first_ticket_with_a_real_model(
     assert not gone, f"these children of up exited: {gone}\n{up.output()}"
     assert llama_server.alive(), f"llama-server exited:\n{llama_server.output()[-3000:]}"
 
-    assert not left, f"not settled after {SETTLE_SECONDS} s: {left}"
+    assert not left, f"not settled {SETTLE_SECONDS} s after the request: {left}"
 
     # Every event ends routed with a decision on record, or undecidable with its reason.
     decided = {t for d in rows["decisions"] if d["ok"] for t in d["trigger_ids"]}
