@@ -328,5 +328,5 @@ async def test_the_readmes_first_ticket_with_a_real_model(
         # Checked last, so that everything above still fails the test. A known gap until
         # issue 32's part 2 ("no request ends in silence") lands: a router turn whose calls
         # were all refused, or that made none, marks its events routed. Once it has landed
-        # such an event is quarantined with its reason, and this turns into an assert.
+        # such an event is quarantined with its reason: make this an assert again.
         pytest.xfail(f"{KNOWN_SILENCE}: {'; '.join(silent)}")
