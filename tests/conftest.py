@@ -32,11 +32,26 @@ from tests.support.helpers import assert_eventually
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--real-model",
+        action="store_true",
+        help="Also run the tests marked real_model (a real model in llama-server, from "
+        "scripts/real_model's cache; docs/testing.md). Without it they are deselected.",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test ``pg`` when it needs Postgres, ``slow`` when it starts processes."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test ``pg`` when it needs Postgres, ``slow`` when it starts processes;
+    leave out the real-model tier unless ``--real-model`` asks for it."""
     for item in items:
         markers.mark(item)
+    if not config.getoption("real_model"):
+        tier = [item for item in items if item.get_closest_marker("real_model")]
+        if tier:
+            config.hook.pytest_deselected(items=tier)
+            items[:] = [item for item in items if not item.get_closest_marker("real_model")]
 
 
 @pytest.fixture(scope="session")

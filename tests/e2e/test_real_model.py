@@ -1,0 +1,332 @@
+"""README.md's first ticket against a real model: Qwen2.5-Coder-1.5B-Instruct in llama.cpp's
+llama-server on this machine (tests/support/real_model.py), no scripted fake anywhere.
+
+`superagent up --device` runs as a user runs it, with its endpointd, pointed at the server
+through ``OPENAI_BASE_URL``, and ``superagent say`` asks what README.md's model step asks.
+A small model decides what it decides, so the test asserts only what must hold whatever it
+decides:
+
+* every event ends routed with a decision on record, or set aside as undecidable with its
+  reason (an event ingest dropped says why). Until issue 32's part 2 lands, an event that
+  ended in silence (routed with no decision) is reported as an expected failure, naming
+  it, after every other check has passed;
+* a ticket, if one is made, ends in a state whose reason ``superagent tickets show`` prints;
+* nothing is said twice on a thread;
+* no process exits: the control plane, its endpointd and the model server run throughout,
+  and ``up`` stops cleanly when asked.
+
+What the model did (the events and decisions, each ticket's transcript, the replies, the
+model calls with their timings) is written to ``record.txt`` in the test's temporary
+directory and printed. Only with ``--real-model`` (``scripts/test --real-model``); the
+model and the server come from ``scripts/real_model``'s cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import psutil
+import pytest
+
+from tests.support import real_model
+from tests.support.helpers import assert_eventually
+from tests.support.real_model import ALIAS, LlamaServer
+from tests.support.up_process import Up, up_in
+
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
+
+REQUEST = "In {demo} on laptop, add a CONTRIBUTORS file that lists Ada Lovelace"
+SAY_WAIT = 600  # README.md's `say --wait 600`
+# From the request until nothing is left to do: a cold router prompt alone takes ~30 s
+# here and a worker's round several model calls, but a run that has not settled by then is
+# a finding, not a slow machine.
+SETTLE_SECONDS = 30 * 60
+QUIET_SECONDS = 30  # settled this long: no report or reply is on its way
+KNOWN_SILENCE = (
+    "known product gap (issue 32, part 2): a router turn that decides nothing marks its "
+    "events routed, with no reply, ticket or quarantine"
+)
+# A ticket in one of these is done for now, waiting on nobody but people.
+SETTLED = ("completed", "ready", "waiting_human", "failed", "stopped")
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    with real_model.running(tmp_path_factory.mktemp("llama-server") / "server.log") as server:
+        yield server
+
+
+@pytest.fixture
+def up(empty_database: str, tmp_path: Path) -> Iterator[Up]:
+    with up_in(tmp_path, empty_database) as runner:
+        yield runner
+
+
+def cli(up: Up, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", *args],
+        env=up.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+    )
+    return done.stdout + done.stderr
+
+
+def log(began: float, message: str) -> None:
+    print(f"[{time.monotonic() - began:7.1f} s] {message}", flush=True)
+
+
+async def fetch(database_url: str, query: str, *args: object) -> list[dict[str, Any]]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return [dict(row) for row in await conn.fetch(query, *args)]
+    finally:
+        await conn.close()
+
+
+async def unsettled(database_url: str) -> list[str]:
+    """What is still on its way: events the router has not decided, tickets at work,
+    external actions (replies) not yet done. Empty once the run has nothing left to do."""
+    waiting = await fetch(
+        database_url,
+        "SELECT id, kind FROM triggers WHERE route = 'router' AND routed_at IS NULL",
+    )
+    working = await fetch(
+        database_url,
+        "SELECT id, state FROM tickets WHERE state <> ALL($1::text[])",
+        list(SETTLED),
+    )
+    effects = await fetch(database_url, "SELECT id, kind FROM effects WHERE dead_at IS NULL")
+    return (
+        [f"event {t['id']} ({t['kind']}) waits for the router" for t in waiting]
+        + [f"ticket {t['id']} is {t['state']}" for t in working]
+        + [f"effect {e['id']} ({e['kind']}) is not done" for e in effects]
+    )
+
+
+async def calls_so_far(database_url: str) -> str:
+    rows = await fetch(
+        database_url, "SELECT outcome, count(*) AS n FROM llm_calls GROUP BY outcome"
+    )
+    return ", ".join(f"{r['n']} {r['outcome']}" for r in rows) or "none"
+
+
+def children(up: Up) -> dict[int, str]:
+    """The processes `up` started (its endpointd, the watchdog, Postgres is not its)."""
+    assert up.process is not None
+    found = {}
+    for child in psutil.Process(up.process.pid).children(recursive=False):
+        try:
+            found[child.pid] = " ".join(child.cmdline()[:6])
+        except psutil.Error:
+            continue
+    return found
+
+
+async def record(database_url: str, up: Up, demo: Path) -> tuple[str, dict[str, Any]]:
+    """What happened, as text for a person and as rows for the assertions."""
+    rows: dict[str, Any] = {
+        "triggers": await fetch(
+            database_url,
+            "SELECT id, kind, actor_name, route, verdict, verdict_reason, routed_at, "
+            "undecidable_at, route_attempts, route_error, text FROM triggers ORDER BY created_at",
+        ),
+        "decisions": await fetch(
+            database_url,
+            "SELECT created_at, tool, arguments, trigger_ids, outcome, ok "
+            "FROM router_decisions ORDER BY created_at",
+        ),
+        "tickets": await fetch(
+            database_url,
+            "SELECT id, title, state, hold, last_error, failed_rounds, branch, workspace "
+            "FROM tickets ORDER BY created_at",
+        ),
+        "sent": await fetch(
+            database_url,
+            "SELECT thread_id, text, sent_at FROM sent_messages ORDER BY sent_at",
+        ),
+        "calls": await fetch(
+            database_url,
+            "SELECT c.created_at, s.kind AS session, c.prompt_tokens, c.cached_tokens, "
+            "c.completion_tokens, c.latency_ms, c.outcome, c.error FROM llm_calls c "
+            "LEFT JOIN sessions s ON s.id = c.session_id ORDER BY c.created_at",
+        ),
+    }
+    text = ["== events (triggers)"]
+    for t in rows["triggers"]:
+        state = "undecidable" if t["undecidable_at"] else "routed" if t["routed_at"] else "waiting"
+        text.append(
+            f"{t['id']} {t['kind']} by {t['actor_name']}: route={t['route']} "
+            f"verdict={t['verdict']} ({t['verdict_reason']}) {state}, "
+            f"{t['route_attempts']} failed turns, error={t['route_error']!r}"
+        )
+        text.append(f"    {t['text'][:300]!r}")
+    text.append("== router decisions")
+    for d in rows["decisions"]:
+        arguments = json.dumps(d["arguments"], ensure_ascii=False)[:400]
+        text.append(
+            f"{d['created_at']:%H:%M:%S} {d['tool']} ok={d['ok']} on {d['trigger_ids']}: "
+            f"{d['outcome'][:300]}\n    {arguments}"
+        )
+    text.append("== replies (sent_messages)")
+    for s in rows["sent"]:
+        text.append(f"{s['sent_at']:%H:%M:%S} {s['thread_id']}: {s['text'][:500]!r}")
+    text.append("== model calls")
+    for c in rows["calls"]:
+        text.append(
+            f"{c['created_at']:%H:%M:%S} {c['session'] or '-':<8} prompt {c['prompt_tokens']:>5} "
+            f"(cached {c['cached_tokens']:>5}) completion {c['completion_tokens']:>4} "
+            f"{c['latency_ms'] / 1000:6.1f} s {c['outcome']} {c['error'] or ''}"
+        )
+    for ticket in rows["tickets"]:
+        shown = cli(up, "tickets", "show", ticket["id"])
+        transcript = cli(up, "tickets", "show", ticket["id"], "--transcript")
+        ticket["shown"] = shown.stdout
+        text += [f"== superagent tickets show {ticket['id']}", shown.stdout + shown.stderr]
+        text += ["== --transcript", transcript.stdout + transcript.stderr]
+    branches = git(demo, "log", "--oneline", "--branches=superagent/*")
+    text += ["== git log --branches='superagent/*'", branches]
+    return "\n".join(text), rows
+
+
+@pytest.mark.timeout(SETTLE_SECONDS + 15 * 60)
+async def test_the_readmes_first_ticket_with_a_real_model(
+    llama_server: LlamaServer, up: Up, empty_database: str, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    up.env.update(
+        {
+            "OPENAI_BASE_URL": llama_server.url,
+            "OPENAI_API_KEY": "local",  # llama-server asks for none; any key is taken
+            "SUPERAGENT_LLM__ROUTER_MODEL": ALIAS,
+            "SUPERAGENT_LLM__WORKER_MODEL": ALIAS,
+            # The window each of the server's slots has, as a team would configure it.
+            "SUPERAGENT_LLM__ROUTER_CONTEXT_TOKENS": str(llama_server.window),
+            "SUPERAGENT_LLM__WORKER_CONTEXT_TOKENS": str(llama_server.window),
+        }
+    )
+    src = tmp_path / "src"
+    demo = src / "demo"
+    demo.mkdir(parents=True)
+    git(demo, "init", "-q")
+    who = ("-c", "user.name=Ada", "-c", "user.email=ada@example.com")
+    git(demo, *who, "commit", "-q", "--allow-empty", "-m", "Start")
+
+    up.start("--device", str(src), "--device-name", "laptop")
+
+    async def online() -> bool:
+        try:
+            rows = await fetch(
+                empty_database,
+                "SELECT 1 FROM devices WHERE name = 'laptop' AND connected_replica IS NOT NULL",
+            )
+        except asyncpg.UndefinedTableError:
+            return False  # not migrated yet
+        return bool(rows)
+
+    await assert_eventually(online, timeout=180)
+    started = children(up)
+    assert any("endpointd" in c for c in started.values()), started
+    log(began, f"up is ready, device 'laptop' online; children: {started}")
+
+    request = REQUEST.format(demo=demo)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    said = await asyncio.to_thread(
+        cli, up, "say", "--wait", str(SAY_WAIT), request, timeout=SAY_WAIT + 120
+    )
+    log(began, f"say exited {said.returncode}:\n{said.stdout}{said.stderr}")
+
+    quiet_since: float | None = None
+    last_note = 0.0
+    left: list[str] = []
+    while time.monotonic() < deadline:
+        assert up.process is not None
+        if up.process.poll() is not None or not llama_server.alive():
+            break
+        left = await unsettled(empty_database)
+        now = time.monotonic()
+        quiet_since = (quiet_since or now) if not left else None
+        if quiet_since is not None and now - quiet_since >= QUIET_SECONDS:
+            break
+        if now - last_note >= 60:
+            last_note = now
+            calls = await calls_so_far(empty_database)
+            log(began, f"model calls: {calls}; on its way: {left or 'nothing'}")
+        await asyncio.sleep(5)
+    log(began, f"settled: {not left}; model calls: {await calls_so_far(empty_database)}")
+
+    text, rows = await record(empty_database, up, demo)
+    (tmp_path / "record.txt").write_text(text)
+    print(f"\n{text}\n(record: {tmp_path / 'record.txt'}; server log: {llama_server.log})")
+
+    # No process exits: the control plane and what it started, and the model server.
+    assert up.process is not None
+    assert up.process.poll() is None, f"up exited {up.process.returncode}:\n{up.output()}"
+    gone = {pid: c for pid, c in started.items() if not psutil.pid_exists(pid)}
+    assert not gone, f"these children of up exited: {gone}\n{up.output()}"
+    assert llama_server.alive(), f"llama-server exited:\n{llama_server.output()[-3000:]}"
+
+    assert not left, f"not settled {SETTLE_SECONDS} s after the request: {left}"
+
+    # Every event ends routed with a decision on record, or undecidable with its reason.
+    decided = {t for d in rows["decisions"] if d["ok"] for t in d["trigger_ids"]}
+    silent = []
+    for t in rows["triggers"]:
+        assert t["route"] is not None, f"ingest never routed {t['id']}"
+        if t["route"] == "dropped":
+            assert t["verdict_reason"], f"{t['id']} was dropped without a reason"
+        elif t["route"] == "router":
+            if t["undecidable_at"] is not None:
+                assert t["route_error"], f"{t['id']} is undecidable without a reason"
+            elif t["id"] not in decided:
+                silent.append(
+                    f"{t['id']} ({t['kind']}: {t['text'][:200]!r}) was marked routed, but no "
+                    f"decision of the router's was accepted on it: it ended in silence"
+                )
+
+    # A ticket ends in a state whose reason `tickets show` prints.
+    for ticket in rows["tickets"]:
+        assert ticket["state"] in SETTLED, ticket
+        reason = ticket["hold"] or ticket["last_error"]
+        assert reason, f"{ticket['id']} is {ticket['state']} with no reason on record"
+        assert reason in ticket["shown"], (
+            f"`superagent tickets show {ticket['id']}` does not say why it is "
+            f"{ticket['state']} ({reason!r}):\n{ticket['shown']}"
+        )
+
+    # Nothing is said twice on a thread.
+    said_on: dict[tuple[str, str], int] = {}
+    for message in rows["sent"]:
+        key = (message["thread_id"], message["text"])
+        said_on[key] = said_on.get(key, 0) + 1
+    twice = {key: n for key, n in said_on.items() if n > 1}
+    assert not twice, f"said more than once: {twice}"
+
+    # And `up` stops cleanly when asked, as Ctrl-C would.
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(60) == 0, up.output()
+    log(began, "done")
+
+    if silent:
+        # Checked last, so that everything above still fails the test. A known gap until
+        # issue 32's part 2 ("no request ends in silence") lands: a router turn whose calls
+        # were all refused, or that made none, marks its events routed. Once it has landed
+        # such an event is quarantined with its reason: make this an assert again.
+        pytest.xfail(f"{KNOWN_SILENCE}: {'; '.join(silent)}")
