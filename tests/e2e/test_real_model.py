@@ -51,10 +51,6 @@ SAY_WAIT = 600  # README.md's `say --wait 600`
 # a finding, not a slow machine.
 SETTLE_SECONDS = 30 * 60
 QUIET_SECONDS = 30  # settled this long: no report or reply is on its way
-KNOWN_SILENCE = (
-    "known product gap (issue 32, part 2): a router turn that decides nothing marks its "
-    "events routed, with no reply, ticket or quarantine"
-)
 # A ticket in one of these is done for now, waiting on nobody but people.
 SETTLED = ("completed", "ready", "waiting_human", "failed", "stopped")
 
@@ -324,9 +320,6 @@ async def test_the_readmes_first_ticket_with_a_real_model(
     assert up.process.wait(60) == 0, up.output()
     log(began, "done")
 
-    if silent:
-        # Checked last, so that everything above still fails the test. A known gap until
-        # issue 32's part 2 ("no request ends in silence") lands: a router turn whose calls
-        # were all refused, or that made none, marks its events routed. Once it has landed
-        # such an event is quarantined with its reason: make this an assert again.
-        pytest.xfail(f"{KNOWN_SILENCE}: {'; '.join(silent)}")
+    # Checked last, so that everything above is seen first: no request ends in silence (a
+    # router turn that decides an event is quarantined with its reason, the person told).
+    assert not silent, "; ".join(silent)
