@@ -27,6 +27,7 @@ from controlplane.gateway.delivery import CommandDelivery
 from controlplane.gateway.hub import DeviceHub
 from controlplane.gateway.queue import CommandQueue
 from controlplane.gateway.server import EndpointGateway, GatewayService
+from controlplane.gateway.stream_caps import StreamCaps
 from controlplane.gateway.tls import GATEWAY_NAME, ServerTls, ensure_server_tls
 from controlplane.settings import GrpcSettings
 from superagent_proto.v1 import endpoint_pb2 as pb
@@ -43,6 +44,7 @@ class Gateway:
     pool: asyncpg.Pool  # the gateway's own
     hub: DeviceHub
     delivery: CommandDelivery  # the side the gateway's streams use
+    streams: StreamCaps  # the streams it holds now (its slots)
 
     @property
     def target(self) -> str:
@@ -90,15 +92,14 @@ async def running_gateway(
     queue = CommandQueue(pool, ttl=timedelta(hours=1), inline=64)
     delivery = CommandDelivery(pool, inline=64)
     hub = DeviceHub(dsn, delivery, "test-replica")
-    service = GatewayService(
-        settings, EndpointGateway(pool, delivery, hub, settings, tls, "test deployment")
-    )
+    servicer = EndpointGateway(pool, delivery, hub, settings, tls, "test deployment")
+    service = GatewayService(settings, servicer)
     await hub.start()
     await service.start()
     try:
         while service.port is None:  # noqa: ASYNC110 - the port appears once, right after bind
             await asyncio.sleep(0.01)
-        yield Gateway(service.port, queue, tls, pool, hub, delivery)
+        yield Gateway(service.port, queue, tls, pool, hub, delivery, servicer.streams)
     finally:
         await service.stop(5)
         await hub.stop(5)

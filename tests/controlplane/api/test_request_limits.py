@@ -751,7 +751,7 @@ async def test_wrong_codes_over_real_ipv6_are_counted_against_the_peer_not_the_c
 ) -> None:
     settings = {"host": "::1", "pairing_failures_per_peer": PER_PEER}
     async with running_gateway(database_url, db, tmp_path, grpc_settings=settings) as gw:
-        gateway = Ipv6Gateway(gw.port, gw.queue, gw.tls, gw.pool, gw.hub, gw.delivery)
+        gateway = Ipv6Gateway(gw.port, gw.queue, gw.tls, gw.pool, gw.hub, gw.delivery, gw.streams)
         for _ in range(PER_PEER):  # a new connection, so a new source port, each time
             refused = await attempt(gateway, random_code())
             assert refused is not None

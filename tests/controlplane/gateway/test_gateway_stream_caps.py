@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from superagent_proto.v1 import endpoint_pb2 as pb
 from superagent_proto.v1 import endpoint_pb2_grpc
 from tests.support.gateway_harness import Gateway, connected, running_gateway
+from tests.support.helpers import assert_eventually
 
 
 @contextlib.asynccontextmanager
@@ -68,7 +69,9 @@ async def test_streams_past_the_caps_are_refused_clearly_and_slots_come_back(
             async with _stream(gateway) as (code, details):
                 assert code == "RESOURCE_EXHAUSTED", (code, details)
                 assert setting + "=3" in details
-        # All three ended: their slots are free, and a real device connects and works.
+        # All three ended: once the gateway has seen them end (a cancel reaches it a moment
+        # later), their slots are free, and a real device connects and works.
+        await assert_eventually(lambda: gateway.streams.open == 0, timeout=10)
         async with contextlib.AsyncExitStack() as stack:
             assert await _held(gateway, stack, 2) == ["challenge"] * 2
             async with connected(gateway) as device:
