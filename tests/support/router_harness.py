@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from controlplane.db.urls import asyncpg_dsn
+from controlplane.domain import EffectKind
 from controlplane.ingest.admission import Actor, Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Ingested, Intake, ThreadRef
 from controlplane.leadership import Leadership
@@ -152,3 +153,25 @@ def fresh(request: ChatRequest) -> bool:
     """The request shows a new batch (not the results of this turn's tool calls)."""
     last = request.last_message() or {}
     return last.get("role") == "user"
+
+
+async def replies_to(pool: asyncpg.Pool, thread_id: str) -> list[str]:
+    """The replies queued for ``thread_id``, oldest first."""
+    rows = await pool.fetch(
+        "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
+        "AND payload->>'thread_id' = $2 ORDER BY created_at",
+        EffectKind.REPLY,
+        thread_id,
+    )
+    return [row["text"] for row in rows]
+
+
+async def admin_alerts(pool: asyncpg.Pool) -> list[str]:
+    """What the admin's web thread was told, oldest first."""
+    rows = await pool.fetch(
+        "SELECT e.payload->>'text' AS text FROM effects e JOIN threads t "
+        "ON t.id = e.payload->>'thread_id' WHERE e.kind = $1 AND t.source = 'web' "
+        "AND t.external_id = 'admin' ORDER BY e.created_at",
+        EffectKind.REPLY,
+    )
+    return [row["text"] for row in rows]

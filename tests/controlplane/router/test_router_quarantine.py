@@ -15,7 +15,6 @@ import asyncpg
 import pytest
 
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.domain import EffectKind
 from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router
 from controlplane.router.tools.toolbox import Toolbox
@@ -30,12 +29,14 @@ from tests.support.helpers import assert_eventually, run_cli
 from tests.support.router_harness import (  # noqa: F401 - fixtures
     ALICE,
     QUICK_LLM,
+    admin_alerts,
     admitted_pool_fixture,
     ask,
     batch_of,
     dsn_fixture,
     fresh,
     intake_fixture,
+    replies_to,
     router_fixture,
     router_running,
     tickets_for_batch,
@@ -80,26 +81,6 @@ async def _undecidable(pool: asyncpg.Pool, *trigger_ids: str) -> bool:
     return bool(count == len(trigger_ids))
 
 
-async def _replies_to(pool: asyncpg.Pool, thread_id: str) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
-        "AND payload->>'thread_id' = $2 ORDER BY created_at",
-        EffectKind.REPLY,
-        thread_id,
-    )
-    return [row["text"] for row in rows]
-
-
-async def _admin_alerts(pool: asyncpg.Pool) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT e.payload->>'text' AS text FROM effects e JOIN threads t "
-        "ON t.id = e.payload->>'thread_id' WHERE e.kind = $1 AND t.source = 'web' "
-        "AND t.external_id = 'admin' ORDER BY e.created_at",
-        EffectKind.REPLY,
-    )
-    return [row["text"] for row in rows]
-
-
 async def test_a_batch_whose_every_answer_is_malformed_ends_undecidable_not_the_service(
     router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, dsn: str
 ) -> None:
@@ -126,9 +107,9 @@ async def test_a_batch_whose_every_answer_is_malformed_ends_undecidable_not_the_
         assert all(f["error_class"] == "malformed" for f in failures)
         assert sum(f["quarantined"] for f in failures) == 1
         # One line, once: the request is not left unanswered, and there is no reply storm.
-        (told,) = await _replies_to(pool, row["thread_id"])
+        (told,) = await replies_to(pool, row["thread_id"])
         assert "could not act" in told
-    alerts = await _admin_alerts(pool)
+    alerts = await admin_alerts(pool)
     assert len(alerts) == 2
     for trigger_id in ids:
         (alert,) = [a for a in alerts if trigger_id in a]
@@ -178,7 +159,7 @@ async def test_a_poison_event_is_isolated_and_the_good_ones_in_its_batch_are_dec
     # The good ones were decided alone, each in its own turn, never with the poison again.
     later = [batch_of(r) for r in fake_llm.chat_requests[1:] if batch_of(r)]
     assert all(len(b) == 1 for b in later)
-    assert len(await _admin_alerts(pool)) == 1
+    assert len(await admin_alerts(pool)) == 1
 
 
 async def test_an_exception_in_our_own_code_ends_the_item_not_the_service(
@@ -237,7 +218,7 @@ async def test_an_unreachable_model_counts_against_nobody_and_each_thread_is_tol
         assert second.thread_id == first.thread_id
 
         async def everyone_told() -> bool:
-            return all([await _replies_to(pool, thread) for thread in threads])
+            return all([await replies_to(pool, thread) for thread in threads])
 
         await assert_eventually(everyone_told, timeout=20, message="each thread told")
         calls = await pool.fetchval("SELECT count(*) FROM llm_calls")
@@ -245,7 +226,7 @@ async def test_an_unreachable_model_counts_against_nobody_and_each_thread_is_tol
             lambda: _calls_beyond(pool, calls + 4), timeout=20, message="more failed turns"
         )
         for thread in threads:
-            (notice,) = await _replies_to(pool, thread)
+            (notice,) = await replies_to(pool, thread)
             assert "can't reach my model" in notice
         for asked in (first, second, other):
             row = await _trigger(pool, asked.trigger_id)
@@ -253,7 +234,7 @@ async def test_an_unreachable_model_counts_against_nobody_and_each_thread_is_tol
             assert row["routed_at"] is None
             assert row["model_notice_at"] is not None
         assert await pool.fetchval("SELECT count(*) FROM item_failures") == 0
-        assert len(await _admin_alerts(pool)) == 1  # one per outage episode
+        assert len(await admin_alerts(pool)) == 1  # one per outage episode
         down = False
 
         async def decided() -> bool:
@@ -271,7 +252,7 @@ async def test_an_unreachable_model_counts_against_nobody_and_each_thread_is_tol
     )
     assert handled == 2  # a ticket for each thread
     for thread in threads:
-        assert len(await _replies_to(pool, thread)) == 1
+        assert len(await replies_to(pool, thread)) == 1
 
 
 async def _calls_beyond(pool: asyncpg.Pool, count: int) -> bool:

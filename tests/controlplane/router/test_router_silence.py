@@ -16,7 +16,6 @@ import json
 
 import asyncpg
 
-from controlplane.domain import EffectKind
 from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
@@ -26,12 +25,14 @@ from tests.support.helpers import assert_eventually, run_cli
 from tests.support.router_harness import (  # noqa: F401 - fixtures
     ALICE,
     QUICK_LLM,
+    admin_alerts,
     admitted_pool_fixture,
     ask,
     batch_of,
     dsn_fixture,
     fresh,
     intake_fixture,
+    replies_to,
     router_fixture,
     router_running,
 )
@@ -69,26 +70,6 @@ async def _undecidable(pool: asyncpg.Pool, trigger_id: str) -> bool:
     )
 
 
-async def _replies_to(pool: asyncpg.Pool, thread_id: str) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT payload->>'text' AS text FROM effects WHERE kind = $1 "
-        "AND payload->>'thread_id' = $2 ORDER BY created_at",
-        EffectKind.REPLY,
-        thread_id,
-    )
-    return [row["text"] for row in rows]
-
-
-async def _admin_alerts(pool: asyncpg.Pool) -> list[str]:
-    rows = await pool.fetch(
-        "SELECT e.payload->>'text' AS text FROM effects e JOIN threads t "
-        "ON t.id = e.payload->>'thread_id' WHERE e.kind = $1 AND t.source = 'web' "
-        "AND t.external_id = 'admin' ORDER BY e.created_at",
-        EffectKind.REPLY,
-    )
-    return [row["text"] for row in rows]
-
-
 def _ignore_the_thread(request: ChatRequest) -> Reply:
     """The 1.5B model's loop: ``ignore`` with the thread's id where the trigger's belongs,
     whatever the refusal says."""
@@ -123,11 +104,11 @@ async def test_a_router_repeating_a_refused_call_answers_the_request_and_sets_it
     assert len(attempts) == 2
     assert len(fake_llm.chat_requests) == 6
     # The person is told, once, in one line; the admin is alerted.
-    (told,) = await _replies_to(pool, row["thread_id"])
+    (told,) = await replies_to(pool, row["thread_id"])
     assert "could not act" in told
     assert "admin" in told
     assert "\n" not in told.strip()
-    (alert,) = await _admin_alerts(pool)
+    (alert,) = await admin_alerts(pool)
     assert asked.trigger_id in alert
     assert "ignore" in alert
     assert f"superagent triggers retry {asked.trigger_id}" in alert
@@ -190,9 +171,9 @@ async def test_a_turn_that_leaves_a_trigger_undecided_fails_it_alone_and_sets_it
     assert "without deciding" in row["route_error"]
     later = [batch_of(r) for r in fake_llm.chat_requests[1:] if fresh(r)]
     assert later == [[chat.trigger_id]]  # tried alone, then set aside
-    (told,) = await _replies_to(pool, row["thread_id"])
+    (told,) = await replies_to(pool, row["thread_id"])
     assert "could not act" in told
-    assert await _replies_to(pool, decided["thread_id"]) == []
+    assert await replies_to(pool, decided["thread_id"]) == []
 
 
 async def test_triggers_show_names_the_decision_and_each_refused_call(
