@@ -29,6 +29,7 @@ ALICE = Actor("u-1", "alice")
 # One try and a short timeout: a router test sees each failure in seconds.
 QUICK_LLM = {"attempts": 1, "retry_base_seconds": 0.01, "retry_cap": 0.05, "timeout": 2.0}
 TRIGGER = re.compile(r"\[(trg_\w+)\]")
+EVENT = re.compile(r"\s+\[(?P<trigger>trg_\w+)\] (?P<verdict>\w+) ")
 
 
 async def ask(intake: Intake, n: int, text: str = "@superagent fix the flaky test") -> Ingested:
@@ -69,16 +70,30 @@ def tickets_for_batch(request: ChatRequest) -> Reply:
     )
 
 
+def events_of(request: ChatRequest) -> list[tuple[str, str, str]]:
+    """(trigger, its thread, its verdict) for each event of the batch the request shows."""
+    found, thread = [], ""
+    for line in (request.last_user_message() or "").splitlines():
+        if line.startswith("thread "):
+            thread = line.split()[1]
+        elif (event := EVENT.match(line)) is not None:
+            found.append((event["trigger"], thread, event["verdict"]))
+    return found
+
+
 def ignore_batch(request: ChatRequest, **reply: Any) -> Reply:
     """The model's answer that decides each trigger of the batch needs nothing (a turn must
-    decide every event it holds); ``reply``: more of the answer (a delay, usage)."""
-    return Reply(
-        tool_calls=[
-            ToolCall("ignore", {"trigger": trigger, "reason": "nothing to do"})
-            for trigger in batch_of(request)
-        ],
-        **reply,
-    )
+    decide every event it holds): an explicit request is answered on its thread (a person
+    who asked hears back; ``ignore`` refuses it), anything else ignored. ``reply``: more of
+    the answer (a delay, usage)."""
+    calls, answered = [], set()
+    for trigger, thread, verdict in events_of(request):
+        if verdict != "explicit":
+            calls.append(ToolCall("ignore", {"trigger": trigger, "reason": "nothing to do"}))
+        elif thread not in answered:  # one reply decides every event on its thread
+            answered.add(thread)
+            calls.append(ToolCall("reply", {"thread": thread, "text": "Nothing to do here."}))
+    return Reply(tool_calls=calls, **reply)
 
 
 @contextlib.asynccontextmanager

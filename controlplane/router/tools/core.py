@@ -27,6 +27,11 @@ class Turn:
     llm_call_id: str | None
     batch: Sequence[str]  # the trigger ids of this turn's batch
 
+    @property
+    def key(self) -> str:
+        """What names this turn among the session's (its batch's first trigger)."""
+        return self.batch[0] if self.batch else self.llm_call_id or ""
+
 
 @dataclass(frozen=True)
 class ToolResult:
@@ -65,6 +70,10 @@ class Replies:
         nth = self.counts.get(thread_id, 0)
         self.counts[thread_id] = nth + 1
         return nth
+
+    def made(self, batch: str, thread_id: str) -> bool:
+        """Whether the turn over ``batch`` has replied on ``thread_id``."""
+        return batch == self.batch and self.counts.get(thread_id, 0) > 0
 
 
 @dataclass(frozen=True)

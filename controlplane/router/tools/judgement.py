@@ -1,6 +1,10 @@
 """The router's judgements of triggers: ``ignore`` one that needs nothing, and ``assess``
 an inferred candidate against every enabled rule of its source
-(:mod:`controlplane.ingest.admission`)."""
+(:mod:`controlplane.ingest.admission`).
+
+An explicit request (an allowlisted person addressing the agent) cannot be ignored in
+silence: ``ignore`` refuses it until the turn has replied on its thread. Found with a real
+small model (issue 32), which ignored "add a CONTRIBUTORS file" and nobody answered."""
 
 from __future__ import annotations
 
@@ -21,9 +25,20 @@ class Ignore(Arguments):
     reason: Annotated[str, Field(max_length=2000), NON_BLANK]
 
 
-@tools.tool("ignore", "Decide that a trigger needs nothing.")
+@tools.tool(
+    "ignore",
+    "Decide that a trigger needs nothing. An explicit request is answered instead: a "
+    "ticket, or a reply on its thread.",
+)
 async def ignore(call: Call, args: Ignore) -> Done:
-    await trigger(call.conn, args.trigger)
+    found = await trigger(call.conn, args.trigger)
+    if found["verdict"] == "explicit" and not call.replies.made(call.turn.key, found["thread_id"]):
+        # A person who asked the agent hears back, whatever the model thinks of the ask.
+        raise Refused(
+            f"{args.trigger} is an explicit request from {found['actor_name']}, who must hear "
+            f"back: create a ticket for it, or reply on {found['thread_id']} (a reply decides "
+            "it; say in a line why nothing will be done)"
+        )
     return Done({"ignored": args.trigger}, f"ignored: {args.reason}", [args.trigger])
 
 

@@ -67,7 +67,7 @@ async def reply(call: Call, args: Reply) -> Done:
     # batch may start elsewhere (an event committed late with an earlier time, or this
     # event retried alone after a failed turn). Those events are not routed yet, so no
     # other turn can share the key.
-    this_turn = turn.batch[0] if turn.batch else turn.llm_call_id or ""
+    this_turn = turn.key
     nth = call.replies.nth(this_turn, thread_id)
     anchor = concerned[0] if concerned else this_turn
     reply_id = stable_id("msg", f"reply:{anchor}:{thread_id}:{nth}") if anchor else new_id("msg")

@@ -59,7 +59,13 @@ class CreateTicket(Arguments):
     scope: Annotated[
         str, Field(max_length=10_000, description="What is and is not to be done."), NON_BLANK
     ]
-    threads: list[ThreadId]
+    threads: Annotated[
+        list[ThreadId],
+        Field(
+            default_factory=list,
+            description="Threads it handles besides the request's own (added for you).",
+        ),
+    ]
     device: Annotated[
         str | None,
         Field(
@@ -69,7 +75,13 @@ class CreateTicket(Arguments):
         ),
         AfterValidator(_device_named),
     ]
-    mandate_from: TriggerId
+    mandate_from: Annotated[
+        TriggerId | None,
+        Field(
+            description="The trigger (trg_…) whose request it fulfils; null: the batch's one "
+            "explicit request."
+        ),
+    ] = None
     repo: Annotated[
         str | None,
         Field(
@@ -119,11 +131,12 @@ class CreateTicket(Arguments):
     "explicit request, or a candidate accepted by assess. Its threads are subscribed.",
 )
 async def create_ticket(call: Call, args: CreateTicket) -> Done:
+    mandate = args.mandate_from or await _the_request(call, args.threads)
     request = opening.Request(
         title=args.title,
         scope=args.scope,
         threads=args.threads,
-        mandate_from=args.mandate_from,
+        mandate_from=mandate,
         device=args.device,
         repo=args.repo,
         workdir=args.workdir,
@@ -142,6 +155,28 @@ async def create_ticket(call: Call, args: CreateTicket) -> Done:
             [opened.trigger_id],
         )
     return Done(*_said(opened), [opened.trigger_id])
+
+
+async def _the_request(call: Call, threads: list[str]) -> str:
+    """The mandate a create_ticket without one means: the batch's only explicit request
+    (on one of ``threads``, when they are named). Small models leave it out or fill it
+    with a name; more than one request is refused, never guessed."""
+    rows = await call.conn.fetch(
+        "SELECT id, thread_id, actor_name FROM triggers WHERE id = ANY($1::text[]) "
+        "AND verdict = 'explicit' ORDER BY created_at, id",
+        list(call.turn.batch),
+    )
+    named = [row for row in rows if row["thread_id"] in threads]
+    rows = named or rows
+    if len(rows) == 1:
+        return str(rows[0]["id"])
+    if not rows:
+        raise Refused(
+            "mandate_from is needed: this batch has no explicit request to take as the "
+            "mandate (give a candidate that assess accepted)"
+        )
+    listed = ", ".join(f"{row['id']} ({row['actor_name']})" for row in rows)
+    raise Refused(f"mandate_from is needed: this batch has {len(rows)} requests: {listed}")
 
 
 def _said(opened: opening.Opened) -> tuple[dict[str, Any], str]:

@@ -195,14 +195,14 @@ async def test_the_model_sees_what_it_must_act_on_and_nothing_more(
                 ToolCall("reply", {"thread": "thr_nope", "text": "hi"}),
             ]
         ),
-        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "seen"})]),
+        Reply(tool_calls=[ToolCall("reply", {"thread": asked.thread_id, "text": "Seen."})]),
     )
     assert await router.turn() == 1
     _, second = fake_llm.chat_requests
     results = [m["content"] for m in second.tool_results()]
     assert any(asked.trigger_id in r for r in results)  # the recalled thread's events
     assert any("must be a thr_ id" in r for r in results)
-    fake_llm.assert_all_consumed()  # and no third call after the settled ignore
+    fake_llm.assert_all_consumed()  # and no third call after the settling reply
 
 
 async def test_a_new_leader_resumes_the_conversation_where_the_last_one_left_it(
@@ -223,7 +223,7 @@ async def test_a_new_leader_resumes_the_conversation_where_the_last_one_left_it(
     assert after.messages[: len(before.messages)] == before.messages
     answer = after.messages[len(before.messages)]
     assert answer["role"] == "assistant"
-    assert [c["function"]["name"] for c in answer["tool_calls"]] == ["ignore"]
+    assert [c["function"]["name"] for c in answer["tool_calls"]] == ["reply"]
     stored = await pool.fetchval(
         "SELECT count(*) FROM session_messages WHERE session_id = $1", first.session_id
     )

@@ -192,30 +192,32 @@ async def test_triggers_show_names_the_decision_and_each_refused_call(
             ]
         ),
         Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "thanks"})]),
+        Reply(tool_calls=[ToolCall("reply", {"thread": asked.thread_id, "text": "Thanks!"})]),
     )
     assert await router.turn() == 1
     shown = run_cli(database_url, "triggers", "show", asked.trigger_id)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     refused = [line for line in lines if "refused" in line and " call " in line]
-    assert len(refused) == 2, shown.stdout
+    assert len(refused) == 3, shown.stdout
     assert "ignore" in refused[0]
     assert asked.thread_id in refused[0]  # the arguments as the model sent them
     assert "create_ticket" in refused[1]
     assert "admin" in refused[1]
+    assert "must hear back" in refused[2]  # an explicit request is answered, not ignored
     (decision,) = [line for line in lines if "decision:" in line]
-    assert "ignore" in decision
-    assert "thanks" in decision
+    assert "reply" in decision
     as_json = run_cli(database_url, "triggers", "show", asked.trigger_id, "--json")
     assert as_json.returncode == 0, as_json.stderr
     shown_json = json.loads(as_json.stdout)
     assert [(c["tool"], c["ok"]) for c in shown_json["calls"]] == [
         ("ignore", False),
         ("create_ticket", False),
-        ("ignore", True),
+        ("ignore", False),
+        ("reply", True),
     ]
     assert shown_json["calls"][1]["arguments"]["mandate_from"] == "admin"
-    assert "thanks" in shown_json["decision"]
+    assert "reply" in shown_json["decision"]
 
 
 async def test_a_stop_or_a_subscribe_decides_the_request_it_answers(
@@ -243,3 +245,82 @@ async def test_a_stop_or_a_subscribe_decides_the_request_it_answers(
         row = await _trigger(pool, asked.trigger_id)
         assert row["routed_at"] is not None
         assert row["route_attempts"] == 0
+
+
+async def _decisions(pool: asyncpg.Pool) -> list[tuple[str, bool, str]]:
+    rows = await pool.fetch(
+        "SELECT tool, ok, outcome FROM router_decisions ORDER BY created_at, id"
+    )
+    return [(row["tool"], row["ok"], row["outcome"]) for row in rows]
+
+
+async def test_an_explicit_request_is_not_ignored_until_its_thread_is_answered(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """The 1.5B model's other way to silence: ``ignore`` accepted on "add a CONTRIBUTORS
+    file", and nobody answered. An explicit request is answered (a ticket or a reply);
+    ``ignore`` is refused, saying so, until the turn has replied on its thread."""
+    asked = await ask(intake, 1, "@superagent add a CONTRIBUTORS file")
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "noise"})]),
+        Reply(
+            tool_calls=[
+                ToolCall("reply", {"thread": asked.thread_id, "text": "That is out of scope."}),
+                ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "out of scope"}),
+            ]
+        ),
+        Reply(content="Done."),
+    )
+    assert await router.turn() == 1
+    (refused, replied, ignored) = await _decisions(pool)
+    assert refused[:2] == ("ignore", False)
+    assert "explicit request from alice" in refused[2]
+    assert f"reply on {asked.thread_id}" in refused[2]
+    assert (replied[0], replied[1]) == ("reply", True)
+    assert (ignored[0], ignored[1]) == ("ignore", True)  # answered first: now it may be
+    assert await replies_to(pool, asked.thread_id) == ["That is out of scope."]
+    row = await _trigger(pool, asked.trigger_id)
+    assert row["routed_at"] is not None
+    assert row["undecidable_at"] is None
+
+
+async def test_a_router_that_only_ever_ignores_a_request_still_answers_the_person(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, dsn: str
+) -> None:
+    """A model that insists on ``ignore``: each attempt ends at the second repeat, the
+    request is set aside, and the person hears that the agent could not act."""
+
+    def ignore_it(request: ChatRequest) -> Reply:
+        (trigger,) = batch_of(request)
+        return Reply(tool_calls=[ToolCall("ignore", {"trigger": trigger, "reason": "noise"})])
+
+    asked = await ask(intake, 1, "@superagent add a CONTRIBUTORS file")
+    fake_llm.respond_with(ignore_it)
+    async with router_running(
+        router, pool, dsn, settings=_settings(quarantine_after=2), retry_base=0.02
+    ) as service:
+        await assert_eventually(
+            lambda: _undecidable(pool, asked.trigger_id), timeout=30, message="set aside"
+        )
+        assert not service.task.done()
+    assert not [d for d in await _decisions(pool) if d[1]]  # no ignore was ever accepted
+    (told,) = await replies_to(pool, asked.thread_id)
+    assert "could not act" in told
+    row = await _trigger(pool, asked.trigger_id)
+    assert "must hear back" in row["route_error"]
+
+
+async def test_a_reports_or_candidates_ignore_needs_no_reply(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """Only explicit requests must be answered: an inferred candidate (here alice's event,
+    made one) may be ignored as before."""
+    asked = await ask(intake, 1, "@superagent maybe look at this")
+    await pool.execute("UPDATE triggers SET verdict = 'candidate' WHERE id = $1", asked.trigger_id)
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": asked.trigger_id, "reason": "noise"})]),
+        Reply(content="Done."),
+    )
+    assert await router.turn() == 1
+    assert [(tool, ok) for tool, ok, _ in await _decisions(pool)] == [("ignore", True)]
+    assert await replies_to(pool, asked.thread_id) == []

@@ -117,6 +117,45 @@ async def test_an_explicit_request_becomes_a_ticket_with_its_mandate(
     assert ticket in decision["outcome"]
 
 
+async def test_a_ticket_without_a_named_mandate_rests_on_the_batchs_one_request(
+    tools: Toolbox, intake: Intake, pool: asyncpg.Pool
+) -> None:
+    """Small models leave mandate_from out or write a name in it ("admin"): with one
+    explicit request in the batch, that is the mandate; with several, nothing is guessed."""
+    request = await _event(intake, "1", ALICE, "@superagent add a CONTRIBUTORS file")
+    chatter = await _event(intake, "2", MALLORY, "@superagent me too")  # not allowlisted
+    asked = {"title": "Add CONTRIBUTORS", "scope": "one file", "device": None}
+    one = Turn(session_id=None, llm_call_id=None, batch=(request.trigger_id, chatter.trigger_id))
+    result = await tools.call("create_ticket", asked, one)
+    assert result.ok, result.content
+    mandate = await _one(
+        pool, "SELECT * FROM mandates WHERE ticket_id = $1", result.content["ticket"]
+    )
+    assert (mandate["trigger_id"], mandate["initiator_name"]) == (request.trigger_id, "alice")
+    assert result.decided == (request.trigger_id,)
+
+    second = await _event(intake, "3", ALICE, "@superagent and a CHANGELOG")
+    two = Turn(session_id=None, llm_call_id=None, batch=(request.trigger_id, second.trigger_id))
+    refused = await tools.call("create_ticket", {**asked, "title": "Both"}, two)
+    assert not refused.ok
+    error = refused.content["error"]
+    assert "mandate_from is needed" in error
+    assert request.trigger_id in error
+    assert second.trigger_id in error
+    # Naming a thread picks the request on it.
+    on_second = await tools.call(
+        "create_ticket", {**asked, "title": "Changelog", "threads": [second.thread_id]}, two
+    )
+    assert on_second.ok, on_second.content
+    assert on_second.decided == (second.trigger_id,)
+    none = Turn(session_id=None, llm_call_id=None, batch=(chatter.trigger_id,))
+    nothing = await tools.call("create_ticket", {**asked, "title": "Me too"}, none)
+    assert "no explicit request" in nothing.content["error"]
+    named = await tools.call("create_ticket", {**asked, "mandate_from": "admin"}, one)
+    assert "must be a trg_ id" in named.content["error"]  # a wrong one is refused, not fixed
+    assert await pool.fetchval("SELECT count(*) FROM tickets") == 2
+
+
 async def test_no_ticket_rests_on_anything_but_an_explicit_or_accepted_request(
     tools: Toolbox, intake: Intake, pool: asyncpg.Pool
 ) -> None:
