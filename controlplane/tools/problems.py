@@ -83,8 +83,10 @@ def _describe(error: ErrorDetails, schema: dict[str, Any]) -> str:
         low, high = node.get("minimum"), node.get("maximum")
         if low is not None and high is not None:
             return f"{where(loc)} must be an integer from {low} to {high}"
-        bound = f"at least {low}" if high is None else f"at most {high}"
-        return f"{where(loc)} must be {bound}"
+        # The bound broken, from the error itself: a wire limit is not in the schema.
+        words = {"ge": "at least", "gt": "more than", "le": "at most", "lt": "less than"}
+        broken = [f"{words[key]} {context[key]}" for key in words if key in context]
+        return f"{where(loc)} must be {' and '.join(broken) or error['msg']}"
     return f"{where(loc)}: {error['msg']}"
 
 

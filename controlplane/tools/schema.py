@@ -4,8 +4,10 @@ Strict mode decodes the model's arguments against the schema, and accepts only a
 JSON Schema: every object closed (``additionalProperties: false``) and listing every
 property in ``required``, an optional property written as one that may be null, no
 ``$ref`` to shared definitions, and no keywords it does not know (``title``, ``default``,
-string lengths). The pydantic model stays the authority: what strict mode cannot say (a
-string's length, an id's prefix) is still checked when the call is validated.
+string lengths). Numeric bounds that are only the wire's limits are left out too: they
+cost prompt tokens and guide nothing. The pydantic model stays the authority: what strict
+mode cannot say (a string's length, an id's prefix) is still checked when the call is
+validated.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = ["at", "function_spec", "parameters"]
 
 # Keywords strict mode refuses or ignores; the model checks them instead.
 _DROPPED = frozenset({"title", "default", "maxLength", "minLength"})
+_WIRE = 1 << 20  # numeric bounds this large are wire limits, not guidance (_wire_bound)
 _FIRST = ("type", "description")
 _LAST = ("items", "properties", "required", "additionalProperties")
 
@@ -62,7 +65,7 @@ def _strict(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]
     if "$ref" in node:
         target = definitions[node["$ref"].rsplit("/", 1)[-1]]
         node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-    out = {k: v for k, v in node.items() if k not in _DROPPED}
+    out = {k: v for k, v in node.items() if k not in _DROPPED and not _wire_bound(k, v)}
     if "anyOf" in out:
         branches = [_strict(branch, definitions) for branch in out.pop("anyOf")]
         out = _union(branches, out)
@@ -79,6 +82,12 @@ def _strict(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]
     if isinstance(out.get("items"), dict):
         out["items"] = _strict(out["items"], definitions)
     return _ordered(out)
+
+
+def _wire_bound(key: str, value: Any) -> bool:
+    """A numeric bound no sensible call comes near (an int32, a 1 TiB offset): the wire's
+    limit, still checked, but 10 to 15 prompt tokens each that tell the model nothing."""
+    return key in ("maximum", "minimum") and isinstance(value, int) and abs(value) >= _WIRE
 
 
 def _ordered(node: dict[str, Any]) -> dict[str, Any]:

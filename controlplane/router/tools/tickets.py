@@ -69,9 +69,8 @@ class CreateTicket(Arguments):
     device: Annotated[
         str | None,
         Field(
-            description="Device name or id, or 'my laptop' for one the requester owns. Null "
-            "when the repository is known (repo, or the GitHub thread's own): a device that "
-            "has it and that the requester may use is chosen for you."
+            description="A device name or id, or 'my laptop'; null unless the person named "
+            "one: with the repository known, one that has it is chosen for you."
         ),
         AfterValidator(_device_named),
     ]
@@ -93,34 +92,27 @@ class CreateTicket(Arguments):
         str | None,
         Field(
             max_length=4096,
-            description="The repository's directory on the device; null: the device's own "
-            "clone of the repository, as it reported it.",
+            description="The repository's directory on the device; null: its own clone.",
         ),
         AfterValidator(_text_or_none),
     ] = None
     speculative: Annotated[
         bool | None,
-        Field(
-            description="Quietly try to reproduce and fix: nothing is said or delivered unless "
-            "the worker confirms both."
-        ),
+        Field(description="Quietly reproduce and fix: nothing is said unless both succeed."),
     ] = None
     start_from: Annotated[
         Literal["default_branch", "local_changes"] | None,
         Field(
-            description="Where the ticket's own worktree starts: the freshly fetched default "
-            "branch (the default; a pull request's head for work on an existing PR), or "
-            "local_changes when the requester asks to build on their uncommitted work (a "
-            "snapshot: their checkout stays as it is)."
+            description="Where its worktree starts: the default branch (a PR's head for work "
+            "on that PR), or local_changes when asked to build on the requester's uncommitted "
+            "work (a snapshot)."
         ),
     ] = None
     harness: Annotated[
         Literal["builtin", "qwen", "codex", "claude"] | None,
         Field(
-            description="Who does the work, only when the person asked for one: a "
-            "coding-agent CLI on the device (qwen: Qwen Code, codex: Codex CLI, claude: "
-            "Claude Code) or builtin (this agent's own worker). Null: the repository's or "
-            "the device's choice, else builtin."
+            description="Only when the person asked for one: a coding-agent CLI on the "
+            "device (Qwen Code, Codex CLI, Claude Code) or builtin (this agent's worker)."
         ),
     ] = None
 

@@ -61,10 +61,8 @@ class Shell(Arguments):
             description="Credentials the device injects by name (you never see values): "
             "env (into env_var), file (a 0600 file whose path is in env_var), git_helper (git "
             "authenticates with it over https; env_var: the git username, optional) or http "
-            "(the device adds it to the command's HTTPS requests to the credential's hosts; "
-            "nothing reaches the command; no env_var). The device's owner decides which "
-            "programs may use each credential; a command given credentials runs as one "
-            "program, not through sh."
+            "(added to the command's HTTPS requests to the credential's hosts; no env_var). "
+            "The device's owner decides which programs may use each."
         ),
     ] = None
 
@@ -72,12 +70,10 @@ class Shell(Arguments):
 @_jobs.tool(
     "shell",
     "Run a shell command on the device (sh -c, in the ticket's directory). Waits a few "
-    "seconds; a longer command becomes a background job whose completion arrives later "
-    "as an event. Use job_output and stop on jobs. With credentials there is no shell: "
-    "the device checks the credential against the program actually run, so the command "
-    "must be a single program with its arguments (e.g. git push origin HEAD), without "
-    "pipes, redirects, &&, ;, $(...), globs, variables or cd (use cwd); do other steps "
-    "in separate calls without credentials.",
+    "seconds; a longer one becomes a background job whose completion arrives later as an "
+    "event (job_output, stop). With credentials there is no sh: the command is one "
+    "program with its arguments (e.g. git push origin HEAD), without pipes, redirects, "
+    "&&, ;, $(...), globs, variables or cd (use cwd).",
 )
 async def shell(call: Call, args: Shell) -> dict[str, Any]:
     bench = call.bench

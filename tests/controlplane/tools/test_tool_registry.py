@@ -39,6 +39,7 @@ class Plan(Arguments):
     mode: Literal["quick", "careful"]
     retries: Annotated[int | None, Field(ge=0, le=3, description="How often to retry.")] = None
     note: str | None = None
+    offset: Annotated[int | None, Field(ge=0, le=1 << 40)] = None  # a wire limit
 
 
 class Nothing(Arguments):
@@ -110,6 +111,8 @@ def test_an_optional_field_may_be_null_and_keeps_its_description_and_limits() ->
         "maximum": 3,
     }
     assert properties["note"] == {"type": ["string", "null"]}
+    # A wire limit (1 TiB) guides no call: not shown (prompt tokens), still checked.
+    assert properties["offset"] == {"type": ["integer", "null"], "minimum": 0}
     assert properties["title"] == {"type": "string", "description": "What it is called."}
     assert properties["mode"] == {"type": "string", "enum": ["quick", "careful"]}
     assert properties["steps"]["items"]["required"] == ["name", "done"]
@@ -140,13 +143,15 @@ async def test_valid_arguments_reach_the_handler_typed() -> None:
         (
             "plan",
             _plan(colour="red"),
-            "arguments has 'colour', which is not one of ticket, title, steps, mode, retries, note",
+            "arguments has 'colour', which is not one of ticket, title, steps, mode, retries, "
+            "note, offset",
         ),
         ("plan", _plan(title="   "), "arguments.title must not be empty"),
         ("plan", _plan(title="x" * 21), "arguments.title is longer than 20 characters"),
         ("plan", _plan(ticket="tkt_1"), "arguments.ticket must be a tkt_ id, not 'tkt_1'"),
         ("plan", _plan(mode="slow"), 'arguments.mode must be one of "quick", "careful"'),
         ("plan", _plan(retries=4), "arguments.retries must be an integer from 0 to 3"),
+        ("plan", _plan(offset=1 << 41), "arguments.offset must be at most 1099511627776"),
         ("plan", _plan(retries=True), "arguments.retries must be integer or null, not boolean"),
         ("plan", _plan(retries="2"), "arguments.retries must be integer or null, not string"),
         (

@@ -692,7 +692,7 @@ def test_what_a_credentialed_command_may_be(command: str, argv: list[str] | None
 def test_the_shell_tool_tells_the_model_about_credentialed_commands() -> None:
     (shell,) = [t for t in TOOL_SPECS if t["function"]["name"] == "shell"]
     described = shell["function"]["description"]
-    assert "single program with its arguments" in described
+    assert "one program with its arguments" in described
     assert "git push origin HEAD" in described
     credentials = shell["function"]["parameters"]["properties"]["credentials"]
     assert credentials["items"]["properties"]["delivery"]["enum"] == [
