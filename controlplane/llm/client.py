@@ -419,7 +419,9 @@ def parse(llm_call_id: str, body: bytes, offered: Sequence[str] = ()) -> Answer:
         content, calls = _written_calls(llm_call_id, content, offered)
     if content is None and not calls:
         content = ""
-    return Answer(llm_call_id, content, calls, finish_reason, _usage(data.get("usage")))
+    return Answer(
+        llm_call_id, content, calls, finish_reason, _usage(data.get("usage"), data.get("timings"))
+    )
 
 
 def _written_calls(
@@ -509,14 +511,27 @@ def _tool_calls(value: Any) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def _usage(value: Any) -> Usage:
+def _usage(value: Any, timings: Any = None) -> Usage:
     if not isinstance(value, dict):
         return Usage()
-    details = value.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     return Usage(
-        _count(value.get("prompt_tokens")), _count(value.get("completion_tokens")), _count(cached)
+        _count(value.get("prompt_tokens")),
+        _count(value.get("completion_tokens")),
+        _cached(value, timings),
     )
+
+
+def _cached(usage: dict[str, Any], timings: Any) -> int:
+    """The prompt tokens the server served from its cache, in whichever field it reports
+    them: ``prompt_tokens_details.cached_tokens`` (OpenAI, vLLM, newer llama.cpp),
+    ``prompt_cache_hit_tokens`` (DeepSeek), or llama.cpp's ``timings.cache_n`` beside the
+    usage. Never more than the prompt."""
+    details = usage.get("prompt_tokens_details")
+    found = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    found = found or _count(usage.get("prompt_cache_hit_tokens"))
+    if not found and isinstance(timings, dict):
+        found = _count(timings.get("cache_n"))
+    return min(found, _count(usage.get("prompt_tokens")))
 
 
 def _count(value: Any) -> int:

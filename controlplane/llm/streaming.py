@@ -87,6 +87,7 @@ class _Assembly:
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None
         self.model: str | None = None
 
     async def read(
@@ -110,6 +111,9 @@ class _Assembly:
         usage = getattr(chunk, "usage", None)
         if usage is not None:
             self.usage = usage.model_dump()
+        timings = getattr(chunk, "timings", None)  # llama.cpp's, with its cache hits
+        if isinstance(timings, dict):
+            self.timings = timings
         for choice in getattr(chunk, "choices", None) or ():
             if getattr(choice, "index", 0) != 0:
                 continue
@@ -150,4 +154,6 @@ class _Assembly:
             out["choices"] = [choice]
         if self.usage is not None:
             out["usage"] = self.usage
+        if self.timings is not None:
+            out["timings"] = self.timings
         return json.dumps(out).encode()

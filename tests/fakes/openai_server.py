@@ -494,6 +494,10 @@ class FakeOpenAIServer(LoopbackFake):
         self.refuse_max_tokens = False
         # Answer GET /props as llama.cpp's server does, with this context size (else 404).
         self.props_n_ctx: int | None = None
+        # Where cache hits are reported: OpenAI's prompt_tokens_details.cached_tokens,
+        # DeepSeek's prompt_cache_hit_tokens, or llama.cpp's timings.cache_n (older
+        # llama-server builds; beside the usage, on the body or the stream's last chunk).
+        self.cache_report: Literal["openai", "deepseek", "llama.cpp"] = "openai"
         self.reject_unknown_models = reject_unknown_models
         self.host = host
         self.context_window = context_window
@@ -1062,10 +1066,23 @@ class FakeOpenAIServer(LoopbackFake):
                     "finish_reason": self._finish_reason(reply),
                 }
             ],
-            "usage": _usage(p.prompt_tokens, p.completion_tokens, p.cached_tokens),
+            **self._usage_fields(p),
             "service_tier": "default",
             "system_fingerprint": "fp_fake",
         }
+
+    def _usage_fields(self, p: _Planned) -> dict[str, Any]:
+        """The body's usage (and llama.cpp's timings), as ``cache_report`` says."""
+        usage = _usage(p.prompt_tokens, p.completion_tokens, p.cached_tokens)
+        if self.cache_report == "openai":
+            return {"usage": usage}
+        del usage["prompt_tokens_details"], usage["completion_tokens_details"]
+        if self.cache_report == "deepseek":
+            usage["prompt_cache_hit_tokens"] = p.cached_tokens
+            usage["prompt_cache_miss_tokens"] = p.prompt_tokens - p.cached_tokens
+            return {"usage": usage}
+        timings = {"cache_n": p.cached_tokens, "prompt_n": p.prompt_tokens - p.cached_tokens}
+        return {"usage": usage, "timings": {**timings, "predicted_n": p.completion_tokens}}
 
     async def _stream(self, p: _Planned, include_usage: bool) -> AsyncIterator[bytes]:
         reply = p.reply
@@ -1114,8 +1131,7 @@ class FakeOpenAIServer(LoopbackFake):
                 yield chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
         yield chunk({}, self._finish_reason(reply))
         if include_usage:
-            usage = _usage(p.prompt_tokens, p.completion_tokens, p.cached_tokens)
-            yield _sse({**base, "choices": [], "usage": usage})
+            yield _sse({**base, "choices": [], **self._usage_fields(p)})
         yield b"data: [DONE]\n\n"
 
     @staticmethod

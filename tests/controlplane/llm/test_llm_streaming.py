@@ -12,6 +12,7 @@ a silent one is given up and its call closed, and every role caps its output.
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import asyncpg
 import pytest
@@ -164,3 +165,24 @@ async def test_the_window_is_the_servers_unless_the_operator_set_one(
         await LlmClient(pool, fake_llm.async_openai_client()).context_tokens(FAKE_MODEL, "router")
         == LlmSettings().router_context_tokens
     )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("report", ["openai", "deepseek", "llama.cpp"])
+async def test_cache_hits_are_counted_in_whichever_field_the_server_reports_them(
+    pool: asyncpg.Pool,
+    fake_llm: FakeOpenAIServer,
+    report: Literal["openai", "deepseek", "llama.cpp"],
+    stream: bool,
+) -> None:
+    """OpenAI and vLLM say ``prompt_tokens_details.cached_tokens``, DeepSeek
+    ``prompt_cache_hit_tokens``, older llama.cpp builds ``timings.cache_n`` beside the
+    usage: each is the share of the prompt served from the cache, on record per call."""
+    fake_llm.cache_report = report
+    fake_llm.script(Reply(content="ok", prompt_tokens=2000, cached_tokens=1900))
+    client = LlmClient(pool, fake_llm.async_openai_client(), LlmSettings(**PATIENCE, stream=stream))
+    answer = await client.complete(model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None))
+    assert (answer.usage.prompt_tokens, answer.usage.cached_tokens) == (2000, 1900)
+    recorded = await pool.fetchrow("SELECT prompt_tokens, cached_tokens FROM llm_calls")
+    assert recorded is not None
+    assert (recorded["prompt_tokens"], recorded["cached_tokens"]) == (2000, 1900)
