@@ -14,7 +14,8 @@ events wait, woken within a poll interval otherwise.
 The fake model's latency grows with the prompt. A turn's first call takes
 ``FIXED + PER_TOKEN * (tokens of the batch message)``, calibrated so that a batch of one
 event takes 2.5 s and each more event about 0.78 s (the paper: 2.5 s at batch size 1, 3.9 s
-at 2.8). The model answers with one ``ignore`` call per event. The follow-up call, which
+at 2.8). The model answers each thread with a ``reply`` (an explicit request is never
+ignored), which decides every event on it. The follow-up call, which
 reads the tool results, takes 10 % of that. ``--scale S`` divides every time, arrivals and
 model latency alike, by ``S`` to keep the run short; reported times are scaled back up.
 
@@ -34,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import random
-import re
 import statistics
 import sys
 import time
@@ -53,12 +53,12 @@ from bench.simdevice import (
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest import admission
-from controlplane.ingest.admission import Actor, Admission, SourceAdmission
+from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.router.router import Router
-from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply, ToolCall
+from tests.fakes.openai_server import FAKE_MODEL, ChatRequest, FakeOpenAIServer, Reply
+from tests.support.router_harness import ALICE, ignore_batch
 
-TRIGGER = re.compile(r"\[(trg_\w+)\]")
 ONE_EVENT_SECONDS = 2.5
 PER_EXTRA_EVENT_SECONDS = 0.78
 FOLLOW_UP_FRACTION = 0.1
@@ -100,11 +100,8 @@ class Calibrated:
             self.simulated.append(seconds)
             return Reply(content="Done.", delay_ms=seconds * 1000 / self.scale)
         self.simulated.append(seconds)
-        calls = [
-            ToolCall("ignore", {"trigger": trigger, "reason": "benchmark"})
-            for trigger in TRIGGER.findall(message)
-        ]
-        return Reply(tool_calls=calls, delay_ms=seconds * 1000 / self.scale)
+        # Every event is an explicit request: one reply on each thread decides its events.
+        return ignore_batch(request, delay_ms=seconds * 1000 / self.scale)
 
 
 def _event(n: int, rate: float) -> IncomingTrigger:
@@ -112,7 +109,7 @@ def _event(n: int, rate: float) -> IncomingTrigger:
         source="github",
         external_id=f"r{rate:g}-{n}",
         thread=ThreadRef(f"acme/app#{n % 7}", title="an issue"),
-        actor=Actor("u-1", "alice"),
+        actor=ALICE,
         kind="issue_comment",
         text=f"@superagent request number {n}: please look at the failing test in module "
         f"{n % 13} and tell me what you find.",
@@ -149,8 +146,11 @@ async def _run_rate(
 ) -> RateResult:
     pool = await create_pool(asyncpg_dsn(url), size=6)
     try:
-        for table in ("router_decisions", "llm_calls", "sessions", "triggers", "threads"):
-            await pool.execute(f"DELETE FROM {table}")
+        # The last rate's router session, calls, decisions and events, and what refers to
+        # them (its session's messages, its replies): each rate starts from nothing.
+        await pool.execute(
+            "TRUNCATE router_decisions, llm_calls, sessions, triggers, threads CASCADE"
+        )
         intake = Intake(pool)
         router = Router(
             pool, fake.async_openai_client(max_retries=0), FAKE_MODEL, policy=intake.policy
@@ -232,7 +232,7 @@ async def main(args: argparse.Namespace) -> None:
                 conn,
                 POLICY,
                 name=admission.POLICY_NAME,
-                body=Admission(default=SourceAdmission(users=["alice"])).model_dump(),
+                body=Admission(default=SourceAdmission(users=[ALICE.id])).model_dump(),
                 base_id=None,
                 author="bench",
             )
