@@ -7,16 +7,16 @@ A small model decides what it decides, so the test asserts only what must hold w
 decides:
 
 * every event ends routed with a decision on record, or set aside as undecidable with its
-  reason (an event ingest dropped says why). Until issue 32's part 2 lands, an event that
-  ended in silence (routed with no decision) is reported as an expected failure, naming
-  it, after every other check has passed;
+  reason (an event ingest dropped says why); one that ended in silence (routed with no
+  decision) fails the test, named, after every other check has passed;
 * a ticket, if one is made, ends in a state whose reason ``superagent tickets show`` prints;
 * nothing is said twice on a thread;
 * no process exits: the control plane, its endpointd and the model server run throughout,
   and ``up`` stops cleanly when asked.
 
 What the model did (the events and decisions, each ticket's transcript, the replies, the
-model calls with their timings) is written to ``record.txt`` in the test's temporary
+model calls with their timings) and the run's figures (the prompt's cache share, a
+ticket's time outside model calls) are written to ``record.txt`` in the test's temporary
 directory and printed. Only with ``--real-model`` (``scripts/test --real-model``); the
 model and the server come from ``scripts/real_model``'s cache.
 """
@@ -199,7 +199,58 @@ async def record(database_url: str, up: Up, demo: Path) -> tuple[str, dict[str, 
         text += ["== --transcript", transcript.stdout + transcript.stderr]
     branches = git(demo, "log", "--oneline", "--branches=superagent/*")
     text += ["== git log --branches='superagent/*'", branches]
+    text += ["== figures (bench/RESULTS.md, *Real-model figures*)", *await figures(database_url)]
     return "\n".join(text), rows
+
+
+async def figures(database_url: str) -> list[str]:
+    """The run's numbers: each session kind's prompt tokens served from the model server's
+    cache (all calls, and all but the session's first, cold one), and each ticket's time
+    from its creation to its first report that is not progress, split into its worker's
+    model calls, its commands on the device, and the rest (the product's own time)."""
+    lines = []
+    for kind in ("router", "worker"):
+        calls = await fetch(
+            database_url,
+            "SELECT c.session_id, c.prompt_tokens, c.cached_tokens FROM llm_calls c "
+            "JOIN sessions s ON s.id = c.session_id WHERE s.kind = $1 AND c.outcome = 'ok' "
+            "ORDER BY c.created_at, c.id",
+            kind,
+        )
+        seen: set[str] = set()
+        warm = []
+        for call in calls:
+            if call["session_id"] in seen:
+                warm.append(call)
+            seen.add(call["session_id"])
+        for label, chosen in (("all calls", calls), ("after each session's first", warm)):
+            prompt = sum(c["prompt_tokens"] for c in chosen)
+            cached = sum(c["cached_tokens"] for c in chosen)
+            share = f"{cached / prompt:.0%}" if prompt else "-"
+            lines.append(
+                f"{kind}: {len(chosen)} calls ({label}): {cached} of {prompt} prompt tokens "
+                f"from the server's cache ({share})"
+            )
+    tickets = await fetch(
+        database_url,
+        "SELECT t.id, extract(epoch FROM (SELECT min(r.created_at) FROM reports r "
+        "WHERE r.ticket_id = t.id AND r.status <> 'progress') - t.created_at) AS seconds, "
+        "(SELECT coalesce(sum(c.latency_ms), 0) FROM llm_calls c JOIN sessions s "
+        "ON s.id = c.session_id WHERE s.ticket_id = t.id) / 1000.0 AS model, "
+        "(SELECT coalesce(sum(extract(epoch FROM m.finished_at - m.created_at)), 0) "
+        "FROM commands m WHERE m.ticket_id = t.id AND m.finished_at IS NOT NULL) AS commands "
+        "FROM tickets t ORDER BY t.created_at",
+    )
+    for t in tickets:
+        if t["seconds"] is None:
+            lines.append(f"{t['id']}: no report yet")
+            continue
+        total, model, commands = float(t["seconds"]), float(t["model"]), float(t["commands"])
+        lines.append(
+            f"{t['id']}: {total:.1f} s to its report: model calls {model:.1f} s, commands "
+            f"{commands:.1f} s, the rest {total - model - commands:.1f} s"
+        )
+    return lines
 
 
 @pytest.mark.timeout(SETTLE_SECONDS + 15 * 60)

@@ -42,7 +42,11 @@ def _owner_name(value: str | None) -> str | None:
     if value == "":
         return None
     if value is not None and value.count("/") != 1:
-        raise field_problem(f"must be owner/name, not {value!r}")
+        # A small model puts the checkout's path here: say where that goes.
+        raise field_problem(
+            f"must be owner/name (a repository on GitHub), not {value!r}; a directory on "
+            "the device goes in workdir"
+        )
     return value
 
 

@@ -383,6 +383,12 @@ async def test_malformed_calls_are_refused_with_a_reason(tools: Toolbox) -> None
         ("recall", {"id": new_id("dev")}, "trg_, thr_ or tkt_"),
         ("ignore", {"trigger": new_id("trg"), "reason": "spam"}, "no trigger"),
         ("subscribe", {"thread": new_id("thr"), "ticket": 7}, "ticket must be string"),
+        # The 1.5B model's repo: a checkout's path. The refusal says where that goes.
+        (
+            "create_ticket",
+            {"title": "t", "scope": "s", "device": "laptop", "repo": "ada/src/demo"},
+            "not 'ada/src/demo'; a directory on the device goes in workdir",
+        ),
     ):
         result = await tools.call(name, arguments, TURN)
         assert not result.ok
