@@ -37,6 +37,8 @@ import asyncpg
 import psutil
 import pytest
 
+from controlplane.ingest.intake import Intake
+from controlplane.tickets import opening
 from tests.support import real_model
 from tests.support.helpers import assert_eventually
 from tests.support.real_model import ALIAS, LlamaServer
@@ -253,11 +255,8 @@ async def figures(database_url: str) -> list[str]:
     return lines
 
 
-@pytest.mark.timeout(SETTLE_SECONDS + 15 * 60)
-async def test_the_readmes_first_ticket_with_a_real_model(
-    llama_server: LlamaServer, up: Up, empty_database: str, tmp_path: Path
-) -> None:
-    began = time.monotonic()
+def with_the_model(up: Up, llama_server: LlamaServer) -> None:
+    """``up``'s environment pointed at the model server, as README.md's model step does."""
     up.env.update(
         {
             "OPENAI_BASE_URL": llama_server.url,
@@ -269,6 +268,11 @@ async def test_the_readmes_first_ticket_with_a_real_model(
             "SUPERAGENT_LLM__WORKER_CONTEXT_TOKENS": str(llama_server.window),
         }
     )
+
+
+async def device_online(up: Up, database_url: str, tmp_path: Path) -> tuple[Path, dict[int, str]]:
+    """README.md's device: ``up --device`` over ``src`` with an empty repository ``demo`` in
+    it, online. Returns the repository and what ``up`` started."""
     src = tmp_path / "src"
     demo = src / "demo"
     demo.mkdir(parents=True)
@@ -281,7 +285,7 @@ async def test_the_readmes_first_ticket_with_a_real_model(
     async def online() -> bool:
         try:
             rows = await fetch(
-                empty_database,
+                database_url,
                 "SELECT 1 FROM devices WHERE name = 'laptop' AND connected_replica IS NOT NULL",
             )
         except asyncpg.UndefinedTableError:
@@ -291,15 +295,13 @@ async def test_the_readmes_first_ticket_with_a_real_model(
     await assert_eventually(online, timeout=180)
     started = children(up)
     assert any("endpointd" in c for c in started.values()), started
-    log(began, f"up is ready, device 'laptop' online; children: {started}")
+    return demo, started
 
-    request = REQUEST.format(demo=demo)
+
+async def settle(up: Up, llama_server: LlamaServer, database_url: str, began: float) -> list[str]:
+    """Wait until nothing is left to do (quiet for QUIET_SECONDS), a process exits, or
+    SETTLE_SECONDS pass; what is still on its way, if anything."""
     deadline = time.monotonic() + SETTLE_SECONDS
-    said = await asyncio.to_thread(
-        cli, up, "say", "--wait", str(SAY_WAIT), request, timeout=SAY_WAIT + 120
-    )
-    log(began, f"say exited {said.returncode}:\n{said.stdout}{said.stderr}")
-
     quiet_since: float | None = None
     last_note = 0.0
     left: list[str] = []
@@ -307,29 +309,82 @@ async def test_the_readmes_first_ticket_with_a_real_model(
         assert up.process is not None
         if up.process.poll() is not None or not llama_server.alive():
             break
-        left = await unsettled(empty_database)
+        left = await unsettled(database_url)
         now = time.monotonic()
         quiet_since = (quiet_since or now) if not left else None
         if quiet_since is not None and now - quiet_since >= QUIET_SECONDS:
             break
         if now - last_note >= 60:
             last_note = now
-            calls = await calls_so_far(empty_database)
+            calls = await calls_so_far(database_url)
             log(began, f"model calls: {calls}; on its way: {left or 'nothing'}")
         await asyncio.sleep(5)
-    log(began, f"settled: {not left}; model calls: {await calls_so_far(empty_database)}")
+    log(began, f"settled: {not left}; model calls: {await calls_so_far(database_url)}")
+    return left
 
-    text, rows = await record(empty_database, up, demo)
-    (tmp_path / "record.txt").write_text(text)
-    print(f"\n{text}\n(record: {tmp_path / 'record.txt'}; server log: {llama_server.log})")
 
-    # No process exits: the control plane and what it started, and the model server.
+def nothing_exited(up: Up, llama_server: LlamaServer, started: dict[int, str]) -> None:
+    """The control plane and what it started, and the model server, all still run."""
     assert up.process is not None
     assert up.process.poll() is None, f"up exited {up.process.returncode}:\n{up.output()}"
     gone = {pid: c for pid, c in started.items() if not psutil.pid_exists(pid)}
     assert not gone, f"these children of up exited: {gone}\n{up.output()}"
     assert llama_server.alive(), f"llama-server exited:\n{llama_server.output()[-3000:]}"
 
+
+def settled_with_reasons(rows: dict[str, Any]) -> None:
+    """Each ticket ends in a state whose reason `tickets show` prints; nothing is said
+    twice on a thread."""
+    for ticket in rows["tickets"]:
+        assert ticket["state"] in SETTLED, ticket
+        reason = ticket["hold"] or ticket["last_error"]
+        assert reason, f"{ticket['id']} is {ticket['state']} with no reason on record"
+        assert reason in ticket["shown"], (
+            f"`superagent tickets show {ticket['id']}` does not say why it is "
+            f"{ticket['state']} ({reason!r}):\n{ticket['shown']}"
+        )
+    said_on: dict[tuple[str, str], int] = {}
+    for message in rows["sent"]:
+        key = (message["thread_id"], message["text"])
+        said_on[key] = said_on.get(key, 0) + 1
+    twice = {key: n for key, n in said_on.items() if n > 1}
+    assert not twice, f"said more than once: {twice}"
+
+
+def stopped_cleanly(up: Up) -> None:
+    """`up` stops cleanly when asked, as Ctrl-C would."""
+    assert up.process is not None
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(60) == 0, up.output()
+
+
+async def write_record(
+    up: Up, llama_server: LlamaServer, database_url: str, demo: Path, tmp_path: Path
+) -> dict[str, Any]:
+    text, rows = await record(database_url, up, demo)
+    (tmp_path / "record.txt").write_text(text)
+    print(f"\n{text}\n(record: {tmp_path / 'record.txt'}; server log: {llama_server.log})")
+    return rows
+
+
+@pytest.mark.timeout(SETTLE_SECONDS + 15 * 60)
+async def test_the_readmes_first_ticket_with_a_real_model(
+    llama_server: LlamaServer, up: Up, empty_database: str, tmp_path: Path
+) -> None:
+    began = time.monotonic()
+    with_the_model(up, llama_server)
+    demo, started = await device_online(up, empty_database, tmp_path)
+    log(began, f"up is ready, device 'laptop' online; children: {started}")
+
+    request = REQUEST.format(demo=demo)
+    said = await asyncio.to_thread(
+        cli, up, "say", "--wait", str(SAY_WAIT), request, timeout=SAY_WAIT + 120
+    )
+    log(began, f"say exited {said.returncode}:\n{said.stdout}{said.stderr}")
+    left = await settle(up, llama_server, empty_database, began)
+    rows = await write_record(up, llama_server, empty_database, demo, tmp_path)
+
+    nothing_exited(up, llama_server, started)
     assert not left, f"not settled {SETTLE_SECONDS} s after the request: {left}"
 
     # Every event ends routed with a decision on record, or undecidable with its reason.
@@ -348,29 +403,69 @@ async def test_the_readmes_first_ticket_with_a_real_model(
                     f"decision of the router's was accepted on it: it ended in silence"
                 )
 
-    # A ticket ends in a state whose reason `tickets show` prints.
-    for ticket in rows["tickets"]:
-        assert ticket["state"] in SETTLED, ticket
-        reason = ticket["hold"] or ticket["last_error"]
-        assert reason, f"{ticket['id']} is {ticket['state']} with no reason on record"
-        assert reason in ticket["shown"], (
-            f"`superagent tickets show {ticket['id']}` does not say why it is "
-            f"{ticket['state']} ({reason!r}):\n{ticket['shown']}"
-        )
+    settled_with_reasons(rows)
 
-    # Nothing is said twice on a thread.
-    said_on: dict[tuple[str, str], int] = {}
-    for message in rows["sent"]:
-        key = (message["thread_id"], message["text"])
-        said_on[key] = said_on.get(key, 0) + 1
-    twice = {key: n for key, n in said_on.items() if n > 1}
-    assert not twice, f"said more than once: {twice}"
-
-    # And `up` stops cleanly when asked, as Ctrl-C would.
-    up.process.send_signal(signal.SIGINT)
-    assert up.process.wait(60) == 0, up.output()
+    stopped_cleanly(up)
     log(began, "done")
 
     # Checked last, so that everything above is seen first: no request ends in silence (a
     # router turn that decides an event is quarantined with its reason, the person told).
     assert not silent, "; ".join(silent)
+
+
+@pytest.mark.timeout(SETTLE_SECONDS + 15 * 60)
+async def test_a_ticket_worked_by_a_real_model(
+    llama_server: LlamaServer, up: Up, empty_database: str, tmp_path: Path
+) -> None:
+    """The worker's side, whatever the router's model makes of the request: README.md's
+    request opened as a ticket the way the router's ``create_ticket`` opens one
+    (``controlplane.tickets.opening``, on the laptop, in ``demo``), then worked by the
+    real model through a real endpointd in the ticket's own worktree. The agent is paused
+    while the request is recorded and the ticket opened, so the router's turn is not part
+    of it."""
+    began = time.monotonic()
+    with_the_model(up, llama_server)
+    demo, started = await device_online(up, empty_database, tmp_path)
+    log(began, f"up is ready, device 'laptop' online; children: {started}")
+
+    paused = cli(up, "pause", "--reason", "the test opens the ticket itself")
+    assert paused.returncode == 0, paused.stderr
+    request = REQUEST.format(demo=demo)
+    sent = cli(up, "say", "--no-wait", request)
+    assert sent.returncode == 0, sent.stderr
+    pool = await asyncpg.create_pool(empty_database, min_size=1, max_size=2)
+    try:
+        trigger = await pool.fetchval("SELECT id FROM triggers WHERE text = $1", request)
+        assert trigger is not None
+        async with pool.acquire() as conn, conn.transaction():
+            opened = await opening.open_ticket(
+                conn,
+                opening.Request(
+                    title="Add a CONTRIBUTORS file that lists Ada Lovelace",
+                    scope=request,
+                    threads=[],
+                    mandate_from=trigger,
+                    device="laptop",
+                    workdir=str(demo),
+                ),
+                Intake(pool).policy,
+            )
+            await conn.execute("UPDATE triggers SET routed_at = now() WHERE id = $1", trigger)
+    finally:
+        await pool.close()
+    log(began, f"opened {opened.ticket_id} on laptop; resuming")
+    resumed = cli(up, "resume")
+    assert resumed.returncode == 0, resumed.stderr
+
+    left = await settle(up, llama_server, empty_database, began)
+    rows = await write_record(up, llama_server, empty_database, demo, tmp_path)
+
+    nothing_exited(up, llama_server, started)
+    assert not left, f"not settled {SETTLE_SECONDS} s after the ticket opened: {left}"
+    (ticket,) = rows["tickets"]
+    assert ticket["id"] == opened.ticket_id
+    settled_with_reasons(rows)
+    # The person hears how it ended: a report of the worker's, relayed, on their thread.
+    assert rows["sent"], "nothing was said on the request's thread"
+    stopped_cleanly(up)
+    log(began, "done")
