@@ -10,7 +10,9 @@ No event ends in silence. Each of the batch must be decided by an accepted call 
 resting on it, a reply, subscribe or link on its thread, ``ignore``, ``assess``,
 ``forward``, a stop of a ticket on its thread or named in it); one the turn
 left undecided is not marked routed but fails (:class:`~controlplane.router.containment.
-Undecided`), with the turn's last refusals as its reason. The same call made
+Undecided`), with the turn's last refusals as its reason. A model that stops with events
+undecided is first told once, in the same turn, which they are and its last refusal (a
+small model gives up after one refused call). The same call made
 :data:`REPEAT_LIMIT` times in a row (the workers' rule, :func:`controlplane.llm.transcript.
 looping`) ends the turn at once: a small model that keeps making a refused call gets the
 same refusal every time.
@@ -259,6 +261,7 @@ class Router:
         refusals: list[str] = []
         stuck: str | None = None
         compacted_hard = False
+        reminded = False
         for _step in range(MAX_STEPS):
             # A failed call raises (an LlmError): the batch stays queued for a later turn.
             messages = conversation.fit(pending, self.tool_specs)
@@ -277,6 +280,14 @@ class Router:
             calls = answer.tool_calls
             pending.append(answer.message())
             if not calls:
+                undecided = [t for t in batch.trigger_ids if t not in decided]
+                if undecided and not reminded:
+                    # A small model stops after a refusal: tell it once what is left.
+                    reminded = True
+                    pending.append(
+                        {"role": "user", "content": _reminder(batch, undecided, refusals)}
+                    )
+                    continue
                 break
             turn = Turn(self.session_id, llm_call_id, tuple(batch.trigger_ids))
             # The same call twice in one answer runs once, so it counts once.
@@ -340,6 +351,22 @@ class Router:
                 alone=len(batch.events) == 1,
             )
         return len(batch.events)
+
+
+def _reminder(batch: batches.Batch, undecided: list[str], refusals: list[str]) -> str:
+    """The one message a turn adds when the model stops with events undecided."""
+    events = {event.id: event for event in batch.events}
+    named = ", ".join(
+        f"{t} ({events[t].verdict} from {events[t].actor_name}, on {events[t].thread_id})"
+        for t in undecided
+    )
+    text = (
+        f"Still undecided: {named}. Decide each with a tool call: create_ticket for work, "
+        "reply on its thread, or ignore one that asks nothing of you."
+    )
+    if refusals:
+        text += f" Your last refused call: {refusals[-1]}"
+    return text
 
 
 def _why(stuck: str | None, refusals: list[str]) -> str:

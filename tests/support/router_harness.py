@@ -165,9 +165,10 @@ def dsn_fixture(database_url: str) -> str:
 
 
 def fresh(request: ChatRequest) -> bool:
-    """The request shows a new batch (not the results of this turn's tool calls)."""
+    """The request shows a new batch (not the results of this turn's tool calls, nor the
+    router's reminder of what it left undecided)."""
     last = request.last_message() or {}
-    return last.get("role") == "user"
+    return last.get("role") == "user" and " new event(s)." in str(last.get("content"))[:40]
 
 
 async def replies_to(pool: asyncpg.Pool, thread_id: str) -> list[str]:

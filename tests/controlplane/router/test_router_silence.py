@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 
 import asyncpg
+import pytest
 
 from controlplane.ingest.intake import Intake
-from controlplane.router.router import Router
+from controlplane.router.router import Router, TurnFailed
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
@@ -324,3 +325,41 @@ async def test_a_reports_or_candidates_ignore_needs_no_reply(
     assert await router.turn() == 1
     assert [(tool, ok) for tool, ok, _ in await _decisions(pool)] == [("ignore", True)]
     assert await replies_to(pool, asked.thread_id) == []
+
+
+async def test_a_model_that_falls_silent_after_a_refusal_is_asked_once_to_decide(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """The 1.5B model's way to give up (CI, 2026-12-07): ``create_ticket`` refused (a path
+    as repo), then an empty answer, three turns running. Within the turn, a model that
+    stops with events undecided is told once which, and how to decide them; here it then
+    answers, and the request is decided in the same turn."""
+    asked = await ask(intake, 1, "@superagent add a CONTRIBUTORS file")
+    refused = {"title": "t", "scope": "s", "device": None, "repo": "demo"}
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("create_ticket", refused)]),
+        Reply(content=""),
+        Reply(tool_calls=[ToolCall("reply", {"thread": asked.thread_id, "text": "Which repo?"})]),
+    )
+    assert await router.turn() == 1
+    nudged = fake_llm.chat_requests[2].last_user_message() or ""
+    assert asked.trigger_id in nudged
+    assert "undecided" in nudged
+    assert "must be owner/name" in nudged  # the refusal it stopped at, said again
+    row = await _trigger(pool, asked.trigger_id)
+    assert row["routed_at"] is not None
+    assert row["route_attempts"] == 0
+    assert await replies_to(pool, asked.thread_id) == ["Which repo?"]
+
+
+async def test_the_reminder_is_given_once_a_turn(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    """A model that stays silent after the reminder fails the turn as before: one more
+    call, not a loop."""
+    asked = await ask(intake, 1, "@superagent add a CONTRIBUTORS file")
+    fake_llm.respond_with(lambda request: Reply(content=""))
+    with pytest.raises(TurnFailed) as failed:
+        await router.turn()
+    assert failed.value.trigger_ids == [asked.trigger_id]
+    assert len(fake_llm.chat_requests) == 2  # the batch, and the one reminder

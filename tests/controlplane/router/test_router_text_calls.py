@@ -221,6 +221,7 @@ async def test_a_tool_that_does_not_exist_is_not_run_and_the_model_is_told(
     fake_llm.script(
         Reply(content='```json\n{"name": "delete_everything", "arguments": {"all": true}}\n```'),
         Reply(content="Nothing to do then."),
+        Reply(content="Still nothing."),  # after the reminder of what is undecided
     )
     await _undecided(router)  # the request is not routed in silence
     second = fake_llm.chat_requests[1]  # the model was asked again, and told why
@@ -273,6 +274,7 @@ async def test_calls_in_two_forms_are_ambiguous_and_none_runs(
     fake_llm.script(
         Reply(content=f"<tool_call>{_js(reply)}</tool_call>\nThen:\n```json\n{_js(ticket)}\n```"),
         Reply(content="I will wait."),
+        Reply(content="Still waiting."),  # after the reminder of what is undecided
     )
     await _undecided(router)  # the request is not routed in silence
     (error,) = _errors(fake_llm.chat_requests[1])
@@ -288,7 +290,11 @@ async def test_a_tool_name_in_a_code_block_that_is_not_a_call_is_not_run(
     """JSON that names a tool the wrong way (not name + arguments) is not guessed at."""
     asked = await ask(intake, 1)
     wrong = {"tool": "create_ticket", "title": "fix", "mandate_from": asked.trigger_id}
-    fake_llm.script(Reply(content=f"```json\n{_js(wrong)}\n```"), Reply(content="Later."))
+    fake_llm.script(
+        Reply(content=f"```json\n{_js(wrong)}\n```"),
+        Reply(content="Later."),
+        Reply(content="Still later."),  # after the reminder of what is undecided
+    )
     await _undecided(router)  # the request is not routed in silence
     (error,) = _errors(fake_llm.chat_requests[1])
     assert "create_ticket" in error
@@ -304,10 +310,12 @@ async def test_prose_that_mentions_a_tool_is_a_text_answer(
         Reply(
             content="No create_ticket or reply is needed: alice only said thanks. "
             'For the record, the settings were {"retries": 3}.'
-        )
+        ),
+        Reply(content="Nothing."),
     )
     await _undecided(router)  # the request is not routed in silence
-    assert len(fake_llm.chat_requests) == 1  # a text answer ends the turn
+    # A text answer ends the turn, after the one reminder of what it left undecided.
+    assert len(fake_llm.chat_requests) == 2
     assert await pool.fetchval("SELECT count(*) FROM tickets") == 0
     assert await pool.fetchval("SELECT count(*) FROM router_decisions") == 0
     assert await _stored_calls(pool) == []
