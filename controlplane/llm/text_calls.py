@@ -52,6 +52,8 @@ UNREADABLE = "unreadable"  # the form on record of the error call an unreadable 
 READ_CHARS = 256 * 1024  # a longer answer is a text answer: nobody's call is that long
 SCAN_CHARS = 64 * 1024  # bare JSON is looked for in this much text (fences and tags: all)
 SCAN_TRIES = 256  # JSON that does not parse, at most, before bare JSON is looked for no more
+_WHY_CHARS = 4096  # how far back from a tool's name the JSON holding it is looked for
+_WHY_BRACES = 32  # and from how many of the braces there
 
 _OPEN_TAG = re.compile(r"<tool_call>", re.IGNORECASE)
 _CLOSE_TAG = re.compile(r"</tool_call>", re.IGNORECASE)
@@ -257,13 +259,23 @@ def _why(text: str, at: int, fences: list[tuple[int, int, str]]) -> str:
             if parsed is _UNPARSED:
                 return f"its JSON does not parse: {_error(body)}"
             return "the JSON is not a call: an object of just name and arguments"
-    start = text.rfind("{", 0, at)
-    if start < 0:
+    # The JSON around the name, from its outermost brace: a call whose object is left
+    # unclosed (a brace short) holds a nested object that parses, and the brace short is
+    # what the model must hear about. Braces in the last few KiB, the nearest 32.
+    opens = [m.start() for m in re.finditer(r"\{", text[max(0, at - _WHY_CHARS) : at])]
+    starts = [max(0, at - _WHY_CHARS) + o for o in opens[-_WHY_BRACES:]]
+    if not starts:
         return "it is not a call: an object of just name and arguments"
-    try:
-        json.JSONDecoder().raw_decode(text, start)
-    except (ValueError, RecursionError) as exc:
-        return f"its JSON does not parse: {_message(exc)}"
+    decoder = json.JSONDecoder()
+    for start in starts:
+        try:
+            _, end = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError) as exc:
+            if not isinstance(exc, json.JSONDecodeError) or exc.pos > at:
+                return f"its JSON does not parse: {_message(exc)}"
+            continue  # broken before the name: not the JSON that holds it
+        if end > at:
+            break  # the outermost JSON that holds the name parses
     return "it is not a call of its own: an object of just name and arguments"
 
 

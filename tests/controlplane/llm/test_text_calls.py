@@ -121,6 +121,13 @@ def test_a_name_that_is_no_tool_in_the_call_shape_is_read_for_the_tools_to_refus
         ('{"steps": [{"name": "shell", "arguments": {"command": "ls"}}]}', "not a call"),
         ("```python\ntools.call(name='shell', command='ls')\n```", "not a call"),
         ("```tool_call\nshell ls\n```", "not a JSON call"),
+        # The 1.5B worker's answer (a real run, 2026-12-07): a brace short. Its nested
+        # object parses, but the JSON that holds it does not, and that is what is said.
+        (
+            '<tools>\n{"function": {"name": "shell", "arguments": {"command": "cd demo && '
+            "echo 'Ada Lovelace' >> CONTRIBUTORS\"}}\n</tools>",
+            "does not parse",
+        ),
     ],
 )
 def test_a_call_that_cannot_be_read_is_a_problem_never_a_guess(text: str, why: str) -> None:
