@@ -9,10 +9,11 @@ Run by hand (never in CI), once ``scripts/real_model`` has cached the model and 
 fitted to the paper's two points. Here nothing is scripted: Qwen2.5-Coder-1.5B-Instruct
 in llama.cpp's ``llama-server`` (two slots of 8,192 tokens, 2 threads: this machine's
 small-model setup, ``tests/support/real_model.py``) decides each batch, through the real
-``Router`` on an embedded Postgres, in real time. Explicit requests from an allowlisted
-person arrive as a Poisson process at each rate (events per minute) on 7 GitHub threads
-that already have earlier messages. A turn that fails goes through the router service's
-own containment (the event tried alone, then set aside), as in production.
+``Router`` on an embedded Postgres, in real time. Explicit questions from an allowlisted
+person (each answered by a reply) arrive as a Poisson process at each rate (events per
+minute) on 7 GitHub threads that already have earlier messages. A turn that fails goes
+through the router service's own containment (the event tried alone, then set aside), as
+in production.
 
 Reported per rate:
 
@@ -91,8 +92,10 @@ def _event(n: int, rate: float) -> IncomingTrigger:
         thread=ThreadRef(f"acme/app#{n % THREADS}", title=f"issue {n % THREADS}"),
         actor=ALICE,
         kind="issue_comment",
-        text=f"@superagent request number {n}: please look at the failing test in module "
-        f"{n % 13} and tell me what you find.",
+        # A question a reply answers: the bench has no device, so work the model files as a
+        # ticket is refused, and a failed turn takes its events alone (no batching left).
+        text=f"@superagent quick question {n}: what does the error 'connect ECONNREFUSED "
+        f"127.0.0.1:{5000 + n}' usually mean?",
     )
 
 
