@@ -50,7 +50,7 @@ from bench.simdevice import (
     postgres_server,
     postgres_version,
 )
-from controlplane.db.pool import create_pool
+from controlplane.db.pool import Db, create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.ingest import admission
 from controlplane.ingest.admission import Admission, SourceAdmission
@@ -102,6 +102,20 @@ class Calibrated:
         self.simulated.append(seconds)
         # Every event is an explicit request: one reply on each thread decides its events.
         return ignore_batch(request, delay_ms=seconds * 1000 / self.scale)
+
+
+async def admit_alice(conn: Db) -> None:
+    """The policy the router benches run under: alice (by her actor id) is allowlisted."""
+    from controlplane.versions import POLICY, save
+
+    await save(
+        conn,
+        POLICY,
+        name=admission.POLICY_NAME,
+        body=Admission(default=SourceAdmission(users=[ALICE.id])).model_dump(),
+        base_id=None,
+        author="bench",
+    )
 
 
 def _event(n: int, rate: float) -> IncomingTrigger:
@@ -224,18 +238,9 @@ async def main(args: argparse.Namespace) -> None:
         version = await postgres_version(url)
         for key, value in machine_summary(str(version)):
             print(f"- {key}: {value}")
-        from controlplane.versions import POLICY, save
-
         conn = await asyncpg.connect(asyncpg_dsn(url))
         try:
-            await save(
-                conn,
-                POLICY,
-                name=admission.POLICY_NAME,
-                body=Admission(default=SourceAdmission(users=[ALICE.id])).model_dump(),
-                base_id=None,
-                author="bench",
-            )
+            await admit_alice(conn)
         finally:
             await conn.close()
         model = Calibrated(args.scale)

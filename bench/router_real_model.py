@@ -3,7 +3,7 @@ from the model server's cache.
 
 Run by hand (never in CI), once ``scripts/real_model`` has cached the model and server::
 
-    python -m bench.router_real_model [--rates 1,4,12] [--events 8]
+    python -m bench.router_real_model [--rates 2,6,20] [--events 8]
 
 ``bench.router_batching`` measures the same curve with a scripted model whose latency is
 fitted to the paper's two points. Here nothing is scripted: Qwen2.5-Coder-1.5B-Instruct
@@ -47,6 +47,7 @@ from pathlib import Path
 import asyncpg
 import openai
 
+from bench.router_batching import admit_alice
 from bench.simdevice import (
     fresh_database,
     machine_summary,
@@ -56,8 +57,6 @@ from bench.simdevice import (
 )
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
-from controlplane.ingest import admission
-from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
 from controlplane.router.containment import Containment
 from controlplane.router.router import Router, TurnFailed
@@ -221,7 +220,7 @@ async def main(args: argparse.Namespace) -> None:
         print(f"- model: {real_model.ALIAS} in llama-server, {server.window}-token slots")
         pool = await create_pool(asyncpg_dsn(url), size=6)
         try:
-            await _policy(pool)
+            await admit_alice(pool)
             client = openai.AsyncOpenAI(base_url=server.url, api_key="local", max_retries=0)
             results = []
             for rate in args.rates:
@@ -235,20 +234,6 @@ async def main(args: argparse.Namespace) -> None:
             await pool.close()
     print()
     print(_table(results))
-
-
-async def _policy(pool: asyncpg.Pool) -> None:
-    from controlplane.versions import POLICY, save
-
-    async with pool.acquire() as conn:
-        await save(
-            conn,
-            POLICY,
-            name=admission.POLICY_NAME,
-            body=Admission(default=SourceAdmission(users=[ALICE.id])).model_dump(),
-            base_id=None,
-            author="bench",
-        )
 
 
 def _table(results: Sequence[RateResult]) -> str:
@@ -292,8 +277,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--rates",
         type=lambda s: [float(x) for x in s.split(",")],
-        default=[1, 4, 12],
-        help="arrival rates, events per minute (default 1,4,12)",
+        default=[2, 6, 20],
+        help="arrival rates, events per minute (default 2,6,20)",
     )
     parser.add_argument("--events", type=int, default=8, help="events per rate (default 8)")
     parser.add_argument(
