@@ -262,8 +262,8 @@ def _why(text: str, at: int, fences: list[tuple[int, int, str]]) -> str:
     # The JSON around the name, from its outermost brace: a call whose object is left
     # unclosed (a brace short) holds a nested object that parses, and the brace short is
     # what the model must hear about. Braces in the last few KiB, the nearest 32.
-    opens = [m.start() for m in re.finditer(r"\{", text[max(0, at - _WHY_CHARS) : at])]
-    starts = [max(0, at - _WHY_CHARS) + o for o in opens[-_WHY_BRACES:]]
+    back = max(0, at - _WHY_CHARS)
+    starts = [back + m.start() for m in re.finditer(r"\{", text[back:at])][-_WHY_BRACES:]
     if not starts:
         return "it is not a call: an object of just name and arguments"
     decoder = json.JSONDecoder()
