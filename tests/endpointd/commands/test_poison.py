@@ -124,10 +124,14 @@ async def test_poison_commands_fail_alone_and_the_stream_stays_up(
         assert _why(result) or result.exit_code != 0, result
 
     # The report of the clone with the odd name reached the gateway, in one piece.
-    reports = await assert_eventually(lambda: gw.messages("repositories"), timeout=20)
-    assert any(r.path.endswith("-clone") for m in reports for r in m.repositories.repositories), (
-        reports
-    )
+    # The first report may predate the policy naming ``work``: wait for the one after it.
+    def odd_reported() -> bool:
+        reports = gw.messages("repositories")
+        named = (r.path for m in reports for r in m.repositories.repositories)
+        assert any(p.endswith("-clone") for p in named), (reports, endpointd.log())
+        return True
+
+    await assert_eventually(odd_reported, timeout=30)
 
     # Never a reconnect, never a command delivered twice, never the same result twice.
     assert gw.session_count(device) == sessions, endpointd.log()
