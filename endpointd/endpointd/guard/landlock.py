@@ -22,6 +22,8 @@ import os
 import stat
 import sys
 
+from endpointd.libc import libc
+
 # Not `typing.TYPE_CHECKING` nor dataclasses: the supervisor imports this once per command,
 # and those imports alone would cost it milliseconds.
 TYPE_CHECKING = False
@@ -83,15 +85,8 @@ class LandlockError(OSError):
     """The kernel refused the ruleset (or has no Landlock)."""
 
 
-_LIBC: ctypes.CDLL | None = None
-
-
 def _libc() -> ctypes.CDLL:
-    """libc, loaded once (a command's start asks for it several times)."""
-    global _LIBC
-    if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
+    return libc()
 
 
 def abi_version() -> int:

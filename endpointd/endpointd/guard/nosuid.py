@@ -26,6 +26,8 @@ import errno
 import os
 import sys
 
+from endpointd.libc import libc
+
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _RET_ALLOW = 0x7FFF0000
@@ -127,7 +129,7 @@ def prepare() -> None:
         return
     filters = (_Filter * len(instructions))(*(_Filter(*ins) for ins in instructions))
     prog = _Program(len(instructions), ctypes.cast(filters, ctypes.POINTER(_Filter)))
-    _built = (ctypes.CDLL(None, use_errno=True), prog, filters)
+    _built = (libc(), prog, filters)
 
 
 def install() -> None:

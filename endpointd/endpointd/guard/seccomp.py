@@ -28,6 +28,8 @@ import errno
 import os
 import sys
 
+from endpointd.libc import libc
+
 # The kernel ABI, spelled out rather than taken from `socket`: these are Linux's numbers,
 # identical on every architecture this module supports.
 _AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
@@ -100,7 +102,7 @@ class _SockFprog(ctypes.Structure):
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+    return libc()
 
 
 def _arch() -> _Arch | None:

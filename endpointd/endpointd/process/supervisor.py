@@ -73,17 +73,11 @@ DEFAULT_GRACE_SECONDS = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 
 
-_libc: Any = None  # ctypes' handle on libc, loaded ahead of time by the zygote
-
-
 def load_libc() -> Any:
     """libc via ctypes (for prctl); the zygote calls this once so forks inherit it."""
-    global _libc
-    if _libc is None:
-        import ctypes
+    from endpointd.libc import libc
 
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
+    return libc()
 
 
 def load_sandbox() -> None:
@@ -97,8 +91,17 @@ def load_sandbox() -> None:
         mountview,
         namespaces,
         netns,
+        nosuid,
         seccomp,
     )
+    from endpointd.libc import libc
+    from endpointd.process import nsinit  # noqa: F401
+
+    # Each function ctypes looks up is resolved and cached on first use, and the filter
+    # against set-id files is built on first use: once here, not in every fork.
+    for name in ("mount", "umount2", "syscall", "unshare", "setns", "prctl", "capget", "capset"):
+        getattr(libc(), name)
+    nosuid.prepare()
 
     if commanduser.applies():
         with contextlib.suppress(OSError):  # (made again, and told, where a view needs it)
