@@ -8,44 +8,90 @@ import click
 
 from controlplane import __version__
 
-# Each command's module, imported only when that command runs (or help lists it): importing
-# them all costs about 2 s of CPU (openai, sqlalchemy, the router's and workers' modules),
-# paid by every `superagent` call, while most commands need a fraction of it.
-COMMANDS = {
-    "up": "controlplane.cli.up:up",
-    "serve": "controlplane.cli.up:serve_command",
-    "migrate": "controlplane.cli.db:migrate",
-    "config": "controlplane.cli.config:config",
-    "devices": "controlplane.cli.devices:devices",
-    "status": "controlplane.cli.status:status",
-    "pause": "controlplane.cli.pausing:pause",
-    "resume": "controlplane.cli.pausing:resume",
-    "policy": "controlplane.cli.versioned:policy",
-    "prompts": "controlplane.cli.versioned:prompts_group",
-    "users": "controlplane.cli.users:users",
-    "tickets": "controlplane.cli.tickets:tickets",
-    "triggers": "controlplane.cli.triggers:triggers",
-    "watchdog": "controlplane.cli.watchdog:watchdog",
-    "say": "controlplane.cli.say:say",
-    "doctor": "controlplane.cli.doctor:doctor",
-    "effects": "controlplane.cli.effects:effects",
+# Each command: its module, imported only when that command runs, and the one line `superagent
+# --help` lists it with. Listing the commands must not import them: importing them all costs
+# about 2 s of CPU (openai, sqlalchemy, the router's and workers' modules), which every
+# `superagent --help` paid. The line given here is the command's own short help once it is
+# loaded too, so the two cannot differ.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("controlplane.cli.up:up", "Run the whole control plane on this machine."),
+    "serve": ("controlplane.cli.up:serve_command", "Run one replica of a deployment."),
+    "migrate": ("controlplane.cli.db:migrate", "Upgrade the database schema to this release."),
+    "config": ("controlplane.cli.config:config", "Show the effective configuration."),
+    "devices": (
+        "controlplane.cli.devices:devices",
+        "Pair, list and revoke devices (machines running endpointd).",
+    ),
+    "status": (
+        "controlplane.cli.status:status",
+        "Show the replicas, the router, tickets, devices and findings.",
+    ),
+    "pause": ("controlplane.cli.pausing:pause", "Pause the agent; events wait."),
+    "resume": ("controlplane.cli.pausing:resume", "Resume after `superagent pause`."),
+    "policy": (
+        "controlplane.cli.versioned:policy",
+        "Show and edit who may ask the agent for work.",
+    ),
+    "prompts": (
+        "controlplane.cli.versioned:prompts_group",
+        "Show and edit the system prompts (router, worker, watchdog).",
+    ),
+    "users": ("controlplane.cli.users:users", "Link a person's accounts across channels."),
+    "tickets": (
+        "controlplane.cli.tickets:tickets",
+        "See and steer tickets: the work people asked for.",
+    ),
+    "triggers": (
+        "controlplane.cli.triggers:triggers",
+        "See the router's inbox; put back what it set aside.",
+    ),
+    "watchdog": (
+        "controlplane.cli.watchdog:watchdog",
+        "Watch the deployment from outside the replicas, and act.",
+    ),
+    "say": ("controlplane.cli.say:say", "Say something to the agent and print its replies."),
+    "doctor": (
+        "controlplane.cli.doctor:doctor",
+        "Check the configuration, database, gateway, channels and model.",
+    ),
+    "effects": (
+        "controlplane.cli.effects:effects",
+        "The outbox: external actions, and retrying the dead ones.",
+    ),
 }
 
 
 class _LazyGroup(click.Group):
-    """A group whose commands are imported by name, from :data:`COMMANDS`, when used."""
+    """A group whose commands are imported by name, from :data:`COMMANDS`, when used, and
+    listed by the help without being imported."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            module, _, attribute = COMMANDS[cmd_name].partition(":")
+            target, summary = COMMANDS[cmd_name]
+            module, _, attribute = target.partition(":")
             command = getattr(importlib.import_module(module), attribute)
             if not isinstance(command, click.Command):
-                raise TypeError(f"{COMMANDS[cmd_name]} is not a click command")
+                raise TypeError(f"{target} is not a click command")
+            command.short_help = summary
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                command = self.commands[name]
+                if command.hidden:
+                    continue
+                rows.append((name, command.get_short_help_str(formatter.width)))
+            else:
+                rows.append((name, COMMANDS[name][1]))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
