@@ -410,9 +410,30 @@ class WebChatSettings(BaseModel):
     )
 
 
+class LlmPrices(BaseModel):
+    """What a model's tokens cost, so that every result can state its cost."""
+
+    input_usd_per_mtok: float = Field(
+        0.0, ge=0, description="US dollars per million prompt tokens not read from cache."
+    )
+    cached_usd_per_mtok: float = Field(
+        0.0, ge=0, description="US dollars per million prompt tokens read from cache."
+    )
+    output_usd_per_mtok: float = Field(
+        0.0, ge=0, description="US dollars per million completion tokens."
+    )
+
+
 class LlmSettings(BaseModel):
     router_model: str = Field("gpt-4o-mini", description="Model of the long-lived router session.")
     worker_model: str = Field("gpt-4o", description="Model of the per-ticket worker sessions.")
+    prices: dict[str, LlmPrices] = Field(
+        default_factory=dict,
+        description='Prices by model name, as JSON (`{"my-model": {"input_usd_per_mtok": 1, '
+        '"cached_usd_per_mtok": 0.1, "output_usd_per_mtok": 4}}`), over the built-in '
+        "prices of well-known models (docs/llm.md). Every call is priced by its own model; an "
+        "unknown model costs $0.",
+    )
     timeout: float = Field(
         300.0,
         gt=0,
@@ -491,20 +512,6 @@ def _renewal_fits(section: str, renew: float, lease: float) -> None:
         )
 
 
-class LlmPrices(BaseModel):
-    """What a model's tokens cost, so that every result can state its cost."""
-
-    input_usd_per_mtok: float = Field(
-        0.0, ge=0, description="US dollars per million prompt tokens not read from cache."
-    )
-    cached_usd_per_mtok: float = Field(
-        0.0, ge=0, description="US dollars per million prompt tokens read from cache."
-    )
-    output_usd_per_mtok: float = Field(
-        0.0, ge=0, description="US dollars per million completion tokens."
-    )
-
-
 class WorkerSettings(BaseModel):
     design: Literal["two_tier", "single_session"] = Field(
         "two_tier",
@@ -558,7 +565,6 @@ class WorkerSettings(BaseModel):
         description="How long a request to use someone else's device waits for its owner's "
         "answer in chat (`approve apr_…` / `deny apr_…`); no answer by then counts as a deny.",
     )
-    prices: LlmPrices = Field(default_factory=LlmPrices, description="The worker model's prices.")
     failed_rounds_limit: int = Field(
         3,
         ge=1,

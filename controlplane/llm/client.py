@@ -13,13 +13,14 @@ This module must not decide what a failure means for a turn or a round: callers 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import hashlib
 import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -36,9 +37,10 @@ from controlplane.llm.errors import (
     Permanent,
     Transient,
 )
+from controlplane.llm.prices import PriceBook
 from controlplane.llm.profiles import Windows
 from controlplane.llm.transcript import canonical_arguments
-from controlplane.settings import LlmPrices, LlmSettings
+from controlplane.settings import LlmSettings
 from controlplane.tickets import store
 from superagent_shared import backoff
 from superagent_shared.ids import new_id
@@ -105,6 +107,7 @@ class Answer:
     finish_reason: str | None
     usage: Usage
     spilled_blob_id: str | None = None  # where the whole text is, when it was cut
+    cost_usd: Decimal = Decimal(0)  # at its model's prices (controlplane.llm.prices)
 
     def message(self) -> dict[str, Any]:
         """The assistant message, in the shape the conversation stores and replays."""
@@ -131,7 +134,6 @@ class Accounting:
     batch_size: int = 1
     prompt_version_id: str | None = None
     policy_version_id: str | None = None
-    prices: LlmPrices = field(default_factory=LlmPrices)
 
 
 class LlmClient:
@@ -147,6 +149,7 @@ class LlmClient:
         self.client = client.with_options(max_retries=0)
         self.adaptations = Adaptations()
         self.windows = Windows(self.client)
+        self.prices = PriceBook(self.settings.prices)
 
     async def context_tokens(self, model: str, role: Literal["router", "worker"]) -> int:
         """The context window ``role`` works with for ``model`` (the operator's setting,
@@ -198,8 +201,10 @@ class LlmClient:
                 await asyncio.sleep(wait)
                 continue
             answer = await self._spill(answer)
-            await self._record(llm_call_id, model, accounting, started, answer.usage, "ok", None)
-            return answer
+            dollars = await self._record(
+                llm_call_id, model, accounting, started, answer.usage, "ok", None
+            )
+            return dataclasses.replace(answer, cost_usd=dollars)
 
     async def _attempt(
         self,
@@ -280,9 +285,12 @@ class LlmClient:
         usage: Usage,
         outcome: Outcome,
         error: str | None,
-    ) -> None:
-        """The attempt on record, and its tokens on the session's and the ticket's totals."""
-        dollars = cost(usage, accounting.prices)
+    ) -> Decimal:
+        """The attempt on record, and its tokens on the session's and the ticket's totals;
+        what it cost, at its model's prices."""
+        dollars = self.prices.cost(
+            model, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
+        ).quantize(Decimal("0.000001"))
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 "INSERT INTO llm_calls (id, session_id, model, prompt_tokens, completion_tokens, "
@@ -304,7 +312,7 @@ class LlmClient:
                 accounting.policy_version_id,
             )
             if not (usage.prompt_tokens or usage.completion_tokens):
-                return
+                return dollars
             if accounting.session_id is not None:
                 await sessions.charge(
                     conn,
@@ -321,6 +329,7 @@ class LlmClient:
                     usage.prompt_tokens + usage.completion_tokens,
                     dollars,
                 )
+        return dollars
 
 
 def screen_calls(
@@ -346,16 +355,6 @@ def screen_calls(
             seen[key] = call.id
             out.append((call, None))
     return out
-
-
-def cost(usage: Usage, prices: LlmPrices) -> Decimal:
-    """US dollars of one call's tokens."""
-    dollars = (
-        Decimal(str(prices.input_usd_per_mtok)) * (usage.prompt_tokens - usage.cached_tokens)
-        + Decimal(str(prices.cached_usd_per_mtok)) * usage.cached_tokens
-        + Decimal(str(prices.output_usd_per_mtok)) * usage.completion_tokens
-    ) / Decimal(1_000_000)
-    return dollars.quantize(Decimal("0.000001"))
 
 
 def classify_status(status: int, text: str, headers: Mapping[str, str]) -> LlmError:

@@ -53,6 +53,7 @@ from controlplane.llm.transcript import canonical_arguments, looping
 from controlplane.router import batch as batches
 from controlplane.router.containment import Undecided
 from controlplane.router.context import Conversation, TurnRecord
+from controlplane.router.spending import TurnSpend
 from controlplane.router.tools.core import Turn
 from controlplane.router.tools.toolbox import SUBAGENT_SPEC, TOOL_SPECS, SubagentRunner, Toolbox
 from controlplane.settings import LlmSettings
@@ -262,6 +263,7 @@ class Router:
         stuck: str | None = None
         compacted_hard = False
         reminded = False
+        spend = TurnSpend()
         for _step in range(MAX_STEPS):
             # A failed call raises (an LlmError): the batch stays queued for a later turn.
             messages = conversation.fit(pending, self.tool_specs)
@@ -276,6 +278,7 @@ class Router:
                     "is compacted, trying once more"
                 )
                 answer = await self._call(conversation.messages(pending), batch, policy_version)
+            spend.answered(answer)
             llm_call_id = answer.llm_call_id
             calls = answer.tool_calls
             pending.append(answer.message())
@@ -318,6 +321,7 @@ class Router:
                 result = await self.tools.call(call.name, call.arguments, turn)
                 settled = settled and result.ok and call.name not in READ_RESULTS
                 decided.update(result.decided)
+                spend.acted(call, result)
                 if not result.ok:
                     refusals.append(f"{call.name} refused: {result.content.get('error')}")
                 decisions.append(f"{call.name}: {_short(result.content)}")
@@ -340,6 +344,7 @@ class Router:
             summary += "\n  left undecided: " + ", ".join(undecided)
         marks = conversation.marks
         number = await self._persist(pending, summary, marks)
+        await spend.charge(self.pool)
         await batches.mark_routed(self.pool, batch, [t for t in batch.trigger_ids if t in decided])
         conversation.add(TurnRecord(pending, summary, number, marks))
         if undecided:

@@ -38,7 +38,6 @@ class DriftCheck:
         self.llm = LlmClient(pool, client, settings.llm)
         self.model = settings.llm.router_model
         self.every = timedelta(minutes=settings.watchdog.drift_minutes)
-        self.prices = settings.workers.prices
         self.session_id: str | None = None
         self.asked: dict[str, float] = {}  # ticket -> monotonic time of the last question
 
@@ -96,7 +95,8 @@ class DriftCheck:
                     {"role": "system", "content": prompts.DEFAULTS["watchdog"]},
                     {"role": "user", "content": question},
                 ],
-                accounting=Accounting(session_id, prices=self.prices),
+                # On the ticket's totals: its cost counts the watchdog's look at it too.
+                accounting=Accounting(session_id, ticket_id=row["ticket_id"]),
                 max_tokens=self.llm.settings.watchdog_max_tokens,
             )
         except LlmError as exc:

@@ -350,7 +350,6 @@ class Worker:
             convo.id,
             ticket_id=ticket.id,
             prompt_version_id=prompt_version,
-            prices=self.limits.prices,
         )
         compact = partial(
             self.compactor.compact,

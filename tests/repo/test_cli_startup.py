@@ -72,9 +72,11 @@ def test_each_command_is_listed_by_the_line_it_describes_itself_with() -> None:
     listing = CliRunner().invoke(cli, ["--help"], prog_name="superagent").output
     ctx = click.Context(cli)
     for name, (_, summary) in COMMANDS.items():
-        assert f"  {name} " in listing and summary in listing, (name, listing)
+        assert f"  {name} " in listing, listing
+        assert summary in listing, (name, listing)
         # A line that fits: click would cut a longer one with "...".
-        assert len(summary) <= 65 and summary.endswith("."), (name, summary)
+        assert len(summary) <= 65, (name, summary)
+        assert summary.endswith("."), (name, summary)
         command = cli.get_command(ctx, name)
         assert isinstance(command, click.Command), name
         assert command.get_short_help_str(80) == summary

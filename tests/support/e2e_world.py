@@ -139,8 +139,6 @@ def running_world(
             "SUPERAGENT_WORKERS__RENEW_SECONDS": "1",
             # The device-away notice after a second rather than a minute.
             "SUPERAGENT_WORKERS__DEVICE_NOTICE_SECONDS": "1",
-            "SUPERAGENT_WORKERS__PRICES__INPUT_USD_PER_MTOK": "2.5",
-            "SUPERAGENT_WORKERS__PRICES__OUTPUT_USD_PER_MTOK": "10",
             **(env or {}),
         }
         replica_env.pop("SUPERAGENT_ADMIN_TOKEN", None)

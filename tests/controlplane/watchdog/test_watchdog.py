@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pytest
 from controlplane.domain import EffectKind
 from controlplane.ingest.admission import Actor
 from controlplane.ingest.intake import IncomingTrigger, Intake, ThreadRef
+from controlplane.llm.prices import PriceBook
 from controlplane.router.router import Router
 from controlplane.router.rules_only import RulesOnlyRouter
 from controlplane.settings import Settings, WatchdogSettings
@@ -392,8 +394,25 @@ async def test_drift_from_the_goal_is_judged_by_the_model_and_nudged(
         "SELECT text FROM worker_events WHERE ticket_id = $1 AND kind = 'watchdog'", ticket_id
     )
     assert "it edits shell dotfiles." in nudge
-    # The watchdog's call is on record in its own session, not on the ticket's bill.
-    assert await pool.fetchval("SELECT tokens_used FROM tickets WHERE id = $1", ticket_id) == 0
+    # The watchdog's call is on record in its own session, and on the ticket's bill, at the
+    # price of the model it ran on: the router's, not the worker's.
+    call = await pool.fetchrow(
+        "SELECT c.model, c.prompt_tokens, c.cached_tokens, c.completion_tokens, c.cost_usd "
+        "FROM llm_calls c JOIN sessions s ON s.id = c.session_id WHERE s.kind = 'watchdog'"
+    )
+    assert call is not None
+    assert call["model"] == settings.llm.router_model != settings.llm.worker_model
+    tokens = (call["prompt_tokens"], call["cached_tokens"], call["completion_tokens"])
+    assert call["cost_usd"] == PriceBook().cost(call["model"], *tokens).quantize(Decimal("1e-6"))
+    assert call["cost_usd"] != PriceBook().cost(settings.llm.worker_model, *tokens)
+    billed = await pool.fetchrow(
+        "SELECT tokens_used, cost_usd FROM tickets WHERE id = $1", ticket_id
+    )
+    assert billed is not None
+    assert (billed["tokens_used"], billed["cost_usd"]) == (
+        call["prompt_tokens"] + call["completion_tokens"],
+        call["cost_usd"],
+    )
 
 
 async def test_why_is_it_stuck_is_answered_from_the_record(
