@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
 import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from controlplane.db.embedded import EmbeddedPostgres
 from controlplane.db.urls import asyncpg_dsn, redacted
 from controlplane.errors import ConfigError
 from controlplane.gateway.local_device import device_home
-from controlplane.settings import MIN_ADMIN_TOKEN_LENGTH, Settings
+from controlplane.settings import MIN_ADMIN_TOKEN_LENGTH, Settings, unknown_variables
 from superagent_shared.gateway_tls import certificate_sha256, format_fingerprint
 
 TIMEOUT = 5.0  # seconds for each remote check (database, model, GitHub)
@@ -120,6 +121,13 @@ def check_configuration() -> tuple[Check, Settings | None]:
             f"{detail}, but HTTP listens on {settings.http.host}: the server refuses to start",
             "set SUPERAGENT_ADMIN_TOKEN (32+ random characters: `openssl rand -hex 32`) "
             "before listening beyond loopback, or set SUPERAGENT_HTTP__HOST=127.0.0.1",
+        ), settings
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        return failed(
+            name,
+            f"{detail}, but " + "; ".join(unknown),
+            "rename or unset those variables (`superagent config --markdown` lists them all)",
         ), settings
     return passed(name, detail), settings
 

@@ -8,6 +8,8 @@ their standard names: ``DATABASE_URL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -863,3 +865,43 @@ def markdown_table() -> str:
     for env, default, description in describe():
         lines.append(f"| `{env}` | `{default}` | {description} |")
     return "\n".join(lines) + "\n"
+
+
+# SUPERAGENT_* names that are not settings but belong to the project's other tools: the
+# compose file's image and published ports, the real-model test tier, the benchmarks.
+NOT_SETTINGS = frozenset(
+    {
+        "SUPERAGENT_IMAGE",
+        "SUPERAGENT_HTTP_PUBLISH",
+        "SUPERAGENT_HTTP_PUBLISH_2",
+        "SUPERAGENT_GRPC_PUBLISH",
+        "SUPERAGENT_GRPC_PUBLISH_2",
+        "SUPERAGENT_REAL_MODEL",
+        "SUPERAGENT_REAL_MODEL_CACHE",
+        "SUPERAGENT_BENCH_PYTHONPATH",
+    }
+)
+# Settings that moved, and where to.
+MOVED = {"SUPERAGENT_WORKERS__PRICES__": "SUPERAGENT_LLM__PRICES (prices by model, as JSON)"}
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each ``SUPERAGENT_*`` variable in ``environ`` that no setting reads (a
+    typo is otherwise ignored in silence), naming the closest setting."""
+    known = {env for env, _, _ in describe()}
+    for field in Settings.model_fields.values():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            known.update(str(choice) for choice in alias.choices)
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("SUPERAGENT_") or name in known or name in NOT_SETTINGS:
+            continue
+        moved = next((to for old, to in MOVED.items() if name.startswith(old)), None)
+        if moved is not None:
+            lines.append(f"{name} is no longer a setting: use {moved}")
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"{name} is not a setting and is ignored{hint}")
+    return lines

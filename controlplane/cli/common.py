@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from controlplane import logs
 from controlplane.errors import SuperagentError
-from controlplane.settings import Settings
+from controlplane.settings import Settings, unknown_variables
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -49,6 +49,8 @@ def clear_errors() -> Iterator[None]:
 
 def load_settings(**overrides: Any) -> Settings:
     with clear_errors():
+        for line in unknown_variables(os.environ):
+            click.echo(f"warning: {line}", err=True)
         settings = Settings()
         updates = {k: v for k, v in overrides.items() if v is not None}
         if updates:

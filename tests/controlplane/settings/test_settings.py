@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -76,3 +82,34 @@ def test_ids_are_prefixed_short_and_random() -> None:
     assert id_prefix("zzz_" + "0" * RANDOM_LENGTH) is None
     with pytest.raises(ValueError, match="unknown id prefix"):
         new_id("nope")
+
+
+def test_a_mistyped_variable_is_named_with_the_setting_it_was_meant_for(tmp_path: Path) -> None:
+    """Once ignored in silence: `SUPERAGENT_EFECTS__CONCURRENCY=5` ran with the default."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SUPERAGENT_")},
+        "SUPERAGENT_EFECTS__CONCURRENCY": "5",
+        "SUPERAGENT_WORKERS__PRICES__INPUT_USD_PER_MTOK": "2.5",  # moved
+        "SUPERAGENT_QQQ": "1",  # close to nothing
+        "SUPERAGENT_DATABASE_URL": "postgresql://u@h/db",  # an alias: a setting
+        "SUPERAGENT_REAL_MODEL_CACHE": str(tmp_path),  # the test tier's, not a setting
+        "SUPERAGENT_STATE_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "controlplane.cli", "config", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["effects"]["concurrency"] != 5
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: SUPERAGENT_EFECTS__CONCURRENCY is not a setting and is ignored "
+        "(did you mean SUPERAGENT_EFFECTS__CONCURRENCY?)",
+        "warning: SUPERAGENT_QQQ is not a setting and is ignored",
+        "warning: SUPERAGENT_WORKERS__PRICES__INPUT_USD_PER_MTOK is no longer a setting: "
+        "use SUPERAGENT_LLM__PRICES (prices by model, as JSON)",
+    ], done.stderr
