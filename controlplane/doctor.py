@@ -112,6 +112,8 @@ def check_configuration() -> tuple[Check, Settings | None]:
             "correct the variables named above (README, Configuration; `superagent config "
             "--markdown` lists them all)",
         ), None
+    except ConfigError as exc:  # a secret's _FILE that cannot be read, or both set
+        return failed(name, exc.message, "correct the variable named above"), None
     token = "admin token set" if settings.admin_token is not None else "no admin token"
     detail = f"{settings.environment.value}, {token}"
     if settings.admin_token is None and not _loopback_host(settings.http.host):

@@ -9,13 +9,16 @@ their standard names: ``DATABASE_URL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from controlplane.errors import ConfigError
 
 ENV_PREFIX = "SUPERAGENT_"
 
@@ -731,6 +734,24 @@ class Settings(BaseSettings):
         populate_by_name=True,
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Each secret may come from a file named by <VARIABLE>_FILE (SecretFiles).
+        return (
+            init_settings,
+            env_settings,
+            SecretFiles(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
     environment: Environment = Field(
         Environment.development,
         description="`development` allows placeholder secrets; `production` refuses them.",
@@ -889,6 +910,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A line for each ``SUPERAGENT_*`` variable in ``environ`` that no setting reads (a
     typo is otherwise ignored in silence), naming the closest setting."""
     known = {env for env, _, _ in describe()}
+    known.update(name + "_FILE" for _, names in secret_leaves() for name in names)
     for field in Settings.model_fields.values():
         alias = field.validation_alias
         if isinstance(alias, AliasChoices):
@@ -905,3 +927,65 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         hint = f" (did you mean {close[0]}?)" if close else ""
         lines.append(f"{name} is not a setting and is ignored{hint}")
     return lines
+
+
+# Plain strings that carry a credential all the same (a password in the URL).
+CREDENTIAL_STRINGS = frozenset({("database_url",)})
+
+
+def secret_leaves(
+    model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], list[str]]]:
+    """Each secret setting (and each string that carries a credential): its path, and
+    every variable name that sets it."""
+    found: list[tuple[tuple[str, ...], list[str]]] = []
+    for name, field in model.model_fields.items():
+        path = (*prefix, name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found.extend(secret_leaves(annotation, path))
+        elif (
+            SecretStr in getattr(annotation, "__args__", ())
+            or annotation is SecretStr
+            or path in CREDENTIAL_STRINGS
+        ):
+            alias = field.validation_alias
+            names = (
+                [str(c) for c in alias.choices]
+                if isinstance(alias, AliasChoices)
+                else [ENV_PREFIX + "__".join(p.upper() for p in path)]
+            )
+            found.append((path, names))
+    return found
+
+
+class SecretFiles(PydanticBaseSettingsSource):
+    """``<VARIABLE>_FILE=/path`` for every secret: the file's content is the value (one
+    trailing newline dropped), the way container platforms hand secrets over (Docker and
+    Kubernetes secrets are files). Setting both the variable and its ``_FILE`` is an error,
+    as is a file that cannot be read: said in one line, naming the variable."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # (unused: __call__ reads everything at once)
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        settings = {env for env, _, _ in describe()}
+        for path, names in secret_leaves():
+            for name in names:
+                file_name = os.environ.get(name + "_FILE")
+                if not file_name or name + "_FILE" in settings:
+                    continue  # (GitHub's private_key_file is a setting of its own: a path)
+                if any(os.environ.get(n) for n in names):
+                    raise ConfigError(f"set {name} or {name}_FILE, not both")
+                try:
+                    text = Path(file_name).expanduser().read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as exc:
+                    why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                    raise ConfigError(f"cannot read {name}_FILE ({file_name}): {why}") from None
+                here = values
+                for part in path[:-1]:
+                    here = here.setdefault(part, {})
+                here[path[-1]] = text.removesuffix("\n")
+                break
+        return values

@@ -7,11 +7,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
-from controlplane.settings import Settings, markdown_table
+from controlplane.settings import (
+    Settings,
+    describe,
+    markdown_table,
+    secret_leaves,
+    unknown_variables,
+)
 from superagent_shared.ids import ALPHABET, RANDOM_LENGTH, id_prefix, new_id
 from tests.conftest import REPO
 
@@ -113,3 +120,73 @@ def test_a_mistyped_variable_is_named_with_the_setting_it_was_meant_for(tmp_path
         "warning: SUPERAGENT_WORKERS__PRICES__INPUT_USD_PER_MTOK is no longer a setting: "
         "use SUPERAGENT_LLM__PRICES (prices by model, as JSON)",
     ], done.stderr
+
+
+# What a secret's value must look like, and the settings that must come with some.
+SHAPES = {
+    ("slack", "bot_token"): "xoxb-",
+    ("slack", "app_token"): "xapp-",
+    ("database_url",): "postgresql://agent:",
+}
+COMPANIONS = {
+    "SUPERAGENT_MATRIX__HOMESERVER": "https://matrix.example.com",
+    "SUPERAGENT_MATRIX__USER_ID": "@agent:example.com",
+    "SUPERAGENT_LARK__APP_ID": "cli_a1b2c3",
+}
+
+
+def test_every_secret_can_come_from_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Docker and Kubernetes hand secrets over as files: each secret setting reads
+    ``<VARIABLE>_FILE`` (once only GitHub's App key could)."""
+    for variable, companion in COMPANIONS.items():
+        monkeypatch.setenv(variable, companion)
+    leaves = secret_leaves()
+    # The admin token, the model's key, the database URL, GitHub's, Slack's, Matrix's, Lark's.
+    assert len(leaves) >= 14
+    expected: dict[tuple[str, ...], str] = {}
+    for i, (path, names) in enumerate(leaves):
+        variable = names[0] + "_FILE"
+        if variable in {env for env, _, _ in describe()}:
+            continue  # GitHub's private_key_file: a path setting of its own
+        value = SHAPES.get(path, "") + f"secret-{i}-" + "x" * 40
+        secret = tmp_path / f"{i}.txt"
+        secret.write_text(value + "\n")  # as `echo … > file` writes it
+        monkeypatch.setenv(variable, str(secret))
+        expected[path] = value
+    settings = Settings()
+    for path, value in expected.items():
+        found: Any = settings
+        for part in path:
+            found = getattr(found, part)
+        assert found is not None, path
+        read = found.get_secret_value() if isinstance(found, SecretStr) else found
+        assert read == value, path
+    assert unknown_variables(os.environ) == []  # the _FILE names are known
+
+
+def test_a_secret_file_that_cannot_be_read_or_doubles_its_variable_is_one_clear_line(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUPERAGENT_")}
+    env["SUPERAGENT_STATE_DIR"] = str(tmp_path)
+    cases = {
+        "cannot read SUPERAGENT_ADMIN_TOKEN_FILE": {
+            "SUPERAGENT_ADMIN_TOKEN_FILE": str(tmp_path / "missing")
+        },
+        "set SUPERAGENT_ADMIN_TOKEN or SUPERAGENT_ADMIN_TOKEN_FILE, not both": {
+            "SUPERAGENT_ADMIN_TOKEN": "y" * 40,
+            "SUPERAGENT_ADMIN_TOKEN_FILE": str(tmp_path),
+        },
+    }
+    for said, extra in cases.items():
+        done = subprocess.run(
+            [sys.executable, "-m", "controlplane.cli", "config", "--json"],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 1, done
+        assert done.stderr.startswith(f"error: {said}"), done.stderr
+        assert "Traceback" not in done.stderr
