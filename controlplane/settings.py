@@ -989,3 +989,35 @@ class SecretFiles(PydanticBaseSettingsSource):
                 here[path[-1]] = text.removesuffix("\n")
                 break
         return values
+
+
+def leaves(
+    model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], list[str]]]:
+    """Every leaf setting: its path, and the variable names that set it (the first is the
+    one the docs give)."""
+    found: list[tuple[tuple[str, ...], list[str]]] = []
+    for name, field in model.model_fields.items():
+        path = (*prefix, name)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found.extend(leaves(annotation, path))
+            continue
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            found.append((path, [str(c) for c in alias.choices]))
+        else:
+            found.append((path, [env_name(path, field)]))
+    return found
+
+
+def source_of(names: list[str], environ: Mapping[str, str]) -> str:
+    """Where a setting's value came from: the variable that set it, its ``_FILE``, or the
+    default."""
+    for name in names:
+        if environ.get(name):
+            return name
+    for name in names:
+        if environ.get(name + "_FILE"):
+            return f"{name}_FILE"
+    return "default"

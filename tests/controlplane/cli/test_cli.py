@@ -107,6 +107,27 @@ def test_config_masks_secrets() -> None:
     assert "db.example" in result.stdout
 
 
+def test_config_says_where_each_value_comes_from(tmp_path: Path) -> None:
+    token = tmp_path / "admin-token"
+    token.write_text("t-canary-0452-" + "z" * 40 + "\n")
+    result = run_cli(
+        "config",
+        env=clean_env(
+            SUPERAGENT_ADMIN_TOKEN_FILE=str(token),
+            SUPERAGENT_EFFECTS__CONCURRENCY="7",
+            DATABASE_URL="postgresql://u:pw-canary-0452@db.example/x",
+        ),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "canary-0452" not in result.stdout
+    lines = {line.split()[0]: line.split(maxsplit=1)[1] for line in result.stdout.splitlines()}
+    assert lines["SUPERAGENT_EFFECTS__CONCURRENCY"] == "7  (SUPERAGENT_EFFECTS__CONCURRENCY)"
+    assert lines["SUPERAGENT_ADMIN_TOKEN"] == "**********  (SUPERAGENT_ADMIN_TOKEN_FILE)"
+    assert lines["DATABASE_URL"] == "postgresql://u:***@db.example/x  (DATABASE_URL)"
+    assert lines["SUPERAGENT_HTTP__HOST"] == "127.0.0.1  (default)"
+    assert lines["OPENAI_API_KEY"] == "unset  (default)"
+
+
 def _postgres_running_in(data_dir: Path) -> bool:
     for proc in psutil.process_iter(["name", "cmdline"]):
         cmdline = proc.info.get("cmdline") or []
