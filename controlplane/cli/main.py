@@ -7,6 +7,7 @@ import importlib
 import click
 
 from controlplane import __version__
+from superagent_shared.cli_errors import run
 
 # Each command: its module, imported only when that command runs, and the one line `superagent
 # --help` lists it with. Listing the commands must not import them: importing them all costs
@@ -108,4 +109,4 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli(prog_name="superagent")
+    run(cli, "superagent")

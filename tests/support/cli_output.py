@@ -13,13 +13,13 @@ from collections.abc import Iterator, Mapping
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
-    """The single ``Error: …`` (click) or ``error: …`` (ours) line of a failed command
-    (exit 1, no traceback)."""
+    """The single ``error: …`` line of a failed command (exit 1, no traceback): both
+    programs say click's failures the same way as their own."""
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
-    assert lines[0].lower().startswith("error: ")
+    assert lines[0].startswith("error: "), lines[0]
     return lines[0]
 
 

@@ -22,6 +22,7 @@ from endpointd.cli import (  # noqa: F401
 )
 from endpointd.cli.root import cli
 from endpointd.keys import KeyringStatus, keyring_status
+from superagent_shared.cli_errors import run
 
 __all__ = ["KeyringStatus", "cli", "keyring_status", "main"]
 
@@ -29,4 +30,4 @@ __all__ = ["KeyringStatus", "cli", "keyring_status", "main"]
 def main() -> None:
     """Console-script entry point (`endpointd = endpointd.cli:main`)."""
     # A fixed prog_name keeps usage lines reading `endpointd …` under `python -m endpointd`.
-    cli(prog_name="endpointd")
+    run(cli, "endpointd")

@@ -262,7 +262,7 @@ def test_status_and_unpair_when_not_paired(tmp_path: Path) -> None:
     proc = _endpointd("unpair", env=env)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"Error: not paired (no {tmp_path / 'c' / 'config.json'}); run `endpointd pair URL CODE`"
+        f"error: not paired (no {tmp_path / 'c' / 'config.json'}); run `endpointd pair URL CODE`"
         " first"
     ]
     proc = _endpointd("run", env=env)

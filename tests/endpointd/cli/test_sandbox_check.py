@@ -171,7 +171,7 @@ def test_bad_input_and_missing_state_give_one_clear_line(endpointd: Endpointd) -
     # No policy at all: nothing to check, and the way out.
     proc = endpointd.cli("sandbox", "check")
     assert proc.returncode == 1
-    assert proc.stderr.startswith("Error: the policy cannot be used: "), proc.stderr
+    assert proc.stderr.startswith("error: the policy cannot be used: "), proc.stderr
     assert "endpointd policy init" in proc.stderr
     assert "Traceback" not in proc.stderr
     # A policy with an unknown key: its line and key are named.

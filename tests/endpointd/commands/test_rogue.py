@@ -318,7 +318,7 @@ for name in os.listdir(queue):
     finished = await assert_eventually(lambda: gw.finished(sent.command_id), timeout=30)
     output = gw.output(sent.command_id).decode()
     assert finished.exit_code == 0, output
-    assert "cli exit 1 Error: refused" in output
+    assert "cli exit 1 error: refused" in output
     assert "wrote " in output  # the forged decision did land in the queue
 
     # The daemon saw it, ignored it, and the command still waits for the owner.

@@ -184,7 +184,7 @@ def test_a_terminal_gets_a_hidden_prompt_asked_twice(device: Device) -> None:
 
     code, shown = _add_in_a_terminal(device, "npm-token", value, value + "x")
     assert code == 1
-    assert b"Error: the two values differ; nothing stored" in shown
+    assert b"error: the two values differ; nothing stored" in shown
     assert "npm-token" not in device.cli("creds", "list").stdout
 
 
