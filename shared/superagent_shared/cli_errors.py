@@ -1,5 +1,6 @@
-"""How both command lines end on a failure: one line on stderr, ``error: …``, and the exit
-status click gives it (2 for a usage error, after the usage line; 1 otherwise).
+"""How both command lines run: a failure ends as one line on stderr, ``error: …``, with the
+exit status click gives it (2 for a usage error, after the usage line; 1 otherwise), and
+``NO_COLOR`` turns styles off.
 
 Click's own rendering says ``Error: …`` while the programs' own failures said ``error: …``,
 so one run could print both. Both programs' entry points run their root group through
@@ -20,7 +21,12 @@ def run(group: click.Command, prog_name: str) -> None:
     try:
         # Outside standalone mode click returns what ``ctx.exit(code)`` asked for (every
         # command's callback returns None: mypy holds them to it).
-        code = group.main(prog_name=prog_name, standalone_mode=False)
+        code = group.main(
+            prog_name=prog_name,
+            standalone_mode=False,
+            # https://no-color.org: set and not empty, no styles even on a terminal.
+            color=False if os.environ.get("NO_COLOR") else None,
+        )
     except click.UsageError as exc:
         if exc.ctx is not None:
             flag = max(exc.ctx.help_option_names, key=len)  # --help, not -h: it teaches

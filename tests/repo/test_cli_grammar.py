@@ -49,3 +49,43 @@ def test_a_failure_of_either_program_is_one_error_line(tmp_path: Path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, (program, done.stderr)
         assert lines[0].startswith("error: "), (program, done.stderr)
+
+
+_STYLED = """
+import click
+from superagent_shared.cli_errors import run
+
+@click.command()
+def styled() -> None:
+    click.echo(click.style("bold", bold=True) + " " + click.style("red", fg="red"))
+
+run(styled, "styled")
+"""
+
+
+@pytest.mark.parametrize(("no_color", "styled"), [("", True), ("1", False)])
+def test_no_color_turns_styles_off_even_on_a_terminal(no_color: str, styled: bool) -> None:
+    master, slave = os.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    if no_color:
+        env["NO_COLOR"] = no_color
+    done = subprocess.run(
+        [sys.executable, "-c", _STYLED], stdout=slave, stderr=slave, env=env, timeout=60
+    )
+    os.close(slave)
+    shown = b""
+    while chunk := _read(master):
+        shown += chunk
+    os.close(master)
+    assert done.returncode == 0, shown
+    assert b"bold red" in shown.replace(b"\x1b[1m", b"").replace(b"\x1b[31m", b"").replace(
+        b"\x1b[0m", b""
+    )
+    assert (b"\x1b[" in shown) is styled, shown
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the writer is gone
+        return b""
