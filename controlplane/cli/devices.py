@@ -23,6 +23,7 @@ from controlplane.deployment import ago
 from controlplane.gateway import authorization as access
 from controlplane.gateway import devices as device_registry
 from controlplane.gateway import pairing, repositories
+from superagent_shared import table
 
 T = TypeVar("T")
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -120,10 +121,17 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
         click.echo("No devices yet. Pair one with: superagent devices pair --name NAME")
         return
     header = (
-        f"{'NAME':<20} {'ID':<17} {'OWNER':<16} {'STATUS':<8} {'LAST SEEN':<10} {'QUEUE':>5}  "
-        f"{'POLICY':<12}  {'SANDBOX':<13} SHARED WITH"
+        "NAME",
+        "ID",
+        "OWNER",
+        "STATUS",
+        "LAST SEEN",
+        "QUEUE",
+        "POLICY",
+        "SANDBOX",
+        "SHARED WITH",
     )
-    click.echo(header)
+    rows = []
     notes = []
     for view in views:
         status = "revoked" if view.revoked else ("online" if view.online else "offline")
@@ -132,10 +140,18 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
         # The mode alone ("required", "best-effort", "off", "unknown"); "!" flags a warning.
         flag = "!" if view.sandbox_warning else ""
         mode = re.split(r"[;,:( ]", shown, maxsplit=1)[0][:12] + flag
-        click.echo(
-            f"{view.name:<20} {view.id:<17} {view.owner or access.ADMIN:<16} {status:<8} "
-            f"{ago(view.last_seen_at):<10} {view.queue_depth:>5}  {policy:<12}  {mode:<13} "
-            f"{', '.join(view.shares) or '-'}"
+        rows.append(
+            (
+                view.name,
+                view.id,
+                view.owner or access.ADMIN,
+                status,
+                ago(view.last_seen_at),
+                view.queue_depth,
+                policy,
+                mode,
+                ", ".join(view.shares) or "-",
+            )
         )
         if view.revoked:
             continue
@@ -143,6 +159,8 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
             notes.append(f"! {view.name}: {view.sandbox_warning}\n    sandbox: {shown}")
         elif shown == device_registry.SANDBOX_UNKNOWN:
             notes.append(f"? {view.name}: sandbox {shown}; upgrade endpointd there to see it")
+    for line in table.render(header, rows, right={5}):
+        click.echo(line)
     if notes:
         click.echo("")
         for note in notes:
@@ -194,12 +212,11 @@ def show(device: str, as_json: bool) -> None:
         click.echo(f"{label + ':':<14}{value}")
     if clones:
         click.echo("")
-        click.echo(f"{'REPOSITORY':<30} {'DEFAULT BRANCH':<20} {'PATH':<40} REMOTE")
-        for clone in clones:
-            click.echo(
-                f"{clone.owner_name or '-':<30} {clone.default_branch or '-':<20} "
-                f"{clone.path:<40} {clone.remote or '-'}"
-            )
+        rows = [
+            (c.owner_name or "-", c.default_branch or "-", c.path, c.remote or "-") for c in clones
+        ]
+        for line in table.render(("REPOSITORY", "DEFAULT BRANCH", "PATH", "REMOTE"), rows):
+            click.echo(line)
 
 
 def _reported(view: device_registry.DeviceView, count: int) -> str:

@@ -10,6 +10,7 @@ import click
 from controlplane.cli.common import load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.effects import outbox
+from superagent_shared import table
 
 
 @click.group()
@@ -48,10 +49,17 @@ def list_(dead: bool, limit: int, as_json: bool) -> None:
     if not rows:
         click.echo("No dead effects." if dead else "The outbox is empty.")
         return
-    for row in rows:
-        state = "dead" if row["dead_at"] else f"{row['attempts']} attempt(s)"
-        error = f"  {row['last_error'][:200]}" if row["last_error"] else ""
-        click.echo(f"{row['id']}  {row['kind']:<24} {state:<14}{error}")
+    shown = [
+        (
+            row["id"],
+            row["kind"],
+            "dead" if row["dead_at"] else f"{row['attempts']} attempt(s)",
+            (row["last_error"] or "")[:200],
+        )
+        for row in rows
+    ]
+    for line in table.render(("EFFECT", "KIND", "STATE", "LAST ERROR"), shown):
+        click.echo(line)
 
 
 @effects.command()

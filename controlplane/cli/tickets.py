@@ -13,6 +13,7 @@ from controlplane.cli.dbsession import run_with_pool
 from controlplane.domain import CLOSED_TICKET_STATES, TicketState
 from controlplane.tickets import control
 from controlplane.workers import timeline, views
+from superagent_shared import table
 
 
 @click.group()
@@ -57,12 +58,21 @@ def list_(everything: bool, limit: int, as_json: bool) -> None:
     if not found:
         click.echo("No tickets." if everything else "No open tickets (--all shows closed ones).")
         return
-    for view in found:
-        state = view.state + (f" ({view.hold})" if view.hold else "")
-        click.echo(
-            f"{view.id}  {state:<28} {view.device or '-':<16} {view.tokens:>10,} tokens  "
-            f"{_since(view)}  {view.title}"
+    rows = [
+        (
+            view.id,
+            view.state + (f" ({view.hold})" if view.hold else ""),
+            view.device or "-",
+            f"{view.tokens:,}",
+            _since(view),
+            view.title,
         )
+        for view in found
+    ]
+    for line in table.render(
+        ("TICKET", "STATE", "DEVICE", "TOKENS", "SINCE", "TITLE"), rows, right={3}
+    ):
+        click.echo(line)
 
 
 @tickets.command()

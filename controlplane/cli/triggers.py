@@ -14,6 +14,7 @@ from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.ingest import routing
 from controlplane.router import record
+from superagent_shared import table
 from superagent_shared.ids import id_prefix
 
 _COLUMNS = (
@@ -105,12 +106,20 @@ def list_(undecidable: bool, limit: int, as_json: bool) -> None:
             else "Nothing waits for the router, and nothing is undecidable."
         )
         return
-    for row in found:
-        reason = f"  {row['route_error']}" if row["route_error"] else ""
-        click.echo(
-            f"{row['id']}  {_state(row):<14} {row['source']}:{row['thread']:<24} "
-            f"{row['created_at']:%Y-%m-%d %H:%M}  {row['actor_name']}{reason}"
+    rows = [
+        (
+            row["id"],
+            _state(row),
+            f"{row['source']}:{row['thread']}",
+            f"{row['created_at']:%Y-%m-%d %H:%M}",
+            row["actor_name"],
+            row["route_error"] or "",
         )
+        for row in found
+    ]
+    header = ("TRIGGER", "STATE", "THREAD", "AT (UTC)", "FROM", "WHY")
+    for line in table.render(header, rows):
+        click.echo(line)
 
 
 @triggers.command()

@@ -24,6 +24,7 @@ from controlplane.db.database import open_database
 from controlplane.db.pool import create_pool
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.services import LOOPS_SHARE
+from superagent_shared import table
 
 
 @click.group(invoke_without_command=True)
@@ -111,13 +112,22 @@ def _print_open(rows: list[asyncpg.Record]) -> None:
     if not rows:
         click.echo("All quiet: no open findings.")
         return
-    for row in rows:
-        click.echo(
-            f"{row['severity']:<8} {row['kind']:<18} {row['subject']:<20} {row['summary']} "
-            f"(since {row['first_seen_at']:%Y-%m-%d %H:%M} UTC, seen {row['times_seen']}×)"
+    cells = [
+        (
+            row["severity"],
+            row["kind"],
+            row["subject"],
+            f"{row['summary']} (since {row['first_seen_at']:%Y-%m-%d %H:%M} UTC, "
+            f"seen {row['times_seen']}×)",
         )
+        for row in rows
+    ]
+    header, *groups = table.layout(("SEVERITY", "KIND", "SUBJECT", "SUMMARY"), cells)
+    click.echo("\n".join(header))
+    for row, lines in zip(rows, groups, strict=True):
+        click.echo("\n".join(lines))
         for action in row["actions"]:
-            click.echo(f"{'':<9}→ {action}")
+            click.echo(f"  → {action}")
 
 
 @watchdog.command()

@@ -9,6 +9,7 @@ import click
 
 from endpointd.cli.root import cli
 from endpointd.paths import config_dir, state_dir
+from superagent_shared import table
 
 # ---------------------------------------------------------------------------- harness
 
@@ -111,9 +112,9 @@ def harness_list(as_json: bool) -> None:
     if error is not None:
         click.echo(f"warning: {error}", err=True)
     header = ("NAME", "VERSION", "INSTALLED", "LOGGED IN", "ALLOWED", "DEFAULT")
-    table = [header]
+    cells = []
     for r in rows:
-        table.append(
+        cells.append(
             (
                 r["name"],
                 printable(r["version"] or "-", 40),
@@ -123,9 +124,8 @@ def harness_list(as_json: bool) -> None:
                 "yes" if r["default"] else "",
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for line in table.render(header, cells):
+        click.echo(line)
     hints = []
     for r in rows:
         name = r["name"]
