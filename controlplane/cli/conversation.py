@@ -210,7 +210,7 @@ async def _talk(
         )
         await _accepted(ws, outcome, client_id)
         click.echo(
-            f"conversation {outcome.thread} (continue it: superagent say --thread "
+            f"conversation {outcome.thread} (continue it: superagent say --conversation "
             f"{outcome.thread} TEXT)",
             err=True,
         )
@@ -254,21 +254,28 @@ async def _await_replies(
     :data:`MORE_REPLIES_SECONDS` of quiet after a reply ends the wait while nothing is
     owed, as with a control plane that sends no progress (or a router still deciding).
     """
-    deadline = time.monotonic() + wait
+    started = time.monotonic()
+    deadline = started + wait
     quiet_until: float | None = None
     said = False  # replies count only after our own message: earlier ones are history
+    waiting = _Waiting(wait)
     # Settled with no reply yet: a message passed to a ticket's inbox is settled at once,
     # and its ticket may still answer; so the wait goes on, as it would have without it.
     while not (outcome.replies and outcome.progress and outcome.progress.get("settled")):
         owed = outcome.progress is not None and bool(
             outcome.progress.get("pending") or outcome.progress.get("replies_queued")
         )
+        waiting.show(outcome, time.monotonic() - started)
         until = deadline if quiet_until is None or owed else min(deadline, quiet_until)
         try:
-            frame = await _frame(ws, until)
+            # On a terminal the status line's clock ticks: wake at least once a second.
+            frame = await _frame(ws, min(until, time.monotonic() + 1) if waiting.tty else until)
         except TimeoutError:
+            if time.monotonic() < until:
+                continue  # (the tick)
             if time.monotonic() >= deadline:
                 outcome.timed_out = True
+            waiting.clear()
             return
         kind = frame.get("type")
         if kind == "progress" and frame.get("trigger") == outcome.trigger:
@@ -279,8 +286,38 @@ async def _await_replies(
             elif said and frame.get("role") == "agent":
                 outcome.replies.append(frame)
                 if echo:
+                    waiting.clear()
                     _print(frame)
                 quiet_until = time.monotonic() + MORE_REPLIES_SECONDS
+    waiting.clear()
+
+
+class _Waiting:
+    """What ``say`` waits for, on stderr while it waits: on a terminal one status line,
+    its clock ticking, rewritten in place and cleared before a reply prints; otherwise a
+    line each time what is owed changes (a log reads well, and stdout stays the replies)."""
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+        self.tty = sys.stderr.isatty()
+        self.said = ""  # the last line written
+        self.drawn = False  # a status line is on the terminal
+
+    def show(self, outcome: Outcome, elapsed: float) -> None:
+        owed = outcome.owed()
+        what = "; ".join(_promise(p) for p in owed) if owed else "a reply"
+        if self.tty:
+            line = f"waiting for {what}: {elapsed:.0f}s of {self.wait:g}s (Ctrl-C stops waiting)"
+            click.echo(f"\r\x1b[K{line}", err=True, nl=False)
+            self.drawn = True
+        elif owed and what != self.said:
+            click.echo(f"waiting for {what} (up to {self.wait:g}s)", err=True)
+        self.said = what
+
+    def clear(self) -> None:
+        if self.drawn:
+            click.echo("\r\x1b[K", err=True, nl=False)
+            self.drawn = False
 
 
 async def _stream(
@@ -390,7 +427,7 @@ def _promise(item: dict[str, Any]) -> str:
 
 def _finish(outcome: Outcome, url: str, wait: float) -> int:
     """Say on stderr what did not arrive, and how to see it later; the exit status."""
-    follow = f"superagent say --follow --thread {outcome.thread}"
+    follow = f"superagent say --follow --conversation {outcome.thread}"
     for item in outcome.dropped():
         click.echo(f"will not arrive: {_promise(item)}", err=True)
     owed = outcome.owed()

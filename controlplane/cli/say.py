@@ -17,12 +17,13 @@ DEFAULT_WAIT = 120.0
 @click.command()
 @click.argument("text", required=False)
 @click.option(
-    "--thread",
     "--conversation",
     "thread",
-    metavar="CONVERSATION",
+    metavar="ID",
     help="Continue this conversation (its id is printed after each message).",
 )
+# The name it had first; one name in the help and the hints.
+@click.option("--thread", "thread_alias", hidden=True)
 @click.option(
     "--url",
     help="The control plane. [default: http://127.0.0.1:PORT, PORT from SUPERAGENT_HTTP__PORT]",
@@ -49,6 +50,7 @@ DEFAULT_WAIT = 120.0
 def say(
     text: str | None,
     thread: str | None,
+    thread_alias: str | None,
     url: str | None,
     name: str,
     wait_seconds: float,
@@ -85,6 +87,7 @@ def say(
     running, refuses the token, will not act on the message, or sends no reply within
     --wait; 130 on Ctrl-C otherwise.
     """
+    thread = thread or thread_alias
     if text is None and not (follow and thread):
         raise click.UsageError("say what? (only --follow --conversation ID needs no TEXT)")
     if follow and as_json:

@@ -524,7 +524,7 @@ async def test_superagent_say_prints_the_reply_and_continues_a_conversation(
         assert (code, out) == (0, "Yes, all 212 passed.\n"), err
         [row] = await web_triggers(pool)
         thread = row["thread"]
-        assert f"--thread {thread}" in err
+        assert f"--conversation {thread}" in err
 
         agent = asyncio.create_task(
             answer_when_said(pool, served.channels, "And the nightly?", "It failed at 03:12.")
@@ -606,5 +606,6 @@ async def test_superagent_say_help_teaches_with_an_example() -> None:
     code, out, _ = await superagent_say("--help")
     assert code == 0
     assert 'superagent say "' in out
-    assert "--thread" in out
+    assert "--conversation" in out
+    assert "--thread" not in out  # the old name still works, and is not taught
     assert "--no-wait" in out

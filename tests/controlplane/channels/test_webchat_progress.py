@@ -166,7 +166,7 @@ async def test_say_waits_for_the_tickets_first_report_and_keeps_stdout_to_the_re
 ) -> None:
     async with serving(pool, database_url) as served:
 
-        async def agent() -> None:
+        async def agent() -> str:
             trigger = await said(pool, "Fix the flaky test")
             ticket_id = await open_ticket(pool, trigger)
             await reply(pool, served.channels, trigger["thread"], "Opened a ticket.")
@@ -174,18 +174,23 @@ async def test_say_waits_for_the_tickets_first_report_and_keeps_stdout_to_the_re
             await asyncio.sleep(2.5)
             await first_report(pool, ticket_id)
             await reply(pool, served.channels, trigger["thread"], "Fixed:\nthe test is stable.\n")
+            return ticket_id
 
         playing = asyncio.create_task(agent())
         code, out, err = await superagent_say("--url", served.url, "Fix the flaky test")
-        await playing
+        ticket_id = await playing
         assert code == 0, err
+        # What it waits for, said once on stderr while it waits (not a terminal: no clock).
+        waited = [line for line in err.splitlines() if line.startswith("waiting for ")]
+        assert len(waited) == 1, err
+        assert ticket_id in waited[0], err
         # Exactly the replies, each ending with one newline; nothing else.
         assert out == "Opened a ticket.\nFixed:\nthe test is stable.\n"
         [row] = await web_triggers(pool)
         lines = err.splitlines()
         conversation = [line for line in lines if line.startswith("conversation ")]
         assert conversation == [
-            f"conversation {row['thread']} (continue it: superagent say --thread "
+            f"conversation {row['thread']} (continue it: superagent say --conversation "
             f"{row['thread']} TEXT)"
         ], err
         assert "Traceback" not in err
@@ -211,7 +216,7 @@ async def test_say_says_what_is_still_pending_when_the_wait_runs_out(
         assert out == "Opened a ticket.\n"
         [row] = await web_triggers(pool)
         assert f"superagent tickets show {ticket_id}" in err
-        assert f"superagent say --follow --thread {row['thread']}" in err
+        assert f"superagent say --follow --conversation {row['thread']}" in err
         assert "Traceback" not in err
 
         # --wait 0: recorded, and back at once.
