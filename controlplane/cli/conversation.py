@@ -66,6 +66,11 @@ class Outcome:
         found = (self.progress or {}).get("dropped")
         return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
 
+    def refused(self) -> list[dict[str, Any]]:
+        """What the agent would not do (a /run to no such device): the message failed."""
+        found = (self.progress or {}).get("refused")
+        return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
+
 
 def _socket_url(url: str, name: str) -> str:
     parts = urlsplit(url.rstrip("/"))
@@ -428,6 +433,9 @@ def _promise(item: dict[str, Any]) -> str:
 def _finish(outcome: Outcome, url: str, wait: float) -> int:
     """Say on stderr what did not arrive, and how to see it later; the exit status."""
     follow = f"superagent say --follow --conversation {outcome.thread}"
+    refused = outcome.refused()
+    if refused:
+        fail("; ".join(str(item.get("why") or "refused") for item in refused))
     for item in outcome.dropped():
         click.echo(f"will not arrive: {_promise(item)}", err=True)
     owed = outcome.owed()
@@ -480,6 +488,7 @@ def main(
                     ],
                     "pending": outcome.owed(),
                     "dropped": outcome.dropped(),
+                    "refused": outcome.refused(),
                 },
                 indent=2,
             )

@@ -84,8 +84,8 @@ def say(
     Exit status: 0 when the replies and everything they promised arrived (and on Ctrl-C
     with --follow); 3 when something promised did not arrive within --wait (stderr says
     what, and how to see it later); 1 with one line when the control plane is not
-    running, refuses the token, will not act on the message, or sends no reply within
-    --wait; 130 on Ctrl-C otherwise.
+    running, refuses the token, will not act on the message (a /run to a device that does
+    not exist), or sends no reply within --wait; 130 on Ctrl-C otherwise.
     """
     thread = thread or thread_alias
     if text is None and not (follow and thread):

@@ -12,6 +12,9 @@ the reply's wording, so this module reads what the agent recorded about the mess
   carries no trigger: the router was told in its own turn); dropped if the ticket ended
   with no report.
 
+``refused``: a ``/run`` the agent would not queue (no such device, a command it cannot
+run), with why: nothing will come of it, and the client should say so as a failure.
+
 ``handled``: the router has decided what to do with the message (every promise it makes is
 recorded by then). ``replies_queued``: replies to the conversation written but not yet sent.
 ``settled``: handled, nothing pending, nothing queued; nothing more is owed to the message.
@@ -53,6 +56,13 @@ WHERE m.trigger_id = $1 AND NOT t.speculative
 ORDER BY m.created_at, m.ticket_id
 """
 
+# The message's /run, refused: its decision on record, not ok.
+_REFUSED = """
+SELECT outcome FROM router_decisions
+WHERE $1 = ANY(trigger_ids) AND tool = 'run' AND NOT ok
+ORDER BY created_at
+"""
+
 # Replies to the thread in the outbox and not sent yet (a sent one's effect may linger).
 _QUEUED = """
 SELECT count(*) FROM effects e
@@ -69,6 +79,7 @@ class Progress:
     pending: list[dict[str, str]] = field(default_factory=list)
     arrived: list[dict[str, str]] = field(default_factory=list)
     dropped: list[dict[str, str]] = field(default_factory=list)
+    refused: list[dict[str, str]] = field(default_factory=list)
     replies_queued: int = 0
 
     @property
@@ -84,6 +95,7 @@ class Progress:
             "pending": self.pending,
             "arrived": self.arrived,
             "dropped": self.dropped,
+            "refused": self.refused,
             "replies_queued": self.replies_queued,
             "settled": self.settled,
         }
@@ -104,7 +116,7 @@ async def of(pool: asyncpg.Pool, trigger_id: str, conversation: str) -> Progress
         promise = {
             "kind": "run",
             "id": trigger_id,
-            "see": f"superagent say --follow --thread {conversation}",
+            "see": f"superagent say --follow --conversation {conversation}",
         }
         if run["result_sent"]:
             found.arrived.append(promise)
@@ -112,6 +124,8 @@ async def of(pool: asyncpg.Pool, trigger_id: str, conversation: str) -> Progress
             found.pending.append(promise)
         elif run["run_dead"]:
             found.dropped.append(promise)
+        for why in await conn.fetch(_REFUSED, trigger_id):
+            found.refused.append({"kind": "run", "id": trigger_id, "why": why["outcome"]})
         for row in await conn.fetch(_TICKETS, trigger_id):
             ticket = {
                 "kind": "ticket",

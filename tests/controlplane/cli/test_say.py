@@ -111,3 +111,10 @@ async def test_say_run_prints_the_commands_output_before_it_exits(
     assert out == "".join(row["text"].rstrip("\n") + "\n" for row in sent)
     assert any(line.startswith("conversation chat_") for line in err.splitlines()), err
     assert "Traceback" not in err
+
+    # A /run to a device that does not exist: the reply says so, and so does the exit
+    # status (it once exited 0, as if the command had run).
+    code, out, err = await say(replica, "/run nowhere echo hi")
+    assert code == 1, (out, err)
+    assert "no paired device 'nowhere'" in out
+    assert err.splitlines()[-1].startswith("error: /run failed: no paired device 'nowhere'"), err
