@@ -164,7 +164,9 @@ class Leadership(Service):
             self.lost.clear()
             self.gained.set()
         elif not self.is_leader and self.gained.is_set():
-            log.warning("this replica (%s) no longer leads %s", self.holder, self.lease)
+            # Lost (a lease that could not be renewed) is news; handed back on a stop is not.
+            level = logging.INFO if self.stopping.is_set() else logging.WARNING
+            log.log(level, "this replica (%s) no longer leads %s", self.holder, self.lease)
             self.gained.clear()
             self.lost.set()
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 LOOPS_SHARE = 0.75
 # How long a cancelled loop may take to unwind before it is left behind.
 _CANCEL_GRACE = 1.0
+# What a service still gets once the stop's budget is spent: a moment to notice.
+_LAST_CHANCE = 0.1
 
 _TRANSIENT: tuple[type[BaseException], ...] = (
     TransientError,
@@ -197,6 +200,8 @@ async def run_services(
                     raise exc
                 raise RuntimeError(f"{failed.name} stopped unexpectedly")
     finally:
-        per_service = shutdown_timeout / max(len(started), 1)
+        # One budget for the whole stop: each service may take what the ones before it
+        # left (a child process needs most of a second; an equal share cut it off).
+        deadline = time.monotonic() + shutdown_timeout
         for service in reversed(started):
-            await service.stop(per_service)
+            await service.stop(max(_LAST_CHANCE, deadline - time.monotonic()))

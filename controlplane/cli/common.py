@@ -64,7 +64,7 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler])
     logs.apply_format()
     # Third-party chatter that says nothing an operator needs at INFO.
-    for noisy in ("pgserver", "uvicorn.error", "alembic.runtime.migration"):
+    for noisy in ("pgserver", "uvicorn.error", "alembic"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
@@ -132,7 +132,9 @@ def run_until_signalled(
             signalled.set()
             # call_soon_threadsafe: this handler may interrupt the loop anywhere.
             loop.call_soon_threadsafe(stop.set)
-            if first:
+            if first and signum == signal.SIGINT:
+                # A person pressed Ctrl-C. (A SIGTERM comes from a supervisor, such as
+                # `up` stopping its watchdog: no hint about Ctrl-C, no second line.)
                 say("\nstopping (Ctrl-C again to force)…")
             elif signum == signal.SIGINT:
                 say("\nforced exit")

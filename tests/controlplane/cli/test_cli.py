@@ -210,4 +210,9 @@ def test_up_serves_on_embedded_postgres_and_stops_cleanly_on_ctrl_c(tmp_path: Pa
     assert proc.returncode == 0, stderr
     assert elapsed < 5, f"Ctrl-C took {elapsed:.1f}s"
     assert "Traceback" not in stderr
+    # One "stopping" line (its watchdog child, stopped by `up`, says nothing), and a clean
+    # stop warns of nothing: it once said "stopping" twice and cancelled the child.
+    tail = stderr[stderr.index("stopping (Ctrl-C again to force)") :]
+    assert tail.count("stopping") == 1, tail
+    assert not [line for line in tail.splitlines() if " WARNING " in line], tail
     assert not _postgres_running_in(state / "postgres"), "embedded Postgres left running"
