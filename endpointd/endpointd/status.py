@@ -205,6 +205,18 @@ def _commands(state_directory: Path) -> list[dict[str, Any]]:
         journal.close()
 
 
+# Where `superagent up --device` keeps the endpointd it runs (its state directory's
+# "device" folder, at superagent's default state directory).
+UP_DEVICE_HOME = Path("~/.local/share/superagent/device")
+
+
+def up_device() -> str | None:
+    """The home of a `superagent up --device` daemon paired on this machine, if any: the
+    place to look when this endpointd is not paired but "the device" is connected."""
+    home = UP_DEVICE_HOME.expanduser()
+    return str(home) if (home / "config" / "config.json").is_file() else None
+
+
 def collect_status(config_directory: Path, state_directory: Path) -> dict[str, Any]:
     report: dict[str, Any] = {
         "config_dir": str(config_directory),
@@ -215,6 +227,7 @@ def collect_status(config_directory: Path, state_directory: Path) -> dict[str, A
     except ConfigError as exc:
         report["paired"] = False
         report["pairing_error"] = str(exc)
+        report["up_device"] = up_device()
     else:
         report["paired"] = True
         report["server_url"] = config.server_url
@@ -257,6 +270,14 @@ def print_status(report: dict[str, Any]) -> None:
         click.echo(f"trust:     {report['trust']}; key in {report['key_storage']}")
     else:
         click.echo(f"paired:    no ({report['pairing_error']})")
+        home = report.get("up_device")
+        if home:
+            click.echo(
+                "           `superagent up --device` runs an endpointd of its own on this "
+                "machine; its status:\n"
+                f"           ENDPOINTD_CONFIG_DIR={home}/config ENDPOINTD_STATE_DIR={home}/state "
+                "endpointd status"
+            )
     daemon = report["daemon"]
     if daemon["running"]:
         line = f"daemon:    {daemon['state']} (pid {daemon['pid']}, since {daemon.get('since')})"

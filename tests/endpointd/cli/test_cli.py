@@ -308,3 +308,28 @@ def test_launchd_agent_content(tmp_path: Path) -> None:
     assert plist["ProgramArguments"] == [sys.executable, "-m", "endpointd", "run"]
     assert plist["KeepAlive"] is True
     assert agent.enable == ["launchctl", "load", "-w", str(agent.path)]
+
+
+def test_status_unpaired_points_at_the_daemon_superagent_up_runs(tmp_path: Path) -> None:
+    """`endpointd status` once said "paired: no … not running" on a machine whose
+    `superagent up --device` daemon was connected: that one lives elsewhere."""
+    home = tmp_path / "home"
+    env = {
+        "HOME": str(home),
+        "ENDPOINTD_CONFIG_DIR": str(tmp_path / "c"),
+        "ENDPOINTD_STATE_DIR": str(tmp_path / "s"),
+    }
+    alone = _endpointd("status", env=env)
+    assert "paired:    no" in alone.stdout
+    assert "superagent up --device" not in alone.stdout  # none here: no hint
+    device = home / ".local/share/superagent/device"
+    (device / "config").mkdir(parents=True)
+    (device / "config" / "config.json").write_text("{}")
+    hinted = _endpointd("status", env=env)
+    assert hinted.returncode == alone.returncode
+    assert "`superagent up --device` runs an endpointd of its own" in hinted.stdout
+    assert f"ENDPOINTD_CONFIG_DIR={device}/config ENDPOINTD_STATE_DIR={device}/state" in (
+        hinted.stdout
+    )
+    shown = json.loads(_endpointd("status", "--json", env=env).stdout)
+    assert shown["up_device"] == str(device)
