@@ -72,6 +72,7 @@ def say(
     Examples:
       superagent say "Why is CI red on main?"
       superagent say "/run laptop make test"            # waits for the output
+      superagent say "/run laptop sh -c 'make && make test'"   # /run has no shell of its own
       superagent say --wait 600 "Fix the flaky login test"   # and the ticket's report
       superagent say --conversation chat_4f0c2a9e1b7d3c55 "Go ahead and fix it"
       superagent say --follow --conversation chat_4f0c2a9e1b7d3c55   # what came since

@@ -209,8 +209,8 @@ def shell(tmp_path: Path, fake_llm: FakeOpenAIServer) -> Iterator[Shell]:
         raise AssertionError(f"no wheelhouse at {WHEELHOUSE}: run scripts/bootstrap")
     home = tmp_path / "home"
     home.mkdir()
-    # A developer's git knows who they are; the README's own commit needs it.
-    (home / ".gitconfig").write_text("[user]\n\tname = Ada\n\temail = ada@example.com\n")
+    # No ~/.gitconfig: git does not know who commits on a fresh machine, and the README's
+    # own commit (and the agent's) once failed there ("Author identity unknown").
     # `python3` is this interpreter's base Python (not this venv), as on a fresh machine.
     tools = tmp_path / "tools"
     tools.mkdir()
