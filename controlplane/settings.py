@@ -15,7 +15,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controlplane.errors import ConfigError
@@ -790,6 +797,15 @@ class Settings(BaseSettings):
         description="`plain` text lines, or `json`: one JSON object per line (time, level, "
         "logger, message, trace_id) for log shippers.",
     )
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _log_format_never_stops_the_process(cls, value: Any) -> Any:
+        # A wrong log format is no reason to refuse to run: logging says so once and keeps
+        # plain lines (controlplane.logs.apply_format), and so does the setting.
+        text = str(value).strip().lower()
+        return text if text in ("plain", "json") else "plain"
+
     shutdown_timeout: float = Field(
         5.0,
         gt=0,

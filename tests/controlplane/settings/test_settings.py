@@ -190,3 +190,12 @@ def test_a_secret_file_that_cannot_be_read_or_doubles_its_variable_is_one_clear_
         assert done.returncode == 1, done
         assert done.stderr.startswith(f"error: {said}"), done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_bad_log_format_warns_and_runs_on_plain_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/operations.md: a wrong format is logged once and plain lines kept; the setting
+    once refused it instead, and every command exited 1."""
+    monkeypatch.setenv("SUPERAGENT_LOG_FORMAT", "xml")
+    assert Settings().log_format == "plain"
+    monkeypatch.setenv("SUPERAGENT_LOG_FORMAT", " JSON ")
+    assert Settings().log_format == "json"
