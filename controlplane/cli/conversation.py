@@ -380,7 +380,10 @@ async def _latest_replies(
     messages = response.json().get("messages", [])
     latest: list[dict[str, Any]] = []
     for message in messages:
-        latest = [] if message.get("role") == "person" else [*latest, message]
+        if message.get("role") == "person":
+            latest = []
+        elif message.get("role") == "agent":  # (not a worker's report: the agent relays it)
+            latest = [*latest, message]
     for message in latest:
         _print(message)
     return {str(message.get("id")): message for message in messages}

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.channels.webchat.events import SOURCE
+from controlplane.ingest.routing import REPORT_SOURCE
 
 HISTORY_LIMIT = 500  # most recent messages a conversation shows
 THREADS_LIMIT = 100  # most recent conversations listed
@@ -24,7 +25,7 @@ THREADS_LIMIT = 100  # most recent conversations listed
 class ChatMessage:
     id: str  # the trigger id (people) or the reply id (the agent)
     thread: str  # the conversation id
-    role: str  # "person" | "agent"
+    role: str  # "person", "agent", or "worker" (a ticket's report on its home thread)
     author: str
     text: str
     at: datetime
@@ -46,7 +47,9 @@ class ChatMessage:
 # Newest first, so that LIMIT keeps the latest; callers get them oldest first.
 _MESSAGES = f"""
 SELECT id, role, author, external_id, text, at FROM (
-    SELECT t.id, 'person' AS role, t.actor_name AS author, t.external_id, t.text,
+    SELECT t.id,
+           CASE WHEN t.source = '{REPORT_SOURCE}' THEN 'worker' ELSE 'person' END AS role,
+           t.actor_name AS author, t.external_id, t.text,
            t.created_at AS at
     FROM triggers t JOIN threads th ON th.id = t.thread_id
     WHERE th.source = '{SOURCE}' AND th.external_id = $1

@@ -32,6 +32,7 @@ from controlplane.channels.webchat import events
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.domain import EffectKind
 from controlplane.effects.handlers import ClaimedEffect
+from controlplane.ingest import routing
 from controlplane.ingest.admission import Admission, SourceAdmission
 from controlplane.ingest.intake import Intake
 from controlplane.runtime import HttpService
@@ -259,6 +260,19 @@ async def test_history_and_conversation_list_survive_a_reload(
             await recv(ws)  # own message
             first_reply = await reply(pool, served.channels, thread, "Deploying now.")
             assert (await recv(ws))["id"] == first_reply
+            # A ticket's report, on its home thread: the worker's, never shown as carol's.
+            async with pool.acquire() as conn:
+                thread_id = await conn.fetchval(
+                    "SELECT id FROM threads WHERE external_id = $1", thread
+                )
+                await routing.worker_report(
+                    conn,
+                    report_id=new_id("rpt"),
+                    ticket_id="tkt_000000000001",
+                    thread_id=thread_id,
+                    kind="report.ready",
+                    text="READY: deployed",
+                )
             await say(ws, "Thanks", thread=thread)
             assert (await recv(ws))["thread"] == thread
         async with httpx.AsyncClient(base_url=served.url, headers=BEARER) as http:
@@ -277,6 +291,7 @@ async def test_history_and_conversation_list_survive_a_reload(
             assert [(m["role"], m["author"], m["text"]) for m in messages] == [
                 ("person", "carol", "  Deploy\nthe   staging branch  "),
                 ("agent", "agent", "Deploying now."),
+                ("worker", "worker of tkt_000000000001", "READY: deployed"),
                 ("person", "carol", "Thanks"),
             ]
             missing = await http.get("/chat/api/threads/chat_0000000000000000/messages")
@@ -609,3 +624,70 @@ async def test_superagent_say_help_teaches_with_an_example() -> None:
     assert "--conversation" in out
     assert "--thread" not in out  # the old name still works, and is not taught
     assert "--no-wait" in out
+
+
+async def test_the_page_renders_the_agents_markdown_as_text_built_nodes_and_a_report_apart(
+    pool: asyncpg.Pool, database_url: str, console_policy: None
+) -> None:
+    """The chat once showed the agent's Markdown raw, and a ticket's report as if the person
+    had said it. Markdown now renders, from text nodes only: markup in a message stays
+    text."""
+    from playwright.async_api import expect
+
+    from tests.support.console_browser import chromium
+
+    answer = (
+        "Run `make test` first:\n```sh\nmake test\n```\n**Done**, see "
+        "https://example.com/ci/7 or [the PR](https://example.com/pr/8). "
+        "<img src=x onerror=alert(1)><script>alert(2)</script> [x](javascript:alert(3))"
+    )
+    async with serving(pool, database_url) as served:
+        async with connect(served.ws_url + "?name=carol") as ws:
+            await ready(ws)
+            await say(ws, "How do I check **this**?")
+            thread = (await recv(ws))["thread"]
+            await recv(ws)  # own message
+            await reply(pool, served.channels, thread, answer)
+            async with pool.acquire() as conn:
+                thread_id = await conn.fetchval(
+                    "SELECT id FROM threads WHERE external_id = $1", thread
+                )
+                await routing.worker_report(
+                    conn,
+                    report_id=new_id("rpt"),
+                    ticket_id="tkt_000000000002",
+                    thread_id=thread_id,
+                    kind="report.ready",
+                    text="READY: `checked`",
+                )
+        async with chromium() as browser:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
+            # The console's sign-in, which leads back to the chat.
+            await page.goto(f"{served.url}/chat")
+            await page.fill("input[name=token]", TOKEN)
+            await page.click("button[type=submit]")
+            await expect(page.locator("#status")).to_contain_text("connected")
+            await page.goto(f"{served.url}/chat#{thread}")
+            agent = page.locator(".msg.agent")
+            await expect(agent).to_have_count(1)
+            await expect(agent.locator("pre code")).to_have_text("make test")
+            await expect(agent.locator(":scope > code")).to_have_text("make test")
+            await expect(agent.locator("strong")).to_have_text("Done")
+            links = agent.locator("a")
+            await expect(links).to_have_count(2)
+            assert await links.nth(0).get_attribute("href") == "https://example.com/ci/7"
+            assert await links.nth(1).get_attribute("href") == "https://example.com/pr/8"
+            await expect(links.nth(1)).to_have_text("the PR")
+            # Markup in a message is text: no element made, nothing run, shown as written.
+            await expect(page.locator("#messages img, #messages script")).to_have_count(0)
+            await expect(agent).to_contain_text("<script>alert(2)</script>")
+            await expect(agent).to_contain_text("[x](javascript:alert(3))")
+            # What the person typed stays as typed; the report is the worker's, apart.
+            await expect(page.locator(".msg.person")).to_contain_text("How do I check **this**?")
+            worker = page.locator(".msg.worker")
+            await expect(worker).to_contain_text("worker of tkt_000000000002")
+            await expect(worker.locator("code")).to_have_text("checked")
+            assert errors == []

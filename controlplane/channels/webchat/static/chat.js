@@ -46,8 +46,55 @@ function bubble(role, author, text, at) {
   who.className = "who";
   who.textContent = author + (at ? " · " + new Date(at).toLocaleTimeString() : "");
   el.appendChild(who);
-  el.appendChild(document.createTextNode(text));
+  // The agent writes Markdown; what a person typed is shown as they typed it.
+  el.appendChild(role === "person" ? document.createTextNode(text) : markdown(text));
   return el;
+}
+
+// The Markdown the agent's replies use: fenced code blocks, `code`, **bold** and links.
+// Built as DOM nodes whose text is set as text, never parsed as HTML: nothing in a message
+// can become markup, whatever it holds.
+function markdown(text) {
+  const out = document.createDocumentFragment();
+  // Odd parts are the fenced blocks' contents (the language after the fence is dropped).
+  text.split(/```[^\n]*\n?([\s\S]*?)```/).forEach((part, i) => {
+    if (i % 2) {
+      const pre = document.createElement("pre");
+      const code = document.createElement("code");
+      code.textContent = part.replace(/\n$/, "");
+      pre.appendChild(code);
+      out.appendChild(pre);
+    } else {
+      inline(part, out);
+    }
+  });
+  return out;
+}
+
+const INLINE = /`([^`\n]+)`|\*\*([^*\n]+)\*\*|\[([^\]\n]+)\]\((https?:\/\/[^)\s]+)\)|(https?:\/\/[^\s<>()]*[^\s<>().,;:!?'"])/g;
+
+function inline(text, into) {
+  let last = 0;
+  for (const m of text.matchAll(INLINE)) {
+    into.appendChild(document.createTextNode(text.slice(last, m.index)));
+    let el;
+    if (m[1] !== undefined) {
+      el = document.createElement("code");
+      el.textContent = m[1];
+    } else if (m[2] !== undefined) {
+      el = document.createElement("strong");
+      el.textContent = m[2];
+    } else {
+      el = document.createElement("a");
+      el.href = m[4] || m[5];  // http(s) only: the pattern admits nothing else
+      el.textContent = m[3] || m[5];
+      el.rel = "noopener noreferrer";
+      el.target = "_blank";
+    }
+    into.appendChild(el);
+    last = m.index + m[0].length;
+  }
+  into.appendChild(document.createTextNode(text.slice(last)));
 }
 
 function place(el) {
