@@ -558,7 +558,7 @@ async def check_identities(url: str) -> Check:
     return failed(
         name,
         f"{' and '.join(found)} could not be turned into ids and match nobody",
-        "give them again by id or by a resolvable handle: `superagent policy edit`, "
+        "give them again by id or by a resolvable handle: `superagent admission edit`, "
         "`superagent users link` (docs/ingest.md, Who is who)",
     )
 

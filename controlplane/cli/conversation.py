@@ -240,7 +240,7 @@ async def _accepted(ws: ClientConnection, outcome: Outcome, client_id: str) -> N
             if outcome.route == "dropped":
                 raise SayError(
                     f"recorded, but the agent will not act on it: {frame.get('reason')} "
-                    "(see `superagent policy`)"
+                    "(see `superagent admission`)"
                 )
 
 

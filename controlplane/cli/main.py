@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "pause": ("controlplane.cli.pausing:pause", "Pause the agent; events wait."),
     "resume": ("controlplane.cli.pausing:resume", "Resume after `superagent pause`."),
-    "policy": (
+    "admission": (
         "controlplane.cli.versioned:policy",
         "Show and edit who may ask the agent for work.",
     ),
@@ -62,6 +62,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Old names that still work, neither listed nor taught.
+ALIASES = {"policy": "admission"}
+
+
 class _LazyGroup(click.Group):
     """A group whose commands are imported by name, from :data:`COMMANDS`, when used, and
     listed by the help without being imported."""
@@ -70,6 +74,7 @@ class _LazyGroup(click.Group):
         return sorted({*super().list_commands(ctx), *COMMANDS})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd_name = ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             target, summary = COMMANDS[cmd_name]
             module, _, attribute = target.partition(":")

@@ -1,4 +1,5 @@
-"""``superagent policy`` and ``superagent prompts``: show and edit immutable versions.
+"""``superagent admission`` (once ``policy``) and ``superagent prompts``: show and edit
+immutable versions.
 
 Every edit is saved as a new version on top of the one it was based on; if someone else
 saved in between, the edit is refused and kept, so nothing is lost and nothing silently
@@ -91,9 +92,12 @@ def _resolve_policy(settings: Settings, body: Any) -> Any:
     return resolved
 
 
-@click.group()
+@click.group(name="admission")
 def policy() -> None:
-    """Show and edit the ingest policy (who may ask the agent for what, per source).
+    """Show and edit who may ask the agent for what, per source (the admission policy).
+
+    (Once `superagent policy`, a name it still answers to: "policy" is what endpointd calls
+    what may run on a device.)
 
     Each edit is a new, immutable version based on the one you edited. See docs/ingest.md
     for the format.

@@ -2,7 +2,7 @@
 policy, newest first, with who saved it and on which version it was based.
 
 Versions are immutable (``controlplane.versions``); ``superagent prompts edit`` and
-``superagent policy edit`` save new ones. A name with no saved version runs on its
+``superagent admission edit`` save new ones. A name with no saved version runs on its
 built-in default, shown as such.
 """
 
@@ -56,6 +56,6 @@ async def versions(pool: asyncpg.Pool) -> dict[str, Any]:
             pool,
             "policy_versions",
             {POLICY_NAME: Admission().model_dump(mode="json")},
-            "superagent policy edit",
+            "superagent admission edit",
         ),
     }

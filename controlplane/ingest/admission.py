@@ -3,7 +3,7 @@ every event.
 
 The word is *admission* (whether a request is let in, and as what); "policy" is the
 device's own word, endpointd's local rules of what a command may do there. The stored
-document keeps its older name where people and data see it: ``superagent policy``, the
+document keeps its older name where people and data see it: ``superagent admission``, the
 ``policy_versions`` rows named :data:`POLICY_NAME`.
 
 No model is involved. Who is authorized comes only from what the channel adapter verified
@@ -121,7 +121,7 @@ class Admission(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     routing: DevicePlacement = Field(default_factory=DevicePlacement)
     # Entries a migration could not turn into ids, with where they were: inert, kept on
-    # record until someone resolves them (``superagent policy edit``).
+    # record until someone resolves them (``superagent admission edit``).
     unresolved: list[str] = Field(default_factory=list)
 
     def for_source(self, source: str) -> SourceAdmission:

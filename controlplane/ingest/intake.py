@@ -85,7 +85,7 @@ class Ingested:
 
 
 class AdmissionSource:
-    """The current admission document (``superagent policy``), re-read at most once a second
+    """The current admission document (``superagent admission``), re-read at most once a second
     (saves apply within 1 s)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:

@@ -1,4 +1,4 @@
-"""``superagent policy`` and ``superagent prompts``: immutable versions, conflicts refused."""
+"""``superagent admission`` and ``superagent prompts``: immutable versions, conflicts refused."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _version_id(output: str) -> str:
 def test_policy_edits_are_versions_and_a_stale_edit_is_refused(
     db: async_sessionmaker[AsyncSession], database_url: str, tmp_path: Path
 ) -> None:
-    shown = _cli(database_url, "policy", "show")
+    shown = _cli(database_url, "admission", "show")
     assert shown.returncode == 0, shown.stderr
     assert "built-in default" in shown.stderr
     assert json.loads(shown.stdout)["default"]["mode"] == "explicit"
@@ -46,12 +46,12 @@ def test_policy_edits_are_versions_and_a_stale_edit_is_refused(
     # tests/controlplane/identities/test_identities.py).
     alice, bob, mallory = "@alice:example.org", "@bob:example.org", "@mallory:example.org"
     first.write_text(json.dumps({"default": {"users": [alice]}}))
-    saved = _cli(database_url, "policy", "edit", "--file", str(first), "--author", "alice")
+    saved = _cli(database_url, "admission", "edit", "--file", str(first), "--author", "alice")
     assert saved.returncode == 0, saved.stderr
     assert "version 1" in saved.stdout
     v1 = _version_id(saved.stdout)
 
-    shown = _cli(database_url, "policy", "show")
+    shown = _cli(database_url, "admission", "show")
     assert f"version 1 ({v1}), by alice" in shown.stderr
     body = json.loads(shown.stdout)
     assert body["default"]["users"] == [alice]
@@ -59,20 +59,21 @@ def test_policy_edits_are_versions_and_a_stale_edit_is_refused(
 
     second = tmp_path / "second.json"
     second.write_text(json.dumps({"default": {"users": [alice, bob]}}))
-    saved = _cli(database_url, "policy", "edit", "--file", str(second), "--base", v1)
+    saved = _cli(database_url, "admission", "edit", "--file", str(second), "--base", v1)
     assert saved.returncode == 0, saved.stderr
     assert "version 2" in saved.stdout
 
     # Someone else's edit, still based on version 1: refused, naming the latest.
     third = tmp_path / "third.json"
     third.write_text(json.dumps({"default": {"users": [mallory]}}))
-    refused = _cli(database_url, "policy", "edit", "--file", str(third), "--base", v1)
+    refused = _cli(database_url, "admission", "edit", "--file", str(third), "--base", v1)
     assert refused.returncode == 1
     assert "latest is version 2" in refused.stderr
     assert "Traceback" not in refused.stderr
-    assert "mallory" not in _cli(database_url, "policy", "show").stdout
+    assert "mallory" not in _cli(database_url, "admission", "show").stdout
 
     # An old version stays readable.
+    # The old name still answers (`superagent policy` before the rename).
     old = _cli(database_url, "policy", "show", "--version", v1)
     assert json.loads(old.stdout)["default"]["users"] == [alice]
 
@@ -82,26 +83,26 @@ def test_an_invalid_policy_is_refused_with_the_field_named(
 ) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"sources": {"slack": {"mode": "sometimes"}}}))
-    refused = _cli(database_url, "policy", "edit", "--file", str(bad))
+    refused = _cli(database_url, "admission", "edit", "--file", str(bad))
     assert refused.returncode == 1
     assert "sources.slack.mode" in refused.stderr
     assert "nothing saved" in refused.stderr
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    refused = _cli(database_url, "policy", "edit", "--file", str(broken))
+    refused = _cli(database_url, "admission", "edit", "--file", str(broken))
     assert "not valid JSON" in refused.stderr
-    assert "built-in default" in _cli(database_url, "policy", "show").stderr
+    assert "built-in default" in _cli(database_url, "admission", "show").stderr
 
 
 def test_policy_edit_in_the_editor(db: async_sessionmaker[AsyncSession], database_url: str) -> None:
     # The "editor" switches the default source mode from explicit to candidate.
     editor = 'sed -i s/\\"explicit\\"/\\"candidate\\"/'
-    saved = _cli(database_url, "policy", "edit", EDITOR=editor, VISUAL=editor)
+    saved = _cli(database_url, "admission", "edit", EDITOR=editor, VISUAL=editor)
     assert saved.returncode == 0, saved.stderr
     assert "version 1" in saved.stdout
-    shown = _cli(database_url, "policy", "show")
+    shown = _cli(database_url, "admission", "show")
     assert json.loads(shown.stdout)["default"]["mode"] == "candidate"
-    unchanged = _cli(database_url, "policy", "edit", EDITOR="true", VISUAL="true")
+    unchanged = _cli(database_url, "admission", "edit", EDITOR="true", VISUAL="true")
     assert "nothing saved" in unchanged.stdout
 
 

@@ -415,7 +415,7 @@ async def test_identities_a_migration_could_not_convert_are_flagged(
     flagged = await doctor.check_identities(database_url)
     assert not flagged.ok
     assert "1 policy entries and 1 account links" in flagged.detail
-    assert "superagent policy edit" in (flagged.fix or "")
+    assert "superagent admission edit" in (flagged.fix or "")
 
 
 def test_the_local_devices_last_sandbox_check_is_shown(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ async def _latest_policy(pool: asyncpg.Pool) -> tuple[str | None, dict[str, Any]
 async def _edit_policy(
     database_url: str, pool: asyncpg.Pool, tmp_path: Path, body: dict[str, Any], **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """``superagent policy edit --file`` on top of the latest version."""
+    """``superagent admission edit --file`` on top of the latest version."""
     base, _ = await _latest_policy(pool)
     path = tmp_path / f"{new_id('pol')}.json"
     path.write_text(json.dumps(body))
