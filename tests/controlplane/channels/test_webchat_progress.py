@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -194,6 +195,64 @@ async def test_say_waits_for_the_tickets_first_report_and_keeps_stdout_to_the_re
             f"{row['thread']} TEXT)"
         ], err
         assert "Traceback" not in err
+
+
+async def test_on_a_terminal_say_keeps_one_ticking_status_line_and_clears_it_for_replies(
+    pool: asyncpg.Pool, database_url: str, console_policy: None
+) -> None:
+    async with serving(pool, database_url) as served:
+
+        async def agent() -> str:
+            trigger = await said(pool, "Fix the flaky test")
+            ticket_id = await open_ticket(pool, trigger)
+            await reply(pool, served.channels, trigger["thread"], "Opened a ticket.")
+            await asyncio.sleep(2.5)  # two ticks of the status line's clock, at least
+            await first_report(pool, ticket_id)
+            await reply(pool, served.channels, trigger["thread"], "Fixed.")
+            return ticket_id
+
+        master, slave = os.openpty()
+        playing = asyncio.create_task(agent())
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "controlplane.cli",
+            "say",
+            "--url",
+            served.url,
+            "Fix the flaky test",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=slave,
+            env=cli_env(),
+        )
+        os.close(slave)
+        shown = asyncio.create_task(asyncio.to_thread(_read_all, master))
+        async with asyncio.timeout(60):
+            out, _ = await process.communicate()
+        terminal = (await shown).decode(errors="replace")
+        ticket_id = await playing
+        assert process.returncode == 0, terminal
+        assert out.decode() == "Opened a ticket.\nFixed.\n"  # stdout: the replies only
+        lines = [part for part in terminal.split("\r\x1b[K") if part.startswith("waiting for ")]
+        assert any(ticket_id in line for line in lines), terminal
+        clock = {line.split(": ")[-1].split("s of")[0] for line in lines}
+        assert len(clock) >= 2, terminal  # it ticked
+        # Cleared at the end: no status line left on the terminal.
+        assert not terminal.split("\r\x1b[K")[-1].startswith("waiting for"), terminal
+
+
+def _read_all(fd: int) -> bytes:
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the writer is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(fd)
+    return seen
 
 
 async def test_say_says_what_is_still_pending_when_the_wait_runs_out(
