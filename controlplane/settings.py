@@ -9,6 +9,7 @@ their standard names: ``DATABASE_URL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from collections.abc import Mapping
 from enum import StrEnum
@@ -874,19 +875,39 @@ def env_name(path: tuple[str, ...], field: Any) -> str:
     return ENV_PREFIX + "__".join(part.upper() for part in path)
 
 
-def describe(
-    model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()
-) -> list[tuple[str, str, str]]:
+@functools.cache
+def _fields() -> tuple[tuple[tuple[str, ...], Any], ...]:
+    """Every leaf setting with its path, in declaration order (the model never changes:
+    walked once per process, though every ``Settings()`` and help asks)."""
+
+    def walk(model: type[BaseModel], prefix: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+        found: list[tuple[tuple[str, ...], Any]] = []
+        for name, field in model.model_fields.items():
+            path = (*prefix, name)
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                found.extend(walk(annotation, path))
+            else:
+                found.append((path, field))
+        return found
+
+    return tuple(walk(Settings, ()))
+
+
+def _names(path: tuple[str, ...], field: Any) -> list[str]:
+    """Every variable name that sets the field (the first is the one the docs give)."""
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    return [env_name(path, field)]
+
+
+def describe() -> list[tuple[str, str, str]]:
     """Rows of (environment variable, default, description) for every leaf setting."""
     rows: list[tuple[str, str, str]] = []
-    for name, field in model.model_fields.items():
-        path = (*prefix, name)
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            rows.extend(describe(annotation, path))
-            continue
+    for path, field in _fields():
         if field.default_factory is not None:
-            default = "~/.local/share/superagent" if name == "state_dir" else "(computed)"
+            default = "~/.local/share/superagent" if path == ("state_dir",) else "(computed)"
         elif field.default is None:
             default = "unset"
         else:
@@ -925,12 +946,8 @@ MOVED = {"SUPERAGENT_WORKERS__PRICES__": "SUPERAGENT_LLM__PRICES (prices by mode
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A line for each ``SUPERAGENT_*`` variable in ``environ`` that no setting reads (a
     typo is otherwise ignored in silence), naming the closest setting."""
-    known = {env for env, _, _ in describe()}
+    known = {name for _, names in leaves() for name in names}
     known.update(name + "_FILE" for _, names in secret_leaves() for name in names)
-    for field in Settings.model_fields.values():
-        alias = field.validation_alias
-        if isinstance(alias, AliasChoices):
-            known.update(str(choice) for choice in alias.choices)
     lines = []
     for name in sorted(environ):
         if not name.startswith("SUPERAGENT_") or name in known or name in NOT_SETTINGS:
@@ -949,30 +966,16 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 CREDENTIAL_STRINGS = frozenset({("database_url",)})
 
 
-def secret_leaves(
-    model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], list[str]]]:
+def secret_leaves() -> list[tuple[tuple[str, ...], list[str]]]:
     """Each secret setting (and each string that carries a credential): its path, and
     every variable name that sets it."""
-    found: list[tuple[tuple[str, ...], list[str]]] = []
-    for name, field in model.model_fields.items():
-        path = (*prefix, name)
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            found.extend(secret_leaves(annotation, path))
-        elif (
-            SecretStr in getattr(annotation, "__args__", ())
-            or annotation is SecretStr
-            or path in CREDENTIAL_STRINGS
-        ):
-            alias = field.validation_alias
-            names = (
-                [str(c) for c in alias.choices]
-                if isinstance(alias, AliasChoices)
-                else [ENV_PREFIX + "__".join(p.upper() for p in path)]
-            )
-            found.append((path, names))
-    return found
+    return [
+        (path, _names(path, field))
+        for path, field in _fields()
+        if SecretStr in getattr(field.annotation, "__args__", ())
+        or field.annotation is SecretStr
+        or path in CREDENTIAL_STRINGS
+    ]
 
 
 class SecretFiles(PydanticBaseSettingsSource):
@@ -986,7 +989,7 @@ class SecretFiles(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
-        settings = {env for env, _, _ in describe()}
+        settings = {names[0] for _, names in leaves()}
         for path, names in secret_leaves():
             for name in names:
                 file_name = os.environ.get(name + "_FILE")
@@ -1007,24 +1010,10 @@ class SecretFiles(PydanticBaseSettingsSource):
         return values
 
 
-def leaves(
-    model: type[BaseModel] = Settings, prefix: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], list[str]]]:
+def leaves() -> list[tuple[tuple[str, ...], list[str]]]:
     """Every leaf setting: its path, and the variable names that set it (the first is the
     one the docs give)."""
-    found: list[tuple[tuple[str, ...], list[str]]] = []
-    for name, field in model.model_fields.items():
-        path = (*prefix, name)
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            found.extend(leaves(annotation, path))
-            continue
-        alias = field.validation_alias
-        if isinstance(alias, AliasChoices):
-            found.append((path, [str(c) for c in alias.choices]))
-        else:
-            found.append((path, [env_name(path, field)]))
-    return found
+    return [(path, _names(path, field)) for path, field in _fields()]
 
 
 def source_of(names: list[str], environ: Mapping[str, str]) -> str:
