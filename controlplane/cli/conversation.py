@@ -59,16 +59,18 @@ class Outcome:
 
     def owed(self) -> list[dict[str, Any]]:
         """What the message was promised that has not arrived."""
-        found = (self.progress or {}).get("pending")
-        return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
+        return self._items("pending")
 
     def dropped(self) -> list[dict[str, Any]]:
-        found = (self.progress or {}).get("dropped")
-        return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
+        return self._items("dropped")
 
     def refused(self) -> list[dict[str, Any]]:
         """What the agent would not do (a /run to no such device): the message failed."""
-        found = (self.progress or {}).get("refused")
+        return self._items("refused")
+
+    def _items(self, key: str) -> list[dict[str, Any]]:
+        """The progress frame's list ``key`` (anything malformed in it ignored)."""
+        found = (self.progress or {}).get(key)
         return [p for p in found if isinstance(p, dict)] if isinstance(found, list) else []
 
 

@@ -261,18 +261,7 @@ async def test_history_and_conversation_list_survive_a_reload(
             first_reply = await reply(pool, served.channels, thread, "Deploying now.")
             assert (await recv(ws))["id"] == first_reply
             # A ticket's report, on its home thread: the worker's, never shown as carol's.
-            async with pool.acquire() as conn:
-                thread_id = await conn.fetchval(
-                    "SELECT id FROM threads WHERE external_id = $1", thread
-                )
-                await routing.worker_report(
-                    conn,
-                    report_id=new_id("rpt"),
-                    ticket_id="tkt_000000000001",
-                    thread_id=thread_id,
-                    kind="report.ready",
-                    text="READY: deployed",
-                )
+            await worker_report(pool, thread, "tkt_000000000001", "READY: deployed")
             await say(ws, "Thanks", thread=thread)
             assert (await recv(ws))["thread"] == thread
         async with httpx.AsyncClient(base_url=served.url, headers=BEARER) as http:
@@ -516,6 +505,20 @@ async def superagent_say(*args: str, env: dict[str, str] | None = None) -> tuple
     return process.returncode, out.decode(), err.decode()
 
 
+async def worker_report(pool: asyncpg.Pool, thread: str, ticket_id: str, text: str) -> None:
+    """A ticket's ready report on the conversation ``thread``, its home thread."""
+    async with pool.acquire() as conn:
+        thread_id = await conn.fetchval("SELECT id FROM threads WHERE external_id = $1", thread)
+        await routing.worker_report(
+            conn,
+            report_id=new_id("rpt"),
+            ticket_id=ticket_id,
+            thread_id=thread_id,
+            kind="report.ready",
+            text=text,
+        )
+
+
 async def answer_when_said(pool: asyncpg.Pool, channels: Channels, said: str, text: str) -> None:
     """The agent's side: wait for the trigger, then reply on its conversation."""
 
@@ -648,18 +651,7 @@ async def test_the_page_renders_the_agents_markdown_as_text_built_nodes_and_a_re
             thread = (await recv(ws))["thread"]
             await recv(ws)  # own message
             await reply(pool, served.channels, thread, answer)
-            async with pool.acquire() as conn:
-                thread_id = await conn.fetchval(
-                    "SELECT id FROM threads WHERE external_id = $1", thread
-                )
-                await routing.worker_report(
-                    conn,
-                    report_id=new_id("rpt"),
-                    ticket_id="tkt_000000000002",
-                    thread_id=thread_id,
-                    kind="report.ready",
-                    text="READY: `checked`",
-                )
+            await worker_report(pool, thread, "tkt_000000000002", "READY: `checked`")
         async with chromium() as browser:
             page = await browser.new_page()
             errors: list[str] = []

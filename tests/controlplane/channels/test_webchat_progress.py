@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection
 from controlplane.ingest.intake import Ingested
 from controlplane.tickets import reports
 from tests.controlplane.channels.test_webchat import (
+    Served,
     cli_env,
     connect,
     console_policy,
@@ -162,22 +163,27 @@ async def test_a_ticket_that_ends_without_a_report_is_not_waited_for(
 # -- superagent say ---------------------------------------------------------------------
 
 
+async def _ticket_reported_late(pool: asyncpg.Pool, served: Served, last: str) -> str:
+    """The agent's side of "Fix the flaky test": a ticket and a reply at once, then, 2.5 s
+    later (longer than the pause after which a client with no promise to wait for stops,
+    and two ticks of a terminal's status line), its first report and the reply ``last``.
+    Returns the ticket."""
+    trigger = await said(pool, "Fix the flaky test")
+    ticket_id = await open_ticket(pool, trigger)
+    await reply(pool, served.channels, trigger["thread"], "Opened a ticket.")
+    await asyncio.sleep(2.5)
+    await first_report(pool, ticket_id)
+    await reply(pool, served.channels, trigger["thread"], last)
+    return ticket_id
+
+
 async def test_say_waits_for_the_tickets_first_report_and_keeps_stdout_to_the_replies(
     pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
     async with serving(pool, database_url) as served:
-
-        async def agent() -> str:
-            trigger = await said(pool, "Fix the flaky test")
-            ticket_id = await open_ticket(pool, trigger)
-            await reply(pool, served.channels, trigger["thread"], "Opened a ticket.")
-            # Longer than the pause after which a client with no promise to wait for stops.
-            await asyncio.sleep(2.5)
-            await first_report(pool, ticket_id)
-            await reply(pool, served.channels, trigger["thread"], "Fixed:\nthe test is stable.\n")
-            return ticket_id
-
-        playing = asyncio.create_task(agent())
+        playing = asyncio.create_task(
+            _ticket_reported_late(pool, served, "Fixed:\nthe test is stable.\n")
+        )
         code, out, err = await superagent_say("--url", served.url, "Fix the flaky test")
         ticket_id = await playing
         assert code == 0, err
@@ -201,18 +207,8 @@ async def test_on_a_terminal_say_keeps_one_ticking_status_line_and_clears_it_for
     pool: asyncpg.Pool, database_url: str, console_policy: None
 ) -> None:
     async with serving(pool, database_url) as served:
-
-        async def agent() -> str:
-            trigger = await said(pool, "Fix the flaky test")
-            ticket_id = await open_ticket(pool, trigger)
-            await reply(pool, served.channels, trigger["thread"], "Opened a ticket.")
-            await asyncio.sleep(2.5)  # two ticks of the status line's clock, at least
-            await first_report(pool, ticket_id)
-            await reply(pool, served.channels, trigger["thread"], "Fixed.")
-            return ticket_id
-
         master, slave = os.openpty()
-        playing = asyncio.create_task(agent())
+        playing = asyncio.create_task(_ticket_reported_late(pool, served, "Fixed."))
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
