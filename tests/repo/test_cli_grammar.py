@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli_output import read_to_end
+
 PROGRAMS = {"superagent": "controlplane.cli", "endpointd": "endpointd"}
 
 
@@ -73,19 +75,9 @@ def test_no_color_turns_styles_off_even_on_a_terminal(no_color: str, styled: boo
         [sys.executable, "-c", _STYLED], stdout=slave, stderr=slave, env=env, timeout=60
     )
     os.close(slave)
-    shown = b""
-    while chunk := _read(master):
-        shown += chunk
-    os.close(master)
+    shown = read_to_end(master)
     assert done.returncode == 0, shown
     assert b"bold red" in shown.replace(b"\x1b[1m", b"").replace(b"\x1b[31m", b"").replace(
         b"\x1b[0m", b""
     )
     assert (b"\x1b[" in shown) is styled, shown
-
-
-def _read(fd: int) -> bytes:
-    try:
-        return os.read(fd, 4096)
-    except OSError:  # EIO: the writer is gone
-        return b""

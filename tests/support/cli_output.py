@@ -41,6 +41,20 @@ def read_until(fd: int, needle: bytes, deadline: float) -> bytes:
     return seen
 
 
+def read_to_end(fd: int) -> bytes:
+    """Everything a pseudo-terminal's master ``fd`` shows until its writers are gone (the
+    read fails with EIO then); ``fd`` is closed."""
+    seen = b""
+    try:
+        while chunk := os.read(fd, 4096):
+            seen += chunk
+    except OSError:  # EIO: the writer is gone
+        pass
+    finally:
+        os.close(fd)
+    return seen
+
+
 @contextlib.contextmanager
 def in_a_terminal(
     args: list[str], env: Mapping[str, str]

@@ -34,6 +34,7 @@ from tests.controlplane.channels.test_webchat import (
     superagent_say,
     web_triggers,
 )
+from tests.support.cli_output import read_to_end
 from tests.support.helpers import assert_eventually
 from tests.support.worker_harness import file_ticket
 
@@ -222,7 +223,7 @@ async def test_on_a_terminal_say_keeps_one_ticking_status_line_and_clears_it_for
             env=cli_env(),
         )
         os.close(slave)
-        shown = asyncio.create_task(asyncio.to_thread(_read_all, master))
+        shown = asyncio.create_task(asyncio.to_thread(read_to_end, master))
         async with asyncio.timeout(60):
             out, _ = await process.communicate()
         terminal = (await shown).decode(errors="replace")
@@ -235,20 +236,6 @@ async def test_on_a_terminal_say_keeps_one_ticking_status_line_and_clears_it_for
         assert len(clock) >= 2, terminal  # it ticked
         # Cleared at the end: no status line left on the terminal.
         assert not terminal.split("\r\x1b[K")[-1].startswith("waiting for"), terminal
-
-
-def _read_all(fd: int) -> bytes:
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:  # EIO: the writer is gone
-            break
-        if not chunk:
-            break
-        seen += chunk
-    os.close(fd)
-    return seen
 
 
 async def test_say_says_what_is_still_pending_when_the_wait_runs_out(
