@@ -37,7 +37,7 @@ from controlplane.llm.errors import (
     Permanent,
     Transient,
 )
-from controlplane.llm.prices import PriceBook
+from controlplane.llm.prices import PRECISION, PriceBook
 from controlplane.llm.profiles import Windows
 from controlplane.llm.transcript import canonical_arguments
 from controlplane.settings import LlmSettings
@@ -290,7 +290,7 @@ class LlmClient:
         what it cost, at its model's prices."""
         dollars = self.prices.cost(
             model, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
-        ).quantize(Decimal("0.000001"))
+        ).quantize(PRECISION)
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(
                 "INSERT INTO llm_calls (id, session_id, model, prompt_tokens, completion_tokens, "

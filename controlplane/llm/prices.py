@@ -52,6 +52,8 @@ DEFAULTS: dict[str, LlmPrices] = {
 }
 
 _MILLION = Decimal(1_000_000)
+# The precision of every cost column (NUMERIC(12, 6)): what is recorded is rounded to it.
+PRECISION = Decimal("0.000001")
 
 
 def lookup(table: Mapping[str, LlmPrices], model: str) -> LlmPrices | None:

@@ -17,10 +17,9 @@ from typing import Any
 import asyncpg
 
 from controlplane.llm.client import Answer, ToolCall
+from controlplane.llm.prices import PRECISION
 from controlplane.router.tools.core import ToolResult
 from controlplane.tickets import store
-
-_CENT_FRACTION = Decimal("0.000001")  # the precision of every cost column
 
 
 @dataclass
@@ -51,7 +50,7 @@ class TurnSpend:
         if not self.tickets or not (self.tokens or self.dollars):
             return
         share = len(self.tickets)
-        dollars = (self.dollars / share).quantize(_CENT_FRACTION)
+        dollars = (self.dollars / share).quantize(PRECISION)
         async with pool.acquire() as conn, conn.transaction():
             for i, ticket in enumerate(self.tickets):
                 tokens = self.tokens // share + (1 if i < self.tokens % share else 0)
