@@ -50,11 +50,11 @@ async def mark_digested(conn: Conn, trigger_ids: list[str]) -> None:
 
 async def count_failed_turn(conn: Conn, trigger_ids: list[str], error: str) -> list[asyncpg.Record]:
     """A turn over these failed: one more attempt each, and why. Rows (id, thread_id,
-    route_attempts, verdict) of those still waiting to be routed."""
+    route_attempts, verdict, text) of those still waiting to be routed."""
     rows: list[asyncpg.Record] = await conn.fetch(
         "UPDATE triggers SET route_attempts = route_attempts + 1, route_error = $2 "
         "WHERE id = ANY($1::text[]) AND routed_at IS NULL "
-        "RETURNING id, thread_id, route_attempts, verdict",
+        "RETURNING id, thread_id, route_attempts, verdict, text",
         trigger_ids,
         error,
     )

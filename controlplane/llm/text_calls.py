@@ -15,8 +15,10 @@ The forms read (``form``, on record with each call):
 * ``list``: a JSON array of calls, in any of the three.
 
 A call object is ``{"name": N, "arguments": A}`` (or ``"parameters"``; ``"id"`` and
-``"type": "function"`` allowed) or OpenAI's ``{"type": "function", "function": {"name": N,
-"arguments": A}}``, with ``A`` an object or a string (kept as written: the tool checks it).
+``"type": "function"`` allowed; ``N`` under ``"function"``, ``"tool"``, ``"tool_name"``,
+``"function_name"`` or ``"recipient_name"`` instead, once) or OpenAI's ``{"type":
+"function", "function": {"name": N, "arguments": A}}``, with ``A`` an object or a string
+(kept as written: the tool checks it).
 It counts when ``N`` is an offered tool, or when it has exactly that shape with ``A`` an
 object or a string: then it is clearly meant as a call, and the tools refuse the unknown
 name, listing the ones that exist, as they do for a native call.
@@ -63,9 +65,12 @@ _CALL_FENCES = frozenset({"tool_call", "tool_calls", "function_call", "function_
 # Where JSON that may be or hold a call starts: an object, or an array of objects, strings
 # or arrays (a call nested in an array or object is skipped with it, and then unread).
 _OPENING = re.compile(r'\{\s*"|\[\s*[{"\[]')
-_CALL_KEYS = frozenset({"name", "arguments", "parameters", "id", "type"})
+# What to call, under the keys models put it: "name" (OpenAI, Hermes, Llama), and the
+# others small models write instead ("function", "tool", ...). A call names it once.
+_NAME_KEYS = ("name", "tool", "tool_name", "function", "function_name", "recipient_name")
+_CALL_KEYS = frozenset({"arguments", "parameters", "id", "type"})
 _WRAPPER_KEYS = frozenset({"type", "function", "id"})
-_KEYS = "(?:name|tool|tool_name|function|function_name|recipient_name)"  # what to call
+_KEYS = f"(?:{'|'.join(_NAME_KEYS)})"  # an offered tool's name given as what to call
 
 
 @dataclass(frozen=True)
@@ -217,9 +222,12 @@ def _call(value: Any, names: frozenset[str]) -> tuple[str, str] | None:
         if not set(value) <= _WRAPPER_KEYS or value.get("type", "function") != "function":
             return None
         value = function
-    elif not set(value) <= _CALL_KEYS or value.get("type", "function") != "function":
+    named = [key for key in _NAME_KEYS if key in value]
+    if len(named) != 1 or not set(value) - {named[0]} <= _CALL_KEYS:
+        return None  # no name, two names, or other keys: somebody's data, or a guess
+    if value.get("type", "function") != "function":
         return None
-    name = value.get("name")
+    name = value[named[0]]
     if not isinstance(name, str) or not name:
         return None
     if "arguments" in value and "parameters" in value:

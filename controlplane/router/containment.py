@@ -14,7 +14,8 @@ router service catches, and never raises for one:
   (:class:`Undecided`: the model answered, but no accepted call decided it) is that
   trigger's failure, the same way.
 * an explicit request set aside is never left unanswered: its thread is told in one line
-  (:data:`GAVE_UP`), with the admin's alert, in the same transaction.
+  (:data:`GAVE_UP`), with the admin's alert, in the same transaction; a worker's report set
+  aside is passed on to its thread as the worker wrote it, the same way.
 * nobody's (the model unreachable: a transient failure after the client's retries, a bad
   key or unknown model, a quota; or the database gone): nothing is counted. After
   ``router.model_notice_seconds`` of an unreachable model, each thread waiting with an
@@ -150,12 +151,12 @@ class Containment:
                     f"undecidable after {attempts} failed turns: {error}. Once the cause "
                     f"is fixed, `superagent triggers retry {trigger_id}` puts it back.",
                 )
-                if rows[0]["verdict"] == "explicit":
-                    # Someone allowlisted asked: silence would look like being ignored.
+                told = _told(rows[0])
+                if told is not None:
                     await enqueue_reply(
                         conn,
                         rows[0]["thread_id"],
-                        GAVE_UP,
+                        told,
                         stable_id("msg", f"undecidable:{trigger_id}"),
                     )
             await failures.record(conn, "router", item_id, cause, quarantined=quarantined)
@@ -249,3 +250,14 @@ def _item_id(trigger_ids: Sequence[str]) -> str:
             break
         shown.append(trigger_id)
     return ",".join(shown) + f",…(+{len(trigger_ids) - len(shown)})"
+
+
+def _told(trigger: asyncpg.Record) -> str | None:
+    """What the thread of a trigger set aside hears, if anything."""
+    if trigger["verdict"] == "explicit":
+        return GAVE_UP  # someone allowlisted asked: silence would look like being ignored
+    if trigger["verdict"] == routing.REPORT_VERDICT:
+        # A worker's report is written for the thread: passed on as written, it still tells
+        # the person how their ticket ended when the router could not say it in its words.
+        return str(trigger["text"])
+    return None

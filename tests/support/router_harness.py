@@ -83,12 +83,12 @@ def events_of(request: ChatRequest) -> list[tuple[str, str, str]]:
 
 def ignore_batch(request: ChatRequest, **reply: Any) -> Reply:
     """The model's answer that decides each trigger of the batch needs nothing (a turn must
-    decide every event it holds): an explicit request is answered on its thread (a person
-    who asked hears back; ``ignore`` refuses it), anything else ignored. ``reply``: more of
-    the answer (a delay, usage)."""
+    decide every event it holds): an explicit request or a worker's report is answered on
+    its thread (a person who asked hears back; ``ignore`` refuses both), anything else
+    ignored. ``reply``: more of the answer (a delay, usage)."""
     calls, answered = [], set()
     for trigger, thread, verdict in events_of(request):
-        if verdict != "explicit":
+        if verdict not in ("explicit", "report"):
             calls.append(ToolCall("ignore", {"trigger": trigger, "reason": "nothing to do"}))
         elif thread not in answered:  # one reply decides every event on its thread
             answered.add(thread)

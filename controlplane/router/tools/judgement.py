@@ -2,9 +2,10 @@
 an inferred candidate against every enabled rule of its source
 (:mod:`controlplane.ingest.admission`).
 
-An explicit request (an allowlisted person addressing the agent) cannot be ignored in
-silence: ``ignore`` refuses it until the turn has replied on its thread. Found with a real
-small model (issue 32), which ignored "add a CONTRIBUTORS file" and nobody answered."""
+An explicit request (an allowlisted person addressing the agent), or a worker's report,
+cannot be ignored in silence: ``ignore`` refuses it until the turn has replied on its
+thread. Found with a real small model (issue 32), which ignored "add a CONTRIBUTORS file"
+and nobody answered."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from controlplane.ingest import admission
+from controlplane.ingest.routing import REPORT_VERDICT
 from controlplane.router.tools.core import Call, Done, RouterTools, trigger
 from controlplane.tools.fields import NON_BLANK, Arguments, TriggerId
 from controlplane.tools.registry import Refused
@@ -32,12 +34,20 @@ class Ignore(Arguments):
 )
 async def ignore(call: Call, args: Ignore) -> Done:
     found = await trigger(call.conn, args.trigger)
-    if found["verdict"] == "explicit" and not call.replies.made(call.turn.key, found["thread_id"]):
+    answered = call.replies.made(call.turn.key, found["thread_id"])
+    if found["verdict"] == "explicit" and not answered:
         # A person who asked the agent hears back, whatever the model thinks of the ask.
         raise Refused(
             f"{args.trigger} is an explicit request from {found['actor_name']}, who must hear "
             f"back: create a ticket for it, or reply on {found['thread_id']} (a reply decides "
             "it; say in a line why nothing will be done)"
+        )
+    if found["verdict"] == REPORT_VERDICT and not answered:
+        # How a ticket ended (or what it asks) is the asker's to hear.
+        raise Refused(
+            f"{args.trigger} is a report by the {found['actor_name']} for the people on "
+            f"{found['thread_id']}: pass it on with reply on {found['thread_id']} (a reply "
+            "decides it)"
         )
     return Done({"ignored": args.trigger}, f"ignored: {args.reason}", [args.trigger])
 

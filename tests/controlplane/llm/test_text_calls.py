@@ -45,6 +45,13 @@ def _calls(reading: Reading | None) -> list[tuple[str, dict[str, object], str]]:
         (_js({"name": "shell", "arguments": LS}), "bare"),
         (_js({"type": "function", "function": {"name": "shell", "arguments": LS}}), "bare"),
         (_js({"function": {"name": "shell", "arguments": {"command": "ls"}}}), "bare"),
+        # The tool's name under another key than "name" (the 1.5B worker wrote "function",
+        # a real run, 2026-12-07; others write "tool" or "tool_name"): the same call.
+        (f"```json\n{_js({'function': 'shell', 'arguments': {'command': 'ls'}})}\n```", "fenced"),
+        (_js({"tool": "shell", "arguments": {"command": "ls"}}), "bare"),
+        (_js({"tool_name": "shell", "parameters": {"command": "ls"}}), "bare"),
+        (_js({"function_name": "shell", "arguments": LS}), "bare"),
+        (_js({"recipient_name": "shell", "parameters": {"command": "ls"}}), "bare"),
         (_js([SHELL]), "list"),
         (f"```json\n{_js([SHELL])}\n```", "list"),
         (f"<tool_call>{_js([SHELL])}</tool_call>", "list"),
@@ -97,6 +104,7 @@ def test_arguments_are_kept_as_the_model_wrote_them_for_the_tool_to_check() -> N
         "```python\nprint('shell')\n```",
         "[1] see the docs [2] {not json}",
         '{"name": "Bob"}',
+        '{"function": "main", "file": "app.py"}',
     ],
 )
 def test_text_that_is_not_a_call_is_a_text_answer(text: str) -> None:
@@ -121,6 +129,8 @@ def test_a_name_that_is_no_tool_in_the_call_shape_is_read_for_the_tools_to_refus
         ('{"steps": [{"name": "shell", "arguments": {"command": "ls"}}]}', "not a call"),
         ("```python\ntools.call(name='shell', command='ls')\n```", "not a call"),
         ("```tool_call\nshell ls\n```", "not a JSON call"),
+        # Two names for what to call: which one is meant is a guess.
+        ('{"name": "shell", "tool": "read_file", "arguments": {}}', "not a call"),
         # The 1.5B worker's answer (a real run, 2026-12-07): a brace short. Its nested
         # object parses, but the JSON that holds it does not, and that is what is said.
         (

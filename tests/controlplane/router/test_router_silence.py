@@ -20,6 +20,7 @@ import pytest
 from controlplane.ingest.intake import Intake
 from controlplane.router.router import Router, TurnFailed
 from controlplane.settings import LlmSettings, RouterSettings, Settings, WatchdogSettings
+from controlplane.tickets import reports
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.helpers import assert_eventually, run_cli
@@ -363,3 +364,84 @@ async def test_the_reminder_is_given_once_a_turn(
         await router.turn()
     assert failed.value.trigger_ids == [asked.trigger_id]
     assert len(fake_llm.chat_requests) == 2  # the batch, and the one reminder
+
+
+async def _reported(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, summary: str
+) -> tuple[str, str, asyncpg.Record]:
+    """alice's request, made a ticket by the router, whose worker reports it blocked: the
+    thread, the ticket, and the report's event (id, text) in the router's inbox."""
+    asked = await ask(intake, 1, "@superagent add a CONTRIBUTORS file")
+    fake_llm.script(
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "create_ticket",
+                    {
+                        "title": "CONTRIBUTORS",
+                        "scope": "as asked",
+                        "threads": [],
+                        "device": None,
+                        "mandate_from": asked.trigger_id,
+                    },
+                )
+            ]
+        ),
+        Reply(content="Done."),
+    )
+    assert await router.turn() == 1
+    ticket_id = await pool.fetchval(
+        "SELECT ticket_id FROM mandates WHERE trigger_id = $1", asked.trigger_id
+    )
+    assert ticket_id is not None
+    await reports.finish(pool, ticket_id, None, {"status": "blocked", "summary": summary})
+    report = await pool.fetchrow(
+        "SELECT id, text FROM triggers WHERE kind = 'report.blocked' AND thread_id = $1",
+        asked.thread_id,
+    )
+    assert report is not None
+    return asked.thread_id, ticket_id, report
+
+
+async def test_a_workers_report_the_router_cannot_pass_on_reaches_the_thread_as_written(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer, dsn: str
+) -> None:
+    """The real 1.5B router (CI, 2026-12-07) answered a worker's report with nothing, three
+    turns running: the report was set aside, and the person who asked never heard how the
+    ticket ended. A report set aside is passed on as the worker wrote it, once."""
+    summary = "the tests need a database this device cannot reach"
+    thread_id, ticket_id, report = await _reported(router, intake, pool, fake_llm, summary)
+    fake_llm.respond_with(lambda request: Reply(content=""))
+    async with router_running(
+        router, pool, dsn, settings=_settings(quarantine_after=2), retry_base=0.02
+    ) as service:
+        await assert_eventually(
+            lambda: _undecidable(pool, report["id"]), timeout=30, message="set aside"
+        )
+        assert not service.task.done()
+    told = await replies_to(pool, thread_id)
+    assert told == [report["text"]]  # the report itself, once: ticket, status, summary
+    assert ticket_id in told[0]
+    assert summary in told[0]
+    (alert,) = await admin_alerts(pool)
+    assert report["id"] in alert
+
+
+async def test_a_workers_report_is_not_ignored_until_its_thread_is_told(
+    router: Router, intake: Intake, pool: asyncpg.Pool, fake_llm: FakeOpenAIServer
+) -> None:
+    thread_id, ticket_id, report = await _reported(
+        router, intake, pool, fake_llm, "which branch should it go on?"
+    )
+    fake_llm.script(
+        Reply(tool_calls=[ToolCall("ignore", {"trigger": report["id"], "reason": "seen"})]),
+        Reply(tool_calls=[ToolCall("reply", {"thread": thread_id, "text": "It asks: which?"})]),
+        Reply(content="Done."),
+    )
+    assert await router.turn() == 1
+    refused, replied = (await _decisions(pool))[-2:]
+    assert (refused[:2], replied[:2]) == (("ignore", False), ("reply", True))
+    assert f"a report by the worker of {ticket_id}" in refused[2]
+    assert f"pass it on with reply on {thread_id}" in refused[2]
+    (told,) = await replies_to(pool, thread_id)
+    assert told.startswith("It asks: which?")  # and the ticket's spend, below it

@@ -35,7 +35,7 @@ from controlplane.watchdog.service import Watchdog
 from superagent_shared.ids import new_id
 from tests.fakes.openai_server import ChatRequest, FakeOpenAIServer, Reply, ToolCall
 from tests.support.helpers import assert_eventually
-from tests.support.router_harness import batch_of, ignore_batch
+from tests.support.router_harness import events_of, ignore_batch
 from tests.support.worker_harness import (  # noqa: F401 - fixtures
     LocalDevice,
     client_for,
@@ -508,10 +508,11 @@ async def test_an_admin_asks_why_and_the_router_answers_from_the_record(
         if last.get("role") == "tool":
             found = json.loads(str(last["content"]))
             answer = f"{found['ticket']} waits for people: {found['last_report']['question']}"
-            # The worker's report may share the batch: not what this test is about.
+            # The worker's report may share the batch (passed on to its own thread): not
+            # what this test is about.
             others = [
-                ToolCall("ignore", {"trigger": t, "reason": "a report"})
-                for t in batch_of(request)
+                ToolCall("reply", {"thread": thread, "text": "The worker asks: keep which?"})
+                for t, thread, _ in events_of(request)
                 if t != asked.trigger_id
             ]
             return Reply(
