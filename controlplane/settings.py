@@ -926,7 +926,8 @@ def markdown_table() -> str:
 
 
 # SUPERAGENT_* names that are not settings but belong to the project's other tools: the
-# compose file's image and published ports, the real-model test tier, the benchmarks.
+# compose file's image and published ports, the real-model test tier, the benchmarks, the
+# CLI's context.
 NOT_SETTINGS = frozenset(
     {
         "SUPERAGENT_IMAGE",
@@ -937,6 +938,7 @@ NOT_SETTINGS = frozenset(
         "SUPERAGENT_REAL_MODEL",
         "SUPERAGENT_REAL_MODEL_CACHE",
         "SUPERAGENT_BENCH_PYTHONPATH",
+        "SUPERAGENT_CONTEXT",  # the CLI's choice of deployment (controlplane.cli.contexts)
     }
 )
 # Settings that moved, and where to.

@@ -2,9 +2,11 @@
 
 Every holder of the admin token is one principal, the admin; a caller proves it with the
 token itself (``Authorization: Bearer …``) or with a sign-in session made from it
-(:mod:`.sessions`). :class:`.middleware.RequireAccess` verifies every non-public request
-and puts the caller in the ASGI scope; routes read it with :func:`principal`, so no route
-can be reached by a path that skipped the verification.
+(:mod:`.sessions`). A named API token (:mod:`.api_tokens`) is the principal it is named
+for: its name is who acted, in the records of what it did.
+:class:`.middleware.RequireAccess` verifies every non-public request and puts the caller
+in the ASGI scope; routes read it with :func:`principal`, so no route can be reached by a
+path that skipped the verification.
 """
 
 from __future__ import annotations

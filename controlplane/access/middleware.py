@@ -1,7 +1,8 @@
 """Access: every HTTP and websocket request needs the admin token or a session, one middleware.
 
-The token comes as ``Authorization: Bearer …`` (the CLI, scripts, Prometheus) or as a
-session made from it (a browser's cookie, :mod:`.sessions`); who the caller is, once
+The token (the admin token, or a named API token: :mod:`.api_tokens`) comes as
+``Authorization: Bearer …`` (the CLI, scripts, Prometheus) or as a session made from the
+admin token (a browser's cookie, :mod:`.sessions`); who the caller is, once
 verified, is :mod:`.authentication`'s word. Nothing
 is trusted for looking local: not the ``Host`` header (anyone can send ``Host:
 127.0.0.1``), not the peer address (a local reverse proxy makes every peer 127.0.0.1, and
@@ -25,7 +26,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from controlplane.access import authentication, browsers, sessions, throttle
+from controlplane.access import api_tokens, authentication, browsers, sessions, throttle
 from controlplane.errors import SuperagentError, TransientError, Unauthorized
 from controlplane.services import is_transient
 from controlplane.web import headers
@@ -163,13 +164,22 @@ class RequireAccess:
                 raise
             throttle.HERE.count(where, limit=limit, window=window)
             counted = throttle.HERE.uncount
-        if not authentication.token_matches(settings, presented):
+        name = authentication.ADMIN if authentication.token_matches(settings, presented) else None
+        if name is None:
+            try:
+                name = await api_tokens.holder(self.state.pool, presented)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise TransientError("the database is not answering; see /readyz") from exc
+                raise
+        if name is None:
             raise Unauthorized(
-                "that is not the admin token: send 'Authorization: Bearer <SUPERAGENT_ADMIN_TOKEN>'"
+                "that is neither the admin token nor a live API token: send "
+                "'Authorization: Bearer <token>' (superagent tokens create NAME makes one)"
             )
         with contextlib.suppress(Exception):  # a count left standing only ever locks sooner
             await counted(self.state.pool, where)
-        return authentication.Principal(authentication.ADMIN, "bearer")
+        return authentication.Principal(name, "bearer")
 
 
 async def _refuse(

@@ -68,6 +68,15 @@ async def admin(request: Request, state: State) -> AppState:
 
 
 Admin = Annotated[AppState, Depends(admin)]
+
+
+def _by(request: Request, browser: str = actions.BY) -> str:
+    """Who acts, for the record: the API token's name (``admin`` for the admin token), or
+    the console, for a browser signed in with the admin token."""
+    who = authentication.principal(request)
+    return browser if who.via == "session" else who.name
+
+
 Everything = Annotated[bool, Query(alias="all", description="Closed tickets too.")]
 
 
@@ -230,6 +239,12 @@ async def logout(request: Request, state: State) -> Response:
 # -- data ----------------------------------------------------------------------------------
 
 
+@routes.get("/console/api/whoami", tags=["console"], summary="Who this token or session is")
+async def whoami(request: Request, state: Admin) -> dict[str, Any]:
+    who = authentication.principal(request)
+    return {"name": who.name, "via": who.via}
+
+
 @routes.get("/console/api/overview", tags=["console"], summary="What needs attention; status")
 async def overview_data(state: Admin) -> dict[str, Any]:
     return await _read(overview.overview(state.settings, state.pool, state.channels.sources()))
@@ -280,8 +295,8 @@ class RerouteRequest(BaseModel):
     tags=["console"],
     summary="Stop a ticket for good: mandate revoked, device work cancelled",
 )
-async def stop_ticket(state: Admin, ticket_id: str) -> dict[str, Any]:
-    return await _read(actions.stop(state.pool, ticket_id))
+async def stop_ticket(request: Request, state: Admin, ticket_id: str) -> dict[str, Any]:
+    return await _read(actions.stop(state.pool, ticket_id, by=_by(request)))
 
 
 @routes.post(
@@ -290,9 +305,10 @@ async def stop_ticket(state: Admin, ticket_id: str) -> dict[str, Any]:
     summary="Wake the worker of a ticket that waits for people",
 )
 async def retry_ticket(
-    state: Admin, ticket_id: str, body: RetryRequest | None = None
+    request: Request, state: Admin, ticket_id: str, body: RetryRequest | None = None
 ) -> dict[str, Any]:
-    return await _read(actions.retry(state.pool, ticket_id, body.note if body else ""))
+    note = body.note if body else ""
+    return await _read(actions.retry(state.pool, ticket_id, note, by=_by(request)))
 
 
 @routes.post(
@@ -300,8 +316,12 @@ async def retry_ticket(
     tags=["console"],
     summary="Move a ticket to another paired device",
 )
-async def reroute_ticket(state: Admin, ticket_id: str, body: RerouteRequest) -> dict[str, Any]:
-    return await _read(actions.reroute(state.settings, state.pool, ticket_id, body.device))
+async def reroute_ticket(
+    request: Request, state: Admin, ticket_id: str, body: RerouteRequest
+) -> dict[str, Any]:
+    return await _read(
+        actions.reroute(state.settings, state.pool, ticket_id, body.device, by=_by(request))
+    )
 
 
 @routes.get(
@@ -343,11 +363,12 @@ class PairRequest(BaseModel):
     tags=["console"],
     summary="A one-time pairing code, and the endpointd command that uses it",
 )
-async def pair_device(state: Admin, body: PairRequest) -> dict[str, Any]:
+async def pair_device(request: Request, state: Admin, body: PairRequest) -> dict[str, Any]:
     owner = (body.owner or "").strip() or None
     shared = (body.shared or "").strip() or None
+    by = _by(request, browser=devices.CREATED_BY)
     return await _read(
-        devices.pair(state.settings, state.pool, name=body.name, owner=owner, shared=shared)
+        devices.pair(state.settings, state.pool, name=body.name, owner=owner, shared=shared, by=by)
     )
 
 

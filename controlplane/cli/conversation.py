@@ -34,7 +34,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from controlplane.access import admin_token
-from controlplane.cli.common import fail, load_settings, setup_logging
+from controlplane.cli import contexts
+from controlplane.cli.common import clear_errors, fail, load_settings, setup_logging
 
 OPEN_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 2.0  # seconds for the closing handshake when say leaves
@@ -470,8 +471,14 @@ def main(
     """``superagent say``'s work, its arguments checked (:mod:`controlplane.cli.say`)."""
     setup_logging("WARNING")
     settings = load_settings()
-    target = url or settings.http.local_url()
-    token = admin_token.for_client(settings)
+    with clear_errors():
+        context = None if url else contexts.chosen()
+    token: str | None
+    if context is not None:  # the deployment `superagent login` stored, with its token
+        target, token = context.url, context.token
+    else:
+        target = url or settings.http.local_url()
+        token = admin_token.for_client(settings)
     outcome = _run(
         _converse(target, token, name, text, thread, wait, follow, echo=not as_json),
         target,

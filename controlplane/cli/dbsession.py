@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import asyncpg
 
+from controlplane.cli import contexts, remote
 from controlplane.cli.common import clear_errors
 from controlplane.db import migrate
 from controlplane.db.database import open_database
@@ -21,7 +22,8 @@ T = TypeVar("T")
 def run_with_pool(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
     """``work`` with a small pool on the configured (or embedded) database, once its schema
     is this release's. A change that must be one transaction takes it from the pool
-    (``controlplane.db.pool.transaction``)."""
+    (``controlplane.db.pool.transaction``). With a context chosen, the command meant a
+    deployment's HTTP API, which it does not use yet: one clear line, not the wrong place."""
 
     async def main(url: str) -> T:
         pool = await create_pool(asyncpg_dsn(url), size=2)
@@ -31,5 +33,8 @@ def run_with_pool(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[T
         finally:
             await pool.close()
 
+    with clear_errors():
+        if contexts.chosen() is not None:
+            raise remote.not_over_http()
     with clear_errors(), open_database(settings) as database:
         return asyncio.run(main(database.url))

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -18,6 +19,7 @@ import click
 
 from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
+from controlplane.cli.remote import remote, segment
 from controlplane.console.devices import pair_command
 from controlplane.deployment import ago
 from controlplane.gateway import authorization as access
@@ -58,6 +60,31 @@ def pair(name: str, owner: str | None, shared_with: str | None, as_json: bool) -
     direct work to it; others need a share (superagent devices share) or the owner's
     approval in chat.
     """
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        # The deployment words the command: its gateway's address and certificate.
+        with clear_errors():
+            issued = deployment.post(
+                "/console/api/devices/pair", {"name": name, "owner": owner, "shared": shared_with}
+            )
+    else:
+        issued = _pair_here(name, owner, shared_with)
+    if as_json:
+        click.echo(json.dumps(issued))
+        return
+    expires = datetime.fromisoformat(issued["expires_at"]).strftime("%H:%M:%S UTC")
+    click.echo(
+        f"Pairing code for {issued['device_name']}: {issued['code']} (single use, until {expires})"
+    )
+    team = f", shared with {issued['shared_with']}" if issued["shared_with"] else ""
+    click.echo(f"Owner: {issued['owner']}{team}")
+    click.echo("On the device, run:")
+    click.echo(f"  {issued['command']}")
+
+
+def _pair_here(name: str, owner: str | None, shared_with: str | None) -> dict[str, Any]:
+    """A code from the database, worded as the console's API words it."""
     settings = load_settings()
 
     async def work(pool: asyncpg.Pool) -> pairing.IssuedCode:
@@ -72,30 +99,16 @@ def pair(name: str, owner: str | None, shared_with: str | None, as_json: bool) -
     issued = run_with_pool(settings, work)
     with clear_errors():
         command, url, fingerprint = pair_command(settings, issued.display)
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "code": issued.display,
-                    "device_name": issued.device_name,
-                    "owner": issued.owner,
-                    "shared_with": issued.shared_with,
-                    "expires_at": issued.expires_at.isoformat(),
-                    "url": url,
-                    "fingerprint": fingerprint,
-                    "command": command,
-                }
-            )
-        )
-        return
-    expires = issued.expires_at.strftime("%H:%M:%S UTC")
-    click.echo(
-        f"Pairing code for {issued.device_name}: {issued.display} (single use, until {expires})"
-    )
-    team = f", shared with {issued.shared_with}" if issued.shared_with else ""
-    click.echo(f"Owner: {issued.owner}{team}")
-    click.echo("On the device, run:")
-    click.echo(f"  {command}")
+    return {
+        "code": issued.display,
+        "device_name": issued.device_name,
+        "owner": issued.owner,
+        "shared_with": issued.shared_with,
+        "expires_at": issued.expires_at.isoformat(),
+        "url": url,
+        "fingerprint": fingerprint,
+        "command": command,
+    }
 
 
 @devices.command(name="list")
@@ -108,12 +121,20 @@ def list_command(include_revoked: bool, as_json: bool) -> None:
     last connection reported it); devices whose commands run unconfined or only partly
     confined are listed below the table with the device's own description.
     """
-    settings = load_settings()
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            answer = deployment.get("/console/api/devices")
+        views = [device_registry.DeviceView.from_json(d) for d in answer["devices"]]
+        views = [v for v in views if include_revoked or not v.revoked]
+    else:
+        settings = load_settings()
 
-    async def work(pool: asyncpg.Pool) -> list[device_registry.DeviceView]:
-        return await device_registry.list_devices(pool, include_revoked=include_revoked)
+        async def work(pool: asyncpg.Pool) -> list[device_registry.DeviceView]:
+            return await device_registry.list_devices(pool, include_revoked=include_revoked)
 
-    views = run_with_pool(settings, work)
+        views = run_with_pool(settings, work)
     if as_json:
         click.echo(json.dumps([asdict(v) for v in views], default=str, indent=2))
         return
@@ -298,6 +319,13 @@ def unshare(device: str, grantees: tuple[str, ...]) -> None:
 @click.argument("device")
 def revoke(device: str) -> None:
     """Revoke DEVICE (name or id): its connection closes now and it cannot reconnect."""
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            revoked = deployment.post(f"/console/api/devices/{segment(device)}/revoke")
+        click.echo(f"revoked {revoked['name']} ({revoked['id']})")
+        return
     settings = load_settings()
 
     async def work(pool: asyncpg.Pool) -> str:

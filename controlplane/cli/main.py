@@ -7,6 +7,7 @@ import importlib
 import click
 
 from controlplane import __version__
+from controlplane.cli.contexts import META as CONTEXT_META
 from superagent_shared.cli_errors import run
 
 # Each command: its module, imported only when that command runs, and the one line `superagent
@@ -59,6 +60,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "controlplane.cli.effects:effects",
         "The outbox: external actions, and retrying the dead ones.",
     ),
+    "login": (
+        "controlplane.cli.login:login",
+        "Manage a deployed control plane from here: store its URL and a token.",
+    ),
+    "logout": ("controlplane.cli.login:logout", "Forget a context and its token."),
+    "context": (
+        "controlplane.cli.login:context",
+        "List the contexts, and choose which deployment commands manage.",
+    ),
+    "tokens": (
+        "controlplane.cli.tokens:tokens",
+        "Named API tokens: who acts over the HTTP API.",
+    ),
 }
 
 
@@ -100,8 +114,21 @@ class _LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
+def _keep_context(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    ctx.meta[CONTEXT_META] = value
+
+
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="superagent")
+@click.option(
+    "--context",
+    metavar="NAME",
+    expose_value=False,
+    is_eager=True,
+    callback=_keep_context,
+    help="The deployment to manage over HTTP (superagent login); 'local': the database. "
+    "[default: SUPERAGENT_CONTEXT, else the current context, else the database]",
+)
 def cli() -> None:
     """Super-agent: the always-on coding agent for your team.
 
@@ -109,7 +136,8 @@ def cli() -> None:
     their requests, and paired devices (endpointd) run the work where the code lives.
 
     Start here: `superagent up` runs everything on this machine with an embedded database.
-    Configuration comes from the environment; `superagent config` shows it.
+    Configuration comes from the environment; `superagent config` shows it. To manage a
+    deployment elsewhere: `superagent login URL`, then the same commands.
     """
 
 

@@ -61,8 +61,9 @@ def say(
     """Say TEXT to the agent and print its replies (TEXT "-" reads standard input).
 
     This is the web chat from a terminal: the control plane must be running (`superagent
-    up`), and the conversation shows in the console's chat page (/chat) too. It sends
-    the admin token: SUPERAGENT_ADMIN_TOKEN, or else the one `superagent up` generated in
+    up`), and the conversation shows in the console's chat page (/chat) too. It talks to
+    the context's deployment with its token (superagent login), or else to this machine's
+    with the admin token: SUPERAGENT_ADMIN_TOKEN, or the one `superagent up` generated in
     its state directory (STATE_DIR/admin-token).
 
     It waits, up to --wait seconds, for the replies and for what they promise: a /run's

@@ -8,9 +8,11 @@ from datetime import timedelta
 import asyncpg
 import click
 
-from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
+from controlplane.cli.remote import RemoteError, remote, segment
 from controlplane.domain import CLOSED_TICKET_STATES, TicketState
+from controlplane.errors import Conflict
 from controlplane.tickets import control
 from controlplane.workers import timeline, views
 from superagent_shared import table
@@ -49,9 +51,16 @@ def _since(view: views.TicketView) -> str:
 def list_(everything: bool, limit: int, as_json: bool) -> None:
     """Tickets, newest first: open ones, or --all."""
     setup_logging("WARNING")
-    found = run_with_pool(
-        load_settings(), lambda pool: views.tickets(pool, everything=everything, limit=limit)
-    )
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            answer = deployment.get("/console/api/tickets", all=everything)
+        found = [views.TicketView.from_json(t) for t in answer["tickets"]][:limit]
+    else:
+        found = run_with_pool(
+            load_settings(), lambda pool: views.tickets(pool, everything=everything, limit=limit)
+        )
     if as_json:
         click.echo(json.dumps([view.as_json() for view in found], indent=2))
         return
@@ -105,7 +114,14 @@ def show(ticket: str, transcript: bool, as_json: bool) -> None:
     if transcript:
         _transcript(ticket, as_json)
         return
-    found = run_with_pool(load_settings(), lambda pool: views.detail(pool, ticket))
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            answer = deployment.get(f"/console/api/tickets/{segment(ticket)}")
+        found = views.TicketDetail.from_json(answer)
+    else:
+        found = run_with_pool(load_settings(), lambda pool: views.detail(pool, ticket))
     if as_json:
         click.echo(json.dumps(found.as_json(), indent=2))
         return
@@ -219,7 +235,19 @@ def stop(ticket: str) -> None:
         async with pool.acquire() as conn, conn.transaction():
             return await control.stop(conn, ticket, by="the CLI")
 
-    was = run_with_pool(load_settings(), work)
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            try:
+                was = deployment.post(f"/console/api/tickets/{segment(ticket)}/stop")["was"]
+            except RemoteError as exc:
+                if exc.status != Conflict.http_status:  # already closed: nothing changed
+                    raise
+                click.echo(exc.message)
+                return
+    else:
+        was = run_with_pool(load_settings(), work)
     if was in CLOSED_TICKET_STATES:
         click.echo(f"{ticket} was already {was}")
     else:
@@ -232,9 +260,15 @@ def stop(ticket: str) -> None:
 def retry(ticket: str, note: str) -> None:
     """Wake TICKET's worker again after a question, blocked or failed."""
     setup_logging("WARNING")
-    run_with_pool(
-        load_settings(), lambda pool: control.retry(pool, ticket, by="the CLI", note=note)
-    )
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            deployment.post(f"/console/api/tickets/{segment(ticket)}/retry", {"note": note})
+    else:
+        run_with_pool(
+            load_settings(), lambda pool: control.retry(pool, ticket, by="the CLI", note=note)
+        )
     click.echo(f"{ticket} will try again")
 
 
@@ -248,6 +282,15 @@ def reroute(ticket: str, device: str) -> None:
     otherwise the ticket waits for DEVICE's owner to approve in chat.
     """
     setup_logging("WARNING")
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            answer = deployment.post(
+                f"/console/api/tickets/{segment(ticket)}/reroute", {"device": device}
+            )
+        click.echo(str(answer["message"]).rstrip("."))
+        return
     settings = load_settings()
     wait = timedelta(seconds=settings.workers.device_wait_seconds)
     # As the admin (web:admin): on the admin's own devices that is the owner's direction;

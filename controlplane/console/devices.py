@@ -70,6 +70,7 @@ async def pair(
     name: str,
     owner: str | None,
     shared: str | None = None,
+    by: str = CREATED_BY,
 ) -> dict[str, Any]:
     """A one-time pairing code for a new device (PairingRefused says why not). Owned by
     ``owner``, else by the admin (web:admin); ``shared``: a team device's group."""
@@ -77,7 +78,7 @@ async def pair(
         pool,
         device_name=name,
         owner=owner or None,
-        created_by=CREATED_BY,
+        created_by=by,
         shared_with=shared or None,
     )
     # Reads (or on first use writes) the TLS material, and may resolve this host's name.

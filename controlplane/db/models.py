@@ -420,6 +420,29 @@ class ConsoleSession(Base):
     revoked_at: Mapped[datetime | None]
 
 
+class ApiToken(Base):
+    """A named token for the HTTP API (``superagent tokens create``): what ``superagent
+    login`` stores in a context. Its name is who acts: the audit identity of everything
+    done with it. Only a SHA-256 of the secret is stored; revoked, it opens nothing."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (
+        Index(
+            "uq_api_tokens_live_name",
+            "name",
+            unique=True,
+            postgresql_where=text("revoked_at IS NULL"),
+        ),
+    )
+    id: Mapped[str] = _id("tok")
+    name: Mapped[str] = mapped_column(String(100))
+    secret_hash: Mapped[bytes] = mapped_column(LargeBinary, unique=True)
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = _created()
+    last_used_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
 class SignInThrottle(Base):
     """Failed admin-token sign-ins per peer (an IPv4 address or an IPv6 /64) per window."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
@@ -47,6 +48,30 @@ class DeviceView:
     # report), and whether its scan stopped at its bounds (there may be more).
     repositories_reported_at: datetime | None = None
     repositories_truncated: bool | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DeviceView:
+        """The view as the console's JSON carries it (a deployment's answer over HTTP)."""
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            owner=data["owner"],
+            online=data["online"],
+            last_seen_at=_at(data["last_seen_at"]),
+            queue_depth=data["queue_depth"],
+            policy_hash=data["policy_hash"],
+            sandbox=data["sandbox"],
+            sandbox_warning=data["sandbox_warning"],
+            version=data["version"],
+            revoked=data["revoked"],
+            shares=tuple(data["shares"]),
+            repositories_reported_at=_at(data["repositories_reported_at"]),
+            repositories_truncated=data["repositories_truncated"],
+        )
+
+
+def _at(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
 
 
 # What is shown for a device that connected without saying how it confines commands.

@@ -56,6 +56,32 @@ class TicketView:
             "retry_at": self.retry_at.isoformat() if self.retry_at else None,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TicketView:
+        """The view :meth:`as_json` made (a deployment's answer over HTTP)."""
+        return cls(
+            id=data["id"],
+            title=data["title"],
+            state=data["state"],
+            hold=data["hold"],
+            device=data["device"],
+            speculative=data["speculative"],
+            pr_url=data["pull_request"],
+            tokens=data["tokens"],
+            cost_usd=Decimal(data["cost_usd"]),
+            wait_until=_at(data["wait_until"]),
+            updated_at=datetime.fromisoformat(data["updated_at"]),
+            initiator=data["initiator"],
+            device_grant=data["device_grant"],
+            failed_rounds=data["failed_rounds"],
+            last_error=data["last_error"],
+            retry_at=_at(data["retry_at"]),
+        )
+
+
+def _at(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
 
 _SELECT = """
 SELECT t.id, t.title, t.state, t.hold, d.name AS device, t.speculative, t.pr_url,
@@ -113,6 +139,23 @@ class TicketDetail:
             "reports": self.reports,
             "rounds": self.rounds,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TicketDetail:
+        """The console's ticket (its threads with their titles and relations), as
+        ``superagent tickets show`` lists it: the threads the ticket handles."""
+        threads = [
+            t if isinstance(t, str) else (t.get("url") or f"{t['source']} {t['external_id']}")
+            for t in data["threads"]
+            if isinstance(t, str) or t.get("relation", "handles") == "handles"
+        ]
+        return cls(
+            ticket=TicketView.from_json(data),
+            scope=data["scope"],
+            threads=threads,
+            reports=data["reports"],
+            rounds=data["rounds"],
+        )
 
 
 async def detail(pool: asyncpg.Pool, ticket_id: str) -> TicketDetail:

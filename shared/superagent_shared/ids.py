@@ -42,6 +42,7 @@ PREFIXES = frozenset(
         "apr",
         "hrn",  # a harness run (controlplane.workers.harness)
         "sup",  # a step of a harness round's, recorded as a tool call
+        "tok",  # a named API token (controlplane.access.api_tokens)
     }
 )
 

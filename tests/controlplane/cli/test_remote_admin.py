@@ -1,0 +1,210 @@
+"""Managing a deployed control plane from another machine: `superagent login URL` with a
+named token, then the admin commands over HTTP only, as the token's holder.
+
+The CLI runs from a HOME of its own with no way to the database (DATABASE_URL points at a
+port nothing listens on, and no admin-token file is in reach), against a real `serve`
+replica: whatever works, worked over HTTP. What it did is on record under the token's
+name, not a self-declared one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from controlplane.db import migrate
+from controlplane.db.urls import asyncpg_dsn
+from controlplane.gateway.delivery import CommandDelivery
+from controlplane.tickets import reports
+from tests.support.helpers import assert_eventually, free_port, run_cli
+from tests.support.worker_harness import LocalDevice, ticket
+
+pytestmark = pytest.mark.slow
+
+NOWHERE = "postgresql://nobody@127.0.0.1:9/nothing"  # a database the client must not need
+
+
+class Client:
+    """`superagent` on another machine: its own HOME, no database, no admin-token file."""
+
+    def __init__(self, home: Path) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SUPERAGENT_", "OPENAI_", "XDG_")) and k != "DATABASE_URL"
+        }
+        self.env.update(
+            {
+                "HOME": str(home),
+                "DATABASE_URL": NOWHERE,
+                "SUPERAGENT_STATE_DIR": str(home / "state"),
+            }
+        )
+
+    def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "controlplane.cli", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=self.env,
+            check=False,
+        )
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        done = self.run(*args, stdin=stdin)
+        assert done.returncode == 0, f"superagent {' '.join(args)}: {done.stderr}"
+        assert "Traceback" not in done.stderr
+        return done.stdout
+
+
+@pytest.fixture
+async def served(empty_database: str, tmp_path: Path) -> AsyncIterator[str]:
+    """A `serve` replica on ``empty_database``; its URL."""
+    await migrate.upgrade(empty_database)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERAGENT_", "OPENAI_"))}
+    port = free_port()
+    env.update(
+        {
+            "DATABASE_URL": empty_database,
+            "SUPERAGENT_STATE_DIR": str(tmp_path / "server-state"),
+            "SUPERAGENT_HTTP__PORT": str(port),
+            "SUPERAGENT_GRPC__PORT": str(free_port()),
+        }
+    )
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once; it runs beside the test
+        [sys.executable, "-m", "controlplane.cli", "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("wb"),
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    async def healthy() -> bool:
+        if process.poll() is not None:
+            pytest.fail(
+                f"serve exited {process.returncode}: {(tmp_path / 'serve.log').read_text()}"
+            )
+        try:
+            async with httpx.AsyncClient() as client:
+                return (await client.get(f"{url}/healthz", timeout=2)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        await assert_eventually(healthy, timeout=90, interval=0.2, message="serve answers")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
+    served: str, empty_database: str, tmp_path: Path
+) -> None:
+    pool = await asyncpg.create_pool(asyncpg_dsn(empty_database), min_size=1, max_size=2)
+    try:
+        # On the server: a ticket waiting for people, a paired device, and alice's token.
+        waiting, _ = await ticket(pool, None, title="upgrade the ORM")
+        await reports.finish(
+            pool, waiting, None, {"status": "question", "summary": "s", "question": "which?"}
+        )
+        device = LocalDevice(pool, CommandDelivery(pool), tmp_path / "device")
+        await device.pair()
+        made = run_cli(empty_database, "tokens", "create", "alice")
+        assert made.returncode == 0, made.stderr
+        token = made.stdout.strip()
+        assert token.startswith("sat_")
+        assert token not in made.stderr
+
+        laptop = Client(tmp_path / "laptop")
+        # Nothing is reachable before login: the database is nowhere.
+        assert laptop.run("tickets", "list").returncode != 0
+
+        said = laptop.ok("login", served, "--name", "prod", stdin=token + "\n")
+        assert "as alice" in said
+        stored = laptop.home / ".config" / "superagent" / "contexts.json"
+        assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+        assert stat.S_IMODE(stored.parent.stat().st_mode) == 0o700
+        assert "prod" in laptop.ok("context", "list")
+
+        listed = json.loads(laptop.ok("tickets", "list", "--json"))
+        assert [t["id"] for t in listed] == [waiting]
+        assert listed[0]["state"] == "waiting_human"
+        assert waiting in laptop.ok("tickets", "show", waiting)
+
+        laptop.ok("tickets", "retry", waiting, "--note", "the database is back")
+        retried = await pool.fetchval(
+            "SELECT text FROM worker_events WHERE ticket_id = $1 AND kind = 'retry'", waiting
+        )
+        assert retried.startswith("alice asks you to try again"), retried  # the token's name
+
+        code = json.loads(laptop.ok("devices", "pair", "--name", "bob-desktop", "--json"))
+        assert code["device_name"] == "bob-desktop"
+        assert code["command"].startswith("endpointd pair ")
+        issued_by = await pool.fetchval(
+            "SELECT created_by FROM pairing_codes WHERE device_name = 'bob-desktop'"
+        )
+        assert issued_by == "alice"
+
+        names = [d["name"] for d in json.loads(laptop.ok("devices", "list", "--json"))]
+        assert device.name in names
+        assert "revoked" in laptop.ok("devices", "revoke", device.name)
+        assert await pool.fetchval("SELECT revoked_at FROM devices WHERE id = $1", device.id)
+
+        # A command with no HTTP API yet says so, instead of reaching for a database.
+        refused = laptop.run("triggers", "list")
+        assert refused.returncode == 1
+        assert "works on the database only" in refused.stderr
+        assert "--context local" in refused.stderr
+        # `--context local` is the database: here, nowhere.
+        local = laptop.run("--context", "local", "tickets", "list")
+        assert local.returncode == 1
+        assert "database unavailable" in local.stderr
+
+        # Revoked on the server, the token opens nothing from the next request on.
+        assert run_cli(empty_database, "tokens", "revoke", "alice").returncode == 0
+        gone = laptop.run("tickets", "list")
+        assert gone.returncode == 1
+        assert "refused the token of context prod" in gone.stderr
+        assert token not in gone.stderr + gone.stdout
+    finally:
+        await pool.close()
+
+
+async def test_login_refuses_a_wrong_token_and_stores_nothing(served: str, tmp_path: Path) -> None:
+    laptop = Client(tmp_path / "laptop")
+    refused = laptop.run("login", served, stdin="sat_not-a-token\n")
+    assert refused.returncode == 1
+    assert "neither the admin token nor a live API token" in refused.stderr
+    assert not (laptop.home / ".config" / "superagent" / "contexts.json").exists()
+    unreachable = laptop.run("login", "http://127.0.0.1:9", stdin="sat_x\n")
+    assert unreachable.returncode == 1
+    assert "cannot reach http://127.0.0.1:9" in unreachable.stderr
+
+
+def test_a_contexts_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    laptop = Client(tmp_path / "laptop")
+    stored = laptop.home / ".config" / "superagent" / "contexts.json"
+    stored.parent.mkdir(parents=True)
+    stored.write_text('{"current": "prod", "contexts": {"prod": {"url": "x", "token": "t"}}}')
+    stored.chmod(0o644)
+    refused = laptop.run("tickets", "list")
+    assert refused.returncode == 1
+    assert "readable by other users" in refused.stderr
