@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 import click
@@ -90,6 +91,24 @@ def _silence_broken_streams() -> None:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, fd)
             os.close(devnull)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Every command takes it (tests/controlplane/cli/test_cli_grammar.py): scripts read one
+# JSON document on stdout, whatever the command did.
+json_option: Callable[[F], F] = click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output."
+)
+
+
+def outcome(as_json: bool, data: Any, *lines: str) -> None:
+    """What a command did: ``data`` as one JSON document with --json, else ``lines``."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    for line in lines:
+        click.echo(line)
 
 
 def say(message: str) -> None:

@@ -17,7 +17,13 @@ from typing import Any, TypeVar
 import asyncpg
 import click
 
-from controlplane.cli.common import clear_errors, load_settings, setup_logging
+from controlplane.cli.common import (
+    clear_errors,
+    json_option,
+    load_settings,
+    outcome,
+    setup_logging,
+)
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.cli.remote import remote, segment
 from controlplane.console.devices import pair_command
@@ -289,7 +295,8 @@ def _change_shares(
     "A person (superagent users), an account SOURCE:ID, or a group group:SOURCE:ID "
     "(e.g. group:slack:S0123ABCD). Repeat for several."
 )
-def share(device: str, grantees: tuple[str, ...]) -> None:
+@json_option
+def share(device: str, grantees: tuple[str, ...], as_json: bool) -> None:
     """Let others direct work to DEVICE (name or id), on its owner's behalf.
 
     \b
@@ -302,34 +309,45 @@ def share(device: str, grantees: tuple[str, ...]) -> None:
         return await access.share(pool, device_id, grantee, by="cli")
 
     found = _change_shares(device, grantees, share_as_cli)
-    click.echo(f"{found.name} (owner {found.owner}) is shared with {', '.join(found.shares)}")
+    outcome(
+        as_json,
+        _shares(found),
+        f"{found.name} (owner {found.owner}) is shared with {', '.join(found.shares)}",
+    )
+
+
+def _shares(found: access.Device) -> dict[str, Any]:
+    return {"id": found.id, "name": found.name, "owner": found.owner, "shares": found.shares}
 
 
 @devices.command()
 @click.argument("device")
 @_grantees_option("Whom to take the share back from, as it was given.")
-def unshare(device: str, grantees: tuple[str, ...]) -> None:
+@json_option
+def unshare(device: str, grantees: tuple[str, ...], as_json: bool) -> None:
     """Take back shares of DEVICE: their tickets' next commands there are refused."""
     found = _change_shares(device, grantees, access.unshare)
     rest = ", ".join(found.shares) or "nobody else"
-    click.echo(f"{found.name} (owner {found.owner}) is now shared with {rest}")
+    outcome(
+        as_json, _shares(found), f"{found.name} (owner {found.owner}) is now shared with {rest}"
+    )
 
 
 @devices.command()
 @click.argument("device")
-def revoke(device: str) -> None:
+@json_option
+def revoke(device: str, as_json: bool) -> None:
     """Revoke DEVICE (name or id): its connection closes now and it cannot reconnect."""
     with clear_errors():
         deployment = remote()
     if deployment is not None:
         with clear_errors():
             revoked = deployment.post(f"/console/api/devices/{segment(device)}/revoke")
-        click.echo(f"revoked {revoked['name']} ({revoked['id']})")
-        return
-    settings = load_settings()
+    else:
 
-    async def work(pool: asyncpg.Pool) -> str:
-        revoked = await device_registry.revoke(pool, device)
-        return f"{revoked.name} ({revoked.id})"
+        async def work(pool: asyncpg.Pool) -> dict[str, Any]:
+            done = await device_registry.revoke(pool, device)
+            return {"id": done.id, "name": done.name, "revoked_at": done.revoked_at}
 
-    click.echo(f"revoked {run_with_pool(settings, work)}")
+        revoked = run_with_pool(load_settings(), work)
+    outcome(as_json, revoked, f"revoked {revoked['name']} ({revoked['id']})")

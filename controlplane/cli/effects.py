@@ -7,7 +7,7 @@ import json
 import asyncpg
 import click
 
-from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.common import json_option, load_settings, outcome, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.effects import outbox
 from superagent_shared import table
@@ -64,7 +64,8 @@ def list_(dead: bool, limit: int, as_json: bool) -> None:
 
 @effects.command()
 @click.argument("effect")
-def retry(effect: str) -> None:
+@json_option
+def retry(effect: str, as_json: bool) -> None:
     """Run a dead EFFECT again, from its first attempt."""
     setup_logging("WARNING")
 
@@ -72,4 +73,8 @@ def retry(effect: str) -> None:
         await outbox.revive(pool, effect)
 
     run_with_pool(load_settings(), revive)
-    click.echo(f"{effect} is back in the outbox; it runs at once.")
+    outcome(
+        as_json,
+        {"effect": effect, "retried": True},
+        f"{effect} is back in the outbox; it runs at once.",
+    )

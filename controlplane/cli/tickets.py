@@ -8,7 +8,13 @@ from datetime import timedelta
 import asyncpg
 import click
 
-from controlplane.cli.common import clear_errors, load_settings, setup_logging
+from controlplane.cli.common import (
+    clear_errors,
+    json_option,
+    load_settings,
+    outcome,
+    setup_logging,
+)
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.cli.remote import RemoteError, remote, segment
 from controlplane.domain import CLOSED_TICKET_STATES, TicketState
@@ -217,17 +223,19 @@ def _entry_lines(entry: timeline.Entry) -> list[str]:
 @tickets.command()
 @click.argument("ticket")
 @click.argument("message")
-def recall(ticket: str, message: str) -> None:
+@json_option
+def recall(ticket: str, message: str, as_json: bool) -> None:
     """Print MESSAGE of TICKET's worker whole: the id a capped entry of
     `superagent tickets show TICKET --transcript` names (msg_…)."""
     setup_logging("WARNING")
     text = run_with_pool(load_settings(), lambda pool: timeline.message_text(pool, ticket, message))
-    click.echo(_printable(text))
+    outcome(as_json, {"ticket": ticket, "message": message, "text": text}, _printable(text))
 
 
 @tickets.command()
 @click.argument("ticket")
-def stop(ticket: str) -> None:
+@json_option
+def stop(ticket: str, as_json: bool) -> None:
     """Stop TICKET for good: its mandate is revoked and its device work cancelled."""
     setup_logging("WARNING")
 
@@ -244,20 +252,25 @@ def stop(ticket: str) -> None:
             except RemoteError as exc:
                 if exc.status != Conflict.http_status:  # already closed: nothing changed
                     raise
-                click.echo(exc.message)
+                outcome(as_json, {"ticket": ticket, "stopped": False}, exc.message)
                 return
     else:
         was = run_with_pool(load_settings(), work)
-    if was in CLOSED_TICKET_STATES:
-        click.echo(f"{ticket} was already {was}")
-    else:
-        click.echo(f"stopped {ticket} (it was {was}); its device work is being cancelled")
+    stopped = was not in CLOSED_TICKET_STATES
+    outcome(
+        as_json,
+        {"ticket": ticket, "stopped": stopped, "was": was},
+        f"stopped {ticket} (it was {was}); its device work is being cancelled"
+        if stopped
+        else f"{ticket} was already {was}",
+    )
 
 
 @tickets.command()
 @click.argument("ticket")
 @click.option("--note", default="", help="What changed, for the worker to read.")
-def retry(ticket: str, note: str) -> None:
+@json_option
+def retry(ticket: str, note: str, as_json: bool) -> None:
     """Wake TICKET's worker again after a question, blocked or failed."""
     setup_logging("WARNING")
     with clear_errors():
@@ -269,13 +282,14 @@ def retry(ticket: str, note: str) -> None:
         run_with_pool(
             load_settings(), lambda pool: control.retry(pool, ticket, by="the CLI", note=note)
         )
-    click.echo(f"{ticket} will try again")
+    outcome(as_json, {"ticket": ticket, "retried": True}, f"{ticket} will try again")
 
 
 @tickets.command()
 @click.argument("ticket")
 @click.argument("device")
-def reroute(ticket: str, device: str) -> None:
+@json_option
+def reroute(ticket: str, device: str, as_json: bool) -> None:
     """Move TICKET to DEVICE (name or id); what was queued for the old one is cancelled.
 
     DEVICE must be the ticket's requester's, shared with them, or yours (the admin's);
@@ -289,7 +303,7 @@ def reroute(ticket: str, device: str) -> None:
             answer = deployment.post(
                 f"/console/api/tickets/{segment(ticket)}/reroute", {"device": device}
             )
-        click.echo(str(answer["message"]).rstrip("."))
+        outcome(as_json, answer, str(answer["message"]).rstrip("."))
         return
     settings = load_settings()
     wait = timedelta(seconds=settings.workers.device_wait_seconds)
@@ -298,4 +312,10 @@ def reroute(ticket: str, device: str) -> None:
     moved = run_with_pool(
         settings, lambda pool: control.reroute(pool, ticket, device, by="the CLI", wait=wait)
     )
-    click.echo(moved.message)
+    data = {
+        "ticket": ticket,
+        "device": moved.device,
+        "approval": moved.approval,
+        "message": f"{moved.message}.",
+    }
+    outcome(as_json, data, moved.message)

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import click
 
-from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.common import json_option, load_settings, outcome, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.ingest import routing
@@ -180,7 +180,8 @@ def show(trigger: str, as_json: bool) -> None:
 
 @triggers.command()
 @click.argument("trigger")
-def retry(trigger: str) -> None:
+@json_option
+def retry(trigger: str, as_json: bool) -> None:
     """Put the undecidable TRIGGER back in the router's inbox, its failures forgotten."""
     setup_logging("WARNING")
 
@@ -197,4 +198,8 @@ def retry(trigger: str) -> None:
             await routing.put_back(conn, trigger)
 
     run_with_pool(load_settings(), work)
-    click.echo(f"{trigger} is back in the router's inbox; the next turn decides it")
+    outcome(
+        as_json,
+        {"trigger": trigger, "retried": True},
+        f"{trigger} is back in the router's inbox; the next turn decides it",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,25 @@ _state_dir = click.option(
 )
 _http_port = click.option("--http-port", type=int, help="HTTP port. [env SUPERAGENT_HTTP__PORT]")
 _grpc_port = click.option("--grpc-port", type=int, help="gRPC port. [env SUPERAGENT_GRPC__PORT]")
+
+
+def _json_logs(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    # In the environment, so the children (the watchdog, the local endpointd's supervisor)
+    # log the same way: a server's output is its log.
+    if value:
+        os.environ[logs.FORMAT_ENV] = "json"
+
+
+# A server's machine-readable output is its log: one JSON object per line.
+_json = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_json_logs,
+    help="Log lines as JSON objects, one per line. [env SUPERAGENT_LOG_FORMAT=json]",
+)
 
 
 def _announce_link(settings: Settings) -> Callable[[str], None]:
@@ -200,6 +220,7 @@ async def _next_steps(settings: Settings, database_url: str) -> None:
     help="This machine's device name when it is paired (default: its host name).",
 )
 @click.option("--no-device", is_flag=True, help="Do not start this machine's device.")
+@_json
 def up(
     state_dir: Path | None,
     http_port: int | None,
@@ -259,6 +280,7 @@ def up(
 @_state_dir
 @_http_port
 @_grpc_port
+@_json
 def serve_command(state_dir: Path | None, http_port: int | None, grpc_port: int | None) -> None:
     """Run one replica of a deployment.
 

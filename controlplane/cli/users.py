@@ -8,7 +8,7 @@ import asyncpg
 import click
 
 from controlplane import handles, people
-from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.common import json_option, load_settings, outcome, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.errors import InvalidInput
 
@@ -31,6 +31,7 @@ def users() -> None:
       superagent users link alice github:alice-gh slack:alice@acme.example matrix:@alice:example.org
       superagent users list
       superagent users unlink github:alice-gh
+      superagent users remove alice
     """
 
 
@@ -44,7 +45,8 @@ def _accounts(texts: tuple[str, ...]) -> list[people.AccountRef]:
 @users.command()
 @click.argument("person")
 @click.argument("accounts", nargs=-1, required=True)
-def link(person: str, accounts: tuple[str, ...]) -> None:
+@json_option
+def link(person: str, accounts: tuple[str, ...], as_json: bool) -> None:
     """Link ACCOUNTS (SOURCE:HANDLE) to PERSON, creating PERSON if new.
 
     SOURCE is github, slack, matrix, lark or web. HANDLE is the account's immutable id, or
@@ -68,26 +70,34 @@ def link(person: str, accounts: tuple[str, ...]) -> None:
 
     linked, ids = run_with_pool(settings, work)
     shown = [f"{ref} ({ref.label})" if ref.label else str(ref) for ref in ids]
-    click.echo(f"{linked.name}: linked {', '.join(shown)}")
+    outcome(
+        as_json,
+        {"person": linked.name, "linked": [str(ref) for ref in ids]},
+        f"{linked.name}: linked {', '.join(shown)}",
+    )
 
 
 @users.command()
 @click.argument("account")
-def unlink(account: str) -> None:
+@json_option
+def unlink(account: str, as_json: bool) -> None:
     """Unlink one ACCOUNT (SOURCE:ID, or the SOURCE:HANDLE it was linked by)."""
     setup_logging("WARNING")
     ref = _accounts((account,))[0]
     owner = run_with_pool(load_settings(), lambda pool: people.unlink(pool, ref))
-    click.echo(f"{ref} is no longer linked to {owner}")
+    outcome(
+        as_json, {"unlinked": str(ref), "person": owner}, f"{ref} is no longer linked to {owner}"
+    )
 
 
 @users.command()
 @click.argument("person")
-def remove(person: str) -> None:
+@json_option
+def remove(person: str, as_json: bool) -> None:
     """Forget PERSON and all their links (their past events keep their accounts)."""
     setup_logging("WARNING")
     run_with_pool(load_settings(), lambda pool: people.remove(pool, person))
-    click.echo(f"removed {person}")
+    outcome(as_json, {"removed": person}, f"removed {person}")
 
 
 @users.command(name="list")

@@ -24,7 +24,7 @@ import asyncpg
 import click
 
 from controlplane import handles, prompts, versions
-from controlplane.cli.common import fail, load_settings, setup_logging
+from controlplane.cli.common import fail, json_option, load_settings, outcome, setup_logging
 from controlplane.cli.dbsession import run_with_pool
 from controlplane.deployment import ago
 from controlplane.errors import InvalidInput
@@ -107,10 +107,12 @@ def policy() -> None:
 
 @policy.command(name="show")
 @click.option("--version", "version_id", help="A version's id (default: the latest).")
-def policy_show(version_id: str | None) -> None:
-    """Print the policy as JSON (its version goes to stderr)."""
+@json_option
+def policy_show(version_id: str | None, as_json: bool) -> None:
+    """Print the policy as JSON (its version goes to stderr; with --json, the version and
+    the policy in one document)."""
     shown = _show(versions.POLICY, admission.POLICY_NAME, version_id, _policy_default)
-    _print(shown, "policy")
+    _print(shown, "policy", as_json, json.loads(shown.text))
 
 
 def _policy_default() -> str:
@@ -129,9 +131,11 @@ def _policy_default() -> str:
     help="The version the file was based on (required with --file once a version exists).",
 )
 @click.option("--author", default=default_author, show_default="user@host")
-def policy_edit(path: str | None, base_id: str | None, author: str) -> None:
+@json_option
+def policy_edit(path: str | None, base_id: str | None, author: str, as_json: bool) -> None:
     """Edit the policy in $EDITOR (or save a file) as a new version."""
     _edit(
+        as_json,
         versions.POLICY,
         admission.POLICY_NAME,
         path=path,
@@ -161,10 +165,12 @@ _PROMPT_NAME = click.Choice(sorted(prompts.DEFAULTS))
 @prompts_group.command(name="show")
 @click.argument("name", type=_PROMPT_NAME)
 @click.option("--version", "version_id", help="A version's id (default: the latest).")
-def prompts_show(name: str, version_id: str | None) -> None:
-    """Print a prompt (its version goes to stderr)."""
+@json_option
+def prompts_show(name: str, version_id: str | None, as_json: bool) -> None:
+    """Print a prompt (its version goes to stderr; with --json, the version and the text in
+    one document)."""
     shown = _show(versions.PROMPT, name, version_id, lambda: prompts.DEFAULTS[name] + "\n")
-    _print(shown, f"{name} prompt")
+    _print(shown, f"{name} prompt", as_json, shown.text)
 
 
 @prompts_group.command(name="edit")
@@ -172,7 +178,10 @@ def prompts_show(name: str, version_id: str | None) -> None:
 @click.option("--file", "path", help="Save this file (or - for stdin) instead of $EDITOR.")
 @click.option("--base", "base_id", help="The version the file was based on.")
 @click.option("--author", default=default_author, show_default="user@host")
-def prompts_edit(name: str, path: str | None, base_id: str | None, author: str) -> None:
+@json_option
+def prompts_edit(
+    name: str, path: str | None, base_id: str | None, author: str, as_json: bool
+) -> None:
     """Edit a prompt in $EDITOR (or save a file) as a new version."""
 
     def to_body(text: str) -> str:
@@ -181,6 +190,7 @@ def prompts_edit(name: str, path: str | None, base_id: str | None, author: str) 
         return text.rstrip("\n")
 
     _edit(
+        as_json,
         versions.PROMPT,
         name,
         path=path,
@@ -218,7 +228,11 @@ def _show(
     return run_with_pool(load_settings(), work)
 
 
-def _print(shown: Shown, what: str) -> None:
+def _print(shown: Shown, what: str, as_json: bool, content: Any) -> None:
+    if as_json:
+        data = {"id": shown.id, "version": shown.version, "author": shown.author}
+        click.echo(json.dumps({**data, "default": shown.id is None, "content": content}, indent=2))
+        return
     if shown.id is None:
         click.echo(f"# {what}: built-in default (no version saved yet)", err=True)
     else:
@@ -230,6 +244,7 @@ def _print(shown: Shown, what: str) -> None:
 
 
 def _edit(
+    as_json: bool,
     kind: versions.Kind,
     name: str,
     *,
@@ -250,7 +265,7 @@ def _edit(
         base_id = current.id
         edited = click.edit(current.text, extension=suffix, require_save=True)
         if edited is None or edited == current.text:
-            click.echo("No changes; nothing saved.")
+            outcome(as_json, {"saved": False}, "No changes; nothing saved.")
             return
         text = edited
     else:
@@ -279,4 +294,8 @@ def _edit(
             click.echo(f"your edit is kept in {kept}; apply it again with --file", err=True)
         raise
     based = f"based on {base_id}" if base_id else "the first version"
-    click.echo(f"saved {name} version {saved.version} ({saved.id}), {based}")
+    outcome(
+        as_json,
+        {"saved": True, "name": name, "id": saved.id, "version": saved.version, "base": base_id},
+        f"saved {name} version {saved.version} ({saved.id}), {based}",
+    )
