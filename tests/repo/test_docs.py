@@ -30,7 +30,7 @@ FENCE = re.compile(r"^ {0,3}(```|~~~)")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 DOC_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]*\.md")
-# `docs/x.md, *Heading*` or `docs/x.md, "Heading"`: a section cited by its name.
+# `docs/<page>.md, *Heading*` or `docs/<page>.md, "Heading"`: a section cited by its name.
 CITATION = re.compile(r"(docs/[\w./-]+\.md)`?,? (?:\*([^*]+)\*|\"([^\"]+)\")")
 
 
