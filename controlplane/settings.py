@@ -1,9 +1,10 @@
 """The one settings tree of the control plane.
 
-Every field is described, because ``superagent config`` and the README's table are generated
-from these descriptions. Environment variables use the ``SUPERAGENT_`` prefix, with ``__``
-between nested groups (``SUPERAGENT_EFFECTS__CONCURRENCY``); three well-known variables keep
-their standard names: ``DATABASE_URL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
+Every field is described, because ``superagent config`` and the table in
+docs/configuration.md are generated from these descriptions. Environment variables use the
+``SUPERAGENT_`` prefix, with ``__`` between nested groups
+(``SUPERAGENT_EFFECTS__CONCURRENCY``); three well-known variables keep their standard names:
+``DATABASE_URL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ from controlplane.settings import leaves, markdown_table, source_of
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (the values).")
-@click.option("--markdown", is_flag=True, help="The reference table of every setting (README).")
+@click.option(
+    "--markdown", is_flag=True, help="The reference table of every setting (docs/configuration.md)."
+)
 def config(as_json: bool, markdown: bool) -> None:
     """Show the effective configuration and where each value comes from.
 

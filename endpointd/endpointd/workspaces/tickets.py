@@ -15,7 +15,7 @@ talked into it chooses any cwd and path it likes, so the device holds the line:
 * a prepare or release of a ticket's workspace names that ticket.
 
 Commands of no ticket, and of a ticket with no workspace here, keep the allowed roots' rules
-(docs/endpointd.md). The store is the daemon's (the state dir, denied to every command), so
+(docs/endpointd/policy.md). The store is the daemon's (the state dir, denied to every command), so
 no command can rebind itself.
 """
 

@@ -435,7 +435,7 @@ class Command(_message.Message):
     """The ticket whose worker sent it ("tkt_8f3k2q"); empty for a command of no ticket (an
     admin's /run). A command of a ticket that has a workspace on the device works only
     there: its cwd must lie inside that workspace, its file operations write only there
-    and read no other ticket's, and it may write nothing else (docs/endpointd.md).
+    and read no other ticket's, and it may write nothing else (docs/endpointd/policy.md).
     """
     @_builtins.property
     def not_after(self) -> _timestamp_pb2.Timestamp:

@@ -1,4 +1,4 @@
-"""Settings: environment names, validation, secrets, and the README's reference table."""
+"""Settings: environment names, validation, secrets, and docs/configuration.md's table."""
 
 from __future__ import annotations
 
@@ -22,10 +22,19 @@ from controlplane.settings import (
 from superagent_shared.ids import ALPHABET, RANDOM_LENGTH, id_prefix, new_id
 from tests.conftest import REPO
 
+TABLE_BEGIN = "<!-- BEGIN generated: superagent config --markdown -->\n"
+TABLE_END = "<!-- END generated -->"
 
-def test_readme_lists_every_setting() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert markdown_table() in readme, "README table is stale: superagent config --markdown"
+
+def test_the_configuration_page_lists_every_setting() -> None:
+    page = (REPO / "docs" / "configuration.md").read_text()
+    assert TABLE_BEGIN in page, "the table's first marker is gone"
+    assert TABLE_END in page, "the table's last marker is gone"
+    table = page.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0]
+    assert table == markdown_table(), (
+        "docs/configuration.md's table is stale: paste `superagent config --markdown` "
+        "between its markers"
+    )
 
 
 def test_every_setting_is_described() -> None:
