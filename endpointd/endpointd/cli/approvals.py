@@ -6,14 +6,14 @@ import json
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.paths import state_dir
 
 # ---------------------------------------------------------------------------- approvals
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 @click.option(
     "--show",
     "show_id",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.paths import config_dir, state_dir
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def _scopes() -> dict[str, tuple[str, ...]] | None:
 
 
 @creds.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def creds_list(as_json: bool) -> None:
     """Show stored credentials: names, scopes, store and last use, never values.
 

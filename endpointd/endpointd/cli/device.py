@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from endpointd import __version__
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.errors import EndpointdError
 from endpointd.keys import keyring_status
 from endpointd.paths import config_dir, data_dir, state_dir
@@ -29,7 +29,7 @@ def version() -> None:
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def info(as_json: bool) -> None:
     """Show the config, state and data directories and whether the OS keyring is usable.
 
@@ -283,7 +283,7 @@ def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def status(as_json: bool) -> None:
     """Show where this device is paired, whether the daemon is connected, what runs, how
     commands are sandboxed (and the last `endpointd sandbox check`), and which store holds

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.errors import EndpointdError
 from endpointd.paths import config_dir, state_dir
 
@@ -54,7 +54,7 @@ _EXIT_CODES = {"allow": 0, "ask": 3, "deny": 4}
     show_default=True,
     help="With --path: which file operation (read_file, write_file, list_dir).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 @click.pass_context
 def policy_check(
     ctx: click.Context,
@@ -121,7 +121,7 @@ def policy_check(
 
 
 @policy_group.command("show")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def policy_show(as_json: bool) -> None:
     """Print the policy file's path, its hash, the sandbox and the rules in effect.
 
