@@ -14,7 +14,6 @@ state directory as well (:func:`log_to_file`).
 
 from __future__ import annotations
 
-import json
 import logging
 import logging.handlers
 import os
@@ -23,12 +22,13 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import UTC, datetime
 from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from superagent_shared import log_json
 
 FORMAT_ENV = "SUPERAGENT_LOG_FORMAT"
 FORMATS = ("plain", "json")
@@ -63,26 +63,15 @@ def trace(trace_id: str | None = None) -> Iterator[str]:
         _trace_id.reset(token)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and trace_id when set."""
+class JsonFormatter(log_json.JsonFormatter):
+    """One JSON object per line (:mod:`superagent_shared.log_json`, the shape endpointd's
+    `run --json` writes too), with trace_id when set."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, str] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+    def fields(self, record: logging.LogRecord) -> dict[str, str]:
         # Read when the line is written, which for the stream handlers used here is in the
         # logging call itself, within the context of the code that logged.
         trace_id = current_trace_id()
-        if trace_id is not None:
-            entry["trace_id"] = trace_id
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        if record.stack_info:
-            entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return {} if trace_id is None else {"trace_id": trace_id}
 
 
 def apply_format() -> None:

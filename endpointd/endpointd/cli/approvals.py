@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, echo_json, json_option
 from endpointd.paths import state_dir
+
+if TYPE_CHECKING:
+    from endpointd.guard.approvals import ApprovalRequest
 
 # ---------------------------------------------------------------------------- approvals
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 @click.option(
     "--show",
     "show_id",
@@ -63,7 +67,8 @@ def approvals(as_json: bool, show_id: str | None) -> None:
 
 @cli.command()
 @click.argument("command_id", metavar="ID")
-def approve(command_id: str) -> None:
+@json_option()
+def approve(command_id: str, as_json: bool) -> None:
     """Let a command held by an "ask" rule run.
 
     ID is the command id shown by `endpointd approvals` (a unique prefix is enough). The
@@ -77,12 +82,16 @@ def approve(command_id: str) -> None:
     from endpointd.guard.approvals import Approvals, printable
 
     request = Approvals(state_dir().path).decide(command_id, approve=True)
+    if as_json:
+        echo_json(_decided(request))
+        return
     click.echo(f"approved {printable(request.command_id)}: {printable(request.summary)}")
 
 
 @cli.command()
 @click.argument("command_id", metavar="ID")
-def deny(command_id: str) -> None:
+@json_option()
+def deny(command_id: str, as_json: bool) -> None:
     """Refuse a command held by an "ask" rule.
 
     ID is the command id shown by `endpointd approvals` (a unique prefix is enough). The
@@ -94,4 +103,20 @@ def deny(command_id: str) -> None:
     from endpointd.guard.approvals import Approvals, printable
 
     request = Approvals(state_dir().path).decide(command_id, approve=False)
+    if as_json:
+        echo_json(_decided(request))
+        return
     click.echo(f"denied {printable(request.command_id)}: {printable(request.summary)}")
+
+
+def _decided(request: ApprovalRequest) -> dict[str, Any]:
+    """What `approve --json` and `deny --json` print: the answer and what it answered."""
+    return {
+        "command_id": request.command_id,
+        "decision": request.decision,
+        "approved": request.decision == "approved",
+        "summary": request.summary,
+        "origin": request.origin,
+        "rule": request.rule,
+        "decided_at": request.decided_at,
+    }

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.paths import state_dir
 
 # ---------------------------------------------------------------------------- audit
@@ -14,7 +14,7 @@ from endpointd.paths import state_dir
 
 @cli.command()
 @click.option("--tail", type=click.IntRange(min=1), metavar="N", help="Only the last N entries.")
-@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON lines.")
+@json_option("Machine-readable output: the log's JSON lines, one entry per line.")
 def audit(tail: int | None, as_json: bool) -> None:
     """Show the local audit log: every refused command and every approval outcome.
 

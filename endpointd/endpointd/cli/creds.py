@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, echo_json, json_option
 from endpointd.paths import config_dir, state_dir
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ def creds() -> None:
     " Default: credential_store in policy.toml, else the keyring. The policy's"
     ' credential_store = "keyring" refuses --store file.',
 )
-def creds_add(name: str, replace: bool, store: str | None) -> None:
+@json_option()
+def creds_add(name: str, replace: bool, store: str | None, as_json: bool) -> None:
     """Store a credential; its value is read from a hidden prompt or from stdin.
 
     In a terminal you are asked for the value twice, without echo; otherwise the value is
@@ -112,6 +113,19 @@ def creds_add(name: str, replace: bool, store: str | None) -> None:
                 " from the command line"
             )
     credentials.add(name, value, replace=replace, store=chosen)
+    if as_json:
+        scopes = _scopes()
+        # The name, where the value went and who may receive it: never the value.
+        echo_json(
+            {
+                "stored": True,
+                "name": name,
+                "store": chosen,
+                "file": str(credentials.files.path(name)) if chosen == "file" else None,
+                "scope": list(scopes[name]) if scopes is not None and name in scopes else None,
+            }
+        )
+        return
     if chosen == "file":
         from endpointd.secrets.file_store import BOUNDARY
 
@@ -152,7 +166,7 @@ def _scopes() -> dict[str, tuple[str, ...]] | None:
 
 
 @creds.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def creds_list(as_json: bool) -> None:
     """Show stored credentials: names, scopes, store and last use, never values.
 
@@ -207,7 +221,8 @@ def creds_list(as_json: bool) -> None:
 
 @creds.command("rm")
 @click.argument("name")
-def creds_rm(name: str) -> None:
+@json_option()
+def creds_rm(name: str, as_json: bool) -> None:
     """Delete a credential from its store (the OS keyring or its file) and from
     endpointd's list.
 
@@ -218,4 +233,7 @@ def creds_rm(name: str) -> None:
     from endpointd.secrets.store import CredentialStore
 
     CredentialStore(config_dir().path).remove(name)
+    if as_json:
+        echo_json({"removed": True, "name": name})
+        return
     click.echo(f"removed credential {name}")

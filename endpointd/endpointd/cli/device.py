@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from endpointd import __version__
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, echo_json, json_option
 from endpointd.errors import EndpointdError
 from endpointd.keys import keyring_status
 from endpointd.paths import config_dir, data_dir, state_dir
@@ -22,14 +22,24 @@ from superagent_shared.protocol import PROTOCOL_VERSION, PROTOCOL_VERSION_NUMBER
 
 
 @cli.command()
-def version() -> None:
+@json_option()
+def version(as_json: bool) -> None:
     """Print the daemon version and the wire protocol it speaks."""
+    if as_json:
+        echo_json(
+            {
+                "version": __version__,
+                "protocol_version": PROTOCOL_VERSION,
+                "protocol_version_number": PROTOCOL_VERSION_NUMBER,
+            }
+        )
+        return
     click.echo(f"endpointd {__version__}")
     click.echo(f"protocol {PROTOCOL_VERSION} (version {PROTOCOL_VERSION_NUMBER})")
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def info(as_json: bool) -> None:
     """Show the config, state and data directories and whether the OS keyring is usable.
 
@@ -110,6 +120,7 @@ def info(as_json: bool) -> None:
     help="The network mode of a policy file pairing creates (default: the example's,"
     ' "allow"); an existing policy file is never changed.',
 )
+@json_option()
 def pair(
     url: str,
     code: str,
@@ -118,6 +129,7 @@ def pair(
     fingerprint: str | None,
     allow_roots: tuple[str, ...],
     network: NetworkMode | None,
+    as_json: bool,
 ) -> None:
     """Pair this machine with a control plane, using a one-time CODE.
 
@@ -163,6 +175,24 @@ def pair(
         network=network,
     )
     where = "OS keyring" if config.key.storage == "keyring" else config.key.path
+    if as_json:
+        # Where the key is kept, never the key; the certificate's fingerprint is public.
+        echo_json(
+            {
+                "paired": True,
+                "device_id": config.device_id,
+                "device_name": config.device_name,
+                "url": config.server_url,
+                "server_name": config.server_name,
+                "trust": config.trust.mode,
+                "certificate_sha256": config.trust.leaf_sha256 or None,
+                "key_storage": config.key.storage,
+                "key_file": config.key.path or None,
+                "policy": str(cfg / "policy.toml"),
+                "allowed_roots": [str(r) for r in roots] if roots else None,
+            }
+        )
+        return
     click.echo(
         f"paired with {config.server_name or config.server_url} as {config.device_id}"
         f" ({config.device_name})"
@@ -246,15 +276,19 @@ def _roots_for_pairing(cfg: Path, given: tuple[str, ...]) -> list[Path] | None:
     hidden=True,
     help="Stop when this process is no longer our parent (`superagent up --device` uses it).",
 )
-def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None:
+@json_option(
+    "Machine-readable output: log lines as JSON, one object per line (time, level, logger,"
+    " message; the control plane's SUPERAGENT_LOG_FORMAT=json)."
+)
+def run(max_runtime: int | None, log_level: str, parent_pid: int | None, as_json: bool) -> None:
     """Run the daemon in the foreground: connect, execute commands, reconnect forever.
 
     Dials the paired control plane and keeps one stream open, retrying with backoff (1 s
     growing to 2 minutes) whenever it drops. Every command is journaled before it runs, so
     a redelivery never runs twice; running commands keep going across disconnects and even
     across a restart of this daemon, and their output is resent from where the server left
-    off. Stop it with Ctrl-C or SIGTERM. Logs go to stderr; `endpointd status` shows what it
-    is doing.
+    off. Stop it with Ctrl-C or SIGTERM. Logs go to stderr, as text or with --json as one
+    JSON object per line (nothing goes to stdout); `endpointd status` shows what it is doing.
     """
     import asyncio
 
@@ -269,6 +303,11 @@ def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if as_json:
+        from superagent_shared.log_json import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     # gRPC's own INFO chatter about reconnects would drown ours.
     logging.getLogger("grpc").setLevel(logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
@@ -283,7 +322,7 @@ def run(max_runtime: int | None, log_level: str, parent_pid: int | None) -> None
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def status(as_json: bool) -> None:
     """Show where this device is paired, whether the daemon is connected, what runs, how
     commands are sandboxed (and the last `endpointd sandbox check`), and which store holds
@@ -321,7 +360,8 @@ def status(as_json: bool) -> None:
 
 @cli.command()
 @click.option("--purge", is_flag=True, help="Also delete the command journal and output spools.")
-def unpair(purge: bool) -> None:
+@json_option()
+def unpair(purge: bool, as_json: bool) -> None:
     """Forget the pairing: delete the device key and the config.
 
     The private key is removed from the OS keyring (or its key file deleted), so this
@@ -343,10 +383,25 @@ def unpair(purge: bool) -> None:
         )
     removed = delete_key(config.key)
     delete_config(cfg_dir)
+    if purge:
+        shutil.rmtree(st_dir, ignore_errors=True)
+    if as_json:
+        echo_json(
+            {
+                "unpaired": True,
+                "device_id": config.device_id,
+                "url": config.server_url,
+                "server_name": config.server_name,
+                "key_storage": config.key.storage,
+                "key_file": config.key.path or None,
+                "key_deleted": removed,
+                "purged": str(st_dir) if purge else None,
+            }
+        )
+        return
     where = "OS keyring" if config.key.storage == "keyring" else config.key.path
     click.echo(f"unpaired {config.device_id} from {config.server_name or config.server_url}")
     click.echo(f"device key {'deleted from' if removed else 'was already gone from'} {where}")
     if purge:
-        shutil.rmtree(st_dir, ignore_errors=True)
         click.echo(f"journal and spools deleted ({st_dir})")
     click.echo("the server still lists this device until an admin revokes it")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.paths import config_dir, state_dir
 from superagent_shared import table
 
@@ -89,7 +89,7 @@ def _rows() -> tuple[list[dict[str, Any]], str | None, str, tuple[str, ...]]:
 
 
 @harness.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def harness_list(as_json: bool) -> None:
     """Show each harness: version, where it is installed, whether it is logged in, and
     whether the agent may run it here (ALLOWED) and prefers it (DEFAULT).

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, echo_json, json_option
 from endpointd.errors import EndpointdError
 from endpointd.paths import config_dir, state_dir
 
@@ -54,7 +54,7 @@ _EXIT_CODES = {"allow": 0, "ask": 3, "deny": 4}
     show_default=True,
     help="With --path: which file operation (read_file, write_file, list_dir).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 @click.pass_context
 def policy_check(
     ctx: click.Context,
@@ -121,7 +121,7 @@ def policy_check(
 
 
 @policy_group.command("show")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def policy_show(as_json: bool) -> None:
     """Print the policy file's path, its hash, the sandbox and the rules in effect.
 
@@ -233,7 +233,8 @@ def _print_policy(report: dict[str, Any]) -> None:
     metavar="DIR",
     help="A directory to list in allowed_roots (repeatable).",
 )
-def policy_init(allow_roots: tuple[str, ...]) -> None:
+@json_option()
+def policy_init(allow_roots: tuple[str, ...], as_json: bool) -> None:
     """Write the documented example policy, if there is no policy file yet.
 
     The example explains every key and starts with default_action = "allow", a few deny
@@ -245,6 +246,9 @@ def policy_init(allow_roots: tuple[str, ...]) -> None:
 
     roots = [allowed_root(raw) for raw in allow_roots]
     path = write_policy(config_dir().path, roots)
+    if as_json:
+        echo_json({"created": True, "path": str(path), "allowed_roots": [str(r) for r in roots]})
+        return
     click.echo(f"wrote {path}")
     if not roots:
         click.echo("allowed_roots is empty: every command is refused until you add a directory")

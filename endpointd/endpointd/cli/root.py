@@ -1,15 +1,33 @@
 """The root of the `endpointd` command line: the group every command module registers with,
-and the one place an expected failure (:class:`EndpointdError`) becomes one line and exit 1."""
+the one place an expected failure (:class:`EndpointdError`) becomes one line and exit 1, and
+the `--json` every command takes (:func:`json_option`, :func:`echo_json`)."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from endpointd import __version__
 from endpointd.errors import EndpointdError
 from superagent_shared.protocol import PROTOCOL_VERSION
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+JSON_HELP = "Machine-readable output."
+
+
+def json_option(text: str = JSON_HELP) -> Callable[[_F], _F]:
+    """The `--json` flag of every command (tests/endpointd/cli/test_json_output.py holds
+    each command to it): its outcome as one JSON document on stdout, nothing else there."""
+    return click.option("--json", "as_json", is_flag=True, help=text)
+
+
+def echo_json(document: Any) -> None:
+    """Print ``document`` as the command's one JSON document (never a secret in it)."""
+    click.echo(json.dumps(document, indent=2))
 
 
 class _Group(click.Group):

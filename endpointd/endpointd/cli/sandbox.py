@@ -7,7 +7,7 @@ import textwrap
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.paths import config_dir, data_dir, state_dir
 
 # Exit statuses: every class contained (or allowed by the policy); a class escaped. An
@@ -27,7 +27,7 @@ def sandbox_group() -> None:
 
 
 @sandbox_group.command("check")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 @click.pass_context
 def sandbox_check(ctx: click.Context, as_json: bool) -> None:
     """Try to escape the sandbox here, under your policy, and say what held.

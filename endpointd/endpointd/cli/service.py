@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, echo_json, json_option
 
 
 @cli.group()
@@ -21,11 +21,22 @@ def service() -> None:
 
 @service.command("install")
 @click.option("--now", is_flag=True, help="Also enable and start it right away.")
-def service_install(now: bool) -> None:
+@json_option()
+def service_install(now: bool, as_json: bool) -> None:
     """Write the service file (and with --now enable and start it)."""
     from endpointd.autostart import install
 
     installed = install(now=now)
+    if as_json:
+        echo_json(
+            {
+                "installed": True,
+                "path": str(installed.path),
+                "started": now,
+                "enable": installed.enable,
+            }
+        )
+        return
     click.echo(f"wrote {installed.path}")
     if now:
         click.echo("started: " + " ".join(installed.enable))
@@ -35,11 +46,22 @@ def service_install(now: bool) -> None:
 
 @service.command("uninstall")
 @click.option("--now", is_flag=True, help="Also stop and disable it first.")
-def service_uninstall(now: bool) -> None:
+@json_option()
+def service_uninstall(now: bool, as_json: bool) -> None:
     """Remove the service file (and with --now stop and disable it first)."""
     from endpointd.autostart import uninstall
 
     removed, existed = uninstall(now=now)
+    if as_json:
+        echo_json(
+            {
+                "removed": existed,
+                "path": str(removed.path),
+                "stopped": now and existed,
+                "disable": removed.disable,
+            }
+        )
+        return
     if not existed:
         click.echo(f"nothing to remove: {removed.path} does not exist")
         return

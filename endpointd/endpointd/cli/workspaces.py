@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from endpointd.cli.root import cli
+from endpointd.cli.root import cli, json_option
 from endpointd.paths import config_dir, data_dir, state_dir
 
 # ---------------------------------------------------------------------------- workspaces
@@ -62,7 +62,7 @@ def _age(seconds: float) -> str:
 
 
 @workspaces.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def workspaces_list(as_json: bool) -> None:
     """Show every ticket workspace: ticket, repository, branch, path, state, size, age.
 
@@ -121,7 +121,7 @@ def workspaces_list(as_json: bool) -> None:
     help="Remove every released workspace now, whatever the retention says.",
 )
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@json_option()
 def workspaces_prune(all_released: bool, dry_run: bool, as_json: bool) -> None:
     """Remove released workspaces that are past the retention or over the disk budget.
 

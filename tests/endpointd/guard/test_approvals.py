@@ -493,3 +493,35 @@ def test_audit_log_lines_and_the_cli(tmp_path: Path) -> None:
     last_two = AuditLog(state).tail(2)
     assert last_two[0] == {"event": "unparsable", "detail": "{torn"}
     assert last_two[1]["detail"] == "value ************** leaked into a message"
+
+
+def test_approve_and_deny_json_say_what_was_answered(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    queue = Approvals(state)
+    queue.request("cmd_push1", "git push --force origin main", "ticket tkt_9 (worker)", RULE, 300)
+    queue.request("cmd_rm2", "rm -r build", "ticket tkt_9 (worker)", RULE, 300)
+
+    approved = _cli(state, "approve", "cmd_pu", "--json")  # a unique prefix
+    assert approved.returncode == 0, approved.stderr
+    answer = json.loads(approved.stdout)
+    assert answer["command_id"] == "cmd_push1"
+    assert answer["decision"] == "approved"
+    assert answer["approved"] is True
+    assert answer["summary"] == "git push --force origin main"
+    assert answer["origin"] == "ticket tkt_9 (worker)"
+    assert answer["rule"] == RULE
+    assert answer["decided_at"] <= time.time()
+    assert "mac" not in answer
+    assert queue.decision("cmd_push1") == "approved"
+
+    denied = json.loads(_cli(state, "deny", "cmd_rm2", "--json").stdout)
+    assert (denied["command_id"], denied["decision"], denied["approved"]) == (
+        "cmd_rm2",
+        "denied",
+        False,
+    )
+    assert queue.decision("cmd_rm2") == "denied"
+
+    again = _cli(state, "approve", "cmd_push1", "--json")
+    assert "was already approved" in one_line_error(again)
+    assert again.stdout == ""

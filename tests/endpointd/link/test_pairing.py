@@ -316,3 +316,42 @@ def test_pair_writes_the_network_mode_into_a_new_policy_only(
         assert parse_policy(policy.read_text(), policy).network == "allow"
     finally:
         other.cleanup()
+
+
+def test_pair_and_unpair_json_say_what_changed(gw: FakeGateway, endpointd: Endpointd) -> None:
+    proc = endpointd.pair(gw.url, gw.add_pairing_code("JSON2345"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    paired = json.loads(proc.stdout)  # the whole of stdout: one document
+    assert paired["paired"] is True
+    assert paired["device_id"] == next(iter(gw.keys))
+    assert paired["url"] == gw.url
+    assert paired["server_name"] == "fake superagent"
+    assert paired["trust"] == "pinned"
+    assert gw.certs is not None
+    assert paired["certificate_sha256"] == gw.certs.cert_sha256.hex()
+    assert paired["key_storage"] == "file"
+    assert paired["key_file"] == str(endpointd.key_file)
+    assert paired["allowed_roots"] == [str(endpointd.root.parent)]
+    assert paired["policy"] == str(endpointd.config_dir / "policy.toml")
+    # Where the key is, never the key.
+    assert "PRIVATE KEY" not in proc.stdout
+    assert endpointd.key_file.read_text().split("-----")[2].strip() not in proc.stdout
+
+    proc = endpointd.cli("unpair", "--json")
+    assert proc.returncode == 0, proc.stderr
+    unpaired = json.loads(proc.stdout)
+    assert unpaired == {
+        "unpaired": True,
+        "device_id": paired["device_id"],
+        "url": gw.url,
+        "server_name": "fake superagent",
+        "key_storage": "file",
+        "key_file": str(endpointd.key_file),
+        "key_deleted": True,
+        "purged": None,
+    }
+    assert not endpointd.key_file.exists()
+    # Errors keep their one line on stderr, with nothing on stdout.
+    again = endpointd.cli("unpair", "--json")
+    assert "not paired" in _one_line_error(again)
+    assert again.stdout == ""

@@ -284,3 +284,40 @@ def test_listing_survives_a_broken_policy_and_says_so(device: Device) -> None:
     assert "? (the policy file is unusable)" in proc.stdout
     assert "warning:" in proc.stderr
     assert "policy.toml:1:" in proc.stderr
+
+
+def test_add_and_rm_json_name_the_credential_never_its_value(device: Device) -> None:
+    value = _value()
+    device.config.mkdir(mode=0o700)
+    (device.config / "policy.toml").write_text(
+        f'allowed_roots = ["{device.home}"]\n\n[credentials.github-token]\nallow = ["git *"]\n'
+    )
+    (device.config / "policy.toml").chmod(0o600)
+
+    added = device.cli("creds", "add", "github-token", "--json", stdin=value.encode())
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout) == {
+        "stored": True,
+        "name": "github-token",
+        "store": "keyring",
+        "file": None,
+        "scope": ["git *"],
+    }
+    for form in _forms(value):
+        assert form.decode() not in added.stdout + added.stderr
+    assert device.python("print(store.get('github-token').decode())") == value + "\n"
+
+    in_file = device.cli(
+        "creds", "add", "npm-token", "--store", "file", "--json", stdin=_value().encode()
+    )
+    assert in_file.returncode == 0, in_file.stderr
+    stored = json.loads(in_file.stdout)
+    assert stored["store"] == "file"
+    assert stored["scope"] is None  # no command may receive it yet
+    assert Path(stored["file"]).is_file()
+
+    removed = device.cli("creds", "rm", "github-token", "--json")
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(removed.stdout) == {"removed": True, "name": "github-token"}
+    rows = json.loads(device.cli("creds", "list", "--json").stdout)
+    assert {r["name"]: r["stored"] for r in rows} == {"github-token": False, "npm-token": True}
