@@ -73,6 +73,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "controlplane.cli.tokens:tokens",
         "Named API tokens: who acts over the HTTP API.",
     ),
+    "completion": (
+        "superagent_shared.completion:completion",
+        "Print the script that completes this program's commands in SHELL.",
+    ),
 }
 
 

@@ -23,6 +23,9 @@ from endpointd.cli import (  # noqa: F401
 from endpointd.cli.root import cli
 from endpointd.keys import KeyringStatus, keyring_status
 from superagent_shared.cli_errors import run
+from superagent_shared.completion import completion
+
+cli.add_command(completion)
 
 __all__ = ["KeyringStatus", "cli", "keyring_status", "main"]
 

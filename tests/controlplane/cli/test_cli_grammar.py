@@ -5,8 +5,13 @@ command without it fails here."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import click
+import pytest
 
 from controlplane.cli.main import cli
 from tests.support.helpers import run_cli
@@ -57,3 +62,32 @@ def test_commands_that_change_state_answer_one_json_document(database_url: str) 
     assert json.loads(linked.stdout) == {"person": "alice", "linked": ["web:admin"]}
     removed = run_cli(database_url, "users", "remove", "alice", "--json")
     assert json.loads(removed.stdout) == {"removed": "alice"}
+
+
+@pytest.mark.parametrize("prog", ["superagent", "endpointd"])
+def test_shell_completion_completes_commands_and_options(prog: str) -> None:
+    """The script each program prints drives its own completion: the commands of the root
+    (loaded lazily or not), and a subcommand's options."""
+    program = str(Path(sys.executable).parent / prog)  # the console script, as installed
+    script = subprocess.run(
+        [program, "completion", "bash"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    var = f"_{prog.upper()}_COMPLETE"
+    assert var in script
+    assert "complete -o nosort -F" in script
+
+    def complete(words: str) -> list[str]:
+        env = {**os.environ, var: "bash_complete", "COMP_WORDS": words}
+        env["COMP_CWORD"] = str(len(words.split()) - (0 if words.endswith(" ") else 1))
+        done = subprocess.run([program], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line.split(",", 1)[1] for line in done.stdout.splitlines() if "," in line]
+
+    if prog == "superagent":
+        assert {"tickets", "tokens"} <= set(complete("superagent to")) | set(
+            complete("superagent ti")
+        )
+        assert "--json" in complete("superagent tickets list --")
+    else:
+        assert "pair" in complete("endpointd pa")
+        assert "--json" in complete("endpointd status --")
