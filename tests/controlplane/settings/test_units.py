@@ -7,12 +7,24 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from controlplane.settings import Settings, source_of, unknown_variables
+from controlplane.settings import (
+    BYTES,
+    RENAMED,
+    SECONDS,
+    Settings,
+    Unit,
+    leaves,
+    source_of,
+    unknown_variables,
+)
 
 # old variable -> (new variable, the new field's path, how many seconds one old unit is)
 RENAMES: dict[str, tuple[str, tuple[str, ...], float]] = {
@@ -176,3 +188,118 @@ def test_the_cli_warns_and_runs_with_the_old_variables_value(tmp_path: Path) -> 
         "warning: SUPERAGENT_SLACK__TIMEOUT is deprecated and ignored: "
         "SUPERAGENT_SLACK__TIMEOUT_SECONDS is set",
     ], done.stderr
+
+
+def _leaves(model: type[BaseModel] = Settings, prefix: str = "") -> list[tuple[str, FieldInfo]]:
+    found: list[tuple[str, FieldInfo]] = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found += _leaves(annotation, f"{prefix}{name}.")
+        else:
+            found.append((f"{prefix}{name}", field))
+    return found
+
+
+def _unit(field: FieldInfo) -> Unit | None:
+    units = [item for item in field.metadata if isinstance(item, Unit)]
+    assert len(units) <= 1, units
+    return units[0] if units else None
+
+
+def _numeric(annotation: Any) -> bool:
+    """A number, maybe optional; a timedelta counts too (durations are seconds here)."""
+    kinds = set(get_args(annotation)) or {annotation}
+    return bool(kinds & {int, float, timedelta})
+
+
+# Every number a setting holds that is neither a duration nor a size, and what it counts.
+# A new number must be declared `Seconds`/`Bytes` or be listed here: none goes unclassified.
+UNITLESS_NUMBERS = {
+    "http.port": "a port",
+    "http.signin_attempts": "attempts",
+    "grpc.port": "a port",
+    "grpc.max_streams": "streams",
+    "grpc.max_streams_per_peer": "streams",
+    "grpc.pairing_failures_per_peer": "attempts",
+    "grpc.pairing_failures_global": "attempts",
+    "effects.concurrency": "effects",
+    "effects.batch_size": "effects",
+    "effects.max_attempts": "attempts",
+    "llm.router_max_tokens": "tokens",
+    "llm.worker_max_tokens": "tokens",
+    "llm.watchdog_max_tokens": "tokens",
+    "llm.summary_max_tokens": "tokens",
+    "llm.attempts": "attempts",
+    "llm.router_context_tokens": "tokens",
+    "llm.worker_context_tokens": "tokens",
+    "llm.compact_share": "a share of the context window",
+    "workers.max_workers": "workers",
+    "workers.max_turns": "model calls",
+    "workers.token_budget": "tokens",
+    "workers.repeat_limit": "tool calls",
+    "workers.failed_rounds_limit": "rounds",
+    "workers.ci_fix_rounds_limit": "rounds",
+    "workers.bot_rounds_limit": "rounds",
+    "workers.harness_max_turns": "agent turns",
+    "workers.harness_fix_rounds": "rounds",
+    "router.quarantine_after": "failed turns",
+    "watchdog.error_streak": "failed calls",
+    "watchdog.pause_after_errors": "failed calls",
+}
+# Words that say a number is a time: such a setting must be a `Seconds`.
+TIME_WORDS = (
+    "timeout", "interval", "delay", "wait", "grace", "ttl", "age", "period", "backoff",
+    "lease", "renew", "expir", "session", "window", "hours", "minutes", "_ms", "retry_cap",
+    "stall", "drift", "silence", "notice",
+)  # fmt: skip
+# (not "size": batch_size counts effects)
+SIZE_WORDS = ("_kb", "_mb", "_gb", "bytes", "body", "header", "message")
+
+
+def test_every_duration_is_seconds_and_every_size_bytes_by_its_type() -> None:
+    """A duration is declared ``Seconds`` and named ``*_seconds``, a size ``Bytes`` and
+    ``*_bytes``: the type and the name agree both ways, and every other number is a count
+    listed above, so that a new setting cannot slip in with a unit-less name."""
+    numbers = set()
+    for path, field in _leaves():
+        unit, name = _unit(field), path.rsplit(".", 1)[-1]
+        for known in (SECONDS, BYTES):
+            if unit == known:
+                assert name.endswith(known.suffix), f"{path} is {known}: name it *{known.suffix}"
+            else:
+                assert not name.endswith(known.suffix), f"{path}: declare it as {known}"
+        if unit is None and _numeric(field.annotation):
+            numbers.add(path)
+            assert path in UNITLESS_NUMBERS, (
+                f"{path} is a number without a unit: declare it Seconds (a duration), Bytes "
+                "(a size), or list it in UNITLESS_NUMBERS with what it counts"
+            )
+            assert not any(word in name for word in TIME_WORDS), f"{path} looks like a time"
+            assert not any(word in name for word in SIZE_WORDS), f"{path} looks like a size"
+    assert numbers == set(UNITLESS_NUMBERS), "UNITLESS_NUMBERS names a setting no more"
+
+
+def test_the_durations_and_sizes_are_found() -> None:
+    """The test above stands on the walk and the markers: they must reach nested sections."""
+    units = {path: _unit(field) for path, field in _leaves()}
+    assert units["llm.timeout_seconds"] == SECONDS
+    assert units["workers.harness_timeout_seconds"] == SECONDS  # whole seconds
+    assert units["shutdown_timeout_seconds"] == SECONDS
+    assert units["http.max_body_bytes"] == BYTES
+    assert units["llm.max_text_bytes"] == BYTES
+    assert units["llm.router_context_tokens"] is None  # tokens are counts, not bytes
+    assert sum(unit == SECONDS for unit in units.values()) >= 30
+
+
+def test_every_renamed_variable_is_listed_in_the_settings() -> None:
+    assert {old: new for old, (new, _, _) in RENAMES.items()} == {
+        old: renamed.new for old, renamed in RENAMED.items()
+    }
+    assert {old: factor for old, (_, _, factor) in RENAMES.items()} == {
+        old: renamed.per_unit for old, renamed in RENAMED.items()
+    }
+    variables = {names[0] for _, names in leaves()}
+    for old, renamed in RENAMED.items():
+        assert renamed.new in variables, renamed
+        assert old not in variables, old
