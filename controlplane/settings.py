@@ -770,7 +770,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Each secret may come from a file named by <VARIABLE>_FILE (SecretFiles).
+        # A renamed setting's old variable is read below the new one (RenamedVariables);
+        # each secret may come from a file named by <VARIABLE>_FILE (SecretFiles).
         return (
             init_settings,
             env_settings,
