@@ -41,7 +41,7 @@ Faults (faulty run only):
   ``--link-interval`` seconds (5) each device's link is cut (every connection reset) with
   probability P, so the daemon reconnects and catches up.
 
-Settings of serve in both runs: ``SUPERAGENT_LLM__TIMEOUT=2`` (the fake answers in
+Settings of serve in both runs: ``SUPERAGENT_LLM__TIMEOUT_SECONDS=2`` (the fake answers in
 milliseconds; this makes ``slow`` a timeout), everything else the product's defaults (model
 tries 4 with 1 s doubling backoff, worker round retry 10 s doubling, leases 30 s).
 
@@ -122,7 +122,7 @@ from tests.support.replica_process import ReplicaProcess
 ALICE = Actor("alice", "alice", groups=("console",))
 OWNER = "web:alice"
 LIVE_STATES = (TicketState.OPEN, TicketState.RUNNING, TicketState.WAITING_DEVICE)
-SERVE_ENV = {"SUPERAGENT_LLM__TIMEOUT": "2"}
+SERVE_ENV = {"SUPERAGENT_LLM__TIMEOUT_SECONDS": "2"}
 _THREAD = re.compile(r"^thread (thr_\w+) ")
 _EVENT = re.compile(r"^\s+\[(trg_\w+)\] \S+ (\S+) from .*?Z: (.*)$")
 _REQUEST = re.compile(r"soak request (\d+)")

@@ -249,7 +249,9 @@ class Resolver:
             from controlplane.channels.lark.client import LarkApi
 
             secret = settings.app_secret.get_secret_value()
-            self._lark = LarkApi(settings.domain, settings.app_id, secret, timeout=settings.timeout)
+            self._lark = LarkApi(
+                settings.domain, settings.app_id, secret, timeout=settings.timeout_seconds
+            )
         return self._lark
 
     # ------------------------------------------------------------------ policies

@@ -244,7 +244,7 @@ def model_client(settings: Settings) -> openai.AsyncOpenAI:
     """The official client for the configured OpenAI-compatible endpoint."""
     key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "unset"
     return openai.AsyncOpenAI(
-        base_url=settings.openai_base_url, api_key=key, timeout=settings.llm.timeout
+        base_url=settings.openai_base_url, api_key=key, timeout=settings.llm.timeout_seconds
     )
 
 
@@ -282,4 +282,6 @@ async def serve(
             )
         # The loops get most of the shutdown timeout; the rest is for closing pools, channels
         # and the embedded Postgres before run_until_signalled's deadline cuts it short.
-        await run_services(services, stop, shutdown_timeout=settings.shutdown_timeout * LOOPS_SHARE)
+        await run_services(
+            services, stop, shutdown_timeout=settings.shutdown_timeout_seconds * LOOPS_SHARE
+        )

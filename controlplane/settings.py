@@ -13,9 +13,10 @@ import difflib
 import functools
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AliasChoices,
@@ -43,6 +44,22 @@ def _default_state_dir() -> Path:
 MIN_ADMIN_TOKEN_LENGTH = 32  # production refuses shorter admin tokens
 
 
+@dataclass(frozen=True)
+class Unit:
+    """A setting's unit, which its name ends with: every duration is declared ``Seconds``
+    (``*_seconds``) and every size ``Bytes`` (``*_bytes``), and
+    tests/controlplane/settings/test_units.py holds every field to it."""
+
+    suffix: str
+
+
+SECONDS = Unit("_seconds")
+BYTES = Unit("_bytes")
+Seconds = Annotated[float, SECONDS]
+WholeSeconds = Annotated[int, SECONDS]
+Bytes = Annotated[int, BYTES]
+
+
 class Environment(StrEnum):
     development = "development"
     production = "production"
@@ -68,8 +85,8 @@ class HttpSettings(BaseModel):
         "chat, beside IP addresses and localhost (a guard against DNS rebinding). Empty: "
         "any name when listening beyond loopback, none when on loopback.",
     )
-    session_hours: float = Field(
-        12.0,
+    session_seconds: Seconds = Field(
+        12 * 3600.0,
         gt=0,
         description="How long a console or chat sign-in lasts; signing out ends it at once.",
     )
@@ -79,43 +96,43 @@ class HttpSettings(BaseModel):
         description="Wrong admin tokens one peer (an IPv4 address or IPv6 /64) may present "
         "per `signin_window_seconds` before it is refused with 429.",
     )
-    signin_window_seconds: float = Field(
+    signin_window_seconds: Seconds = Field(
         300.0, gt=0, description="The window of `signin_attempts`."
     )
     # Bounds on what one request may make the server hold (docs/operations.md, "Request
     # limits"): enforced before routing, authentication or parsing.
-    max_body_bytes: int = Field(
+    max_body_bytes: Bytes = Field(
         1 << 20,
         ge=1024,
         description="Largest request body an HTTP endpoint takes unless named below: a bigger "
         "one gets 413 before anything reads it (a declared Content-Length at once, a chunked "
         "body as soon as it passes the limit).",
     )
-    github_webhook_max_body_bytes: int = Field(
+    github_webhook_max_body_bytes: Bytes = Field(
         25 << 20,
         ge=1024,
         description="Largest body POST /webhooks/github takes (GitHub sends at most 25 MB).",
     )
-    slack_webhook_max_body_bytes: int = Field(
+    slack_webhook_max_body_bytes: Bytes = Field(
         1 << 20,
         ge=1024,
         description="Largest body POST /webhooks/slack takes (events are a few KB; a message "
         "is at most 40,000 characters).",
     )
-    lark_webhook_max_body_bytes: int = Field(
+    lark_webhook_max_body_bytes: Bytes = Field(
         1 << 20,
         ge=1024,
         description="Largest body POST /webhooks/lark takes (events are a few KB; a text "
         "message is at most 150 KB, a third more when encrypted).",
     )
-    max_header_bytes: int = Field(
+    max_header_bytes: Bytes = Field(
         32 << 10,
         ge=4096,
         le=1 << 20,
         description="Largest request line and headers together: a longer head gets 431 and "
         "the connection is closed.",
     )
-    ws_max_message_bytes: int = Field(
+    ws_max_message_bytes: Bytes = Field(
         256 << 10,
         ge=4096,
         description="Largest websocket message (chat, console) the server takes: a bigger one "
@@ -140,19 +157,19 @@ class GrpcSettings(BaseModel):
         description="The URL devices dial, printed by `superagent devices pair` "
         "(default: https://<this host>:<port>).",
     )
-    heartbeat_seconds: float = Field(
+    heartbeat_seconds: Seconds = Field(
         15.0, gt=0, description="Application heartbeat interval on device streams."
     )
-    max_connection_age_seconds: float = Field(
+    max_connection_age_seconds: Seconds = Field(
         1800.0,
         gt=0,
         description="Streams are recycled after about this long (±10 % jitter), spreading "
         "devices across replicas.",
     )
-    command_ttl_seconds: float = Field(
+    command_ttl_seconds: Seconds = Field(
         43200.0, gt=0, description="Default time a queued command may wait for its device."
     )
-    output_inline_bytes: int = Field(
+    output_inline_bytes: Bytes = Field(
         8192, ge=0, description="Bytes of a command's output head and tail kept inline."
     )
     max_streams: int = Field(
@@ -191,13 +208,13 @@ class EffectsSettings(BaseModel):
     batch_size: int = Field(
         64, ge=1, le=1000, description="Most effects claimed in one round trip."
     )
-    poll_interval: float = Field(
+    poll_interval_seconds: Seconds = Field(
         0.5,
         gt=0,
         le=1.0,
         description="Seconds between polls when no notification arrives (safety net, ≤ 1 s).",
     )
-    lease_seconds: float = Field(
+    lease_seconds: Seconds = Field(
         30.0,
         ge=1.0,
         description="How long a claimed effect stays invisible to other runners; renewed "
@@ -206,10 +223,10 @@ class EffectsSettings(BaseModel):
     max_attempts: int = Field(
         20, ge=1, description="Failed attempts after which an effect is parked as dead."
     )
-    backoff_base: float = Field(
-        1.0, gt=0, description="Seconds of the first retry delay; doubles per attempt."
+    backoff_base_seconds: Seconds = Field(
+        1.0, gt=0, description="The first retry delay; it doubles per attempt."
     )
-    backoff_max: float = Field(300.0, gt=0, description="Upper bound of the retry delay.")
+    backoff_max_seconds: Seconds = Field(300.0, gt=0, description="Upper bound of the retry delay.")
 
 
 class GithubSettings(BaseModel):
@@ -248,7 +265,7 @@ class GithubSettings(BaseModel):
         description="Comma-separated owner/repo list to poll instead of receiving webhooks "
         "(for deployments with no public ingress).",
     )
-    poll_seconds: float = Field(
+    poll_seconds: Seconds = Field(
         60.0,
         ge=1.0,
         description="Seconds between polls (GitHub's X-Poll-Interval wins when longer).",
@@ -308,7 +325,7 @@ class SlackSettings(BaseModel):
         description="The app's signing secret, for the Events API at POST /webhooks/slack.",
     )
     api_url: str = Field("https://slack.com/api", description="Slack's Web API base URL.")
-    timeout: float = Field(
+    timeout_seconds: Seconds = Field(
         10.0, gt=0, description="Seconds before one Slack Web API call gives up."
     )
 
@@ -347,10 +364,10 @@ class MatrixSettings(BaseModel):
         description="The bot's device id for password login; kept stable so that retried "
         "sends are deduplicated by the homeserver.",
     )
-    sync_timeout: float = Field(
+    sync_timeout_seconds: Seconds = Field(
         30.0, gt=0, le=300, description="Seconds one /sync long poll waits for new events."
     )
-    timeout: float = Field(
+    timeout_seconds: Seconds = Field(
         30.0, gt=0, description="Seconds before one other Matrix API call gives up."
     )
 
@@ -399,7 +416,9 @@ class LarkSettings(BaseModel):
         max_length=50,
         description="The reaction (a Lark emoji_type) that marks an accepted request as seen.",
     )
-    timeout: float = Field(10.0, gt=0, description="Seconds before one Lark API call gives up.")
+    timeout_seconds: Seconds = Field(
+        10.0, gt=0, description="Seconds before one Lark API call gives up."
+    )
 
     @model_validator(mode="after")
     def _coherent(self) -> LarkSettings:
@@ -448,14 +467,14 @@ class LlmSettings(BaseModel):
         "prices of well-known models (docs/llm.md). Every call is priced by its own model; an "
         "unknown model costs $0.",
     )
-    timeout: float = Field(
+    timeout_seconds: Seconds = Field(
         300.0,
         gt=0,
         description="Seconds a model call may produce nothing before it gives up: until its "
         "first token when streaming (a local model reads a long prompt for a minute or more "
         "before it writes), until its whole answer otherwise.",
     )
-    idle_timeout: float = Field(
+    idle_timeout_seconds: Seconds = Field(
         60.0,
         gt=0,
         description="Seconds a streaming answer may fall silent between two tokens before the "
@@ -485,13 +504,13 @@ class LlmSettings(BaseModel):
         description="Tries of one model call that fails transiently (429, 5xx, timeout, a "
         "body that is not JSON) before the turn or round counts it as failed.",
     )
-    retry_base_seconds: float = Field(
+    retry_base_seconds: Seconds = Field(
         1.0, gt=0, description="First wait between tries of a model call; it doubles, jittered."
     )
-    retry_cap: float = Field(
+    retry_cap_seconds: Seconds = Field(
         30.0, gt=0, description="Longest wait between tries, `Retry-After` included."
     )
-    max_text_bytes: int = Field(
+    max_text_bytes: Bytes = Field(
         16 * 1024,
         ge=256,
         description="A model's text answer longer than this is cut; the whole of it is "
@@ -539,11 +558,11 @@ class WorkerSettings(BaseModel):
         description="Workers running at once across all replicas; one more slot is kept "
         "for workers woken by a human message.",
     )
-    lease_seconds: float = Field(
+    lease_seconds: Seconds = Field(
         30.0, gt=0, description="A worker's lease; another replica resumes it once expired."
     )
-    renew_seconds: float = Field(10.0, gt=0, description="How often leases are renewed.")
-    foreground_seconds: float = Field(
+    renew_seconds: Seconds = Field(10.0, gt=0, description="How often leases are renewed.")
+    foreground_seconds: Seconds = Field(
         5.0,
         gt=0,
         description="How long `shell` waits for a command before it becomes a background "
@@ -561,19 +580,19 @@ class WorkerSettings(BaseModel):
         description="The same tool call with the same arguments this many times in a row "
         "stops the worker.",
     )
-    device_wait_seconds: float = Field(
+    device_wait_seconds: Seconds = Field(
         12 * 3600.0,
         gt=0,
         description="How long a ticket waits for its device to come back before people are "
         "asked whether to reroute or drop it.",
     )
-    device_notice_seconds: float = Field(
+    device_notice_seconds: Seconds = Field(
         60.0,
         ge=0,
         description="How long a ticket waits for its device before its thread is told "
         "(a link that drops for a moment, a laptop that sleeps briefly, is nobody's news).",
     )
-    device_approval_seconds: float = Field(
+    device_approval_seconds: Seconds = Field(
         30 * 60.0,
         gt=0,
         description="How long a request to use someone else's device waits for its owner's "
@@ -586,7 +605,7 @@ class WorkerSettings(BaseModel):
         "malformed, an internal error) before it ends blocked, with the error class said on "
         "its thread. Between them the round is retried with backoff.",
     )
-    retry_base_seconds: float = Field(
+    retry_base_seconds: Seconds = Field(
         10.0,
         gt=0,
         description="Wait before retrying a failed round; it doubles each time, jittered, "
@@ -624,7 +643,7 @@ class WorkerSettings(BaseModel):
         "as the harness's own flag where it has one (the device's policy may cap it lower) "
         "and enforced from its event stream where it has none.",
     )
-    harness_timeout_seconds: int = Field(
+    harness_timeout_seconds: WholeSeconds = Field(
         3600,
         ge=60,
         description="Wall-clock cap of one harness run; the device's policy maximum wins if "
@@ -645,14 +664,14 @@ class WorkerSettings(BaseModel):
 
 
 class WatchdogSettings(BaseModel):
-    interval_seconds: float = Field(
+    interval_seconds: Seconds = Field(
         30.0, gt=0, description="How often `superagent watchdog` runs its checks."
     )
-    replica_silence_seconds: float = Field(
+    replica_silence_seconds: Seconds = Field(
         60.0, gt=0, description="A replica whose heartbeat is older than this is reported."
     )
-    stall_minutes: float = Field(
-        20.0,
+    stall_seconds: Seconds = Field(
+        20 * 60.0,
         gt=0,
         description="A running worker with no progress this long is nudged; twice as long, "
         "requeued on another replica; three times, stopped.",
@@ -665,8 +684,8 @@ class WatchdogSettings(BaseModel):
         ge=0,
         description="Failed model calls in a row after which the agent is paused (0: never).",
     )
-    drift_minutes: float = Field(
-        30.0,
+    drift_seconds: Seconds = Field(
+        30 * 60.0,
         gt=0,
         description="With a model, how often a long-running worker is checked against its "
         "ticket's goal.",
@@ -681,7 +700,7 @@ class WatchdogSettings(BaseModel):
         description="`superagent up` runs the watchdog as a child process, restarted when it "
         "dies. Off: run `superagent watchdog` yourself (`serve` never starts one).",
     )
-    restart_backoff_max_seconds: float = Field(
+    restart_backoff_max_seconds: Seconds = Field(
         60.0,
         gt=0,
         description="Longest wait (before jitter) before `up` restarts a watchdog child that "
@@ -690,13 +709,13 @@ class WatchdogSettings(BaseModel):
 
 
 class RouterSettings(BaseModel):
-    lease_seconds: float = Field(
+    lease_seconds: Seconds = Field(
         15.0,
         gt=0,
         description="The router leader's lease: another replica takes over this long after "
         "the leader stops renewing it.",
     )
-    renew_seconds: float = Field(
+    renew_seconds: Seconds = Field(
         5.0,
         gt=0,
         description="How often the leader renews its lease, and others try to take it.",
@@ -714,13 +733,13 @@ class RouterSettings(BaseModel):
         "not count) before it is set aside as undecidable, the admin told and an explicit "
         "request's thread told in one line. `superagent triggers retry ID` puts it back.",
     )
-    retry_cap_seconds: float = Field(
+    retry_cap_seconds: Seconds = Field(
         30.0,
         gt=0,
         description="Longest wait (before jitter) between router turns that failed; it doubles "
         "from 1 s.",
     )
-    model_notice_seconds: float = Field(
+    model_notice_seconds: Seconds = Field(
         180.0,
         gt=0,
         description="How long the router's model may be unreachable before each thread "
@@ -752,10 +771,12 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Each secret may come from a file named by <VARIABLE>_FILE (SecretFiles).
+        # A renamed setting's old variable is read below the new one (RenamedVariables);
+        # each secret may come from a file named by <VARIABLE>_FILE (SecretFiles).
         return (
             init_settings,
             env_settings,
+            RenamedVariables(settings_cls),
             SecretFiles(settings_cls),
             dotenv_settings,
             file_secret_settings,
@@ -808,13 +829,13 @@ class Settings(BaseSettings):
         text = str(value).strip().lower()
         return text if text in ("plain", "json") else "plain"
 
-    shutdown_timeout: float = Field(
+    shutdown_timeout_seconds: Seconds = Field(
         5.0,
         gt=0,
         description="Seconds from SIGTERM/SIGINT until the process has exited: its loops get "
         "three quarters of it to finish, then whatever still hangs is cut short.",
     )
-    database_outage_exit_seconds: float = Field(
+    database_outage_exit_seconds: Seconds = Field(
         0.0,
         ge=0,
         description="A replica whose database stays unreachable this long exits (non-zero), "
@@ -946,6 +967,87 @@ NOT_SETTINGS = frozenset(
 MOVED = {"SUPERAGENT_WORKERS__PRICES__": "SUPERAGENT_LLM__PRICES (prices by model, as JSON)"}
 
 
+class Renamed(NamedTuple):
+    """Where a renamed setting's variable went: ``new``, in seconds, where the old one
+    counted ``unit`` (``per_unit`` seconds each)."""
+
+    new: str
+    unit: str = "seconds"
+    per_unit: float = 1.0
+
+
+# Settings renamed to name their unit (0.x): the old variable is still read, with a
+# warning naming the new one, unless the new one is set too; removed in the next release.
+RENAMED = {
+    "SUPERAGENT_SHUTDOWN_TIMEOUT": Renamed("SUPERAGENT_SHUTDOWN_TIMEOUT_SECONDS"),
+    "SUPERAGENT_HTTP__SESSION_HOURS": Renamed("SUPERAGENT_HTTP__SESSION_SECONDS", "hours", 3600),
+    "SUPERAGENT_EFFECTS__POLL_INTERVAL": Renamed("SUPERAGENT_EFFECTS__POLL_INTERVAL_SECONDS"),
+    "SUPERAGENT_EFFECTS__BACKOFF_BASE": Renamed("SUPERAGENT_EFFECTS__BACKOFF_BASE_SECONDS"),
+    "SUPERAGENT_EFFECTS__BACKOFF_MAX": Renamed("SUPERAGENT_EFFECTS__BACKOFF_MAX_SECONDS"),
+    "SUPERAGENT_LLM__TIMEOUT": Renamed("SUPERAGENT_LLM__TIMEOUT_SECONDS"),
+    "SUPERAGENT_LLM__IDLE_TIMEOUT": Renamed("SUPERAGENT_LLM__IDLE_TIMEOUT_SECONDS"),
+    "SUPERAGENT_LLM__RETRY_CAP": Renamed("SUPERAGENT_LLM__RETRY_CAP_SECONDS"),
+    "SUPERAGENT_SLACK__TIMEOUT": Renamed("SUPERAGENT_SLACK__TIMEOUT_SECONDS"),
+    "SUPERAGENT_MATRIX__SYNC_TIMEOUT": Renamed("SUPERAGENT_MATRIX__SYNC_TIMEOUT_SECONDS"),
+    "SUPERAGENT_MATRIX__TIMEOUT": Renamed("SUPERAGENT_MATRIX__TIMEOUT_SECONDS"),
+    "SUPERAGENT_LARK__TIMEOUT": Renamed("SUPERAGENT_LARK__TIMEOUT_SECONDS"),
+    "SUPERAGENT_WATCHDOG__STALL_MINUTES": Renamed(
+        "SUPERAGENT_WATCHDOG__STALL_SECONDS", "minutes", 60
+    ),
+    "SUPERAGENT_WATCHDOG__DRIFT_MINUTES": Renamed(
+        "SUPERAGENT_WATCHDOG__DRIFT_SECONDS", "minutes", 60
+    ),
+}
+
+
+def _renamed_seconds(old: str, text: str) -> float | None:
+    """The old variable's value in the new setting's seconds (None: not a number)."""
+    try:
+        return float(text) * RENAMED[old].per_unit
+    except ValueError:
+        return None
+
+
+def _renamed_line(old: str, environ: Mapping[str, str]) -> str:
+    renamed = RENAMED[old]
+    if renamed.new in environ:
+        return f"{old} is deprecated and ignored: {renamed.new} is set"
+    if renamed.per_unit == 1:
+        return f"{old} is deprecated: use {renamed.new} (its value is used until then)"
+    seconds = _renamed_seconds(old, environ[old])
+    if seconds is None:
+        return f"{old} is deprecated: use {renamed.new} (in seconds)"
+    read = f"{environ[old]} {renamed.unit} is read as {seconds:g} seconds until then"
+    return f"{old} is deprecated: use {renamed.new} (in seconds; {read})"
+
+
+class RenamedVariables(PydanticBaseSettingsSource):
+    """The old variable of each renamed setting (:data:`RENAMED`) whose new one is not set,
+    converted to the new unit; below the environment, so that the new variable wins."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # (unused: __call__ reads everything at once)
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        paths = {names[0]: path for path, names in leaves()}
+        for old, renamed in RENAMED.items():
+            if old not in os.environ or renamed.new in os.environ:
+                continue
+            seconds = _renamed_seconds(old, os.environ[old])
+            if seconds is None:
+                raise ConfigError(
+                    f"{old} (deprecated: use {renamed.new}, in seconds) is not a number of "
+                    f"{renamed.unit}: {os.environ[old]!r}"
+                )
+            path = paths[renamed.new]
+            here = values
+            for part in path[:-1]:
+                here = here.setdefault(part, {})
+            here[path[-1]] = seconds
+        return values
+
+
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A line for each ``SUPERAGENT_*`` variable in ``environ`` that no setting reads (a
     typo is otherwise ignored in silence), naming the closest setting."""
@@ -954,6 +1056,9 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     lines = []
     for name in sorted(environ):
         if not name.startswith("SUPERAGENT_") or name in known or name in NOT_SETTINGS:
+            continue
+        if name in RENAMED:
+            lines.append(_renamed_line(name, environ))
             continue
         moved = next((to for old, to in MOVED.items() if name.startswith(old)), None)
         if moved is not None:
@@ -1028,4 +1133,7 @@ def source_of(names: list[str], environ: Mapping[str, str]) -> str:
     for name in names:
         if environ.get(name + "_FILE"):
             return f"{name}_FILE"
+    for old, renamed in RENAMED.items():
+        if renamed.new in names and environ.get(old):
+            return old
     return "default"

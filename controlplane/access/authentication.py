@@ -54,7 +54,7 @@ def token_matches(settings: Settings, presented: str) -> bool:
 
 
 def session_ttl(settings: Settings) -> timedelta:
-    return timedelta(hours=settings.http.session_hours)
+    return timedelta(seconds=settings.http.session_seconds)
 
 
 def peer(conn: HTTPConnection) -> str:

@@ -134,7 +134,7 @@ def _run(
                 local_device=local,
             )
 
-    run_until_signalled(main, shutdown_timeout=settings.shutdown_timeout)
+    run_until_signalled(main, shutdown_timeout=settings.shutdown_timeout_seconds)
 
 
 @dataclass(frozen=True)

@@ -86,11 +86,11 @@ def watchdog(ctx: click.Context, once: bool, parent_pid: int | None) -> None:
                 await stop.wait()
                 if orphaned is not None:
                     orphaned.cancel()
-                await dog.stop(settings.shutdown_timeout * LOOPS_SHARE)
+                await dog.stop(settings.shutdown_timeout_seconds * LOOPS_SHARE)
             finally:
                 await pool.close()
 
-    run_until_signalled(main, shutdown_timeout=settings.shutdown_timeout)
+    run_until_signalled(main, shutdown_timeout=settings.shutdown_timeout_seconds)
 
 
 async def _parent_gone(parent_pid: int, stop: asyncio.Event) -> None:

@@ -210,7 +210,7 @@ class EffectRunner(Service):
             return
         free = self.settings.concurrency - len(self._inflight)
         if free <= 0:
-            await self._listener.wait(self.settings.poll_interval)
+            await self._listener.wait(self.settings.poll_interval_seconds)
             return
         limit = min(free, self.settings.batch_size)
         # Clear before claiming: a notification that arrives during the claim must still
@@ -230,7 +230,7 @@ class EffectRunner(Service):
             task = asyncio.create_task(self._execute(effect), name=f"effect:{effect.id}")
             self._inflight[effect.id] = task
         if len(rows) < limit:
-            await self._listener.wait(self.settings.poll_interval)
+            await self._listener.wait(self.settings.poll_interval_seconds)
 
     # -- executing -----------------------------------------------------------------------
 
@@ -257,7 +257,9 @@ class EffectRunner(Service):
 
     async def _record_failure(self, effect: ClaimedEffect, exc: Exception) -> None:
         wait = backoff.delay(
-            effect.attempt, base=self.settings.backoff_base, cap=self.settings.backoff_max
+            effect.attempt,
+            base=self.settings.backoff_base_seconds,
+            cap=self.settings.backoff_max_seconds,
         )
         summary = "".join(traceback.format_exception_only(exc)).strip()
         # A permanent failure is parked now: retrying it would only repeat the error.

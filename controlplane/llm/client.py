@@ -193,10 +193,12 @@ class LlmClient:
                 if not exc.retry:
                     raise  # the provider said not now (x-should-retry: false)
                 wait = backoff.delay(
-                    attempt, base=self.settings.retry_base_seconds, cap=self.settings.retry_cap
+                    attempt,
+                    base=self.settings.retry_base_seconds,
+                    cap=self.settings.retry_cap_seconds,
                 )
                 if exc.retry_after is not None:
-                    wait = max(wait, min(exc.retry_after, self.settings.retry_cap))
+                    wait = max(wait, min(exc.retry_after, self.settings.retry_cap_seconds))
                 log.info("llm: %s (attempt %d); retrying in %.1fs", exc, attempt, wait)
                 await asyncio.sleep(wait)
                 continue
@@ -221,21 +223,21 @@ class LlmClient:
                     model=model,
                     messages=_wire(messages),
                     extra=extra,
-                    first_token_timeout=self.settings.timeout,
-                    idle_timeout=self.settings.idle_timeout,
+                    first_token_timeout=self.settings.timeout_seconds,
+                    idle_timeout=self.settings.idle_timeout_seconds,
                 )
             else:
                 raw = await self.client.chat.completions.with_raw_response.create(
                     model=model,
                     messages=_wire(messages),  # type: ignore[arg-type]
-                    timeout=self.settings.timeout,
+                    timeout=self.settings.timeout_seconds,
                     **extra,
                 )
                 body = raw.http_response.content
         except openai.APIStatusError as exc:
             raise classify_status(exc.status_code, _error_text(exc), exc.response.headers) from exc
         except openai.APITimeoutError as exc:
-            raise Transient(f"no answer within {self.settings.timeout:g}s") from exc
+            raise Transient(f"no answer within {self.settings.timeout_seconds:g}s") from exc
         except openai.APIConnectionError as exc:
             raise Transient(f"cannot reach the model: {exc}") from exc
         except openai.OpenAIError as exc:  # anything else the client may raise on a body

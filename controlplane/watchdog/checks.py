@@ -161,7 +161,7 @@ async def device_queues(pool: asyncpg.Pool, settings: Settings) -> list[Seen]:
 async def workers(pool: asyncpg.Pool, settings: Settings) -> list[Seen]:
     """Running rounds with no progress (no message, no finished command) for a while and
     no job still running, and rounds whose recent tool calls go round in circles."""
-    stall = timedelta(minutes=settings.watchdog.stall_minutes)
+    stall = timedelta(seconds=settings.watchdog.stall_seconds)
     rows = await pool.fetch(
         """
         SELECT a.id, a.ticket_id, a.session_id, greatest(a.created_at,

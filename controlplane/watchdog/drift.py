@@ -1,5 +1,5 @@
 """Is a long-running worker still on its ticket's goal? The model's judgement, asked
-at most every ``drift_minutes`` per ticket, from the scope and the worker's recent calls.
+at most every ``drift_seconds`` per ticket, from the scope and the worker's recent calls.
 
 The watchdog has its own session (kind ``watchdog``) so its calls are accounted for like
 every other model call. An answer that is not the expected JSON counts as "on goal": the
@@ -37,7 +37,7 @@ class DriftCheck:
         self.pool = pool
         self.llm = LlmClient(pool, client, settings.llm)
         self.model = settings.llm.router_model
-        self.every = timedelta(minutes=settings.watchdog.drift_minutes)
+        self.every = timedelta(seconds=settings.watchdog.drift_seconds)
         self.session_id: str | None = None
         self.asked: dict[str, float] = {}  # ticket -> monotonic time of the last question
 

@@ -4,7 +4,7 @@ replicas, over the same Postgres (docs/architecture.md, *The watchdog*).
 Every ``interval_seconds`` it runs the checks (``checks.py``, and ``drift.py`` when a model
 is configured), records what it sees (``findings.py``), and acts by a fixed ladder:
 
-* a worker with no progress for ``stall_minutes``: nudged; for twice as long: requeued
+* a worker with no progress for ``stall_seconds``: nudged; for twice as long: requeued
   (another replica resumes its session); three times: stopped, and the admin alerted;
 * a worker going round in circles: nudged, then stopped if it keeps on;
 * a worker off its ticket's goal (the model's judgement): nudged with the reason;
@@ -193,7 +193,7 @@ class Watchdog(Service):
                 )
 
     async def _unstall(self, finding: Open, idle_minutes: float) -> None:
-        stall, done = self.config.stall_minutes, finding.actions
+        stall, done = self.config.stall_seconds / 60, finding.actions  # in minutes, as idle_minutes
         if idle_minutes >= 3 * stall:
             if "stop" not in done:
                 why = f"it made no progress for {idle_minutes:.0f} minutes"

@@ -142,7 +142,7 @@ async def test_serve_contains_every_model_fault_for_router_and_workers(
         fake_llm.url,
         tmp_path / "state",
         port,
-        SUPERAGENT_LLM__TIMEOUT="1",
+        SUPERAGENT_LLM__TIMEOUT_SECONDS="1",
         SUPERAGENT_ROUTER__QUARANTINE_AFTER=str(LIMIT),
         SUPERAGENT_ROUTER__RETRY_CAP_SECONDS="4",
         SUPERAGENT_WORKERS__FAILED_ROUNDS_LIMIT=str(LIMIT),

@@ -94,6 +94,6 @@ def serve_env(
         "OPENAI_API_KEY": FAKE_API_KEY,
         "SUPERAGENT_LLM__ATTEMPTS": "2",
         "SUPERAGENT_LLM__RETRY_BASE_SECONDS": "0.05",
-        "SUPERAGENT_LLM__TIMEOUT": "2",
+        "SUPERAGENT_LLM__TIMEOUT_SECONDS": "2",
         **settings,
     }

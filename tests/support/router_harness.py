@@ -27,7 +27,12 @@ from tests.support.helpers import save_policy
 
 ALICE = Actor("u-1", "alice")
 # One try and a short timeout: a router test sees each failure in seconds.
-QUICK_LLM = {"attempts": 1, "retry_base_seconds": 0.01, "retry_cap": 0.05, "timeout": 2.0}
+QUICK_LLM = {
+    "attempts": 1,
+    "retry_base_seconds": 0.01,
+    "retry_cap_seconds": 0.05,
+    "timeout_seconds": 2.0,
+}
 TRIGGER = re.compile(r"\[(trg_\w+)\]")
 EVENT = re.compile(r"\s+\[(?P<trigger>trg_\w+)\] (?P<verdict>\w+) ")
 

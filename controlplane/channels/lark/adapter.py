@@ -49,7 +49,7 @@ class LarkAdapter(ChannelAdapter):
             settings.domain,
             settings.app_id,
             settings.app_secret.get_secret_value(),
-            timeout=settings.timeout,
+            timeout=settings.timeout_seconds,
         )
         self._bot: BotInfo | None = None
         self._bot_lock = asyncio.Lock()

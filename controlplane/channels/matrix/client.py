@@ -86,7 +86,7 @@ class MatrixAccount:
         config = AsyncClientConfig(
             max_limit_exceeded=0,
             max_timeouts=0,
-            request_timeout=self.settings.timeout,
+            request_timeout=self.settings.timeout_seconds,
             encryption_enabled=False,
             store_sync_tokens=False,
         )

@@ -100,7 +100,7 @@ class MatrixSync(Service):
         self.account = account
         self.intake = intake
         self.tokens = SyncTokens(pool, account.user_id)
-        self.timeout_ms = int(account.settings.sync_timeout * 1000)
+        self.timeout_ms = int(account.settings.sync_timeout_seconds * 1000)
         self.filter = sync_filter(timeline_limit)
         self._token: str | None = None
         self._bot: BotIdentity | None = None

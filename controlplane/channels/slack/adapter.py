@@ -59,7 +59,7 @@ class SlackAdapter(ChannelAdapter):
         self.settings = settings
         self.intake = intake
         self._owns_client = client is None
-        self._http = client or httpx.AsyncClient(timeout=settings.timeout)
+        self._http = client or httpx.AsyncClient(timeout=settings.timeout_seconds)
         self.bot = WebApi(
             settings.api_url, settings.bot_token, "SUPERAGENT_SLACK__BOT_TOKEN", self._http
         )

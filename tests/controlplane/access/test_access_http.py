@@ -202,7 +202,7 @@ async def test_a_session_ends_on_the_server_at_sign_out(pool: asyncpg.Pool) -> N
 
 
 async def test_a_session_expires_on_the_server_and_with_its_token(pool: asyncpg.Pool) -> None:
-    brief = _app(pool, admin_token=TOKEN, http={"session_hours": 1 / 3600})
+    brief = _app(pool, admin_token=TOKEN, http={"session_seconds": 1})
     async with _client(brief) as client:
         secret = await _sign_in(client)
     await asyncio.sleep(1.5)

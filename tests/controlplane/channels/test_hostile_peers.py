@@ -877,7 +877,7 @@ async def test_a_malformed_matrix_event_is_skipped_and_the_sync_goes_on(
             homeserver=homeserver._http.url,
             user_id="@agent:example.org",
             access_token=SecretStr("token"),
-            sync_timeout=1,
+            sync_timeout_seconds=1,
         )
         service = MatrixSync(MatrixAccount(settings), Intake(pool), pool)
         await service.start()

@@ -222,7 +222,7 @@ def _settings(server: Homeserver, bot: MatrixUser) -> MatrixSettings:
         homeserver=server.url,
         user_id=bot.user_id,
         password=SecretStr(bot.password),
-        sync_timeout=5.0,
+        sync_timeout_seconds=5.0,
     )
 
 

@@ -184,7 +184,11 @@ async def test_failures_back_off_record_the_error_and_park_as_dead(
         raise ValueError(f"remote said no ({effect.attempt})")
 
     async with running(
-        database_url, {"broken": broken}, backoff_base=0.05, backoff_max=0.2, max_attempts=3
+        database_url,
+        {"broken": broken},
+        backoff_base_seconds=0.05,
+        backoff_max_seconds=0.2,
+        max_attempts=3,
     ):
         async with db() as session, session.begin():
             await enqueue_in(session, "broken", "k", {})
@@ -252,7 +256,7 @@ async def test_postpone_is_not_a_failure(
 async def test_unknown_kind_is_recorded_not_crashing(
     db: async_sessionmaker[AsyncSession], database_url: str
 ) -> None:
-    async with running(database_url, {}, backoff_base=30):
+    async with running(database_url, {}, backoff_base_seconds=30):
         async with db() as session, session.begin():
             await enqueue_in(session, "mystery", "k", {})
 
@@ -274,7 +278,7 @@ async def test_notification_wakes_the_runner_without_polling(
         seen.set()
 
     # A one-hour poll interval: only LISTEN/NOTIFY can wake the runner in time.
-    async with running(database_url, {"mark": mark}, poll_interval=3600):
+    async with running(database_url, {"mark": mark}, poll_interval_seconds=3600):
         await asyncio.sleep(0.3)  # let the runner reach its wait
         async with db() as session, session.begin():
             await enqueue_in(session, "mark", "k", {})
@@ -289,7 +293,7 @@ async def test_polling_finds_effects_written_without_notification(
     async def mark(effect: ClaimedEffect) -> None:
         seen.set()
 
-    async with running(database_url, {"mark": mark}, poll_interval=0.2):
+    async with running(database_url, {"mark": mark}, poll_interval_seconds=0.2):
         await asyncio.sleep(0.3)
         conn = await asyncpg.connect(asyncpg_dsn(database_url))
         try:
@@ -337,7 +341,7 @@ async def test_runner_killed_mid_execution_leaves_the_effect_for_another(
     async def block(effect: ClaimedEffect) -> None:
         finished.append(effect.attempt)
 
-    async with running(database_url, {"block": block}, poll_interval=0.2):
+    async with running(database_url, {"block": block}, poll_interval_seconds=0.2):
         await assert_eventually(lambda: finished == [2], timeout=15)
         await assert_eventually(lambda: _is_zero(count_rows(database_url)))
 

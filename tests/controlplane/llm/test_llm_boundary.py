@@ -51,7 +51,7 @@ from tests.support.worker_harness import (  # noqa: F401 - fixtures
 )
 
 # Quick retries, a short timeout: each fault is seen in seconds, not minutes.
-FAST = {"attempts": 2, "retry_base_seconds": 0.01, "retry_cap": 2.0, "timeout": 1.0}
+FAST = {"attempts": 2, "retry_base_seconds": 0.01, "retry_cap_seconds": 2.0, "timeout_seconds": 1.0}
 # What each fault is, as the boundary must classify it.
 CLASSES = {
     "empty_choices": "malformed",

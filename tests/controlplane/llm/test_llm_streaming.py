@@ -23,7 +23,7 @@ from tests.fakes.openai_server import FAKE_MODEL, FakeOpenAIServer, LatencyModel
 
 HELLO = [{"role": "user", "content": "hello"}]
 # Seconds, kept short: each case is seen in a few seconds.
-PATIENCE = {"timeout": 1.0, "idle_timeout": 1.0, "attempts": 1}
+PATIENCE = {"timeout_seconds": 1.0, "idle_timeout_seconds": 1.0, "attempts": 1}
 
 
 async def _outcomes(pool: asyncpg.Pool) -> list[str]:
@@ -43,7 +43,7 @@ async def test_a_slow_model_that_keeps_writing_is_not_called_unreachable(
     started = time.monotonic()
     answer = await client.complete(model=FAKE_MODEL, messages=HELLO, accounting=Accounting(None))
     assert answer.content == text
-    assert time.monotonic() - started > 2 * PATIENCE["timeout"]
+    assert time.monotonic() - started > 2 * PATIENCE["timeout_seconds"]
     assert await _outcomes(pool) == ["ok"]
     (request,) = fake_llm.chat_requests
     assert request.body["stream"] is True

@@ -34,7 +34,7 @@ SMALL = LlmSettings(
     compact_share=0.75,
     attempts=1,
     retry_base_seconds=0.01,
-    timeout=5.0,
+    timeout_seconds=5.0,
 )
 BUDGET = int(8192 * 0.75)
 LONG = "@superagent " + " ".join(

@@ -29,7 +29,7 @@ async def env(empty_database: str, tmp_path: Path) -> dict[str, str]:
             "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
             "SUPERAGENT_HTTP__PORT": str(free_port()),
             "SUPERAGENT_GRPC__PORT": str(free_port()),
-            "SUPERAGENT_SHUTDOWN_TIMEOUT": "4",
+            "SUPERAGENT_SHUTDOWN_TIMEOUT_SECONDS": "4",
         }
     )
     return environ

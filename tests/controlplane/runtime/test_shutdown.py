@@ -1,4 +1,4 @@
-"""Stopping a real replica always completes within ``SUPERAGENT_SHUTDOWN_TIMEOUT``: with its
+"""Stopping a real replica always completes within ``SUPERAGENT_SHUTDOWN_TIMEOUT_SECONDS``: with its
 stderr a pipe nobody reads any more (``superagent up 2>&1 | tee log`` after ``tee`` died),
 and while webhooks keep arriving."""
 
@@ -46,7 +46,7 @@ async def env(empty_database: str, tmp_path: Path) -> dict[str, str]:
             "SUPERAGENT_STATE_DIR": str(tmp_path / "state"),
             "SUPERAGENT_HTTP__PORT": str(free_port()),
             "SUPERAGENT_GRPC__PORT": str(free_port()),
-            "SUPERAGENT_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+            "SUPERAGENT_SHUTDOWN_TIMEOUT_SECONDS": str(SHUTDOWN_TIMEOUT),
             "SUPERAGENT_GITHUB__WEBHOOK_SECRET": SECRET,
             "SUPERAGENT_GITHUB__API_URL": "http://127.0.0.1:9",
         }

@@ -60,8 +60,8 @@ def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SUPERAGENT_EFFECTS__POLL_INTERVAL", "5")
-    with pytest.raises(ValidationError, match="poll_interval"):
+    monkeypatch.setenv("SUPERAGENT_EFFECTS__POLL_INTERVAL_SECONDS", "5")
+    with pytest.raises(ValidationError, match="poll_interval_seconds"):
         Settings()
 
 

@@ -49,7 +49,7 @@ ADMIN = "web:watchdog-admin"
 
 def _settings(**watchdog: Any) -> Settings:
     return Settings(
-        watchdog=WatchdogSettings(**({"stall_minutes": 10, "admin_thread": ADMIN} | watchdog))
+        watchdog=WatchdogSettings(**({"stall_seconds": 600, "admin_thread": ADMIN} | watchdog))
     )
 
 
@@ -384,7 +384,7 @@ async def test_drift_from_the_goal_is_judged_by_the_model_and_nudged(
         ticket_id,
     )
     fake_llm.script(Reply(content='{"on_goal": false, "why": "it edits shell dotfiles."}'))
-    settings = _settings(drift_minutes=30)
+    settings = _settings(drift_seconds=1800)
     await Watchdog(pool, settings, client_for(fake_llm)).check_once()
     asked = fake_llm.requests[-1].json_body
     assert isinstance(asked, dict)

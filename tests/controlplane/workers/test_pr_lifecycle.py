@@ -330,7 +330,7 @@ async def world(
     handlers = Handlers()
     handlers.register(EffectKind.REPLY, reply_handler(pool, channels))
     handlers.register(EffectKind.OPEN_PULL_REQUEST, open_pull_request_handler(pool, channels))
-    runner = EffectRunner(dsn, handlers, EffectsSettings(poll_interval=0.1), owner="test")
+    runner = EffectRunner(dsn, handlers, EffectsSettings(poll_interval_seconds=0.1), owner="test")
     await runner.start()
     fake_llm.respond_with(worker(workdir))
     try:

@@ -45,7 +45,7 @@ from tests.support.worker_harness import (  # noqa: F401 - fixtures
     ticket,
 )
 
-QUICK = LlmSettings(attempts=1, retry_base_seconds=0.01, retry_cap=0.1, timeout=2.0)
+QUICK = LlmSettings(attempts=1, retry_base_seconds=0.01, retry_cap_seconds=0.1, timeout_seconds=2.0)
 LIMIT = 3
 ADMIN = "web:admin"
 
