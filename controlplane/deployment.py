@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from controlplane.db.pool import Db
 from controlplane.domain import CLOSED_TICKET_SQL
 from controlplane.gateway.devices import ONLINE_WINDOW
@@ -333,3 +335,17 @@ def watchdog_line(now: Deployment) -> str:
     if not now.watchdog_alive:
         return f"NOT RUNNING: last pass {when} by {now.watchdog}"
     return f"{now.watchdog}, last pass {when}"
+
+
+_AS_JSON: TypeAdapter[Deployment] = TypeAdapter(Deployment)
+
+
+def as_json(found: Deployment) -> dict[str, Any]:
+    """The deployment as JSON (the HTTP API's ``/console/api/status``)."""
+    data: dict[str, Any] = _AS_JSON.dump_python(found, mode="json")
+    return data
+
+
+def from_json(data: dict[str, Any]) -> Deployment:
+    """What :func:`as_json` made: ``superagent status`` over a context."""
+    return _AS_JSON.validate_python(data)

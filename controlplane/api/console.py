@@ -28,6 +28,8 @@ from fastapi import APIRouter, Depends, Query, Request, WebSocket
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 
+from controlplane import deployment
+from controlplane import pause as pausing
 from controlplane.access import authentication, sessions, signin
 from controlplane.access import console as access
 from controlplane.channels.webchat.connection import refuse
@@ -243,6 +245,41 @@ async def logout(request: Request, state: State) -> Response:
 async def whoami(request: Request, state: Admin) -> dict[str, Any]:
     who = authentication.principal(request)
     return {"name": who.name, "via": who.via}
+
+
+@routes.get(
+    "/console/api/status",
+    tags=["console"],
+    summary="The deployment as `superagent status` shows it: replicas, router, tickets, ...",
+)
+async def status_data(state: Admin) -> dict[str, Any]:
+    found = await _read(deployment.read(state.pool))
+    return dict(deployment.as_json(found))
+
+
+class PauseRequest(BaseModel):
+    reason: str = Field("", max_length=2000, description="Shown by `superagent status`.")
+
+
+@routes.post(
+    "/console/api/pause",
+    tags=["console"],
+    summary="Pause the agent: events are recorded and wait (the first pause's record is kept)",
+)
+async def pause_agent(
+    request: Request, state: Admin, body: PauseRequest | None = None
+) -> dict[str, Any]:
+    reason = body.reason if body else ""
+    paused = await _read(pausing.pause(state.pool, _by(request), reason))
+    return {"paused": True, "since": paused.at, "by": paused.by, "reason": paused.reason}
+
+
+@routes.post("/console/api/resume", tags=["console"], summary="Resume after a pause")
+async def resume_agent(state: Admin) -> dict[str, Any]:
+    ended = await _read(pausing.resume(state.pool))
+    if ended is None:
+        return {"resumed": False}
+    return {"resumed": True, "paused_at": ended.at, "paused_by": ended.by}
 
 
 @routes.get("/console/api/overview", tags=["console"], summary="What needs attention; status")

@@ -14,8 +14,9 @@ from dataclasses import asdict
 import click
 
 from controlplane import deployment
-from controlplane.cli.common import load_settings, setup_logging
+from controlplane.cli.common import clear_errors, load_settings, setup_logging
 from controlplane.cli.dbsession import run_with_pool
+from controlplane.cli.remote import remote
 from controlplane.db import urls
 from controlplane.deployment import ago
 from controlplane.heartbeat import Record
@@ -34,9 +35,15 @@ def status(as_json: bool) -> None:
     (DATABASE_URL), whether or not a replica runs here.
     """
     setup_logging("WARNING")
-    settings = load_settings()
-    result = run_with_pool(settings, deployment.read)
-    result.shell = _shell(settings)
+    with clear_errors():
+        over = remote()
+    if over is not None:
+        with clear_errors():
+            result = deployment.from_json(over.get("/console/api/status"))
+    else:
+        settings = load_settings()
+        result = run_with_pool(settings, deployment.read)
+        result.shell = _shell(settings)  # this shell's own, beside the deployment's
     if as_json:
         click.echo(json.dumps(asdict(result), default=str, indent=2))
         return
@@ -144,7 +151,8 @@ def _quarantined(result: deployment.Deployment) -> None:
 
 def _shell_line(result: deployment.Deployment) -> None:
     shell = result.shell
-    assert shell is not None
+    if shell is None:  # read over a context's HTTP API: this shell names no deployment
+        return
     # Said only when the deployment's model is known: otherwise there is nothing to differ.
     differs = result.model_from is not None and shell.model != result.model
     note = ": not the deployment's" if differs else ""

@@ -168,6 +168,18 @@ async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
         assert "revoked" in laptop.ok("devices", "revoke", device.name)
         assert await pool.fetchval("SELECT revoked_at FROM devices WHERE id = $1", device.id)
 
+        status = json.loads(laptop.ok("status", "--json"))
+        assert len(status["replicas"]) == 1  # the serve replica, as its database says
+        assert status["shell"] is None  # this shell's settings name no deployment
+        assert "this shell:" not in laptop.ok("status")
+        # Who pauses is the token's holder; a --by anyone could type is not taken.
+        paused = json.loads(
+            laptop.ok("pause", "--reason", "deploying", "--by", "mallory", "--json")
+        )
+        assert (paused["by"], paused["reason"]) == ("alice", "deploying")
+        assert "PAUSED" in laptop.ok("status")
+        assert "by alice" in laptop.ok("resume")
+
         # A command with no HTTP API yet says so, instead of reaching for a database.
         refused = laptop.run("triggers", "list")
         assert refused.returncode == 1
