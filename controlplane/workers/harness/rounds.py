@@ -148,7 +148,9 @@ class HarnessRound:
             result = await self.queue.wait(run.command_id, POLL_SECONDS)
             fresh = await reader.more(result)
             if fresh or result.done:
-                await runs.record(self.pool, convo, reader, fresh, ticket.id)
+                await runs.record(
+                    self.pool, convo, reader, fresh, ticket.id, self.worker.llm.prices
+                )
             if result.done:
                 return result, reader
             limit = await runs.over_limit(

@@ -31,6 +31,7 @@ import asyncpg
 from controlplane.domain import LIVE_COMMAND_SQL
 from controlplane.gateway import specs
 from controlplane.gateway.queue import CommandQueue, CommandResult
+from controlplane.llm.prices import PriceBook
 from controlplane.llm.transcript import looping
 from controlplane.settings import WorkerSettings
 from controlplane.tickets import reports, store
@@ -194,12 +195,26 @@ class Reader:
         return out
 
 
+def priced(tally: Tally, prices: PriceBook) -> Decimal | None:
+    """What the run cost so far: as the harness reports it, else its tokens at the prices
+    of the model it named (cache reads at the cached rate), else unknown (None)."""
+    usage = tally.usage
+    if usage.cost_usd is not None:
+        return Decimal(str(usage.cost_usd))
+    if tally.model is None:
+        return None
+    return prices.cost(
+        tally.model, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
+    )
+
+
 async def record(
     pool: asyncpg.Pool,
     convo: WorkerSession,
     reader: Reader,
     events: list[HarnessEvent],
     ticket_id: str,
+    prices: PriceBook,
 ) -> None:
     """Record the events not yet in the session (after ``run.events``), the run's totals,
     and the usage the ticket had not been charged yet, in one transaction."""
@@ -218,7 +233,7 @@ async def record(
             if message is not None:
                 await convo.add(conn, message)
         now_events = max(run.events, reader.seen)
-        cost = Decimal(str(usage.cost_usd)) if usage.cost_usd is not None else None
+        cost = priced(tally, prices)
         await conn.execute(
             "UPDATE harness_runs SET events = $2, session_id = coalesce($3, session_id), "
             "turns = $4, prompt_tokens = $5, completion_tokens = $6, cost_usd = $7, "

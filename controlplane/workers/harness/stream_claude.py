@@ -88,8 +88,11 @@ class ClaudeStreamParser(JsonLinesParser):
         self._unknown: set[str] = set()
 
     def decode(self, obj: dict[str, Any]) -> list[HarnessEvent]:
-        events = self._session_events(obj.get("session_id"))
         kind = obj.get("type")
+        # The run's model, said once at its start: what its tokens cost when the harness
+        # reports no cost of its own (Qwen Code).
+        model = obj.get("model") if kind == "system" and obj.get("subtype") == "init" else None
+        events = self._session_events(obj.get("session_id"), model)
         if kind == "assistant":
             events += self._assistant(obj)
         elif kind == "user":
@@ -111,11 +114,12 @@ class ClaudeStreamParser(JsonLinesParser):
 
     # ------------------------------------------------------------------ messages
 
-    def _session_events(self, session_id: Any) -> list[HarnessEvent]:
+    def _session_events(self, session_id: Any, model: Any = None) -> list[HarnessEvent]:
         if not isinstance(session_id, str) or not session_id or session_id == self._session:
             return []
         self._session = cap(session_id, NOTE_CHARS)
-        return [HarnessEvent("session", session_id=self._session)]
+        named = cap(model, NOTE_CHARS) if isinstance(model, str) and model else None
+        return [HarnessEvent("session", session_id=self._session, model=named)]
 
     def _assistant(self, obj: Mapping[str, Any]) -> list[HarnessEvent]:
         message = _mapping(obj.get("message"))

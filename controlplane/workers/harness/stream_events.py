@@ -87,6 +87,7 @@ class HarnessEvent:
     kind: EventKind
     text: str = ""  # message text, tool result text (capped), error/notes
     session_id: str | None = None  # on "session" (and wherever the stream carries it)
+    model: str | None = None  # on "session", when the harness names the model it runs
     tool: str | None = None  # the harness's tool name (codex: "command_execution", ...)
     call_id: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)  # tool_call input (capped)

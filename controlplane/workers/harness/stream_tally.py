@@ -40,6 +40,7 @@ class Tally:
     """Running summary of one run's events (see the module docstring)."""
 
     session_id: str | None = None
+    model: str | None = None  # the model the harness said it runs, if it said
     turns: int = 0  # model turns (claude/qwen: model calls; codex: turns)
     usage: Usage = field(default_factory=Usage)
     files: list[str] = field(default_factory=list)  # changed, in order, deduped
@@ -54,6 +55,8 @@ class Tally:
     def add(self, event: HarnessEvent) -> None:
         if event.session_id:
             self.session_id = event.session_id
+        if event.model:
+            self.model = event.model
         if event.kind == "message" and event.parent_call_id is None:
             self.last_message = event.text
         elif event.kind == "tool_call":

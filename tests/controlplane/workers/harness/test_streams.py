@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import json
 import random
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from controlplane.llm.prices import PriceBook
+from controlplane.settings import LlmPrices
+from controlplane.workers.harness.runs import priced
 from controlplane.workers.harness.streams import (
     HarnessEvent,
     Tally,
@@ -176,7 +180,9 @@ def test_claude_stream_tally() -> None:
     events = parse("claude", sample("claude.jsonl"))
     summary = tally(events)
 
-    assert events[0] == HarnessEvent("session", session_id=CLAUDE_SESSION)
+    assert events[0] == HarnessEvent(
+        "session", session_id=CLAUDE_SESSION, model="claude-sonnet-4-5"
+    )
     calls = of(events, "tool_call")
     assert [(c.tool, c.files) for c in calls] == [
         ("Write", ("/workspace/src/new.py",)),
@@ -580,3 +586,28 @@ def test_repeated_call_counts_the_same_call_in_a_row() -> None:
     for command in ["ls", "make", "make", "make"]:
         summary.add(HarnessEvent("tool_call", tool="Bash", arguments={"command": command}))
     assert summary.repeated_call() == ('Bash:{"command":"make"}', 3)
+
+
+def test_the_model_a_run_names_prices_it_when_the_harness_reports_no_cost() -> None:
+    """Qwen Code (like Claude Code) names its model when it starts but, unlike Claude Code,
+    reports no cost: its tokens are priced at that model's rates, cache reads at the cached
+    rate. A cost the harness reports is kept as reported."""
+    qwen = tally(parse("qwen", sample("qwen.jsonl")))
+    assert qwen.model == "fake"
+    book = PriceBook(
+        {
+            "fake": LlmPrices(
+                input_usd_per_mtok=2.0, cached_usd_per_mtok=0.5, output_usd_per_mtok=10.0
+            )
+        }
+    )
+    expected = (
+        Decimal("2.0") * (95785 - 76288) + Decimal("0.5") * 76288 + Decimal("10.0") * 88
+    ) / 1_000_000
+    assert priced(qwen, book) == expected
+    claude = tally(parse("claude", sample("claude.jsonl")))
+    assert claude.model == "claude-sonnet-4-5"
+    assert priced(claude, book) == Decimal("0.0321")  # its own total_cost_usd
+    codex = tally(parse("codex", sample("codex.jsonl")))
+    assert codex.model is None
+    assert priced(codex, book) is None  # no model named, no cost reported: tokens only
