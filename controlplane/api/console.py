@@ -32,6 +32,7 @@ from controlplane import deployment
 from controlplane import pause as pausing
 from controlplane.access import authentication, sessions, signin
 from controlplane.access import console as access
+from controlplane.admin import ops
 from controlplane.channels.webchat.connection import refuse
 from controlplane.console import (
     actions,
@@ -280,6 +281,20 @@ async def resume_agent(state: Admin) -> dict[str, Any]:
     if ended is None:
         return {"resumed": False}
     return {"resumed": True, "paused_at": ended.at, "paused_by": ended.by}
+
+
+@routes.post(
+    "/console/api/ops/{name}",
+    tags=["console"],
+    summary="An admin operation (what a superagent command does), run as the caller",
+)
+async def run_operation(
+    request: Request, state: Admin, name: str, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``{"result": …}``: the operation's answer, as the command would render it. Its
+    parameters are the body (an unknown one is refused); who acts is the token's holder."""
+    caller = ops.Caller(state.pool, state.settings, _by(request))
+    return {"result": await _read(ops.perform(name, body or {}, caller))}
 
 
 @routes.get("/console/api/overview", tags=["console"], summary="What needs attention; status")

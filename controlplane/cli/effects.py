@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 
-import asyncpg
 import click
 
-from controlplane.cli.common import json_option, load_settings, outcome, setup_logging
-from controlplane.cli.dbsession import run_with_pool
-from controlplane.effects import outbox
+from controlplane.cli import ops
+from controlplane.cli.common import json_option, outcome, setup_logging
 from superagent_shared import table
 
 
@@ -33,18 +31,9 @@ def effects() -> None:
 def list_(dead: bool, limit: int, as_json: bool) -> None:
     """Effects in the outbox, oldest first: waiting, retrying, or dead."""
     setup_logging("WARNING")
-    rows = run_with_pool(
-        load_settings(),
-        lambda pool: pool.fetch(
-            "SELECT id, kind, key, attempts, last_error, dead_at, next_attempt_at, created_at "
-            "FROM effects WHERE $1::bool IS FALSE OR dead_at IS NOT NULL "
-            "ORDER BY created_at, id LIMIT $2",
-            dead,
-            limit,
-        ),
-    )
+    rows = ops.call("effects.list", dead=dead, limit=limit)
     if as_json:
-        click.echo(json.dumps([dict(row) for row in rows], default=str, indent=2))
+        click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         click.echo("No dead effects." if dead else "The outbox is empty.")
@@ -68,13 +57,9 @@ def list_(dead: bool, limit: int, as_json: bool) -> None:
 def retry(effect: str, as_json: bool) -> None:
     """Run a dead EFFECT again, from its first attempt."""
     setup_logging("WARNING")
-
-    async def revive(pool: asyncpg.Pool) -> None:
-        await outbox.revive(pool, effect)
-
-    run_with_pool(load_settings(), revive)
+    answer = ops.call("effects.retry", effect=effect)
     outcome(
         as_json,
-        {"effect": effect, "retried": True},
+        answer,
         f"{effect} is back in the outbox; it runs at once.",
     )

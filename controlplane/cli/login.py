@@ -51,7 +51,9 @@ def _read_token(token_file: Path | None) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def login(url: str, context_name: str | None, token_file: Path | None, as_json: bool) -> None:
-    """Manage the control plane at URL from this machine, over its HTTP API.
+    """Manage a deployed control plane from here, over its API.
+
+    URL is the control plane's address (https://HOST[:PORT]).
 
     Checks the token with the server, then stores URL and token as a context (a file only
     you can read) and makes it the current one: from then on `superagent tickets`,
@@ -89,7 +91,9 @@ def _host(url: str) -> str | None:
 @click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def logout(name: str | None, as_json: bool) -> None:
-    """Forget context NAME (default: the current one) and its token.
+    """Forget a context and its token.
+
+    NAME: the context to forget (default: the current one).
 
     The token itself still works until it is revoked on the server: `superagent tokens
     revoke NAME` there.
@@ -109,7 +113,9 @@ def logout(name: str | None, as_json: bool) -> None:
 @click.group(invoke_without_command=True)
 @click.pass_context
 def context(ctx: click.Context) -> None:
-    """The deployments this CLI manages (superagent login adds one), and which is current.
+    """List the contexts, and choose which deployment to manage.
+
+    `superagent login` adds a context.
 
     Without a subcommand: the list. A command uses --context NAME, else
     SUPERAGENT_CONTEXT, else the current context, else the database ('local').

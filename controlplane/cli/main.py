@@ -62,12 +62,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "login": (
         "controlplane.cli.login:login",
-        "Manage a deployed control plane from here: store its URL and a token.",
+        "Manage a deployed control plane from here, over its API.",
     ),
     "logout": ("controlplane.cli.login:logout", "Forget a context and its token."),
     "context": (
         "controlplane.cli.login:context",
-        "List the contexts, and choose which deployment commands manage.",
+        "List the contexts, and choose which deployment to manage.",
     ),
     "tokens": (
         "controlplane.cli.tokens:tokens",

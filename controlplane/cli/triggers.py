@@ -4,24 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
 
-import asyncpg
 import click
 
-from controlplane.cli.common import json_option, load_settings, outcome, setup_logging
-from controlplane.cli.dbsession import run_with_pool
-from controlplane.errors import InvalidInput, NotFound
-from controlplane.ingest import routing
-from controlplane.router import record
+from controlplane.cli import ops
+from controlplane.cli.common import json_option, outcome, setup_logging
 from superagent_shared import table
-from superagent_shared.ids import id_prefix
-
-_COLUMNS = (
-    "t.id, t.source, t.thread_id, th.external_id AS thread, t.actor_name, t.kind, t.verdict, "
-    "t.route, t.text, t.created_at, t.routed_at, t.undecidable_at, t.route_attempts, "
-    "t.route_error, t.model_notice_at"
-)
 
 
 @click.group()
@@ -42,35 +30,8 @@ def triggers() -> None:
     """
 
 
-def _state(row: asyncpg.Record) -> str:
-    if row["undecidable_at"] is not None:
-        return "undecidable"
-    if row["routed_at"] is None:
-        return "waiting" if row["route_attempts"] == 0 else f"failing ({row['route_attempts']})"
-    return "routed"
-
-
-def _as_json(row: asyncpg.Record) -> dict[str, Any]:
-    out: dict[str, Any] = {"state": _state(row)}
-    for key, value in dict(row).items():
-        out[key] = value.isoformat() if isinstance(value, datetime) else value
-    return out
-
-
-def _checked(trigger_id: str) -> str:
-    if id_prefix(trigger_id) != "trg":
-        raise InvalidInput(f"{trigger_id!r} is not a trigger id (trg_ and 12 characters)")
-    return trigger_id
-
-
-async def _one(pool: asyncpg.Pool, trigger_id: str) -> asyncpg.Record:
-    row = await pool.fetchrow(
-        f"SELECT {_COLUMNS} FROM triggers t JOIN threads th ON th.id = t.thread_id WHERE t.id = $1",
-        _checked(trigger_id),
-    )
-    if row is None:
-        raise NotFound(f"no trigger {trigger_id}")
-    return row
+def _at(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
 
 
 @triggers.command(name="list")
@@ -80,24 +41,9 @@ async def _one(pool: asyncpg.Pool, trigger_id: str) -> asyncpg.Record:
 def list_(undecidable: bool, limit: int, as_json: bool) -> None:
     """Events waiting for the router and those set aside as undecidable, oldest first."""
     setup_logging("WARNING")
-    where = (
-        "t.undecidable_at IS NOT NULL"
-        if undecidable
-        else "(t.routed_at IS NULL OR t.undecidable_at IS NOT NULL)"
-    )
-
-    async def work(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-        return list(
-            await pool.fetch(
-                f"SELECT {_COLUMNS} FROM triggers t JOIN threads th ON th.id = t.thread_id "
-                f"WHERE {where} ORDER BY t.created_at, t.id LIMIT $1",
-                max(limit, 0),
-            )
-        )
-
-    found = run_with_pool(load_settings(), work)
+    found = ops.call("triggers.list", undecidable=undecidable, limit=max(limit, 0))
     if as_json:
-        click.echo(json.dumps([_as_json(row) for row in found], indent=2))
+        click.echo(json.dumps(found, indent=2))
         return
     if not found:
         click.echo(
@@ -109,9 +55,9 @@ def list_(undecidable: bool, limit: int, as_json: bool) -> None:
     rows = [
         (
             row["id"],
-            _state(row),
+            row["state"],
             f"{row['source']}:{row['thread']}",
-            f"{row['created_at']:%Y-%m-%d %H:%M}",
+            f"{_at(row['created_at']):%Y-%m-%d %H:%M}",
             row["actor_name"],
             row["route_error"] or "",
         )
@@ -129,47 +75,31 @@ def show(trigger: str, as_json: bool) -> None:
     """One TRIGGER: its thread, text, state, what the router decided, the calls its turns
     made (refused ones with why), failed turns and their reasons."""
     setup_logging("WARNING")
-
-    async def work(
-        pool: asyncpg.Pool,
-    ) -> tuple[asyncpg.Record, list[asyncpg.Record], list[dict[str, Any]]]:
-        row = await _one(pool, trigger)
-        failed = await pool.fetch(
-            "SELECT error_class, error, quarantined, created_at FROM item_failures "
-            "WHERE loop = 'router' AND item_id = $1 ORDER BY created_at, id",
-            trigger,
-        )
-        return row, list(failed), await record.calls(pool, trigger)
-
-    row, failed, calls = run_with_pool(load_settings(), work)
+    row = ops.call("triggers.show", trigger=trigger)
     if as_json:
-        out = _as_json(row)
-        out["failures"] = [_as_json(f) for f in failed]
-        out["decision"] = record.decision(calls)
-        out["calls"] = [
-            {k: v.isoformat() if isinstance(v, datetime) else v for k, v in c.items()}
-            for c in calls
-        ]
-        click.echo(json.dumps(out, indent=2, default=str))
+        click.echo(json.dumps(row, indent=2))
         return
     click.echo(f"{row['id']}: {row['verdict']} {row['kind']} from {row['actor_name']}")
     click.echo(f"  thread:   {row['thread_id']} ({row['source']}:{row['thread']})")
-    click.echo(f"  state:    {_state(row)}; route {row['route']}")
-    click.echo(f"  at:       {row['created_at']:%Y-%m-%d %H:%M:%S} UTC")
+    click.echo(f"  state:    {row['state']}; route {row['route']}")
+    click.echo(f"  at:       {_at(row['created_at']):%Y-%m-%d %H:%M:%S} UTC")
     if row["route_attempts"]:
         click.echo(f"  failed turns: {row['route_attempts']}, last: {row['route_error']}")
     if row["model_notice_at"] is not None:
-        click.echo(f"  told the model was unreachable: {row['model_notice_at']:%Y-%m-%d %H:%M}")
-    for failure in failed:
+        click.echo(
+            f"  told the model was unreachable: {_at(row['model_notice_at']):%Y-%m-%d %H:%M}"
+        )
+    for failure in row["failures"]:
         mark = " (set aside)" if failure["quarantined"] else ""
-        click.echo(f"  failure {failure['created_at']:%Y-%m-%d %H:%M:%S}: {failure['error']}{mark}")
-    click.echo(f"  decision: {record.decision(calls)}")
-    for call in calls:
+        at = _at(failure["created_at"])
+        click.echo(f"  failure {at:%Y-%m-%d %H:%M:%S}: {failure['error']}{mark}")
+    click.echo(f"  decision: {row['decision']}")
+    for call in row["calls"]:
         said = "ok      " if call["ok"] else "refused "
         arguments = json.dumps(call["arguments"], ensure_ascii=False, default=str)
         arguments = arguments if len(arguments) <= 200 else arguments[:199] + "…"
         click.echo(
-            f"  call {call['created_at']:%H:%M:%S} {said}{call['tool']} {arguments}: "
+            f"  call {_at(call['created_at']):%H:%M:%S} {said}{call['tool']} {arguments}: "
             f"{call['outcome']}"
         )
     text = " ".join(str(row["text"]).split())
@@ -184,22 +114,9 @@ def show(trigger: str, as_json: bool) -> None:
 def retry(trigger: str, as_json: bool) -> None:
     """Put the undecidable TRIGGER back in the router's inbox, its failures forgotten."""
     setup_logging("WARNING")
-
-    async def work(pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                "SELECT undecidable_at FROM triggers WHERE id = $1 FOR UPDATE",
-                _checked(trigger),
-            )
-            if row is None:
-                raise NotFound(f"no trigger {trigger}")
-            if row["undecidable_at"] is None:
-                raise InvalidInput(f"{trigger} is not undecidable; only those are retried")
-            await routing.put_back(conn, trigger)
-
-    run_with_pool(load_settings(), work)
+    answer = ops.call("triggers.retry", trigger=trigger)
     outcome(
         as_json,
-        {"trigger": trigger, "retried": True},
+        answer,
         f"{trigger} is back in the router's inbox; the next turn decides it",
     )

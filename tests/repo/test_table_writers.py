@@ -139,6 +139,7 @@ OWNERS: dict[str, Owners] = {
     "people": owner("people.py"),
     "accounts": owner("people.py"),
     "console_sessions": owner("access/sessions.py"),
+    "api_tokens": owner("access/api_tokens.py"),
     "signin_throttle": owner("access/throttle.py"),
     "harness_runs": owner("workers/harness/runs.py"),
     "policy_versions": owner("versions.py"),

@@ -180,8 +180,27 @@ async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
         assert "PAUSED" in laptop.ok("status")
         assert "by alice" in laptop.ok("resume")
 
+        # The router's inbox and the outbox, over the same API (admin operations).
+        asked = await pool.fetchval("SELECT id FROM triggers ORDER BY created_at LIMIT 1")
+        await pool.execute(
+            "UPDATE triggers SET routed_at = now(), undecidable_at = now(), route_attempts = 3, "
+            "route_error = 'malformed: nothing decided' WHERE id = $1",
+            asked,
+        )
+        waiting = json.loads(laptop.ok("triggers", "list", "--undecidable", "--json"))
+        assert [t["id"] for t in waiting] == [asked]
+        assert "malformed: nothing decided" in laptop.ok("triggers", "show", asked)
+        assert "back in the router's inbox" in laptop.ok("triggers", "retry", asked)
+        assert (
+            await pool.fetchval("SELECT undecidable_at FROM triggers WHERE id = $1", asked) is None
+        )
+        assert isinstance(json.loads(laptop.ok("effects", "list", "--json")), list)
+        odd = laptop.run("triggers", "show", "not-an-id")
+        assert odd.returncode == 1
+        assert "is not a trigger id" in odd.stderr
+
         # A command with no HTTP API yet says so, instead of reaching for a database.
-        refused = laptop.run("triggers", "list")
+        refused = laptop.run("users", "list")
         assert refused.returncode == 1
         assert "works on the database only" in refused.stderr
         assert "--context local" in refused.stderr
@@ -220,3 +239,25 @@ def test_a_contexts_file_others_can_read_is_refused(tmp_path: Path) -> None:
     refused = laptop.run("tickets", "list")
     assert refused.returncode == 1
     assert "readable by other users" in refused.stderr
+
+
+async def test_an_operation_refuses_what_it_does_not_know(served: str, empty_database: str) -> None:
+    """The operations' endpoint: an unknown parameter or operation is a clear 4xx, never a
+    500 or a guess; without a token, nothing."""
+    made = run_cli(empty_database, "tokens", "create", "ops-probe")
+    token = made.stdout.strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=served, headers=headers, timeout=30) as client:
+        typo = await client.post("/console/api/ops/triggers.list", json={"undecidabel": True})
+        assert typo.status_code == 400
+        assert "undecidabel" in typo.json()["error"]["message"]
+        unknown = await client.post("/console/api/ops/tickets.delete_all", json={})
+        assert unknown.status_code == 404
+        bad = await client.post("/console/api/ops/triggers.list", json={"limit": -1})
+        assert bad.status_code == 400
+        done = await client.post("/console/api/ops/triggers.list", json={})
+        assert done.status_code == 200
+        assert done.json() == {"result": []}
+    async with httpx.AsyncClient(base_url=served, timeout=30) as anonymous:
+        refused = await anonymous.post("/console/api/ops/triggers.list", json={})
+        assert refused.status_code == 401

@@ -1,0 +1,7 @@
+"""Every operation, registered by importing the modules that declare them."""
+
+from __future__ import annotations
+
+from controlplane.admin import effects, ops, triggers  # noqa: F401 - each registers its own
+
+__all__ = ["ops"]
