@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-import asyncpg
 import click
 
-from controlplane import handles, people
-from controlplane.cli.common import json_option, load_settings, outcome, setup_logging
-from controlplane.cli.dbsession import run_with_pool
+from controlplane import people
+from controlplane.cli import ops
+from controlplane.cli.common import json_option, outcome, setup_logging
 from controlplane.errors import InvalidInput
 
 
@@ -56,24 +55,12 @@ def link(person: str, accounts: tuple[str, ...], as_json: bool) -> None:
     token). Display names are refused. Takes effect within a second.
     """
     setup_logging("WARNING")
-    refs = _accounts(accounts)
-    settings = load_settings()
-
-    async def work(pool: asyncpg.Pool) -> tuple[people.Person, list[people.AccountRef]]:
-        async with handles.Resolver(settings, pool) as resolver:
-            found = [await resolver.account(ref.source, ref.handle) for ref in refs]
-        ids = [
-            people.AccountRef(f.source, f.id, ref.handle if f.label is not None else None)
-            for f, ref in zip(found, refs, strict=True)
-        ]
-        return await people.link(pool, person, ids), ids
-
-    linked, ids = run_with_pool(settings, work)
-    shown = [f"{ref} ({ref.label})" if ref.label else str(ref) for ref in ids]
+    _accounts(accounts)  # a malformed one is a usage error here, before anything is asked
+    answer = ops.call("users.link", person=person, accounts=list(accounts))
     outcome(
         as_json,
-        {"person": linked.name, "linked": [str(ref) for ref in ids]},
-        f"{linked.name}: linked {', '.join(shown)}",
+        {"person": answer["person"], "linked": answer["linked"]},
+        f"{answer['person']}: linked {', '.join(answer['shown'])}",
     )
 
 
@@ -83,11 +70,9 @@ def link(person: str, accounts: tuple[str, ...], as_json: bool) -> None:
 def unlink(account: str, as_json: bool) -> None:
     """Unlink one ACCOUNT (SOURCE:ID, or the SOURCE:HANDLE it was linked by)."""
     setup_logging("WARNING")
-    ref = _accounts((account,))[0]
-    owner = run_with_pool(load_settings(), lambda pool: people.unlink(pool, ref))
-    outcome(
-        as_json, {"unlinked": str(ref), "person": owner}, f"{ref} is no longer linked to {owner}"
-    )
+    _accounts((account,))
+    answer = ops.call("users.unlink", account=account)
+    outcome(as_json, answer, f"{answer['unlinked']} is no longer linked to {answer['person']}")
 
 
 @users.command()
@@ -96,8 +81,8 @@ def unlink(account: str, as_json: bool) -> None:
 def remove(person: str, as_json: bool) -> None:
     """Forget PERSON and all their links (their past events keep their accounts)."""
     setup_logging("WARNING")
-    run_with_pool(load_settings(), lambda pool: people.remove(pool, person))
-    outcome(as_json, {"removed": person}, f"removed {person}")
+    answer = ops.call("users.remove", person=person)
+    outcome(as_json, answer, f"removed {person}")
 
 
 @users.command(name="list")
@@ -105,7 +90,7 @@ def remove(person: str, as_json: bool) -> None:
 def list_(as_json: bool) -> None:
     """Show every person and their linked accounts."""
     setup_logging("WARNING")
-    everyone = run_with_pool(load_settings(), people.everyone)
+    everyone = ops.call("users.list")
     if as_json:
         click.echo(json.dumps(everyone, indent=2))
         return

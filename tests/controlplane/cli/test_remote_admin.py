@@ -199,8 +199,14 @@ async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
         assert odd.returncode == 1
         assert "is not a trigger id" in odd.stderr
 
+        # People, linked by the deployment (which looks handles up with its own keys).
+        linked = json.loads(laptop.ok("users", "link", "bob", "web:admin", "--json"))
+        assert linked == {"person": "bob", "linked": ["web:admin"]}
+        assert json.loads(laptop.ok("users", "list", "--json")) == {"bob": ["web:admin"]}
+        assert "removed bob" in laptop.ok("users", "remove", "bob")
+
         # A command with no HTTP API yet says so, instead of reaching for a database.
-        refused = laptop.run("users", "list")
+        refused = laptop.run("prompts", "show", "router")
         assert refused.returncode == 1
         assert "works on the database only" in refused.stderr
         assert "--context local" in refused.stderr
