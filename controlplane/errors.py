@@ -7,6 +7,8 @@ who will read them: what went wrong and what to do about it. They never carry se
 
 from __future__ import annotations
 
+import importlib.util
+
 
 class SuperagentError(Exception):
     """Base of every error the control plane raises on purpose."""
@@ -38,6 +40,28 @@ class DatabaseNotMigrated(ConfigError):
         )
         self.current = current
         self.expected = expected
+
+
+class MissingExtra(ConfigError):
+    """What is configured needs an optional part of the install (an extra) that is missing."""
+
+    code = "missing_extra"
+
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(
+            f"{what} needs the {extra!r} extra, which is not installed: "
+            f"pip install 'superagent-server[{extra}]'"
+        )
+        self.extra = extra
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Raise :class:`MissingExtra` unless ``module`` (one the extra installs) can be imported.
+
+    Looked up, not imported: the check costs nothing when the module is there.
+    """
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtra(what, extra)
 
 
 class InvalidInput(SuperagentError):

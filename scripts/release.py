@@ -43,7 +43,7 @@ GENERIC = {"tests", "test", "shared", "proto", "bench", "scripts", "docs", "depl
 # The server's dependencies that the daemon may also have: the wire (the stubs need these
 # runtimes) and the CLI library. Every other dependency of the server is the control
 # plane's, and a laptop that installs the daemon must not get it.
-SHARED_WITH_DAEMON = {"grpcio", "protobuf", "click"}
+SHARED_WITH_DAEMON = {"grpcio", "protobuf", "click", "cryptography"}
 # What the two distributions are built from, relative to the repository root.
 SOURCES = ("pyproject.toml", "README.md", "controlplane", "endpointd", "shared", "proto")
 LEFTOVERS = shutil.ignore_patterns(

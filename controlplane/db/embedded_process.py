@@ -39,8 +39,9 @@ def bin_dir() -> Path:
     spec = importlib.util.find_spec("pgserver")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
-            "the embedded database needs the pgserver wheel (pip install pgserver), "
-            "or set DATABASE_URL to a Postgres server"
+            "the embedded database needs the 'embedded' extra, which is not installed: "
+            "pip install 'superagent-server[embedded]' (or set DATABASE_URL to a Postgres "
+            "server)"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 

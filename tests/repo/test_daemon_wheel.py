@@ -26,7 +26,15 @@ from packaging.version import Version
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # hyperscan: the secret redactor's matcher (every byte that leaves the device passes it).
-DAEMON_DEPENDENCIES = {"grpcio", "protobuf", "keyring", "cryptography", "click", "hyperscan"}
+DAEMON_DEPENDENCIES = {
+    "grpcio",
+    "protobuf",
+    "keyring",
+    "cryptography",
+    "click",
+    "hyperscan",
+    "pathspec",  # .gitignore matching (endpointd/commands/globs.py)
+}
 # Control-plane dependencies named explicitly, so a failure says exactly what leaked in.
 CONTROL_PLANE_ONLY = {"fastapi", "sqlalchemy", "asyncpg", "openai", "uvicorn", "pgserver"}
 TOP_LEVEL_PACKAGES = {"endpointd", "superagent_shared", "superagent_proto"}

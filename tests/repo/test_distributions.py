@@ -186,3 +186,38 @@ def test_built_artifacts_are_never_committed() -> None:
             ["git", "check-ignore", "-q", path], cwd=REPO_ROOT, capture_output=True
         )
         assert ignored.returncode == 0, f"{path} is not in .gitignore"
+
+
+# The extras (pyproject.toml): what only some installs need, never in the core.
+EXTRA_MODULES = ("pgserver", "nio", "lark_oapi")
+
+
+def test_server_core_install_has_no_extras_and_up_names_the_one_it_needs(
+    distributions: Distributions, tmp_path: Path
+) -> None:
+    """`pip install superagent-server`, as a `serve` image has it: no embedded Postgres, no
+    Matrix or Lark SDK; every channel still imports, and `superagent up` (embedded
+    defaults) says in one line which extra to install instead of a traceback."""
+    bin_dir = fresh_venv(
+        tmp_path / "venv", distributions.server.wheel, find_links=distributions.out
+    )
+    assert _absent(tmp_path, bin_dir, EXTRA_MODULES) == []
+    _in_empty_dir(tmp_path, bin_dir, "python", "-P", "-c", "import controlplane.channels.registry")
+    env = clean_environment()
+    for name in list(env):
+        if name.startswith(("SUPERAGENT_", "DATABASE_URL", "OPENAI_")):
+            del env[name]
+    env["SUPERAGENT_STATE_DIR"] = str(tmp_path / "state")
+    proc = subprocess.run(
+        [str(bin_dir / "superagent"), "up"],
+        cwd=tmp_path / "cwd",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), proc.stderr
+    assert "pip install 'superagent-server[embedded]'" in last, proc.stderr

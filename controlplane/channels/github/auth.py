@@ -14,7 +14,6 @@ Keys and tokens live in memory only: never in logs, error messages or the databa
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
 from abc import ABC, abstractmethod
@@ -24,8 +23,9 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from controlplane.channels.base import ChannelError
 from controlplane.channels.github.errors import body_of, raise_for_status
@@ -82,20 +82,15 @@ def load_private_key(pem: bytes) -> rsa.RSAPrivateKey:
     return key
 
 
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
 def app_jwt(app_id: str, key: rsa.RSAPrivateKey, now: float) -> str:
-    """The JWT GitHub expects from an App (RS256)."""
+    """The JWT GitHub expects from an App (RS256), signed by PyJWT.
+
+    Through its JWS layer: ``jwt.encode`` refuses a numeric ``iss``, which GitHub documents
+    (the app id) and takes."""
     issuer: int | str = int(app_id) if app_id.isdigit() else app_id  # id, or the client id
-    header = {"alg": "RS256", "typ": "JWT"}
     claims = {"iat": int(now) - JWT_BACKDATE, "exp": int(now) + JWT_LIFETIME, "iss": issuer}
-    signing_input = ".".join(
-        _b64url(json.dumps(part, separators=(",", ":")).encode()) for part in (header, claims)
-    )
-    signature = key.sign(signing_input.encode("ascii"), padding.PKCS1v15(), hashes.SHA256())
-    return f"{signing_input}.{_b64url(signature)}"
+    payload = json.dumps(claims, separators=(",", ":")).encode()
+    return jwt.PyJWS().encode(payload, key, algorithm="RS256")
 
 
 def _expiry(value: Any) -> float:

@@ -46,8 +46,7 @@ def signature_valid(secret: bytes, body: bytes, header: str | None) -> bool:
     """``X-Hub-Signature-256`` against the raw body, compared in constant time."""
     if not header or not header.startswith("sha256="):
         return False
-    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), header.encode())
+    return hmac.compare_digest(sign(secret, body).encode(), header.encode())
 
 
 def sign(secret: bytes, body: bytes) -> str:

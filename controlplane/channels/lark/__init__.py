@@ -7,8 +7,10 @@
 * :mod:`.client`: Lark's Open API (access token, replies, reactions, the bot's identity);
 * :mod:`.adapter`: :class:`~.adapter.LarkAdapter`, where it comes together.
 
-``lark_oapi`` takes seconds to import (it loads every API it has), so this module imports
-none of it: the rest of the package is loaded only when Lark is configured.
+Only the long connection uses Lark's SDK (``lark_oapi``, the ``lark`` extra:
+``pip install 'superagent-server[lark]'``); callbacks and the Open API need nothing beyond
+the core install. The SDK takes seconds to import (it loads every API it has), so only
+:mod:`.receiver` imports it, when the long connection starts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
 from controlplane.channels.lark.routes import router
+from controlplane.errors import require_extra
 
 __all__ = ["build_adapter", "router"]
 
@@ -29,6 +32,10 @@ def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:
     settings = ctx.settings.lark
     if settings.app_id is None or settings.app_secret is None:
         return None
+    if settings.long_connection:
+        require_extra(
+            "lark_oapi", "lark", "Lark's long connection (SUPERAGENT_LARK__LONG_CONNECTION)"
+        )
     from controlplane.channels.lark.adapter import LarkAdapter
 
     if settings.verification_token is None and not settings.long_connection:

@@ -22,12 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from lark_oapi.api.im.v1 import (
-    CreateMessageReactionRequestBody,
-    Emoji,
-    ReplyMessageRequestBody,
-)
-from lark_oapi.core.json import JSON
 
 from controlplane.channels.base import ChannelError, RateLimited
 from controlplane.errors import TransientError
@@ -101,27 +95,25 @@ class LarkApi:
         ``uuid`` makes a retry idempotent on Lark's side (for an hour): the same uuid posts
         the message once.
         """
-        body = (
-            ReplyMessageRequestBody.builder()
-            .msg_type("text")
-            .content(json.dumps({"text": text}, ensure_ascii=False))
-            .reply_in_thread(True)
-            .uuid(uuid)
-            .build()
-        )
+        body = {
+            "msg_type": "text",
+            "content": json.dumps({"text": text}, ensure_ascii=False),
+            "reply_in_thread": True,
+            "uuid": uuid,
+        }
         data = await self._call(
-            "POST", f"/open-apis/im/v1/messages/{message_id}/reply", body=JSON.marshal(body)
+            "POST",
+            f"/open-apis/im/v1/messages/{message_id}/reply",
+            body=json.dumps(body, ensure_ascii=False),
         )
         return str((data.get("data") or {}).get("message_id") or "")
 
     async def react(self, message_id: str, emoji_type: str) -> None:
-        body = (
-            CreateMessageReactionRequestBody.builder()
-            .reaction_type(Emoji.builder().emoji_type(emoji_type).build())
-            .build()
-        )
+        body = {"reaction_type": {"emoji_type": emoji_type}}
         await self._call(
-            "POST", f"/open-apis/im/v1/messages/{message_id}/reactions", body=JSON.marshal(body)
+            "POST",
+            f"/open-apis/im/v1/messages/{message_id}/reactions",
+            body=json.dumps(body, ensure_ascii=False),
         )
 
     async def bot_info(self) -> BotInfo:

@@ -10,6 +10,12 @@ The SDK keeps its loop in a module global (``lark_oapi.ws.client.loop``, capture
 import, possibly this process's running loop); it is replaced once by a proxy that resolves
 to the calling thread's loop, so the client only ever touches its own thread's loop.
 
+This is the one part of the channel that uses the SDK (``lark-oapi``, the ``lark`` extra):
+the long connection's framing is the SDK's own protocol, which it implements and we do not.
+The callbacks (:mod:`.callback`) and the Open API calls (:mod:`.client`) are plain HTTPS,
+JSON and AES, done on what the control plane has anyway. So the SDK is imported here only,
+when the long connection runs, and ``build_adapter`` refuses a long connection without it.
+
 The SDK has no stop: the service stops the client's loop from outside (``loop.stop``), then
 cancels what was left on it and closes the socket. If the client gives up (bad credentials,
 too many connections) the thread ends and the service starts it again with backoff.
@@ -26,10 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
-
-import lark_oapi
-import lark_oapi.ws.client as lark_ws
-from lark_oapi.core.enum import LogLevel
 
 from controlplane.channels.lark.events import MESSAGE_EVENT
 from controlplane.errors import InvalidInput, TransientError
@@ -62,6 +64,8 @@ _install_lock = threading.Lock()
 
 
 def _install_thread_loop() -> None:
+    import lark_oapi.ws.client as lark_ws
+
     with _install_lock:
         if not isinstance(lark_ws.loop, _ThreadLoop):
             lark_ws.loop = _ThreadLoop(lark_ws.loop)
@@ -130,6 +134,9 @@ class LongConnection(Service):
         error: BaseException | None = None
         client: Any = None
         try:
+            import lark_oapi
+            from lark_oapi.core.enum import LogLevel
+
             with self._lock:
                 if self._halt.is_set():
                     return
@@ -163,6 +170,8 @@ class LongConnection(Service):
 
     def _on_event(self, event: Any, main: asyncio.AbstractEventLoop) -> None:
         """Called by the SDK on the client's thread; raising makes Lark redeliver."""
+        import lark_oapi
+
         payload = json.loads(lark_oapi.JSON.marshal(event))
         future: concurrent.futures.Future[object] = asyncio.run_coroutine_threadsafe(
             self._handle(payload), main

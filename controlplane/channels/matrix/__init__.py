@@ -5,6 +5,10 @@
 * :mod:`.adapter`: replies and 👀 reactions.
 * :mod:`.client`: login and the one place nio's results become this project's errors.
 
+matrix-nio is the ``matrix`` extra (``pip install 'superagent-server[matrix]'``): the
+package's modules are imported only when Matrix is configured, and without it a configured
+Matrix stops the start with that line.
+
 Setup for users: docs/channels/matrix.md.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 from controlplane.channels.base import ChannelAdapter
 from controlplane.channels.context import ChannelContext
-from controlplane.channels.matrix.adapter import MatrixAdapter
+from controlplane.errors import require_extra
 
 # No routes: Matrix needs no inbound HTTP endpoint, the bot syncs from its homeserver.
 
@@ -22,4 +26,7 @@ def build_adapter(ctx: ChannelContext) -> ChannelAdapter | None:
     settings = ctx.settings.matrix
     if settings.homeserver is None:
         return None
+    require_extra("nio", "matrix", "Matrix (SUPERAGENT_MATRIX__HOMESERVER)")
+    from controlplane.channels.matrix.adapter import MatrixAdapter
+
     return MatrixAdapter(settings, ctx.intake, ctx.pool)

@@ -1,25 +1,28 @@
 """Glob patterns and ``.gitignore`` rules, as a search and a glob op match paths.
 
-One translation (:func:`translate`) serves both, so ``search(glob="*.py")``, ``glob("*.py")``
-and a ``.gitignore`` line ``*.py`` mean the same thing: ``*`` and ``?`` stay within one path
-component, ``**`` spans any number of them, ``[...]`` is a character class, ``{a,b}`` an
-alternative, and a pattern without a ``/`` matches a file's name at any depth (as
-ripgrep's ``-g`` and git do); with one, it matches the whole path relative to where it is
-anchored.
+A glob (:func:`translate`), so ``search(glob="*.py")`` and ``glob("*.py")`` mean what a
+``.gitignore`` line ``*.py`` does: ``*`` and ``?`` stay within one path component, ``**``
+spans any number of them, ``[...]`` is a character class, ``{a,b}`` an alternative, and a
+pattern without a ``/`` matches a file's name at any depth (as ripgrep's ``-g`` and git
+do); with one, it matches the whole path relative to where it is anchored.
 
-``.gitignore`` files are honoured as git documents them (gitignore(5)): ``#`` comments,
-``!`` re-includes, a trailing ``/`` matches directories only, the last matching line wins
-and a deeper file's lines come after a shallower one's. Not read: ``.git/info/exclude``
-and ``core.excludesFile``, which live outside the searched tree.
+``.gitignore`` files are honoured as git documents them (gitignore(5)), by ``pathspec``'s
+``GitIgnoreSpec`` (checked against ``git check-ignore`` itself,
+tests/endpointd/commands/test_gitignore_differential.py): ``#`` comments, ``!`` re-includes,
+a trailing ``/`` matches directories only, the last matching line wins; a deeper file's
+verdict comes before a shallower one's, and the walk does not enter an ignored directory.
+Not read: ``.git/info/exclude`` and ``core.excludesFile``, which live outside the searched
+tree.
 
-Standard library only; no file access (the walk reads ``.gitignore`` files and hands their
-text here).
+No file access (the walk reads ``.gitignore`` files and hands their text here).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import pathspec
 
 # Lines longer than this in a .gitignore are no pattern anyone wrote by hand.
 _MAX_RULE = 4096
@@ -119,28 +122,26 @@ class PathGlob:
 
 
 @dataclass(frozen=True)
-class _Rule:
-    regex: re.Pattern[str]
-    negate: bool
-    dir_only: bool
-    anchored: bool  # matched against the path from the .gitignore's directory
-
-
-@dataclass(frozen=True)
 class IgnoreFile:
     """The rules of one ``.gitignore``, anchored at its directory (``base``, a real path)."""
 
     base: str
-    rules: tuple[_Rule, ...]
+    spec: pathspec.GitIgnoreSpec
 
     @classmethod
     def parse(cls, base: str, text: str) -> IgnoreFile:
-        rules: list[_Rule] = []
-        for raw in text.splitlines():
-            rule = _rule(raw)
-            if rule is not None:
-                rules.append(rule)
-        return cls(base, tuple(rules))
+        lines = [line[:_MAX_RULE] for line in text.splitlines()]
+        try:
+            spec = pathspec.GitIgnoreSpec.from_lines(lines)
+        except ValueError:
+            # A line git would not match either (an invalid pattern): dropped, and the rest
+            # kept, one at a time.
+            spec = pathspec.GitIgnoreSpec.from_lines(_valid_lines(lines))
+        return cls(base, spec)
+
+    @property
+    def empty(self) -> bool:
+        return not any(p.include is not None for p in self.spec.patterns)
 
     def verdict(self, real: str, is_dir: bool) -> bool | None:
         """True: ignored; False: re-included (``!``); None: no rule here says."""
@@ -148,38 +149,36 @@ class IgnoreFile:
         if not real.startswith(prefix):
             return None
         rel = real[len(prefix) :]
-        name = rel.rpartition("/")[2]
-        for rule in reversed(self.rules):
-            if rule.dir_only and not is_dir:
+        # Pattern by pattern, the last match winning, rather than spec.check_file, whose
+        # verdicts are for files below a directory too: here only the entry itself counts
+        # (the walk prunes what is below an ignored directory, and a directory the caller
+        # names is searched even if ignored). So a directory is tested with a trailing "/"
+        # only against directory-only patterns ("logs/**", everything beneath, must not
+        # take "logs" itself), and a match through a directory above the entry (pathspec's
+        # "ps_d" group, ending before the path does) is not the entry's.
+        for pattern in reversed(self.spec.patterns):
+            if pattern.include is None or pattern.regex is None:
+                continue  # a comment or a blank line
+            dir_only = str(pattern.pattern).rstrip(" ").endswith("/")
+            candidate = rel + "/" if is_dir and dir_only else rel
+            match = pattern.regex.match(candidate)
+            if match is None:
                 continue
-            if rule.regex.fullmatch(rel if rule.anchored else name):
-                return not rule.negate
+            if "ps_d" in match.re.groupindex and -1 < match.end("ps_d") < len(candidate):
+                continue
+            return bool(pattern.include)
         return None
 
 
-def _rule(raw: str) -> _Rule | None:
-    line = raw[:_MAX_RULE]
-    if not line.strip() or line.startswith("#"):
-        return None
-    # Trailing spaces are dropped unless escaped with a backslash.
-    stripped = line.rstrip(" ")
-    if stripped.endswith("\\") and len(stripped) < len(line):
-        stripped += " "
-    line = stripped
-    negate = line.startswith("!")
-    # A backslash before "!" or "#" makes it part of the name.
-    if negate or line.startswith(("\\!", "\\#")):
-        line = line[1:]
-    dir_only = line.endswith("/")
-    line = line.rstrip("/")
-    if not line:
-        return None
-    anchored = "/" in line
-    try:
-        regex = re.compile(translate(line.lstrip("/")), re.DOTALL)
-    except re.error:
-        return None  # a line git would not match either: skipped
-    return _Rule(regex, negate, dir_only, anchored)
+def _valid_lines(lines: list[str]) -> list[str]:
+    valid = []
+    for line in lines:
+        try:
+            pathspec.GitIgnoreSpec.from_lines([line])
+        except ValueError:
+            continue
+        valid.append(line)
+    return valid
 
 
 class Ignores:
@@ -189,7 +188,7 @@ class Ignores:
         self.files = files
 
     def with_file(self, file: IgnoreFile | None) -> Ignores:
-        return self if file is None or not file.rules else Ignores((*self.files, file))
+        return self if file is None or file.empty else Ignores((*self.files, file))
 
     def ignored(self, real: str, is_dir: bool) -> bool:
         """Is ``real`` ignored? The deepest file with a matching rule decides."""
