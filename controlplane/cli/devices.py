@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import asyncpg
 import click
 
+from controlplane.cli import ops
 from controlplane.cli.common import (
     clear_errors,
     json_option,
@@ -201,28 +202,13 @@ def show(device: str, as_json: bool) -> None:
     """One device (name or id): owner, shares, status, sandbox, the repositories it
     reports under its allowed roots (which tickets for a repository are routed by), and the
     coding-agent CLIs (harnesses) it has and allows, which can work its tickets."""
-    settings = load_settings()
-
-    async def work(
-        pool: asyncpg.Pool,
-    ) -> tuple[
-        device_registry.DeviceView,
-        list[repositories.StoredRepository],
-        tuple[list[dict[str, Any]], str],
-    ]:
-        view = await device_registry.find(pool, device)
-        clones = await repositories.of_device(pool, view.id)
-        return view, clones, await repositories.harnesses_of(pool, view.id)
-
-    view, clones, (harnesses, default) = run_with_pool(settings, work)
+    shown = ops.call("devices.show", device=device)
     if as_json:
-        shown = asdict(view) | {
-            "repositories": [asdict(clone) for clone in clones],
-            "harnesses": harnesses,
-            "default_harness": default or None,
-        }
-        click.echo(json.dumps(shown, default=str, indent=2))
+        click.echo(json.dumps(shown, indent=2))
         return
+    view = device_registry.DeviceView.from_json(shown)
+    clones = [_clone(c) for c in shown["repositories"]]
+    harnesses, default = shown["harnesses"], shown["default_harness"] or ""
     status = "revoked" if view.revoked else ("online" if view.online else "offline")
     for label, value in (
         ("device", f"{view.name} ({view.id})"),
@@ -270,23 +256,14 @@ def _grantees_option(help_text: str) -> Callable[[FC], FC]:
     )
 
 
-def _change_shares(
-    device: str,
-    grantees: tuple[str, ...],
-    change: Callable[[asyncpg.Pool, str, str], Awaitable[access.Device]],
-) -> access.Device:
-    """Find DEVICE (name or id) and apply ``change`` for each grantee in turn; the device as
-    the last change left it. share and unshare differ only in the change and in what they
-    print, so the lookup, the pool and the error handling are the same for both."""
-    settings = load_settings()
-
-    async def work(pool: asyncpg.Pool) -> access.Device:
-        found = await access.device(pool, device)
-        for grantee in grantees:
-            found = await change(pool, found.id, grantee)
-        return found
-
-    return run_with_pool(settings, work)
+def _clone(data: dict[str, Any]) -> repositories.StoredRepository:
+    return repositories.StoredRepository(
+        path=data["path"],
+        remote=data["remote"],
+        owner_name=data["owner_name"],
+        default_branch=data["default_branch"],
+        reported_at=datetime.fromisoformat(data["reported_at"]),
+    )
 
 
 @devices.command()
@@ -304,20 +281,12 @@ def share(device: str, grantees: tuple[str, ...], as_json: bool) -> None:
       superagent devices share alice-laptop --with bob
       superagent devices share build-box --with group:github:acme/devs
     """
-
-    async def share_as_cli(pool: asyncpg.Pool, device_id: str, grantee: str) -> access.Device:
-        return await access.share(pool, device_id, grantee, by="cli")
-
-    found = _change_shares(device, grantees, share_as_cli)
+    found = ops.call("devices.share", device=device, grantees=list(grantees))
     outcome(
         as_json,
-        _shares(found),
-        f"{found.name} (owner {found.owner}) is shared with {', '.join(found.shares)}",
+        found,
+        f"{found['name']} (owner {found['owner']}) is shared with {', '.join(found['shares'])}",
     )
-
-
-def _shares(found: access.Device) -> dict[str, Any]:
-    return {"id": found.id, "name": found.name, "owner": found.owner, "shares": found.shares}
 
 
 @devices.command()
@@ -326,11 +295,9 @@ def _shares(found: access.Device) -> dict[str, Any]:
 @json_option
 def unshare(device: str, grantees: tuple[str, ...], as_json: bool) -> None:
     """Take back shares of DEVICE: their tickets' next commands there are refused."""
-    found = _change_shares(device, grantees, access.unshare)
-    rest = ", ".join(found.shares) or "nobody else"
-    outcome(
-        as_json, _shares(found), f"{found.name} (owner {found.owner}) is now shared with {rest}"
-    )
+    found = ops.call("devices.unshare", device=device, grantees=list(grantees))
+    rest = ", ".join(found["shares"]) or "nobody else"
+    outcome(as_json, found, f"{found['name']} (owner {found['owner']}) is now shared with {rest}")
 
 
 @devices.command()

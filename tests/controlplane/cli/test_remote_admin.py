@@ -163,6 +163,17 @@ async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
         )
         assert issued_by == "alice"
 
+        shared = json.loads(
+            laptop.ok("devices", "share", device.name, "--with", "github:4242", "--json")
+        )
+        assert shared["shares"] == ["github:4242"]
+        by = await pool.fetchval(
+            "SELECT created_by FROM device_shares WHERE device_id = $1", device.id
+        )
+        assert by == "alice"
+        assert "github:4242" in laptop.ok("devices", "show", device.name)
+        unshared = laptop.ok("devices", "unshare", device.name, "--with", "github:4242")
+        assert "shared with nobody else" in unshared
         names = [d["name"] for d in json.loads(laptop.ok("devices", "list", "--json"))]
         assert device.name in names
         assert "revoked" in laptop.ok("devices", "revoke", device.name)
