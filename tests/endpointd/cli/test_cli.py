@@ -64,6 +64,7 @@ def test_help_lists_commands_and_explains_the_daemon() -> None:
         "workspaces",
         "harness",
         "sandbox",
+        "completion",
     }
     # The security property a user most needs to know before installing it.
     assert "never listens for or accepts inbound" in " ".join(proc.stdout.split())
