@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import click
 
@@ -19,7 +19,17 @@ if TYPE_CHECKING:
 # ---------------------------------------------------------------------------- credentials
 
 
-@cli.group()
+class _Creds(click.Group):
+    """``remove`` is the delete verb of both programs; ``rm``, its old name here, still
+    answers, neither listed nor taught."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"rm": "remove"}
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, self.ALIASES.get(cmd_name, cmd_name))
+
+
+@cli.group(cls=_Creds)
 def creds() -> None:
     """Store credentials the agent may use without ever seeing them.
 
@@ -40,7 +50,7 @@ def creds() -> None:
       gh auth token | endpointd creds add github-token
       gh auth token | endpointd creds add github-token --store file   # no keyring here
       endpointd creds list
-      endpointd creds rm github-token
+      endpointd creds remove github-token
     """
 
 
@@ -219,10 +229,10 @@ def creds_list(as_json: bool) -> None:
         click.echo(f"{row['name']}\n  scope: {scope}\n  {used}\n  store: {where}")
 
 
-@creds.command("rm")
+@creds.command("remove")
 @click.argument("name")
 @json_option()
-def creds_rm(name: str, as_json: bool) -> None:
+def creds_remove(name: str, as_json: bool) -> None:
     """Delete a credential from its store (the OS keyring or its file) and from
     endpointd's list.
 

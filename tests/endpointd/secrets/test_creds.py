@@ -149,14 +149,14 @@ def test_add_from_stdin_list_touch_and_remove(device: Device) -> None:
     (stored,) = device.files(device.keyring_data)
     assert stored.is_relative_to(device.keyring_data)
 
-    removed = device.cli("creds", "rm", "github-token")
+    removed = device.cli("creds", "remove", "github-token")
     assert removed.returncode == 0, removed.stderr
     assert device.python("print(store.get('github-token'))") == "None\n"
     rows = {row["name"]: row for row in json.loads(device.cli("creds", "list", "--json").stdout)}
     # Its scope is still in the policy, so it is listed as not stored.
     assert rows["github-token"]["stored"] is False
     assert "NOT STORED" in device.cli("creds", "list").stdout
-    again = device.cli("creds", "rm", "github-token")
+    again = device.cli("creds", "rm", "github-token")  # the old name still answers
     assert "no credential named github-token" in one_line_error(again)
 
 
@@ -316,7 +316,7 @@ def test_add_and_rm_json_name_the_credential_never_its_value(device: Device) -> 
     assert stored["scope"] is None  # no command may receive it yet
     assert Path(stored["file"]).is_file()
 
-    removed = device.cli("creds", "rm", "github-token", "--json")
+    removed = device.cli("creds", "remove", "github-token", "--json")
     assert removed.returncode == 0, removed.stderr
     assert json.loads(removed.stdout) == {"removed": True, "name": "github-token"}
     rows = json.loads(device.cli("creds", "list", "--json").stdout)

@@ -159,7 +159,7 @@ def test_store_file_keeps_a_0600_file_in_a_0700_dir_and_the_daemon_reads_it(box:
     assert "store: file " in listed.stdout
     assert str(stored) in listed.stdout
 
-    removed = box.cli("creds", "rm", "tok")
+    removed = box.cli("creds", "remove", "tok")
     assert removed.returncode == 0, removed.stderr
     assert not stored.exists()
     assert box.get("tok") == "None"
@@ -229,8 +229,8 @@ def test_both_stores_are_listed_and_removed(box: Box) -> None:
     assert (box.files_dir / "ring-tok").exists()
 
     # A file-store credential is removed without any keyring.
-    assert box.cli("creds", "rm", "file-tok").returncode == 0
-    assert box.cli("creds", "rm", "ring-tok").returncode == 0
+    assert box.cli("creds", "remove", "file-tok").returncode == 0
+    assert box.cli("creds", "remove", "ring-tok").returncode == 0
     assert json.loads(box.cli("creds", "list", "--json").stdout) == []
     assert list(box.files_dir.iterdir()) == []
 
