@@ -40,14 +40,20 @@ class Remote:
         self.context = context
 
     def get(self, path: str, **params: Any) -> Any:
-        return self._request("GET", path, params=params)
+        return self._request("GET", path, params=params).json()
+
+    def text(self, path: str) -> str:
+        """A plain-text answer (a worker's message, whole)."""
+        return str(self._request("GET", path, accept="text/plain").text)
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self._request("POST", path, json=body or {})
+        return self._request("POST", path, json=body or {}).json()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(
+        self, method: str, path: str, accept: str = "application/json", **kwargs: Any
+    ) -> httpx.Response:
         url = self.context.url.rstrip("/") + path
-        headers = {"Authorization": f"Bearer {self.context.token}", "Accept": "application/json"}
+        headers = {"Authorization": f"Bearer {self.context.token}", "Accept": accept}
         try:
             with httpx.Client(timeout=TIMEOUT_SECONDS) as client:
                 response = client.request(method, url, headers=headers, **kwargs)
@@ -65,13 +71,13 @@ class Remote:
             )
         if response.status_code >= 400:
             raise RemoteError(_message(response), response.status_code)
-        try:
-            return response.json()
-        except ValueError:
+        answered = response.headers.get("content-type", "").split(";")[0].strip()
+        if answered != accept:
             raise RemoteError(
-                f"{url} answered {response.status_code} with something that is not JSON; "
-                "is that the control plane's address?"
-            ) from None
+                f"{url} answered {response.status_code} with {answered or 'no content type'}, "
+                f"not {accept}; is that the control plane's address?"
+            )
+        return response
 
 
 def _message(response: httpx.Response) -> str:

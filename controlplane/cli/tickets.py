@@ -164,7 +164,14 @@ def show(ticket: str, transcript: bool, as_json: bool) -> None:
 
 
 def _transcript(ticket: str, as_json: bool) -> None:
-    found = run_with_pool(load_settings(), lambda pool: timeline.timeline(pool, ticket))
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            answer = deployment.get(f"/console/api/tickets/{segment(ticket)}/timeline")
+        found = timeline.Timeline.from_json(answer)
+    else:
+        found = run_with_pool(load_settings(), lambda pool: timeline.timeline(pool, ticket))
     if as_json:
         click.echo(json.dumps(found.as_json(), indent=2))
         return
@@ -228,7 +235,17 @@ def recall(ticket: str, message: str, as_json: bool) -> None:
     """Print MESSAGE of TICKET's worker whole: the id a capped entry of
     `superagent tickets show TICKET --transcript` names (msg_…)."""
     setup_logging("WARNING")
-    text = run_with_pool(load_settings(), lambda pool: timeline.message_text(pool, ticket, message))
+    with clear_errors():
+        deployment = remote()
+    if deployment is not None:
+        with clear_errors():
+            text = deployment.text(
+                f"/console/api/tickets/{segment(ticket)}/messages/{segment(message)}"
+            )
+    else:
+        text = run_with_pool(
+            load_settings(), lambda pool: timeline.message_text(pool, ticket, message)
+        )
     outcome(as_json, {"ticket": ticket, "message": message, "text": text}, _printable(text))
 
 

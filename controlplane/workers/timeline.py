@@ -158,6 +158,48 @@ class Timeline:
             "rounds": [round_.as_json() for round_ in self.rounds],
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timeline:
+        """What :meth:`as_json` made (a deployment's answer over HTTP)."""
+        return cls(
+            ticket_id=data["ticket"],
+            title=data["title"],
+            state=data["state"],
+            earlier=data["earlier"],
+            rounds=tuple(_round(r) for r in data["rounds"]),
+        )
+
+
+def _round(data: dict[str, Any]) -> Round:
+    running = data["running"]
+    return Round(
+        id=data["id"],
+        number=data["number"],
+        woken_by=data["woken_by"],
+        slot=data["slot"],
+        outcome=None if running or data["outcome"] == "ended" else data["outcome"],
+        model_calls=data["model_calls"],
+        started=datetime.fromisoformat(data["started"]),
+        ended=None if data["ended"] is None else datetime.fromisoformat(data["ended"]),
+        entries=tuple(_entry(e) for e in data["entries"]),
+    )
+
+
+def _entry(data: dict[str, Any]) -> Entry:
+    return Entry(
+        kind=data["kind"],
+        who=data["who"],
+        text=data["text"],
+        message_id=data["recall"],
+        at=datetime.fromisoformat(data["at"]),
+        more=data["more"],
+        tool=data["tool"],
+        call_id=data["call_id"],
+        error=data["error"],
+        pending=data["pending"],
+        form=data["form"],
+    )
+
 
 # -- reading -------------------------------------------------------------------------------
 

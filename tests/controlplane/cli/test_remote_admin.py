@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -25,6 +26,7 @@ from controlplane.db import migrate
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.delivery import CommandDelivery
 from controlplane.tickets import reports
+from controlplane.workers import timeline
 from tests.support.helpers import assert_eventually, free_port, run_cli
 from tests.support.worker_harness import LocalDevice, ticket
 
@@ -148,6 +150,12 @@ async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
         assert [t["id"] for t in listed] == [waiting]
         assert listed[0]["state"] == "waiting_human"
         assert waiting in laptop.ok("tickets", "show", waiting)
+        transcript = laptop.ok("tickets", "show", waiting, "--transcript")
+        assert "upgrade the ORM" in transcript
+        assert "No rounds yet." in transcript
+        unknown = laptop.run("tickets", "recall", waiting, "msg_000000000000")
+        assert unknown.returncode == 1
+        assert "Traceback" not in unknown.stderr
 
         laptop.ok("tickets", "retry", waiting, "--note", "the database is back")
         retried = await pool.fetchval(
@@ -278,3 +286,33 @@ async def test_an_operation_refuses_what_it_does_not_know(served: str, empty_dat
     async with httpx.AsyncClient(base_url=served, timeout=30) as anonymous:
         refused = await anonymous.post("/console/api/ops/triggers.list", json={})
         assert refused.status_code == 401
+
+
+def test_a_timeline_read_over_http_is_the_one_written() -> None:
+    """`tickets show --transcript` over a context renders the timeline the deployment sent:
+    its JSON read back is the same timeline, every field."""
+    at = datetime(2026, 12, 8, 1, 2, 3, tzinfo=UTC)
+    call = timeline.Entry(
+        "call",
+        "worker",
+        '{"command": "ls"}',
+        "msg_aaaaaaaaaaaa",
+        at,
+        tool="shell",
+        call_id="c1",
+        pending=True,
+        form="fenced",
+    )
+    said = timeline.Entry("said", "worker", "done", "msg_bbbbbbbbbbbb", at, more="3 more lines")
+    result = timeline.Entry(
+        "result", "shell", "boom", "msg_cccccccccccc", at, tool="shell", call_id="c1", error=True
+    )
+    rounds = (
+        timeline.Round(
+            "asg_aaaaaaaaaaaa", 1, "new", "regular", "ready", 3, at, at, (call, result, said)
+        ),
+        timeline.Round("asg_bbbbbbbbbbbb", 2, "event", "regular", None, 0, at, None),
+        timeline.Round("asg_cccccccccccc", 3, "event", "regular", None, 1, at, at),
+    )
+    written = timeline.Timeline("tkt_aaaaaaaaaaaa", "fix it", "running", rounds, earlier=4)
+    assert timeline.Timeline.from_json(json.loads(json.dumps(written.as_json()))) == written
