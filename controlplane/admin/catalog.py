@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from controlplane.admin import devices, effects, ops, triggers, users  # noqa: F401 - each registers its own
+from controlplane.admin import devices, effects, ops, triggers, users, versioned  # noqa: F401 - each registers its own
 
 __all__ = ["ops"]

@@ -36,6 +36,10 @@ class Caller:
     pool: asyncpg.Pool
     settings: Settings
     by: str
+    # On the database itself (the CLI with its credentials), where a name the caller gives
+    # (--author) is as good as any: whoever holds the database can write any row. Over
+    # HTTP, who acts is the token's holder, whatever the request says.
+    local: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ from controlplane.cli.remote import remote, segment
 BY = "the CLI"  # who acts, on the database (over HTTP: the token's holder)
 
 
-def call(name: str, **params: Any) -> Any:
-    """Operation ``name``'s answer, wherever the command works (contexts: cli.contexts)."""
+def call(name: str, /, **params: Any) -> Any:
+    """Operation ``name``'s answer, wherever the command works (contexts: cli.contexts).
+    (Positional only: an operation may take a parameter called ``name``.)"""
     with clear_errors():
         over = remote()
     if over is not None:
         with clear_errors():
             return over.post(f"/console/api/ops/{segment(name)}", params)["result"]
     settings = load_settings()
-    return run_with_pool(settings, lambda pool: perform(name, params, Caller(pool, settings, BY)))
+    return run_with_pool(
+        settings, lambda pool: perform(name, params, Caller(pool, settings, BY, local=True))
+    )

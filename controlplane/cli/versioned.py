@@ -15,21 +15,18 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import click
 
-from controlplane import handles, prompts, versions
-from controlplane.cli.common import fail, json_option, load_settings, outcome, setup_logging
-from controlplane.cli.dbsession import run_with_pool
+from controlplane import prompts
+from controlplane.cli import ops
+from controlplane.cli.common import fail, json_option, outcome, setup_logging
 from controlplane.deployment import ago
-from controlplane.errors import InvalidInput
 from controlplane.ingest import admission
-from controlplane.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -65,33 +62,6 @@ def _keep(text: str, suffix: str) -> Path:
     return Path(name)
 
 
-def _policy_text(body: Any) -> str:
-    return json.dumps(body, indent=2, sort_keys=False) + "\n"
-
-
-def _policy_body(text: str) -> Any:
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    # Validated, then stored as written out by the model: defaults filled in, so every
-    # version is complete on its own.
-    return admission.parse(body).model_dump(mode="json")
-
-
-def _resolve_policy(settings: Settings, body: Any) -> Any:
-    """The policy with its handles replaced by ids, looked up before any transaction."""
-
-    async def work(pool: asyncpg.Pool) -> tuple[Any, list[str]]:
-        async with handles.Resolver(settings, pool) as resolver:
-            return await resolver.policy(body)
-
-    resolved, notes = run_with_pool(settings, work)
-    for note in notes:
-        click.echo(f"resolved {note}", err=True)
-    return resolved
-
-
 @click.group(name="admission")
 def policy() -> None:
     """Show and edit who may ask the agent for what, per source (the admission policy).
@@ -111,12 +81,8 @@ def policy() -> None:
 def policy_show(version_id: str | None, as_json: bool) -> None:
     """Print the policy as JSON (its version goes to stderr; with --json, the version and
     the policy in one document)."""
-    shown = _show(versions.POLICY, admission.POLICY_NAME, version_id, _policy_default)
+    shown = _show("policy", admission.POLICY_NAME, version_id)
     _print(shown, "policy", as_json, json.loads(shown.text))
-
-
-def _policy_default() -> str:
-    return _policy_text(admission.Admission().model_dump(mode="json"))
 
 
 @policy.command(name="edit")
@@ -134,19 +100,7 @@ def _policy_default() -> str:
 @json_option
 def policy_edit(path: str | None, base_id: str | None, author: str, as_json: bool) -> None:
     """Edit the policy in $EDITOR (or save a file) as a new version."""
-    _edit(
-        as_json,
-        versions.POLICY,
-        admission.POLICY_NAME,
-        path=path,
-        base_id=base_id,
-        author=author,
-        default=_policy_default,
-        to_body=_policy_body,
-        to_text=_policy_text,
-        suffix=".json",
-        prepare=_resolve_policy,
-    )
+    _edit(as_json, "policy", admission.POLICY_NAME, path, base_id, author, ".json")
 
 
 @click.group(name="prompts")
@@ -169,7 +123,7 @@ _PROMPT_NAME = click.Choice(sorted(prompts.DEFAULTS))
 def prompts_show(name: str, version_id: str | None, as_json: bool) -> None:
     """Print a prompt (its version goes to stderr; with --json, the version and the text in
     one document)."""
-    shown = _show(versions.PROMPT, name, version_id, lambda: prompts.DEFAULTS[name] + "\n")
+    shown = _show("prompt", name, version_id)
     _print(shown, f"{name} prompt", as_json, shown.text)
 
 
@@ -183,49 +137,14 @@ def prompts_edit(
     name: str, path: str | None, base_id: str | None, author: str, as_json: bool
 ) -> None:
     """Edit a prompt in $EDITOR (or save a file) as a new version."""
-
-    def to_body(text: str) -> str:
-        if not text.strip():
-            raise InvalidInput("a prompt cannot be empty")
-        return text.rstrip("\n")
-
-    _edit(
-        as_json,
-        versions.PROMPT,
-        name,
-        path=path,
-        base_id=base_id,
-        author=author,
-        default=lambda: prompts.DEFAULTS[name] + "\n",
-        to_body=to_body,
-        to_text=lambda body: str(body) + "\n",
-        suffix=".md",
-    )
+    _edit(as_json, "prompt", name, path, base_id, author, ".md")
 
 
-def _text_of(kind: versions.Kind, row: versions.Version) -> str:
-    return _policy_text(row.body) if kind is versions.POLICY else row.body + "\n"
-
-
-def _show(
-    kind: versions.Kind,
-    name: str,
-    version_id: str | None,
-    default: Callable[[], str],
-) -> Shown:
-    async def work(pool: asyncpg.Pool) -> Shown:
-        row: versions.Version | None
-        if version_id is not None:
-            row = await versions.get(pool, kind, version_id)
-            if row.name != name:
-                raise InvalidInput(f"{version_id} is a version of {row.name}, not of {name}")
-        else:
-            row = await versions.latest(pool, kind, name)
-        if row is None:
-            return Shown(None, None, None, None, default())
-        return Shown(row.id, row.version, row.author, ago(row.created_at), _text_of(kind, row))
-
-    return run_with_pool(load_settings(), work)
+def _show(kind: str, name: str, version_id: str | None) -> Shown:
+    found = ops.call("versions.show", kind=kind, name=name, version=version_id)
+    created = found["created_at"]
+    age = ago(datetime.fromisoformat(created)) if created else None
+    return Shown(found["id"], found["version"], found["author"], age, found["text"])
 
 
 def _print(shown: Shown, what: str, as_json: bool, content: Any) -> None:
@@ -245,23 +164,19 @@ def _print(shown: Shown, what: str, as_json: bool, content: Any) -> None:
 
 def _edit(
     as_json: bool,
-    kind: versions.Kind,
+    kind: str,
     name: str,
-    *,
     path: str | None,
     base_id: str | None,
     author: str,
-    default: Callable[[], str],
-    to_body: Callable[[str], Any],
-    to_text: Callable[[Any], str],
     suffix: str,
-    prepare: Callable[[Settings, Any], Any] | None = None,
 ) -> None:
-    settings = load_settings()
+    """Edit in $EDITOR (or read ``path``), then save on the database or the deployment; a
+    refused edit is kept in a file, named, so nothing typed is lost."""
     if path is None:
         if base_id is not None:
             fail("--base goes with --file; in $EDITOR you edit the latest version")
-        current = _show(kind, name, None, default)
+        current = _show(kind, name, None)
         base_id = current.id
         edited = click.edit(current.text, extension=suffix, require_save=True)
         if edited is None or edited == current.text:
@@ -271,31 +186,18 @@ def _edit(
     else:
         text = _read_edit(path)
     try:
-        body = to_body(text)
-    except InvalidInput as exc:
-        kept = _keep(text, suffix) if path is None else Path(path)
-        fail(f"{exc.message}\nnothing saved; your text is in {kept}")
-    if prepare is not None:
-        try:
-            body = prepare(settings, body)
-        except SystemExit:  # the reason is printed already
-            kept = _keep(text, suffix) if path is None else Path(path)
-            click.echo(f"nothing saved; your text is in {kept}", err=True)
-            raise
-
-    async def work(pool: asyncpg.Pool) -> versions.Version:
-        return await versions.save(pool, kind, name=name, body=body, base_id=base_id, author=author)
-
-    try:
-        saved = run_with_pool(settings, work)
+        saved = ops.call(
+            "versions.save", kind=kind, name=name, text=text, base=base_id, author=author
+        )
     except SystemExit:
-        if path is None:
-            kept = _keep(to_text(body), suffix)
-            click.echo(f"your edit is kept in {kept}; apply it again with --file", err=True)
+        kept = _keep(text, suffix) if path is None else Path(path)
+        click.echo(f"nothing saved; your text is in {kept}", err=True)
         raise
+    for note in saved["resolved"]:
+        click.echo(f"resolved {note}", err=True)
     based = f"based on {base_id}" if base_id else "the first version"
     outcome(
         as_json,
-        {"saved": True, "name": name, "id": saved.id, "version": saved.version, "base": base_id},
-        f"saved {name} version {saved.version} ({saved.id}), {based}",
+        {k: saved[k] for k in ("saved", "name", "id", "version", "base")},
+        f"saved {name} version {saved['version']} ({saved['id']}), {based}",
     )

@@ -19,12 +19,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+import click
 import httpx
 import pytest
 
+from controlplane.cli import contexts, dbsession
 from controlplane.db import migrate
 from controlplane.db.urls import asyncpg_dsn
 from controlplane.gateway.delivery import CommandDelivery
+from controlplane.settings import Settings
 from controlplane.tickets import reports
 from controlplane.workers import timeline
 from tests.support.helpers import assert_eventually, free_port, run_cli
@@ -224,11 +227,29 @@ async def test_the_admin_commands_work_over_http_as_the_tokens_holder(
         assert json.loads(laptop.ok("users", "list", "--json")) == {"bob": ["web:admin"]}
         assert "removed bob" in laptop.ok("users", "remove", "bob")
 
-        # A command with no HTTP API yet says so, instead of reaching for a database.
-        refused = laptop.run("prompts", "show", "router")
-        assert refused.returncode == 1
-        assert "works on the database only" in refused.stderr
-        assert "--context local" in refused.stderr
+        # Who may ask, and the prompts: versions saved by the token's holder, whatever
+        # --author says; the policy's handles are the deployment's to resolve.
+        policy = json.loads(laptop.ok("admission", "show", "--json"))
+        assert policy["default"] is True
+        prompt = laptop.home / "router.md"
+        prompt.write_text("You are the router. Be brief.\n")
+        saved = json.loads(
+            laptop.ok(
+                "prompts", "edit", "router", "--file", str(prompt), "--author", "mallory", "--json"
+            )
+        )
+        assert saved["version"] == 1
+        author = await pool.fetchval(
+            "SELECT author FROM prompt_versions WHERE id = $1", saved["id"]
+        )
+        assert author == "alice"
+        assert laptop.ok("prompts", "show", "router") == "You are the router. Be brief.\n"
+        stale = laptop.run(
+            "prompts", "edit", "router", "--file", str(prompt), "--base", "prm_000000000000"
+        )
+        assert stale.returncode == 1
+        assert "nothing saved; your text is in" in stale.stderr
+
         # `--context local` is the database: here, nowhere.
         local = laptop.run("--context", "local", "tickets", "list")
         assert local.returncode == 1
@@ -316,3 +337,24 @@ def test_a_timeline_read_over_http_is_the_one_written() -> None:
     )
     written = timeline.Timeline("tkt_aaaaaaaaaaaa", "fix it", "running", rounds, earlier=4)
     assert timeline.Timeline.from_json(json.loads(json.dumps(written.as_json()))) == written
+
+
+def test_a_command_that_only_knows_the_database_refuses_a_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The safety net for a command added later without an HTTP path: with a context
+    chosen, it says so in one line instead of opening whatever database this shell names."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.setenv("SUPERAGENT_CONTEXT", "prod")
+    contexts.save(contexts.Context("prod", "https://agent.example.com", "sat_x"))
+
+    @click.command(name="newthing")
+    def newthing() -> None:
+        dbsession.run_with_pool(Settings(), lambda pool: pool.fetchval("SELECT 1"))
+
+    with pytest.raises(SystemExit) as exited:
+        newthing.main([], prog_name="superagent", standalone_mode=False)
+    assert exited.value.code == 1
+    said = capsys.readouterr().err
+    assert "works on the database only, not yet over a context's HTTP API (context prod)" in said
+    assert "--context local" in said
