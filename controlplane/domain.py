@@ -18,6 +18,7 @@ plain literal, which the CHECK constraint keeps honest on writes.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from enum import StrEnum
 
 __all__ = [
@@ -128,3 +129,9 @@ def sql_list(values: Iterable[str]) -> str:
 CLOSED_TICKET_SQL = sql_list(CLOSED_TICKET_STATES)
 TERMINAL_COMMAND_SQL = sql_list(TERMINAL_COMMAND_STATES)
 LIVE_COMMAND_SQL = sql_list(LIVE_COMMAND_STATES)
+
+
+def from_iso(value: str | None) -> datetime | None:
+    """A time as the JSON answers carry it (ISO 8601; None stays None): what a view's
+    ``from_json`` reads back from a deployment's answer over HTTP."""
+    return None if value is None else datetime.fromisoformat(value)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 import click
 
 from controlplane.cli import ops
 from controlplane.cli.common import json_option, outcome, setup_logging
+from controlplane.domain import from_iso
 from superagent_shared import table
 
 
@@ -28,10 +28,6 @@ def triggers() -> None:
       superagent triggers show trg_8f3k2q4m9x1a
       superagent triggers retry trg_8f3k2q4m9x1a
     """
-
-
-def _at(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value)
 
 
 @triggers.command(name="list")
@@ -57,7 +53,7 @@ def list_(undecidable: bool, limit: int, as_json: bool) -> None:
             row["id"],
             row["state"],
             f"{row['source']}:{row['thread']}",
-            f"{_at(row['created_at']):%Y-%m-%d %H:%M}",
+            f"{from_iso(row['created_at']):%Y-%m-%d %H:%M}",
             row["actor_name"],
             row["route_error"] or "",
         )
@@ -82,16 +78,16 @@ def show(trigger: str, as_json: bool) -> None:
     click.echo(f"{row['id']}: {row['verdict']} {row['kind']} from {row['actor_name']}")
     click.echo(f"  thread:   {row['thread_id']} ({row['source']}:{row['thread']})")
     click.echo(f"  state:    {row['state']}; route {row['route']}")
-    click.echo(f"  at:       {_at(row['created_at']):%Y-%m-%d %H:%M:%S} UTC")
+    click.echo(f"  at:       {from_iso(row['created_at']):%Y-%m-%d %H:%M:%S} UTC")
     if row["route_attempts"]:
         click.echo(f"  failed turns: {row['route_attempts']}, last: {row['route_error']}")
     if row["model_notice_at"] is not None:
         click.echo(
-            f"  told the model was unreachable: {_at(row['model_notice_at']):%Y-%m-%d %H:%M}"
+            f"  told the model was unreachable: {from_iso(row['model_notice_at']):%Y-%m-%d %H:%M}"
         )
     for failure in row["failures"]:
         mark = " (set aside)" if failure["quarantined"] else ""
-        at = _at(failure["created_at"])
+        at = from_iso(failure["created_at"])
         click.echo(f"  failure {at:%Y-%m-%d %H:%M:%S}: {failure['error']}{mark}")
     click.echo(f"  decision: {row['decision']}")
     for call in row["calls"]:
@@ -99,7 +95,7 @@ def show(trigger: str, as_json: bool) -> None:
         arguments = json.dumps(call["arguments"], ensure_ascii=False, default=str)
         arguments = arguments if len(arguments) <= 200 else arguments[:199] + "…"
         click.echo(
-            f"  call {_at(call['created_at']):%H:%M:%S} {said}{call['tool']} {arguments}: "
+            f"  call {from_iso(call['created_at']):%H:%M:%S} {said}{call['tool']} {arguments}: "
             f"{call['outcome']}"
         )
     text = " ".join(str(row["text"]).split())

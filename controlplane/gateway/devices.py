@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from controlplane.db.pool import Db, transaction
-from controlplane.domain import LIVE_COMMAND_STATES, Notify
+from controlplane.domain import LIVE_COMMAND_STATES, Notify, from_iso
 from controlplane.errors import NotFound
 
 # A stream sends heartbeats every 15 s and replicas batch last_seen writes every 5 s; a
@@ -57,7 +57,7 @@ class DeviceView:
             name=data["name"],
             owner=data["owner"],
             online=data["online"],
-            last_seen_at=_at(data["last_seen_at"]),
+            last_seen_at=from_iso(data["last_seen_at"]),
             queue_depth=data["queue_depth"],
             policy_hash=data["policy_hash"],
             sandbox=data["sandbox"],
@@ -65,13 +65,9 @@ class DeviceView:
             version=data["version"],
             revoked=data["revoked"],
             shares=tuple(data["shares"]),
-            repositories_reported_at=_at(data["repositories_reported_at"]),
+            repositories_reported_at=from_iso(data["repositories_reported_at"]),
             repositories_truncated=data["repositories_truncated"],
         )
-
-
-def _at(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value)
 
 
 # What is shown for a device that connected without saying how it confines commands.

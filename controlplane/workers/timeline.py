@@ -28,6 +28,7 @@ from typing import Any, Literal
 import asyncpg
 
 from controlplane.db.pool import Db
+from controlplane.domain import from_iso
 from controlplane.errors import InvalidInput, NotFound
 from controlplane.llm.transcript import canonical_arguments, message_content
 from controlplane.tickets.events import HEADER as EVENTS_HEADER
@@ -180,7 +181,7 @@ def _round(data: dict[str, Any]) -> Round:
         outcome=None if running or data["outcome"] == "ended" else data["outcome"],
         model_calls=data["model_calls"],
         started=datetime.fromisoformat(data["started"]),
-        ended=None if data["ended"] is None else datetime.fromisoformat(data["ended"]),
+        ended=from_iso(data["ended"]),
         entries=tuple(_entry(e) for e in data["entries"]),
     )
 

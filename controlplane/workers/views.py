@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from controlplane.domain import CLOSED_TICKET_SQL
+from controlplane.domain import CLOSED_TICKET_SQL, from_iso
 from controlplane.errors import NotFound
 from controlplane.gateway import authorization as access
 
@@ -69,18 +69,14 @@ class TicketView:
             pr_url=data["pull_request"],
             tokens=data["tokens"],
             cost_usd=Decimal(data["cost_usd"]),
-            wait_until=_at(data["wait_until"]),
+            wait_until=from_iso(data["wait_until"]),
             updated_at=datetime.fromisoformat(data["updated_at"]),
             initiator=data["initiator"],
             device_grant=data["device_grant"],
             failed_rounds=data["failed_rounds"],
             last_error=data["last_error"],
-            retry_at=_at(data["retry_at"]),
+            retry_at=from_iso(data["retry_at"]),
         )
-
-
-def _at(value: str | None) -> datetime | None:
-    return None if value is None else datetime.fromisoformat(value)
 
 
 _SELECT = """
